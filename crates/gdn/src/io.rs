@@ -1,0 +1,1 @@
+//! safetensors reading and writing (helper-owned; placeholder).

@@ -1,0 +1,19 @@
+//! gdn: Gated DeltaNet (GDN) and Gated DeltaNet-2 layers, forward and backward, with exact
+//! activation-memory accounting.
+//!
+//! See `DESIGN.md` for the architecture. Every op lives in `ops/<op>/` with a CPU implementation
+//! and an f64 reference used by tests; the layer (`layer::GatedDeltaNet`) composes them.
+
+pub mod config;
+pub mod error;
+pub mod io;
+pub mod layer;
+pub mod ops;
+pub mod seqs;
+pub mod tensor;
+
+pub use config::{GdnConfig, Normalization, Recompute, RecomputeGranularity, Variant};
+pub use error::{GdnError, Result};
+pub use layer::{Grads, GatedDeltaNet, Params, Saved};
+pub use seqs::Seqs;
+pub use tensor::Tensor;

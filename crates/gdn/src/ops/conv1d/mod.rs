@@ -1,0 +1,1 @@
+//! conv1d (in progress)

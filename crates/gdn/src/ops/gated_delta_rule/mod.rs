@@ -1,0 +1,1 @@
+//! gated_delta_rule (in progress)

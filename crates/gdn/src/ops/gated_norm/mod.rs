@@ -1,0 +1,1 @@
+//! gated_norm (in progress)

@@ -1,0 +1,1 @@
+//! l2norm (in progress)

@@ -1,0 +1,1 @@
+//! linear (in progress)
