@@ -11,6 +11,7 @@ pub mod layer;
 pub mod ops;
 pub mod seqs;
 pub mod tensor;
+#[doc(hidden)] pub mod testutil;
 
 pub use config::{GdnConfig, Normalization, Recompute, RecomputeGranularity, Variant};
 pub use error::{GdnError, Result};

@@ -1,0 +1,106 @@
+//! CPU gated norm, built on the pre-norm's row helpers.
+
+use rayon::prelude::*;
+
+use crate::config::Normalization;
+use crate::ops::conv1d::cpu::{silu, silu_grad};
+use crate::ops::norm::cpu::{gain, row_backward, row_forward, row_stats, task_rows};
+use crate::ops::norm::NormStats;
+use crate::ops::REDUCE_BLOCK;
+
+/// See [`super::gated_norm_forward`]; arguments are validated.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gated_norm_forward(
+    o: &[f32],
+    z: &[f32],
+    dv: usize,
+    w: &[f32],
+    b: Option<&[f32]>,
+    kind: Normalization,
+    eps: f32,
+    zero_centered: bool,
+) -> (Vec<f32>, NormStats) {
+    let rows = o.len() / dv;
+    let g = gain(w, zero_centered);
+    let mut y = vec![0.0f32; o.len()];
+    let mut rstd = vec![0.0f32; rows];
+    let mut mean = vec![0.0f32; rows];
+    let tr = task_rows(dv);
+    y.par_chunks_mut(tr * dv)
+        .zip(rstd.par_chunks_mut(tr))
+        .zip(mean.par_chunks_mut(tr))
+        .zip(o.par_chunks(tr * dv))
+        .zip(z.par_chunks(tr * dv))
+        .for_each(|((((yb, rb), mb), ob), zb)| {
+            for r in 0..rb.len() {
+                let s = r * dv..(r + 1) * dv;
+                let (m, sd) = row_stats(&ob[s.clone()], kind, eps);
+                let yr = &mut yb[s.clone()];
+                row_forward(&ob[s.clone()], &g, b, m, sd, yr);
+                for (y, z) in yr.iter_mut().zip(&zb[s]) {
+                    *y *= silu(*z);
+                }
+                rb[r] = sd;
+                mb[r] = m;
+            }
+        });
+    let mean = (kind == Normalization::LayerNorm).then_some(mean);
+    (y, NormStats { rstd, mean })
+}
+
+/// See [`super::gated_norm_backward`]; arguments are validated.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gated_norm_backward(
+    o: &[f32],
+    z: &[f32],
+    dv: usize,
+    w: &[f32],
+    b: Option<&[f32]>,
+    kind: Normalization,
+    zero_centered: bool,
+    stats: &NormStats,
+    dy: &[f32],
+) -> (Vec<f32>, Vec<f32>, Vec<f32>, Option<Vec<f32>>) {
+    let layer = kind == Normalization::LayerNorm;
+    let g = gain(w, zero_centered);
+    let mean = stats.mean.as_deref();
+    let mut d_o = vec![0.0f32; o.len()];
+    let mut dz = vec![0.0f32; o.len()];
+    let blk = REDUCE_BLOCK * dv;
+    // per block of REDUCE_BLOCK rows: partial [dw | db], rows in order
+    let partials: Vec<Vec<f32>> = d_o
+        .par_chunks_mut(blk)
+        .zip(dz.par_chunks_mut(blk))
+        .zip(o.par_chunks(blk))
+        .zip(z.par_chunks(blk))
+        .zip(dy.par_chunks(blk))
+        .enumerate()
+        .map(|(bi, ((((dob, dzb), ob), zb), dyb))| {
+            let mut p = vec![0.0f32; 2 * dv];
+            let (pw, pb) = p.split_at_mut(dv);
+            let mut n = vec![0.0f32; dv]; // norm(o) of the row, then d norm(o)
+            for r in 0..ob.len() / dv {
+                let row = bi * REDUCE_BLOCK + r;
+                let s = r * dv..(r + 1) * dv;
+                let (m, sd) = (mean.map_or(0.0, |m| m[row]), stats.rstd[row]);
+                let (or, zr, dyr) = (&ob[s.clone()], &zb[s.clone()], &dyb[s.clone()]);
+                row_forward(or, &g, b, m, sd, &mut n);
+                let dzr = &mut dzb[s.clone()];
+                for i in 0..dv {
+                    dzr[i] = dyr[i] * n[i] * silu_grad(zr[i]);
+                    n[i] = dyr[i] * silu(zr[i]);
+                }
+                row_backward(or, &g, layer, m, sd, &n, &mut dob[s], pw, pb);
+            }
+            p
+        })
+        .collect();
+    let mut acc = vec![0.0f32; 2 * dv];
+    for p in &partials {
+        for (a, v) in acc.iter_mut().zip(p) {
+            *a += v;
+        }
+    }
+    let db = acc.split_off(dv);
+    (d_o, dz, acc, layer.then_some(db))
+}

@@ -1,0 +1,140 @@
+//! CPU gates. One decay kernel serves GDN (`group = 1`: one column per head) and GDN2
+//! (`group = dk`: column `j` uses `A_log[j / dk]`).
+
+use rayon::prelude::*;
+
+use super::SOFTPLUS_THRESHOLD;
+use crate::ops::conv1d::cpu::sigmoid;
+use crate::ops::norm::cpu::task_rows;
+use crate::ops::REDUCE_BLOCK;
+
+/// PyTorch's softplus: `x` above the threshold, else `log1p(exp(x))`.
+#[inline]
+pub(crate) fn softplus(x: f32) -> f32 {
+    if x > SOFTPLUS_THRESHOLD {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+/// PyTorch's softplus backward factor: 1 above the threshold, else `z / (z + 1)`, `z = exp(x)`.
+#[inline]
+pub(crate) fn softplus_grad(x: f32) -> f32 {
+    if x > SOFTPLUS_THRESHOLD {
+        1.0
+    } else {
+        let z = x.exp();
+        z / (z + 1.0)
+    }
+}
+
+/// `-exp(A_log)` per `A_log` entry.
+fn neg_a(a_log: &[f32]) -> Vec<f32> {
+    a_log.iter().map(|v| -v.exp()).collect()
+}
+
+/// `g[t, j] = -exp(A_log[j / group]) * softplus(x[t, j] + dt_bias[j])` over `x` `[rows, cols]`.
+pub(crate) fn decay_forward(
+    x: &[f32],
+    cols: usize,
+    group: usize,
+    a_log: &[f32],
+    dt_bias: &[f32],
+) -> Vec<f32> {
+    let na = neg_a(a_log);
+    let mut g = vec![0.0f32; x.len()];
+    let tr = task_rows(cols);
+    g.par_chunks_mut(tr * cols)
+        .zip(x.par_chunks(tr * cols))
+        .for_each(|(gb, xb)| {
+            for (gr, xr) in gb.chunks_mut(cols).zip(xb.chunks(cols)) {
+                for j in 0..cols {
+                    gr[j] = na[j / group] * softplus(xr[j] + dt_bias[j]);
+                }
+            }
+        });
+    g
+}
+
+/// Backward of [`decay_forward`]: `(dx, dA_log, ddt_bias)`.
+pub(crate) fn decay_backward(
+    x: &[f32],
+    cols: usize,
+    group: usize,
+    a_log: &[f32],
+    dt_bias: &[f32],
+    dg: &[f32],
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let na = neg_a(a_log);
+    let heads = a_log.len();
+    let mut dx = vec![0.0f32; x.len()];
+    let blk = REDUCE_BLOCK * cols;
+    // per block of REDUCE_BLOCK rows: partial [dA_log (heads) | ddt_bias (cols)], rows in order
+    let partials: Vec<Vec<f32>> = dx
+        .par_chunks_mut(blk)
+        .zip(x.par_chunks(blk))
+        .zip(dg.par_chunks(blk))
+        .map(|((dxb, xb), dgb)| {
+            let mut p = vec![0.0f32; heads + cols];
+            let (pa, pd) = p.split_at_mut(heads);
+            for ((dxr, xr), dgr) in dxb
+                .chunks_mut(cols)
+                .zip(xb.chunks(cols))
+                .zip(dgb.chunks(cols))
+            {
+                for j in 0..cols {
+                    let h = j / group;
+                    let v = xr[j] + dt_bias[j];
+                    let g = na[h] * softplus(v);
+                    let d = na[h] * softplus_grad(v) * dgr[j];
+                    dxr[j] = d;
+                    pa[h] += g * dgr[j];
+                    pd[j] += d;
+                }
+            }
+            p
+        })
+        .collect();
+    let mut acc = vec![0.0f32; heads + cols];
+    for p in &partials {
+        for (a, v) in acc.iter_mut().zip(p) {
+            *a += v;
+        }
+    }
+    let ddt = acc.split_off(heads);
+    (dx, acc, ddt)
+}
+
+/// Elementwise sigmoid.
+pub(crate) fn sigmoid_forward(x: &[f32]) -> Vec<f32> {
+    let mut y = vec![0.0f32; x.len()];
+    y.par_chunks_mut(16384)
+        .zip(x.par_chunks(16384))
+        .for_each(|(yb, xb)| {
+            for (y, x) in yb.iter_mut().zip(xb) {
+                *y = sigmoid(*x);
+            }
+        });
+    y
+}
+
+/// `dx = dy * y * (1 - y)`.
+pub(crate) fn sigmoid_backward(y: &[f32], dy: &[f32]) -> Vec<f32> {
+    let mut dx = vec![0.0f32; y.len()];
+    dx.par_chunks_mut(16384)
+        .zip(y.par_chunks(16384))
+        .zip(dy.par_chunks(16384))
+        .for_each(|((db, yb), gb)| {
+            for ((d, y), g) in db.iter_mut().zip(yb).zip(gb) {
+                *d = g * y * (1.0 - y);
+            }
+        });
+    dx
+}
+
+/// `dx = dy * s * (1 - s)` with `s = sigmoid(x)` recomputed (same bits as through
+/// [`sigmoid_forward`]).
+pub(crate) fn sigmoid_backward_from_x(x: &[f32], dy: &[f32]) -> Vec<f32> {
+    sigmoid_backward(&sigmoid_forward(x), dy)
+}

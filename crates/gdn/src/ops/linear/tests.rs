@@ -1,0 +1,102 @@
+use super::*;
+use crate::testutil::*;
+
+fn data(seed: u64, rows: usize, i: usize, o: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let mut r = rng(seed);
+    (
+        normal(&mut r, rows * i, 1.0),
+        normal(&mut r, o * i, 0.3),
+        normal(&mut r, rows * o, 1.0),
+    )
+}
+
+#[test]
+fn forward_matches_reference() {
+    // big enough for the parallel GEMM path, odd sizes for the edges
+    for (rows, i, o) in [(3, 5, 4), (300, 67, 129)] {
+        let (x, w, _) = data(1, rows, i, o);
+        let y = linear_forward(&x, rows, i, &w, o).unwrap();
+        let want = reference::linear_forward(&to_f64(&x), rows, i, &to_f64(&w), o);
+        let e = assert_close("y", &y, &want, 2e-6);
+        eprintln!(
+            "linear fwd {rows}x{i}->{o}: {e:.2e} (rms {:.2e})",
+            rms_rel_err(&y, &want)
+        );
+    }
+}
+
+#[test]
+fn backward_matches_finite_differences() {
+    let (rows, i, o) = (6, 7, 5);
+    let (x, w, dy) = data(2, rows, i, o);
+    let (dx, dw) = linear_backward(&x, rows, i, &w, o, &dy).unwrap();
+    let (x64, w64, dy64) = (to_f64(&x), to_f64(&w), to_f64(&dy));
+    let fx = fd_grad(
+        |x| dot(&reference::linear_forward(x, rows, i, &w64, o), &dy64),
+        &x64,
+        FD_STEP,
+    );
+    let fw = fd_grad(
+        |w| dot(&reference::linear_forward(&x64, rows, i, w, o), &dy64),
+        &w64,
+        FD_STEP,
+    );
+    let ex = assert_close("dx", &dx, &fx, 2e-5);
+    let ew = assert_close("dw", &dw, &fw, 2e-5);
+    eprintln!("linear bwd: dx {ex:.2e} dw {ew:.2e}");
+}
+
+#[test]
+fn backward_matches_reference_products_at_size() {
+    // dW = dy^T x and dx = dy W in f64, on sizes that take the parallel, blocked GEMM path
+    let (rows, i, o) = (700, 40, 72);
+    let (x, w, dy) = data(3, rows, i, o);
+    let (dx, dw) = linear_backward(&x, rows, i, &w, o, &dy).unwrap();
+    let (x64, w64, dy64) = (to_f64(&x), to_f64(&w), to_f64(&dy));
+    // dx = dy W = linear_forward(dy, W^T); dW = dy^T x = linear_forward(dy^T, x^T)
+    let tr = |m: &[f64], r: usize, c: usize| -> Vec<f64> {
+        (0..c * r).map(|k| m[(k % r) * c + k / r]).collect()
+    };
+    let want_dx = reference::linear_forward(&dy64, rows, o, &tr(&w64, o, i), i);
+    let want_dw = reference::linear_forward(&tr(&dy64, rows, o), o, rows, &tr(&x64, rows, i), i);
+    let ex = assert_close("dx", &dx, &want_dx, 2e-6);
+    let ew = assert_close("dw", &dw, &want_dw, 5e-6);
+    eprintln!("linear bwd at size: dx {ex:.2e} dw {ew:.2e}");
+}
+
+#[test]
+fn backward_is_bitwise_independent_of_thread_count() {
+    // rows (the inner dimension of dW) spans several of the gemm crate's depth blocks
+    let (rows, i, o) = (1500, 96, 80);
+    let (x, w, dy) = data(4, rows, i, o);
+    let run = || {
+        let y = linear_forward(&x, rows, i, &w, o).unwrap();
+        let (dx, dw) = linear_backward(&x, rows, i, &w, o, &dy).unwrap();
+        (bits(&y), bits(&dx), bits(&dw))
+    };
+    let a = with_threads(1, run);
+    let b = with_threads(3, run);
+    assert!(a.0 == b.0, "y depends on the thread count");
+    assert!(a.1 == b.1, "dx depends on the thread count");
+    assert!(a.2 == b.2, "dW depends on the thread count");
+}
+
+#[test]
+fn empty_shapes() {
+    assert!(linear_forward(&[], 0, 3, &[0.0; 6], 2).unwrap().is_empty());
+    let (dx, dw) = linear_backward(&[], 0, 3, &[1.0; 6], 2, &[]).unwrap();
+    assert!(dx.is_empty());
+    assert_eq!(dw, vec![0.0; 6]);
+    assert_eq!(linear_forward(&[], 2, 0, &[], 3).unwrap(), vec![0.0; 6]);
+}
+
+#[test]
+fn bad_lengths_are_errors() {
+    let (x, w, dy) = data(5, 3, 4, 2);
+    assert!(linear_forward(&x[1..], 3, 4, &w, 2).is_err());
+    assert!(linear_forward(&x, 3, 4, &w[1..], 2).is_err());
+    assert!(linear_forward(&x, usize::MAX, 4, &w, 2).is_err());
+    assert!(linear_backward(&x, 3, 4, &w, 2, &dy[1..]).is_err());
+    assert!(linear_backward(&x[1..], 3, 4, &w, 2, &dy).is_err());
+    assert!(linear_backward(&x, 3, 4, &w, 3, &dy).is_err());
+}

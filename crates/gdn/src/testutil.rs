@@ -1,0 +1,198 @@
+//! Helpers shared by the tests of every op and layer: seeded random data, error metrics against
+//! an f64 reference, central finite differences, and running code under a rayon pool of a given
+//! size (for thread-count independence checks).
+//!
+//! Public (but hidden from the docs) so integration tests under `tests/` can use it too. Nothing
+//! here is used by the library itself.
+//!
+//! The usual gradient check of an op `y = f(x, p)` with an f64 reference `f64_f`:
+//!
+//! ```ignore
+//! let dy = normal(&mut rng, y_len, 1.0);               // random upstream gradient
+//! let loss = |x: &[f64]| dot(&f64_f(x, &p64), &to_f64(&dy)); // loss = sum(y * dy)
+//! let want = fd_grad(loss, &to_f64(&x), FD_STEP);       // d loss / d x, central differences
+//! let (dx, ..) = op_backward(&x, &p, &dy)?;             // f32 backward under test
+//! assert_close("dx", &dx, &want, 1e-4);
+//! ```
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal};
+
+/// Step of the central finite differences used by the op tests (in f64).
+pub const FD_STEP: f64 = 1e-6;
+
+/// Floor of the denominators of relative errors, so an all-zero reference does not divide by 0.
+pub const TINY: f64 = 1e-30;
+
+/// A seeded, portable random generator (ChaCha8): the same seed gives the same data everywhere.
+pub fn rng(seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+/// `n` values uniform in `[lo, hi)`.
+pub fn uniform(rng: &mut impl Rng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.gen_range(lo..hi)).collect()
+}
+
+/// `n` values from `N(mean, std^2)`.
+pub fn normal_mean(rng: &mut impl Rng, n: usize, mean: f32, std: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            let z: f32 = StandardNormal.sample(rng);
+            mean + std * z
+        })
+        .collect()
+}
+
+/// `n` values from `N(0, std^2)`.
+pub fn normal(rng: &mut impl Rng, n: usize, std: f32) -> Vec<f32> {
+    normal_mean(rng, n, 0.0, std)
+}
+
+/// Widen to f64 (exactly).
+pub fn to_f64(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&v| v as f64).collect()
+}
+
+/// `sum_i a_i b_i` in f64 (the loss `sum(y * dy)` of the gradient checks).
+pub fn dot(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len(), "dot: length mismatch");
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// Max-norm relative error: `max_i |a_i - b_i| / max(max_i |b_i|, TINY)`.
+///
+/// Every element is compared, and the scale is that of the whole reference tensor, so an element
+/// that is tiny in the reference is not held to a tighter absolute bound than a large one. Returns
+/// infinity if any difference is NaN (a NaN never passes a `<= tol` check) and panics on a length
+/// mismatch.
+pub fn max_rel_err(a: &[f32], b: &[f64]) -> f64 {
+    max_rel_err_at(a, b).0
+}
+
+/// [`max_rel_err`] and the index of the worst element (0 when empty).
+pub fn max_rel_err_at(a: &[f32], b: &[f64]) -> (f64, usize) {
+    assert_eq!(a.len(), b.len(), "max_rel_err: length mismatch");
+    let scale = b.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(TINY);
+    let mut worst = (0.0f64, 0usize);
+    for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
+        let d = (x as f64 - y).abs();
+        if d.is_nan() || (y.is_nan() && !x.is_nan()) {
+            return (f64::INFINITY, i);
+        }
+        if d > worst.0 {
+            worst = (d, i);
+        }
+    }
+    (worst.0 / scale, worst.1)
+}
+
+/// Root-mean-square relative error: `||a - b||_2 / max(||b||_2, TINY)`; infinity on NaN.
+pub fn rms_rel_err(a: &[f32], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len(), "rms_rel_err: length mismatch");
+    let num: f64 = a.iter().zip(b).map(|(&x, &y)| (x as f64 - y).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| y * y).sum();
+    let e = num.sqrt() / den.sqrt().max(TINY);
+    if e.is_nan() {
+        f64::INFINITY
+    } else {
+        e
+    }
+}
+
+/// Panic unless `max_rel_err(got, want) <= tol`; the message names the tensor, the error, the
+/// worst index and both values there. Returns the error (for reporting).
+#[track_caller]
+pub fn assert_close(what: &str, got: &[f32], want: &[f64], tol: f64) -> f64 {
+    let (e, i) = max_rel_err_at(got, want);
+    assert!(
+        e <= tol,
+        "{what}: max rel err {e:.3e} > {tol:.1e} at index {i}: got {}, want {}",
+        got[i],
+        want[i]
+    );
+    e
+}
+
+/// Gradient of `f` at `x` by central finite differences with step `h`:
+/// `g_i = (f(x + h e_i) - f(x - h e_i)) / (2h)`.
+///
+/// `f` is evaluated `2 * x.len()` times; use it on small shapes. With f64 references and
+/// `h = 1e-6` the error is about `1e-10 * |f|` (rounding) plus `h^2 f'''` (truncation), far below
+/// f32 rounding. To differentiate with respect to one of several arguments, capture the others in
+/// the closure.
+pub fn fd_grad(f: impl Fn(&[f64]) -> f64, x: &[f64], h: f64) -> Vec<f64> {
+    let mut xp = x.to_vec();
+    (0..x.len())
+        .map(|i| {
+            let x0 = xp[i];
+            xp[i] = x0 + h;
+            let fp = f(&xp);
+            xp[i] = x0 - h;
+            let fm = f(&xp);
+            xp[i] = x0;
+            (fp - fm) / (2.0 * h)
+        })
+        .collect()
+}
+
+/// Run `f` inside a fresh rayon pool of `threads` threads (for checks that results do not depend
+/// on the thread count).
+pub fn with_threads<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("build rayon pool")
+        .install(f)
+}
+
+/// Bit patterns, for bitwise comparisons that treat NaNs and signed zeros exactly.
+pub fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fd_grad_of_a_cubic() {
+        // f(x) = sum x_i^3 + x_0 x_1, grad = 3 x_i^2 + (x_1, x_0, 0)
+        let x = [0.3, -1.2, 2.0];
+        let g = fd_grad(
+            |v| v.iter().map(|a| a * a * a).sum::<f64>() + v[0] * v[1],
+            &x,
+            FD_STEP,
+        );
+        let want = [3.0 * 0.09 - 1.2, 3.0 * 1.44 + 0.3, 12.0];
+        for (a, b) in g.iter().zip(want) {
+            assert!((a - b).abs() < 1e-8, "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn errors_detect_differences_and_nan() {
+        assert_eq!(max_rel_err(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
+        assert!((max_rel_err(&[1.0, 2.5], &[1.0, 2.0]) - 0.25).abs() < 1e-12);
+        assert_eq!(max_rel_err_at(&[1.0, 2.0, 0.0], &[1.0, 2.0, 0.5]).1, 2);
+        assert_eq!(max_rel_err(&[f32::NAN], &[1.0]), f64::INFINITY);
+        assert_eq!(max_rel_err(&[1.0], &[f64::NAN]), f64::INFINITY);
+        assert_eq!(rms_rel_err(&[f32::NAN], &[1.0]), f64::INFINITY);
+        assert!((rms_rel_err(&[3.0, 0.0], &[0.0, 4.0]) - 1.25).abs() < 1e-12);
+        assert!(std::panic::catch_unwind(|| assert_close("x", &[1.0], &[2.0], 0.1)).is_err());
+    }
+
+    #[test]
+    fn rng_is_seeded() {
+        assert_eq!(
+            bits(&normal(&mut rng(7), 5, 1.0)),
+            bits(&normal(&mut rng(7), 5, 1.0))
+        );
+        assert_ne!(
+            bits(&normal(&mut rng(7), 5, 1.0)),
+            bits(&normal(&mut rng(8), 5, 1.0))
+        );
+        assert_eq!(with_threads(2, rayon::current_num_threads), 2);
+    }
+}
