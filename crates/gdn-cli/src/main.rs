@@ -1,1 +1,104 @@
-fn main() {}
+//! `gdn`: the command-line front end of the `gdn` library.
+//!
+//! - `gdn layer`: forward (and backward) of one Gated DeltaNet layer on tensors from
+//!   safetensors files; `gdn layer --example DIR` writes and runs a small built-in example.
+//! - `gdn info`: version, build, threads, devices and the default configs.
+
+mod info;
+mod layer;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "gdn",
+    version,
+    about = "Gated DeltaNet (GDN / GDN2) layers: forward and backward"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run one layer's forward (and, given dy, backward) on tensors from safetensors files.
+    ///
+    /// The input file holds `x` [B, T, hidden] (F32, BF16 or F16), optionally `dy` (same shape)
+    /// and optionally `cu_seqlens` (I64 or I32, 1-D). The output file holds `y`, and with dy
+    /// also `dx` and every parameter gradient under the parameter's own name.
+    Layer(LayerArgs),
+    /// Print version, build, threads, devices and the default configs.
+    Info,
+}
+
+/// Arguments of `gdn layer`.
+#[derive(Args, Debug)]
+pub struct LayerArgs {
+    /// Write a small built-in example (config, weights, x, dy) into DIR and run it,
+    /// writing DIR/out.safetensors.
+    #[arg(
+        long,
+        value_name = "DIR",
+        conflicts_with_all = ["config", "weights", "input", "grad_output", "output", "cu_seqlens", "seed"]
+    )]
+    pub example: Option<PathBuf>,
+    /// Layer config (TOML; Megatron's field names; unknown keys are an error).
+    #[arg(long, value_name = "TOML", required_unless_present = "example")]
+    pub config: Option<PathBuf>,
+    /// Parameters (safetensors, Megatron's names). Without it: Megatron's init from --seed.
+    #[arg(long, value_name = "FILE")]
+    pub weights: Option<PathBuf>,
+    /// Input tensors: `x`, optionally `dy` and `cu_seqlens`.
+    #[arg(long, value_name = "FILE", required_unless_present = "example")]
+    pub input: Option<PathBuf>,
+    /// A file holding `dy` (the gradient of the output); runs backward.
+    #[arg(long, value_name = "FILE")]
+    pub grad_output: Option<PathBuf>,
+    /// Where to write `y` (and `dx`, parameter gradients). Written atomically.
+    #[arg(long, value_name = "FILE", required_unless_present = "example")]
+    pub output: Option<PathBuf>,
+    /// Packed sequence boundaries, e.g. `0,5,5,70` (x must then be [1, T, hidden]).
+    #[arg(long, value_name = "LIST", value_parser = layer::parse_cu_seqlens)]
+    pub cu_seqlens: Option<layer::CuSeqlens>,
+    /// Fail if x or dy holds NaN or infinity.
+    #[arg(long)]
+    pub check_finite: bool,
+    /// Seed of Megatron's init when --weights is not given.
+    #[arg(long, value_name = "N", conflicts_with = "weights")]
+    pub seed: Option<u64>,
+}
+
+/// The error and its causes, each once (library errors already quote their source).
+fn report(e: &anyhow::Error) -> String {
+    let mut msg = String::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if msg.contains(&s) {
+            continue;
+        }
+        if !msg.is_empty() {
+            msg.push_str(": ");
+        }
+        msg.push_str(&s);
+    }
+    msg
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Layer(args) => layer::run(args),
+        Cmd::Info => info::run(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gdn: error: {}", report(&e));
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,392 @@
+//! `gdn layer`: one layer's forward (and backward) on tensors from safetensors files.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context, Result};
+use gdn::io::{self, AnyTensor};
+use gdn::{GatedDeltaNet, GdnConfig, Normalization, Params, Seqs, Tensor};
+
+use crate::LayerArgs;
+
+/// `--cu-seqlens 0,5,5,70`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CuSeqlens(pub Vec<u64>);
+
+/// Parse a comma-separated list of non-negative integers.
+pub fn parse_cu_seqlens(s: &str) -> std::result::Result<CuSeqlens, String> {
+    s.split(',')
+        .enumerate()
+        .map(|(i, item)| {
+            let t = item.trim();
+            t.parse::<u64>().map_err(|_| {
+                format!("item {i} ({t:?}) is not a non-negative integer; expected e.g. 0,5,5,70")
+            })
+        })
+        .collect::<std::result::Result<Vec<u64>, String>>()
+        .map(CuSeqlens)
+}
+
+/// One resolved `gdn layer` run.
+struct Job {
+    config: PathBuf,
+    weights: Option<PathBuf>,
+    seed: u64,
+    input: PathBuf,
+    grad_output: Option<PathBuf>,
+    output: PathBuf,
+    cu_seqlens: Option<Vec<u64>>,
+    check_finite: bool,
+}
+
+pub fn run(args: LayerArgs) -> Result<()> {
+    if let Some(dir) = args.example {
+        return example(&dir, args.check_finite);
+    }
+    let missing = |what: &str| anyhow!("gdn layer needs --{what} (or --example DIR)");
+    run_job(Job {
+        config: args.config.ok_or_else(|| missing("config"))?,
+        weights: args.weights,
+        seed: args.seed.unwrap_or(0),
+        input: args.input.ok_or_else(|| missing("input"))?,
+        grad_output: args.grad_output,
+        output: args.output.ok_or_else(|| missing("output"))?,
+        cu_seqlens: args.cu_seqlens.map(|c| c.0),
+        check_finite: args.check_finite,
+    })
+}
+
+/// Fail early (before any compute) if `output` cannot be a file in an existing directory.
+fn check_output_path(output: &Path) -> Result<()> {
+    if output.is_dir() {
+        bail!(
+            "--output {} is a directory; give a file path",
+            output.display()
+        );
+    }
+    if output.file_name().is_none() {
+        bail!("--output {} is not a file path", output.display());
+    }
+    let parent = match output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !parent.is_dir() {
+        bail!(
+            "--output {}: directory {} does not exist",
+            output.display(),
+            parent.display()
+        );
+    }
+    Ok(())
+}
+
+fn float(name: &str, t: AnyTensor, path: &Path) -> Result<Tensor> {
+    match t {
+        AnyTensor::Float(t) => Ok(t),
+        AnyTensor::Int(_) => {
+            bail!(
+                "{}: tensor {name} must be a float tensor (F32, BF16 or F16), found an integer one",
+                path.display()
+            )
+        }
+    }
+}
+
+fn run_job(job: Job) -> Result<()> {
+    let cfg = GdnConfig::from_toml_file(&job.config)?;
+    check_output_path(&job.output)?;
+    let h = cfg.hidden_size;
+
+    // Parameters.
+    let (layer, weights_desc) = match &job.weights {
+        Some(w) => {
+            let p = io::read_params(w, &cfg)?;
+            (
+                GatedDeltaNet::with_params(&cfg, p)?,
+                w.display().to_string(),
+            )
+        }
+        None => (
+            GatedDeltaNet::new(&cfg, job.seed)?,
+            format!("Megatron init, seed {}", job.seed),
+        ),
+    };
+
+    // Inputs.
+    let (mut x, mut dy, mut cu_file) = (None, None, None);
+    for (name, t) in io::read_any(&job.input)? {
+        match name.as_str() {
+            "x" => x = Some(float("x", t, &job.input)?),
+            "dy" => dy = Some(float("dy", t, &job.input)?),
+            "cu_seqlens" => match t {
+                AnyTensor::Int(it) => cu_file = Some(it.to_u64_1d("cu_seqlens", &job.input)?),
+                AnyTensor::Float(_) => bail!(
+                    "{}: tensor cu_seqlens must be an integer tensor (I64 or I32), found a float one",
+                    job.input.display()
+                ),
+            },
+            other => bail!(
+                "{}: unexpected tensor {other}; an input file holds x, and optionally dy and cu_seqlens",
+                job.input.display()
+            ),
+        }
+    }
+    let x = x.ok_or_else(|| {
+        anyhow!(
+            "{}: no tensor named x (the layer input, [B, T, {h}])",
+            job.input.display()
+        )
+    })?;
+    if let Some(g) = &job.grad_output {
+        if dy.is_some() {
+            bail!(
+                "dy is given twice: in {} and in --grad-output {}",
+                job.input.display(),
+                g.display()
+            );
+        }
+        for (name, t) in io::read_tensors(g)? {
+            if name != "dy" {
+                bail!(
+                    "{}: unexpected tensor {name}; a --grad-output file holds only dy",
+                    g.display()
+                );
+            }
+            dy = Some(t);
+        }
+        if dy.is_none() {
+            bail!(
+                "{}: no tensor named dy (the gradient of y, shape of x)",
+                g.display()
+            );
+        }
+    }
+    let cu = match (job.cu_seqlens, cu_file) {
+        (Some(_), Some(_)) => bail!(
+            "cu_seqlens is given twice: by --cu-seqlens and in {}",
+            job.input.display()
+        ),
+        (a, b) => a.or(b),
+    };
+
+    // Shapes.
+    let xs = x.shape().to_vec();
+    let seqs = match &cu {
+        None => {
+            if xs.len() != 3 || xs[2] != h {
+                bail!("x has shape {xs:?}, expected [B, T, {h}] (hidden_size = {h})");
+            }
+            None
+        }
+        Some(cu) => {
+            if xs.len() != 3 || xs[0] != 1 || xs[2] != h {
+                bail!(
+                    "x has shape {xs:?}, expected [1, T, {h}] with cu_seqlens (packed sequences; hidden_size = {h})"
+                );
+            }
+            Some(Seqs::packed(cu, xs[1])?)
+        }
+    };
+    if let Some(dy) = &dy {
+        if dy.shape() != xs.as_slice() {
+            bail!(
+                "dy has shape {:?}, expected the shape of x {xs:?}",
+                dy.shape()
+            );
+        }
+    }
+    if job.check_finite {
+        x.check_finite("x")?;
+        if let Some(dy) = &dy {
+            dy.check_finite("dy")?;
+        }
+    }
+
+    // Forward, backward.
+    let t0 = Instant::now();
+    let (y, saved) = match &seqs {
+        None => layer.forward(&x)?,
+        Some(s) => layer.forward_packed(&x, s)?,
+    };
+    let t_fwd = t0.elapsed();
+    let saved_bytes = saved.bytes();
+    let mut out: Vec<(&str, &Tensor)> = vec![("y", &y)];
+    let back = match &dy {
+        Some(dy) => {
+            let t1 = Instant::now();
+            let (dx, grads) = layer.backward(saved, dy)?;
+            Some((dx, grads, t1.elapsed()))
+        }
+        None => {
+            let _freed_now = saved;
+            None
+        }
+    };
+    if let Some((dx, grads, _)) = &back {
+        out.push(("dx", dx));
+        out.extend(grads.iter());
+    }
+    io::write_tensors(&job.output, &out)?;
+
+    let seq_desc = match &seqs {
+        None => format!("{} seqs of {}", xs[0], xs[1]),
+        Some(s) => format!("{} packed seqs", s.count()),
+    };
+    let mut line = format!(
+        "gdn layer: x {xs:?} ({seq_desc}) -> y {:?}; weights: {weights_desc}; saved {saved_bytes} bytes ({:.2} MiB); forward {:.1} ms",
+        y.shape(),
+        saved_bytes as f64 / (1024.0 * 1024.0),
+        t_fwd.as_secs_f64() * 1e3,
+    );
+    if let Some((dx, _, t_bwd)) = &back {
+        line.push_str(&format!(
+            ", backward {:.1} ms (dx {:?})",
+            t_bwd.as_secs_f64() * 1e3,
+            dx.shape()
+        ));
+    }
+    line.push_str(&format!(
+        "; wrote {} tensors to {}",
+        out.len(),
+        job.output.display()
+    ));
+    eprintln!("{line}");
+    Ok(())
+}
+
+/// Deterministic standard normals (SplitMix64 + Box-Muller), so the example needs no RNG crate.
+struct Normals(u64);
+
+impl Normals {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in (0, 1].
+    fn uniform(&mut self) -> f64 {
+        ((self.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64
+    }
+    fn tensor(&mut self, shape: &[usize]) -> Tensor {
+        let n: usize = shape.iter().product();
+        let data = (0..n)
+            .map(|_| {
+                let (u1, u2) = (self.uniform(), self.uniform());
+                ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+            })
+            .collect();
+        Tensor::from_vec(shape, data).expect("length matches shape")
+    }
+}
+
+/// The built-in example's config: hidden 64, 2 key / 4 value heads, Dk = Dv = 16, RMSNorm.
+pub fn example_config() -> GdnConfig {
+    GdnConfig {
+        hidden_size: 64,
+        linear_num_key_heads: 2,
+        linear_num_value_heads: 4,
+        linear_key_head_dim: 16,
+        linear_value_head_dim: 16,
+        normalization: Normalization::RMSNorm,
+        ..GdnConfig::default()
+    }
+}
+
+/// `gdn layer --example DIR`: write config.toml, weights.safetensors, input.safetensors (x) and
+/// dy.safetensors into DIR, then run forward + backward on them into DIR/out.safetensors.
+fn example(dir: &Path, check_finite: bool) -> Result<()> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create directory {}", dir.display()))?;
+    let cfg = example_config();
+    cfg.validate()?;
+    let config = dir.join("config.toml");
+    let weights = dir.join("weights.safetensors");
+    let input = dir.join("input.safetensors");
+    let grad = dir.join("dy.safetensors");
+    let output = dir.join("out.safetensors");
+
+    let text = format!(
+        "# gdn layer --example: hidden 64, 2 key / 4 value heads, Dk = Dv = 16, RMSNorm\n{}",
+        cfg.to_toml_string()
+    );
+    let tmp = dir.join(format!("config.toml.tmp-{}", std::process::id()));
+    std::fs::write(&tmp, text)
+        .and_then(|_| std::fs::rename(&tmp, &config))
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })
+        .with_context(|| format!("cannot write {}", config.display()))?;
+
+    let params = Params::init(&cfg, 0);
+    io::write_tensors(&weights, &params.iter().collect::<Vec<_>>())?;
+    let mut rng = Normals(42);
+    let x = rng.tensor(&[2, 100, cfg.hidden_size]);
+    let dy = rng.tensor(&[2, 100, cfg.hidden_size]);
+    io::write_tensors(&input, &[("x", &x)])?;
+    io::write_tensors(&grad, &[("dy", &dy)])?;
+
+    eprintln!(
+        "gdn layer --example: wrote {} ; running:\n  gdn layer --config {} --weights {} --input {} --grad-output {} --output {}",
+        dir.display(),
+        config.display(),
+        weights.display(),
+        input.display(),
+        grad.display(),
+        output.display()
+    );
+    run_job(Job {
+        config,
+        weights: Some(weights),
+        seed: 0,
+        input,
+        grad_output: Some(grad),
+        output,
+        cu_seqlens: None,
+        check_finite,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cu_seqlens_parsing() {
+        assert_eq!(
+            parse_cu_seqlens("0,5,5,70").unwrap(),
+            CuSeqlens(vec![0, 5, 5, 70])
+        );
+        assert_eq!(parse_cu_seqlens(" 0, 3 ").unwrap(), CuSeqlens(vec![0, 3]));
+        for bad in ["", "0,,5", "0,-1", "0,x", "0;5", "1.5"] {
+            assert!(parse_cu_seqlens(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn example_config_is_valid() {
+        example_config().validate().unwrap();
+        let back = GdnConfig::from_toml_str(&example_config().to_toml_string()).unwrap();
+        assert_eq!(back, example_config());
+    }
+
+    #[test]
+    fn normals_are_deterministic_and_standard() {
+        let a = Normals(42).tensor(&[10000]);
+        assert_eq!(a, Normals(42).tensor(&[10000]));
+        let n = a.numel() as f64;
+        let mean = a.data().iter().map(|&v| v as f64).sum::<f64>() / n;
+        let var = a
+            .data()
+            .iter()
+            .map(|&v| (v as f64 - mean).powi(2))
+            .sum::<f64>()
+            / n;
+        assert!(
+            mean.abs() < 0.05 && (var - 1.0).abs() < 0.05,
+            "{mean} {var}"
+        );
+    }
+}
