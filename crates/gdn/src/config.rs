@@ -38,7 +38,8 @@ pub enum RecomputeGranularity {
 }
 
 /// Recompute module names Megatron accepts (main), plus `gdn` (whole-layer recompute, Megatron's
-/// dev branch). Only `gdn_norm_out` and `gdn` act on this layer; the others belong to other
+/// dev branch) and our `gdn_prep` (rebuild conv + SiLU, q/k L2 norm and gates from in_proj's
+/// output in backward instead of keeping them). Only `gdn_norm_out`, `gdn` and `gdn_prep` act on this layer; the others belong to other
 /// modules of a transformer and are accepted so a Megatron config loads unchanged.
 pub const RECOMPUTE_MODULES: &[&str] = &[
     "core_attn",
@@ -53,6 +54,7 @@ pub const RECOMPUTE_MODULES: &[&str] = &[
     "gdp_qkv",
     "mhc",
     "gdn",
+    "gdn_prep",
 ];
 
 /// Configuration of one GDN / GDN2 layer. Field names and defaults follow Megatron-LM's
@@ -138,12 +140,18 @@ pub struct Recompute {
     pub norm_out: bool,
     /// `gdn` or `full`: keep only the layer input, rerun forward in backward.
     pub whole_layer: bool,
+    /// `gdn_prep`: keep in_proj's output but not the conv outputs, normalized q/k and gates;
+    /// rebuild them in backward (cheap elementwise work next to the projections).
+    pub prep: bool,
 }
 
 impl GdnConfig {
     /// Qwen3-Next's GDN layer: hidden 2048, 16 key / 32 value heads, Dk = Dv = 128, RMSNorm.
     pub fn qwen3_next() -> Self {
-        GdnConfig { normalization: Normalization::RMSNorm, ..Default::default() }
+        GdnConfig {
+            normalization: Normalization::RMSNorm,
+            ..Default::default()
+        }
     }
 
     /// Parse a TOML document (unknown keys are an error) and validate it.
@@ -156,12 +164,15 @@ impl GdnConfig {
 
     /// Read and validate a TOML file.
     pub fn from_toml_file(path: &std::path::Path) -> Result<Self> {
-        let s = std::fs::read_to_string(path)
-            .map_err(|e| GdnError::Io { path: path.display().to_string(), source: e })?;
+        let s = std::fs::read_to_string(path).map_err(|e| GdnError::Io {
+            path: path.display().to_string(),
+            source: e,
+        })?;
         Self::from_toml_str(&s).map_err(|e| match e {
-            GdnError::Config { field, msg } => {
-                GdnError::Config { field, msg: format!("{msg} (in {})", path.display()) }
-            }
+            GdnError::Config { field, msg } => GdnError::Config {
+                field,
+                msg: format!("{msg} (in {})", path.display()),
+            },
             e => e,
         })
     }
@@ -201,13 +212,23 @@ impl GdnConfig {
 
     /// The recompute settings acting on this layer (call after `validate`).
     pub fn recompute(&self) -> Recompute {
-        let has = |m: &str| self.recompute_modules.as_ref().is_some_and(|v| v.iter().any(|x| x == m));
+        let has = |m: &str| {
+            self.recompute_modules
+                .as_ref()
+                .is_some_and(|v| v.iter().any(|x| x == m))
+        };
         match self.recompute_granularity {
             None => Recompute::default(),
-            Some(RecomputeGranularity::Full) => Recompute { norm_out: false, whole_layer: true },
-            Some(RecomputeGranularity::Selective) => {
-                Recompute { norm_out: has("gdn_norm_out"), whole_layer: has("gdn") }
-            }
+            Some(RecomputeGranularity::Full) => Recompute {
+                norm_out: false,
+                whole_layer: true,
+                prep: false,
+            },
+            Some(RecomputeGranularity::Selective) => Recompute {
+                norm_out: has("gdn_norm_out"),
+                whole_layer: has("gdn"),
+                prep: has("gdn_prep") && !has("gdn"),
+            },
         }
     }
 
@@ -225,10 +246,16 @@ impl GdnConfig {
         ];
         for (name, v) in dims {
             if v == 0 {
-                return Err(GdnError::config(name, format!("{name} must be set for gated delta net (got 0).")));
+                return Err(GdnError::config(
+                    name,
+                    format!("{name} must be set for gated delta net (got 0)."),
+                ));
             }
         }
-        if self.linear_num_value_heads % self.linear_num_key_heads != 0 {
+        if !self
+            .linear_num_value_heads
+            .is_multiple_of(self.linear_num_key_heads)
+        {
             return Err(GdnError::config(
                 "linear_num_value_heads",
                 format!(
@@ -271,7 +298,10 @@ impl GdnConfig {
             }
         }
         if let Some(mods) = &self.recompute_modules {
-            let bad: Vec<&String> = mods.iter().filter(|m| !RECOMPUTE_MODULES.contains(&m.as_str())).collect();
+            let bad: Vec<&String> = mods
+                .iter()
+                .filter(|m| !RECOMPUTE_MODULES.contains(&m.as_str()))
+                .collect();
             if !bad.is_empty() {
                 return Err(GdnError::config(
                     "recompute_modules",
@@ -288,10 +318,12 @@ impl GdnConfig {
                      'gdn' already recomputes the gated norm (it recomputes the whole GatedDeltaNet layer)",
                 ));
             }
-            if self.recompute_granularity.is_none() && (has("gdn") || has("gdn_norm_out")) {
+            if self.recompute_granularity.is_none()
+                && (has("gdn") || has("gdn_norm_out") || has("gdn_prep"))
+            {
                 return Err(GdnError::config(
                     "recompute_granularity",
-                    "recompute_modules names gdn/gdn_norm_out but recompute_granularity is not set; \
+                    "recompute_modules names gdn/gdn_norm_out/gdn_prep but recompute_granularity is not set; \
                      set recompute_granularity = \"selective\"",
                 ));
             }

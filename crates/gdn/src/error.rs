@@ -12,10 +12,18 @@ pub enum GdnError {
     Config { field: String, msg: String },
     /// A tensor has the wrong shape.
     #[error("shape of {name}: got {got:?}, expected {expected}")]
-    Shape { name: String, got: Vec<usize>, expected: String },
+    Shape {
+        name: String,
+        got: Vec<usize>,
+        expected: String,
+    },
     /// A tensor holds NaN or infinity where finite values were required.
     #[error("{name} holds a non-finite value ({value}) at flat index {index}")]
-    NonFinite { name: String, index: usize, value: f32 },
+    NonFinite {
+        name: String,
+        index: usize,
+        value: f32,
+    },
     /// `cu_seqlens` (packed sequence boundaries) is malformed.
     #[error("cu_seqlens: {0}")]
     CuSeqlens(String),
@@ -36,10 +44,17 @@ pub enum GdnError {
 
 impl GdnError {
     pub(crate) fn config(field: &str, msg: impl Into<String>) -> Self {
-        GdnError::Config { field: field.to_string(), msg: msg.into() }
+        GdnError::Config {
+            field: field.to_string(),
+            msg: msg.into(),
+        }
     }
     pub(crate) fn shape(name: &str, got: &[usize], expected: impl Into<String>) -> Self {
-        GdnError::Shape { name: name.to_string(), got: got.to_vec(), expected: expected.into() }
+        GdnError::Shape {
+            name: name.to_string(),
+            got: got.to_vec(),
+            expected: expected.into(),
+        }
     }
 }
 

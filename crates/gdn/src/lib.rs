@@ -4,6 +4,9 @@
 //! See `DESIGN.md` for the architecture. Every op lives in `ops/<op>/` with a CPU implementation
 //! and an f64 reference used by tests; the layer (`layer::GatedDeltaNet`) composes them.
 
+// Index loops mirror the math (rows i, columns j) in this numeric code.
+#![allow(clippy::needless_range_loop)]
+
 pub mod config;
 pub mod error;
 pub mod io;
@@ -11,10 +14,11 @@ pub mod layer;
 pub mod ops;
 pub mod seqs;
 pub mod tensor;
-#[doc(hidden)] pub mod testutil;
+#[doc(hidden)]
+pub mod testutil;
 
 pub use config::{GdnConfig, Normalization, Recompute, RecomputeGranularity, Variant};
 pub use error::{GdnError, Result};
-pub use layer::{Grads, GatedDeltaNet, Params, Saved};
+pub use layer::{GatedDeltaNet, Grads, Params, Saved};
 pub use seqs::Seqs;
 pub use tensor::Tensor;

@@ -16,16 +16,24 @@ pub struct Seqs {
 impl Seqs {
     /// `batch` sequences of `len` tokens each.
     pub fn uniform(batch: usize, len: usize) -> Self {
-        Seqs { cu: (0..=batch).map(|b| b * len).collect(), tokens: batch * len }
+        Seqs {
+            cu: (0..=batch).map(|b| b * len).collect(),
+            tokens: batch * len,
+        }
     }
 
     /// Packed sequences from `cu_seqlens` over a buffer of `tokens` rows.
     pub fn packed(cu: &[u64], tokens: usize) -> Result<Self> {
         if cu.is_empty() {
-            return Err(GdnError::CuSeqlens("is empty; it needs at least [0, total]".into()));
+            return Err(GdnError::CuSeqlens(
+                "is empty; it needs at least [0, total]".into(),
+            ));
         }
         if cu[0] != 0 {
-            return Err(GdnError::CuSeqlens(format!("must start at 0, starts at {}", cu[0])));
+            return Err(GdnError::CuSeqlens(format!(
+                "must start at 0, starts at {}",
+                cu[0]
+            )));
         }
         if cu.len() < 2 {
             return Err(GdnError::CuSeqlens("holds no sequence (length 1)".into()));
@@ -47,7 +55,10 @@ impl Seqs {
                 "cu_seqlens[-1]={last} exceeds the {tokens} tokens of the input"
             )));
         }
-        Ok(Seqs { cu: cu.iter().map(|&x| x as usize).collect(), tokens })
+        Ok(Seqs {
+            cu: cu.iter().map(|&x| x as usize).collect(),
+            tokens,
+        })
     }
 
     /// Number of sequences `N`.

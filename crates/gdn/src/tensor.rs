@@ -12,7 +12,10 @@ pub struct Tensor {
 impl Tensor {
     /// A tensor of zeros.
     pub fn zeros(shape: &[usize]) -> Self {
-        Tensor { shape: shape.to_vec(), data: vec![0.0; shape.iter().product()] }
+        Tensor {
+            shape: shape.to_vec(),
+            data: vec![0.0; shape.iter().product()],
+        }
     }
 
     /// Wrap `data`; its length must be the product of `shape`.
@@ -24,7 +27,10 @@ impl Tensor {
                 data.len()
             )));
         }
-        Ok(Tensor { shape: shape.to_vec(), data })
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            data,
+        })
     }
 
     /// Shape.
@@ -82,7 +88,11 @@ impl Tensor {
 pub fn check_finite(name: &str, x: &[f32]) -> Result<()> {
     match x.iter().position(|v| !v.is_finite()) {
         None => Ok(()),
-        Some(i) => Err(GdnError::NonFinite { name: name.to_string(), index: i, value: x[i] }),
+        Some(i) => Err(GdnError::NonFinite {
+            name: name.to_string(),
+            index: i,
+            value: x[i],
+        }),
     }
 }
 

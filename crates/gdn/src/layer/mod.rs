@@ -1,8 +1,12 @@
 //! The GDN layer: parameters, forward -> (y, Saved), backward.
 
-mod gdn;
+pub(crate) mod gdn;
 pub mod params;
+#[doc(hidden)]
+pub mod reference;
 mod saved;
+#[cfg(test)]
+mod tests;
 
 pub use gdn::GatedDeltaNet;
 pub use params::{param_specs, Params};

@@ -16,7 +16,10 @@ pub fn param_specs(cfg: &GdnConfig) -> Vec<(&'static str, Vec<usize>)> {
         v.push(("in_proj.layer_norm_bias", vec![h]));
     }
     v.push(("in_proj.weight", vec![cfg.in_proj_dim(), h]));
-    v.push(("conv1d.weight", vec![cfg.conv_dim(), 1, cfg.linear_conv_kernel_dim]));
+    v.push((
+        "conv1d.weight",
+        vec![cfg.conv_dim(), 1, cfg.linear_conv_kernel_dim],
+    ));
     if cfg.conv_bias {
         v.push(("conv1d.bias", vec![cfg.conv_dim()]));
     }
@@ -60,15 +63,21 @@ impl Params {
     }
     /// The tensor called `name`, mutably.
     pub fn get_mut(&mut self, name: &str) -> Option<&mut Tensor> {
-        self.entries.iter_mut().find(|(n, _)| n == name).map(|(_, t)| t)
+        self.entries
+            .iter_mut()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t)
     }
     /// The tensor called `name`, or an error naming it (for required parameters).
     pub fn req(&self, name: &str) -> Result<&Tensor> {
-        self.get(name).ok_or_else(|| GdnError::Invalid(format!("missing parameter {name}")))
+        self.get(name)
+            .ok_or_else(|| GdnError::Invalid(format!("missing parameter {name}")))
     }
     /// Data of `name` (panics if absent: only for names guaranteed by `param_specs`).
     pub(crate) fn d(&self, name: &str) -> &[f32] {
-        self.get(name).unwrap_or_else(|| panic!("parameter {name} present by construction")).data()
+        self.get(name)
+            .unwrap_or_else(|| panic!("parameter {name} present by construction"))
+            .data()
     }
     /// Data of `name` if present.
     pub(crate) fn opt(&self, name: &str) -> Option<&[f32]> {
@@ -112,7 +121,10 @@ impl Params {
                 Some(t) if t.shape() != shape.as_slice() => {
                     return Err(GdnError::File {
                         path: source.to_string(),
-                        msg: format!("tensor {name} has shape {:?}, expected {shape:?}", t.shape()),
+                        msg: format!(
+                            "tensor {name} has shape {:?}, expected {shape:?}",
+                            t.shape()
+                        ),
                     })
                 }
                 _ => {}
@@ -136,13 +148,21 @@ impl Params {
     pub fn init(cfg: &GdnConfig, seed: u64) -> Self {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut p = Params::zeros_like_config(cfg);
-        let norm_one = if cfg.layernorm_zero_centered_gamma { 0.0 } else { 1.0 };
+        let norm_one = if cfg.layernorm_zero_centered_gamma {
+            0.0
+        } else {
+            1.0
+        };
         let normal = |rng: &mut ChaCha8Rng, t: &mut Tensor, std: f32| {
             let d = Normal::new(0.0f32, std.max(0.0)).expect("finite std");
-            t.data_mut().iter_mut().for_each(|x| *x = if std > 0.0 { d.sample(rng) } else { 0.0 });
+            t.data_mut()
+                .iter_mut()
+                .for_each(|x| *x = if std > 0.0 { d.sample(rng) } else { 0.0 });
         };
         let uniform = |rng: &mut ChaCha8Rng, t: &mut Tensor, lo: f32, hi: f32| {
-            t.data_mut().iter_mut().for_each(|x| *x = if hi > lo { rng.gen_range(lo..hi) } else { lo });
+            t.data_mut()
+                .iter_mut()
+                .for_each(|x| *x = if hi > lo { rng.gen_range(lo..hi) } else { lo });
         };
         let w = cfg.linear_conv_kernel_dim as f32;
         let bound = 1.0 / w.sqrt();
@@ -165,13 +185,15 @@ impl Params {
                 },
                 "A_log" => {
                     let (lo, hi) = cfg.a_init_range;
-                    t.data_mut().iter_mut().for_each(|x| {
-                        *x = if hi > lo { rng.gen_range(lo..hi) } else { lo }.ln()
-                    });
+                    t.data_mut()
+                        .iter_mut()
+                        .for_each(|x| *x = if hi > lo { rng.gen_range(lo..hi) } else { lo }.ln());
                 }
-                "out_proj.weight" => {
-                    normal(&mut rng, t, cfg.init_method_std / (2.0 * cfg.num_layers as f32).sqrt())
-                }
+                "out_proj.weight" => normal(
+                    &mut rng,
+                    t,
+                    cfg.init_method_std / (2.0 * cfg.num_layers as f32).sqrt(),
+                ),
                 _ => unreachable!("param_specs names only these"),
             }
         }

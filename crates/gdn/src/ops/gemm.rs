@@ -15,11 +15,23 @@ pub struct MatRef<'a> {
 impl<'a> MatRef<'a> {
     /// Row-major `[rows, cols]` with leading dimension `ld` (row stride).
     pub fn rm(data: &'a [f32], rows: usize, cols: usize, ld: usize) -> Self {
-        MatRef { data, rows, cols, rs: ld, cs: 1 }
+        MatRef {
+            data,
+            rows,
+            cols,
+            rs: ld,
+            cs: 1,
+        }
     }
     /// The transpose (no copy).
     pub fn t(self) -> Self {
-        MatRef { data: self.data, rows: self.cols, cols: self.rows, rs: self.cs, cs: self.rs }
+        MatRef {
+            data: self.data,
+            rows: self.cols,
+            cols: self.rows,
+            rs: self.cs,
+            cs: self.rs,
+        }
     }
     fn check(&self) {
         if self.rows > 0 && self.cols > 0 {

@@ -1,0 +1,250 @@
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal};
+
+use super::reference::{self, RefParams};
+use super::*;
+use crate::config::{GdnConfig, Normalization, RecomputeGranularity};
+use crate::seqs::Seqs;
+use crate::tensor::Tensor;
+
+fn tiny(norm: Normalization, zc: bool, ratio: usize) -> GdnConfig {
+    GdnConfig {
+        hidden_size: 8,
+        num_layers: 2,
+        linear_num_key_heads: 1,
+        linear_num_value_heads: ratio,
+        linear_key_head_dim: 4,
+        linear_value_head_dim: 3,
+        linear_conv_kernel_dim: 3,
+        normalization: norm,
+        layernorm_zero_centered_gamma: zc,
+        conv_bias: true,
+        ..GdnConfig::default()
+    }
+}
+
+fn randn(rng: &mut ChaCha8Rng, n: usize, s: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            let z: f64 = StandardNormal.sample(rng);
+            s * z as f32
+        })
+        .collect::<Vec<f32>>()
+}
+
+/// A layer whose parameters are all perturbed away from their init (so every gradient is generic),
+/// with in_proj/out_proj scaled up so the layer is far from linear.
+fn layer(cfg: &GdnConfig, seed: u64) -> GatedDeltaNet {
+    let mut l = GatedDeltaNet::new(cfg, seed).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed + 100);
+    for (name, t) in l.params_mut().iter_mut() {
+        let s = match name {
+            "in_proj.weight" => 0.5,
+            "out_proj.weight" => 0.5,
+            "A_log" | "dt_bias" => 0.3,
+            _ => 0.2,
+        };
+        for v in t.data_mut() {
+            *v += s * rng.gen_range(-1.0f32..1.0);
+        }
+    }
+    l
+}
+
+fn max_rel(a: &[f32], b: &[f64]) -> f64 {
+    max_rel_floor(a, b, 1e-12)
+}
+
+/// max |a - b| / max(max |b|, floor): the floor keeps a gradient that happens to be near zero
+/// (a sum over tokens that cancels) from turning f32 rounding into a large relative error.
+fn max_rel_floor(a: &[f32], b: &[f64], floor: f64) -> f64 {
+    let m = b.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(floor);
+    a.iter()
+        .zip(b)
+        .fold(0.0f64, |e, (x, y)| e.max((*x as f64 - y).abs()))
+        / m
+}
+
+#[test]
+fn layer_forward_matches_f64_reference() {
+    for (norm, zc, ratio) in [
+        (Normalization::RMSNorm, false, 2),
+        (Normalization::LayerNorm, true, 1),
+        (Normalization::RMSNorm, true, 4),
+    ] {
+        let cfg = tiny(norm, zc, ratio);
+        let l = layer(&cfg, 3);
+        let mut rng = ChaCha8Rng::seed_from_u64(4);
+        let (b, t) = (2, 70);
+        let x = Tensor::from_vec(&[b, t, 8], randn(&mut rng, b * t * 8, 1.0)).unwrap();
+        let (y, _) = l.forward(&x).unwrap();
+        let xf: Vec<f64> = x.data().iter().map(|&v| v as f64).collect();
+        let yr = reference::forward(
+            &cfg,
+            &RefParams::from_params(l.params()),
+            &xf,
+            Seqs::uniform(b, t).cu(),
+        );
+        let e = max_rel(y.data(), &yr);
+        assert!(
+            e < 1e-5,
+            "{norm:?} zc={zc} ratio={ratio}: forward rel err {e}"
+        );
+    }
+}
+
+/// Every gradient of the layer (dx and every parameter) against central finite differences of
+/// the f64 reference layer.
+fn fd_check(cfg: &GdnConfig, b: usize, t: usize, tol: f64) {
+    let l = layer(cfg, 5);
+    let mut rng = ChaCha8Rng::seed_from_u64(6);
+    let h = cfg.hidden_size;
+    let x = Tensor::from_vec(&[b, t, h], randn(&mut rng, b * t * h, 1.0)).unwrap();
+    let dy = Tensor::from_vec(&[b, t, h], randn(&mut rng, b * t * h, 1.0)).unwrap();
+    let (_, saved) = l.forward(&x).unwrap();
+    let (dx, grads) = l.backward(saved, &dy).unwrap();
+    let cu = Seqs::uniform(b, t).cu().to_vec();
+    let dyf: Vec<f64> = dy.data().iter().map(|&v| v as f64).collect();
+    let loss = |p: &RefParams, x: &[f64]| -> f64 {
+        reference::forward(cfg, p, x, &cu)
+            .iter()
+            .zip(&dyf)
+            .map(|(a, b)| a * b)
+            .sum()
+    };
+    let eps = 1e-6;
+    let mut xf: Vec<f64> = x.data().iter().map(|&v| v as f64).collect();
+    let mut pf = RefParams::from_params(l.params());
+    let mut fd = vec![0.0; xf.len()];
+    for i in 0..xf.len() {
+        let x0 = xf[i];
+        xf[i] = x0 + eps;
+        let lp = loss(&pf, &xf);
+        xf[i] = x0 - eps;
+        let lm = loss(&pf, &xf);
+        xf[i] = x0;
+        fd[i] = (lp - lm) / (2.0 * eps);
+    }
+    let e = max_rel(dx.data(), &fd);
+    assert!(e < tol, "dx: rel err {e}");
+    // Parameter gradients are judged relative to at least 1% of the input gradient's scale.
+    let floor = 1e-2 * fd.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    let names: Vec<String> = pf.0.iter().map(|(n, _)| n.clone()).collect();
+    for (pi, name) in names.iter().enumerate() {
+        let len = pf.0[pi].1.len();
+        let mut fd = vec![0.0; len];
+        for i in 0..len {
+            let v0 = pf.0[pi].1[i];
+            pf.0[pi].1[i] = v0 + eps;
+            let lp = loss(&pf, &xf);
+            pf.0[pi].1[i] = v0 - eps;
+            let lm = loss(&pf, &xf);
+            pf.0[pi].1[i] = v0;
+            fd[i] = (lp - lm) / (2.0 * eps);
+        }
+        let g = grads
+            .get(name)
+            .unwrap_or_else(|| panic!("no gradient for {name}"));
+        let e = max_rel_floor(g.data(), &fd, floor);
+        assert!(
+            e < tol,
+            "{name}: rel err {e} (cfg {:?} {:?}) ours {:?} fd {:?}",
+            cfg.normalization,
+            cfg.linear_num_value_heads,
+            &g.data()[..g.numel().min(4)],
+            &fd[..fd.len().min(4)]
+        );
+    }
+}
+
+#[test]
+fn layer_backward_matches_finite_differences_rmsnorm_gva() {
+    fd_check(&tiny(Normalization::RMSNorm, false, 2), 2, 5, 1e-4);
+}
+
+#[test]
+fn layer_backward_matches_finite_differences_layernorm_zero_centered() {
+    fd_check(&tiny(Normalization::LayerNorm, true, 1), 1, 7, 1e-4);
+}
+
+#[test]
+fn layer_backward_matches_finite_differences_across_chunks_in_kernel_norm() {
+    let cfg = GdnConfig {
+        use_qk_l2norm_in_kernel: true,
+        ..tiny(Normalization::RMSNorm, false, 2)
+    };
+    fd_check(&cfg, 1, 70, 1e-4);
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.data().iter().map(|x| x.to_bits()).collect()
+}
+
+fn run(cfg: &GdnConfig, x: &Tensor, dy: &Tensor) -> (Tensor, Tensor, Grads, usize) {
+    let l = layer(cfg, 8);
+    let (y, saved) = l.forward(x).unwrap();
+    let bytes = saved.bytes();
+    let (dx, g) = l.backward(saved, dy).unwrap();
+    (y, dx, g, bytes)
+}
+
+#[test]
+fn recompute_options_are_bitwise_identical() {
+    for (norm, zc) in [
+        (Normalization::RMSNorm, false),
+        (Normalization::RMSNorm, true),
+        (Normalization::LayerNorm, false),
+        (Normalization::LayerNorm, true),
+    ] {
+        let base = tiny(norm, zc, 2);
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        let x = Tensor::from_vec(&[2, 70, 8], randn(&mut rng, 2 * 70 * 8, 1.0)).unwrap();
+        let dy = Tensor::from_vec(&[2, 70, 8], randn(&mut rng, 2 * 70 * 8, 1.0)).unwrap();
+        let (y0, dx0, g0, b0) = run(&base, &x, &dy);
+        let variants = [
+            (Some(RecomputeGranularity::Selective), vec!["gdn_norm_out"]),
+            (Some(RecomputeGranularity::Selective), vec!["gdn_prep"]),
+            (
+                Some(RecomputeGranularity::Selective),
+                vec!["gdn_prep", "gdn_norm_out"],
+            ),
+            (Some(RecomputeGranularity::Selective), vec!["gdn"]),
+            (Some(RecomputeGranularity::Full), vec![]),
+        ];
+        for (gran, mods) in variants {
+            let cfg = GdnConfig {
+                recompute_granularity: gran,
+                recompute_modules: Some(mods.iter().map(|s| s.to_string()).collect()),
+                ..base.clone()
+            };
+            let (y, dx, g, b) = run(&cfg, &x, &dy);
+            assert_eq!(bits(&y0), bits(&y), "{mods:?}: output");
+            assert_eq!(bits(&dx0), bits(&dx), "{mods:?}: dx");
+            assert_eq!(g0.names(), g.names());
+            for (name, t) in g0.iter() {
+                assert_eq!(bits(t), bits(g.get(name).unwrap()), "{mods:?}: grad {name}");
+            }
+            assert!(b < b0, "{mods:?} keeps {b} bytes, no recompute keeps {b0}");
+        }
+    }
+}
+
+#[test]
+fn bad_inputs_are_errors() {
+    let cfg = tiny(Normalization::RMSNorm, false, 2);
+    let l = layer(&cfg, 1);
+    assert!(l.forward(&Tensor::zeros(&[2, 5, 7])).is_err());
+    assert!(l.forward(&Tensor::zeros(&[10, 8])).is_err());
+    let (_, saved) = l.forward(&Tensor::zeros(&[2, 5, 8])).unwrap();
+    assert!(l.backward(saved, &Tensor::zeros(&[2, 4, 8])).is_err());
+    let mut p = l.params().clone();
+    p.set("A_log", Tensor::zeros(&[3]));
+    assert!(GatedDeltaNet::with_params(&cfg, p).is_err());
+    let bad = GdnConfig {
+        linear_num_value_heads: 3,
+        linear_num_key_heads: 2,
+        ..cfg
+    };
+    assert!(GatedDeltaNet::new(&bad, 0).is_err());
+}
