@@ -5,6 +5,7 @@ pub mod conv1d;
 pub mod gated_delta_rule;
 pub mod gated_norm;
 pub mod gates;
+pub mod gdn2_rule;
 pub mod gemm;
 pub mod l2norm;
 pub mod linear;
