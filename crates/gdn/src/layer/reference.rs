@@ -1,9 +1,10 @@
 //! The whole GDN layer in f64, written directly from the math with plain loops (tests only).
 //! Independent of the ops' implementations except the rule's f64 recurrence.
 
-use crate::config::{GdnConfig, Normalization};
+use crate::config::{GdnConfig, Normalization, Variant};
 use crate::ops::gated_delta_rule::reference as rule_ref;
 use crate::ops::gated_delta_rule::RuleShape;
+use crate::ops::gdn2_rule::reference as rule2_ref;
 
 /// f64 parameters by name (`Params` converted).
 pub struct RefParams(pub Vec<(String, Vec<f64>)>);
@@ -81,6 +82,21 @@ fn linear(x: &[f64], inp: usize, w: &[f64], out: usize) -> Vec<f64> {
 
 /// Layer forward in f64 over `x` `[tokens, h]` with sequence boundaries `cu`.
 pub fn forward(cfg: &GdnConfig, p: &RefParams, x: &[f64], cu: &[usize]) -> Vec<f64> {
+    forward_with_state(cfg, p, x, cu, None).0
+}
+
+fn sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// Layer forward in f64 with initial states `[N, Hv, Dk, Dv]`; returns `y` and the final states.
+pub fn forward_with_state(
+    cfg: &GdnConfig,
+    p: &RefParams,
+    x: &[f64],
+    cu: &[usize],
+    h0: Option<&[f64]>,
+) -> (Vec<f64>, Vec<f64>) {
     let h = cfg.hidden_size;
     let n = x.len() / h;
     let (hk, hv, dk, dv) = (
@@ -141,30 +157,73 @@ pub fn forward(cfg: &GdnConfig, p: &RefParams, x: &[f64], cu: &[usize]) -> Vec<f
     }
     let a_log = p.d("A_log");
     let dt = p.d("dt_bias");
-    let mut g = vec![0.0; n * hv];
-    let mut beta = vec![0.0; n * hv];
-    for t in 0..n {
-        for j in 0..hv {
-            let b = proj[t * pd + cd + vd + j];
-            let a = proj[t * pd + cd + vd + hv + j];
-            g[t * hv + j] = -a_log[j].exp() * softplus(a + dt[j]);
-            beta[t * hv + j] = 1.0 / (1.0 + (-b).exp());
+    let shape = RuleShape { hk, hv, dk, dv };
+    let scale = 1.0 / (dk as f64).sqrt();
+    let (o, fin) = match cfg.variant {
+        Variant::Gdn => {
+            let mut g = vec![0.0; n * hv];
+            let mut beta = vec![0.0; n * hv];
+            for t in 0..n {
+                for j in 0..hv {
+                    let b = proj[t * pd + cd + vd + j];
+                    let a = proj[t * pd + cd + vd + hv + j];
+                    g[t * hv + j] = -a_log[j].exp() * softplus(a + dt[j]);
+                    beta[t * hv + j] = sigmoid(b);
+                }
+            }
+            let inp = rule_ref::RefInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                g: &g,
+                beta: &beta,
+                cu,
+                tokens: n,
+                shape,
+                scale,
+                l2norm_in_kernel: false,
+                h0,
+            };
+            rule_ref::forward(&inp)
         }
-    }
-    let inp = rule_ref::RefInputs {
-        q: &q,
-        k: &k,
-        v: &v,
-        g: &g,
-        beta: &beta,
-        cu,
-        tokens: n,
-        shape: RuleShape { hk, hv, dk, dv },
-        scale: 1.0 / (dk as f64).sqrt(),
-        l2norm_in_kernel: false,
-        h0: None,
+        Variant::Gdn2 => {
+            // sections after [q|k|v|z]: f (qk), b (qk), w (vd); g and b repeated to value heads
+            let r = hv / hk;
+            let mut g = vec![0.0; n * hv * dk];
+            let mut b = vec![0.0; n * hv * dk];
+            let mut w = vec![0.0; n * vd];
+            for t in 0..n {
+                let base = t * pd + cd + vd;
+                for j in 0..hv {
+                    let kh = j / r;
+                    for c in 0..dk {
+                        let ch = kh * dk + c;
+                        g[(t * hv + j) * dk + c] =
+                            -a_log[kh].exp() * softplus(proj[base + ch] + dt[ch]);
+                        b[(t * hv + j) * dk + c] = sigmoid(proj[base + qk + ch]);
+                    }
+                }
+                for i in 0..vd {
+                    w[t * vd + i] = sigmoid(proj[base + 2 * qk + i]);
+                }
+            }
+            let inp = rule2_ref::RefInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                g: &g,
+                b: &b,
+                w: &w,
+                cu,
+                tokens: n,
+                shape,
+                scale,
+                l2norm_in_kernel: false,
+                h0,
+            };
+            rule2_ref::forward(&inp)
+        }
     };
-    let (o, _) = rule_ref::forward(&inp);
     let on = norm_rows(
         &o,
         dv,
@@ -180,5 +239,5 @@ pub fn forward(cfg: &GdnConfig, p: &RefParams, x: &[f64], cu: &[usize]) -> Vec<f
             gated[t * vd + i] = on[t * vd + i] * silu(proj[t * pd + cd + i]);
         }
     }
-    linear(&gated, vd, p.d("out_proj.weight"), h)
+    (linear(&gated, vd, p.d("out_proj.weight"), h), fin)
 }

@@ -14,6 +14,8 @@ pub struct Saved {
     pub(crate) x_shape: Vec<usize>,
     /// Layer input `[n, h]` (in_proj's fused norm input).
     pub(crate) x: Vec<f32>,
+    /// Initial recurrent states `[N, Hv, Dk, Dv]`, when forward was given them.
+    pub(crate) h0: Option<Vec<f32>>,
     /// The rest; `None` under whole-layer recompute (`gdn` / `full`).
     pub(crate) acts: Option<Acts>,
 }
@@ -46,7 +48,7 @@ impl Saved {
     /// Bytes held, exactly: the sum of the sizes of every buffer listed above (f32 values;
     /// shapes and the small `cu_seqlens` vector are metadata and not counted).
     pub fn bytes(&self) -> usize {
-        let mut b = f32_bytes(&self.x);
+        let mut b = f32_bytes(&self.x) + self.h0.as_deref().map_or(0, f32_bytes);
         if let Some(a) = &self.acts {
             b += a.in_stats.bytes()
                 + f32_bytes(&a.qkv_pre)
