@@ -75,7 +75,9 @@ impl Seqs {
             (Some(p), _) => ("cu_seqlens_padded", p),
             (None, Some(c)) => ("cu_seqlens", c),
             (None, None) => {
-                return Err(GdnError::CuSeqlens("neither cu_seqlens nor cu_seqlens_padded given".into()))
+                return Err(GdnError::CuSeqlens(
+                    "neither cu_seqlens nor cu_seqlens_padded given".into(),
+                ))
             }
         };
         if cp_size == 0 {
@@ -139,7 +141,10 @@ mod tests {
         assert_eq!(s.range(2), 1..3);
         // 64-bit offsets beyond u32 are carried as usize
         let big = 5_000_000_000u64;
-        assert_eq!(Seqs::packed(&[0, big], big as usize).unwrap().used(), big as usize);
+        assert_eq!(
+            Seqs::packed(&[0, big], big as usize).unwrap().used(),
+            big as usize
+        );
     }
 
     #[test]
@@ -148,14 +153,23 @@ mod tests {
         let s = Seqs::resolve(Some(&[0, 30, 60]), Some(&[0, 32, 64]), 64, 1).unwrap();
         assert_eq!(s.cu(), &[0, 32, 64]);
         // without padding the actual boundaries are used
-        assert_eq!(Seqs::resolve(Some(&[0, 32, 64]), None, 64, 1).unwrap().cu(), &[0, 32, 64]);
+        assert_eq!(
+            Seqs::resolve(Some(&[0, 32, 64]), None, 64, 1).unwrap().cu(),
+            &[0, 32, 64]
+        );
         // the total must equal the token count
-        let e = Seqs::resolve(Some(&[0, 30, 60]), None, 64, 1).unwrap_err().to_string();
+        let e = Seqs::resolve(Some(&[0, 30, 60]), None, 64, 1)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("does not match total_sequence_length=64"), "{e}");
-        let e = Seqs::resolve(None, Some(&[0, 32, 62]), 64, 1).unwrap_err().to_string();
+        let e = Seqs::resolve(None, Some(&[0, 32, 62]), 64, 1)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("cu_seqlens_padded[-1]=62"), "{e}");
         // lengths divisible by cp
-        let e = Seqs::resolve(Some(&[0, 505, 1008]), None, 1008, 2).unwrap_err().to_string();
+        let e = Seqs::resolve(Some(&[0, 505, 1008]), None, 1008, 2)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("must be divisible by cp_size=2"), "{e}");
         assert!(Seqs::resolve(Some(&[0, 504, 1008]), None, 1008, 2).is_ok());
         assert!(Seqs::resolve(None, None, 8, 1).is_err());
