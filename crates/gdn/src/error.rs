@@ -37,6 +37,10 @@ pub enum GdnError {
         #[source]
         source: std::io::Error,
     },
+    /// A device is unavailable or a device call failed (missing CUDA library, no GPU, a driver
+    /// or compiler error).
+    #[error("device: {0}")]
+    Device(String),
     /// Any other invalid argument.
     #[error("{0}")]
     Invalid(String),

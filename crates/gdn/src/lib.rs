@@ -8,6 +8,7 @@
 #![allow(clippy::needless_range_loop)]
 
 pub mod config;
+pub mod device;
 pub mod error;
 pub mod io;
 pub mod layer;
@@ -17,8 +18,9 @@ pub mod tensor;
 #[doc(hidden)]
 pub mod testutil;
 
+pub use device::Device;
 pub use config::{GdnConfig, Normalization, Recompute, RecomputeGranularity, Variant};
 pub use error::{GdnError, Result};
-pub use layer::{GatedDeltaNet, Grads, Params, Saved};
+pub use layer::{GatedDeltaNet, GatedDeltaNet2, Grads, Params, Saved};
 pub use seqs::Seqs;
 pub use tensor::Tensor;

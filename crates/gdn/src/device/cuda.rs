@@ -1,0 +1,396 @@
+//! The CUDA device: one context and one stream per GPU, an allocator that counts live and peak
+//! bytes, and kernels compiled by NVRTC at first use for the device's architecture and cached on
+//! disk (key: source hash + options + architecture + NVRTC version).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+
+use super::kernels;
+use crate::error::{GdnError, Result};
+
+fn dev_err(what: &str, e: impl std::fmt::Debug) -> GdnError {
+    GdnError::Device(format!("{what}: {e:?}"))
+}
+
+/// Whether the CUDA driver library can be loaded here.
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the library; no CUDA call is made.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// Whether the NVRTC library can be loaded here.
+pub fn nvrtc_present() -> bool {
+    // SAFETY: only tries to dlopen the library.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// Number of CUDA devices (0 when the driver is missing).
+pub fn device_count() -> usize {
+    if !driver_present() {
+        return 0;
+    }
+    CudaContext::device_count().map(|n| n.max(0) as usize).unwrap_or(0)
+}
+
+/// One GPU: context, stream, compiled kernels, byte counters.
+pub struct Gpu {
+    ordinal: usize,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    arch: &'static str,
+    name: String,
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    live: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Gpu({} {} {})", self.ordinal, self.name, self.arch)
+    }
+}
+
+/// NVRTC `--gpu-architecture` for a compute capability. Hopper gets `sm_90a` (wgmma, setmaxnreg).
+pub fn arch_for(major: i32, minor: i32) -> &'static str {
+    match (major, minor) {
+        (9, 0) => "sm_90a",
+        (8, 0) => "sm_80",
+        (8, 6) => "sm_86",
+        (8, 9) => "sm_89",
+        (10, 0) => "sm_100",
+        (12, 0) => "sm_120",
+        _ => "sm_80",
+    }
+}
+
+static GPUS: OnceLock<Mutex<HashMap<usize, Arc<Gpu>>>> = OnceLock::new();
+
+/// The GPU with this ordinal (created on first use).
+pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
+    let map = GPUS.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut m = map.lock().map_err(|_| GdnError::Device("GPU registry poisoned".into()))?;
+    if let Some(g) = m.get(&ordinal) {
+        return Ok(g.clone());
+    }
+    if !driver_present() {
+        return Err(GdnError::Device(
+            "the CUDA driver library (libcuda.so) was not found; install the NVIDIA driver or run on the CPU".into(),
+        ));
+    }
+    if !nvrtc_present() {
+        return Err(GdnError::Device(
+            "NVRTC (libnvrtc.so.13) was not found; put CUDA 13's lib directory on LD_LIBRARY_PATH".into(),
+        ));
+    }
+    let n = device_count();
+    if ordinal >= n {
+        return Err(GdnError::Device(format!("cuda:{ordinal} requested but {n} CUDA device(s) found")));
+    }
+    let ctx = CudaContext::new(ordinal).map_err(|e| dev_err("creating the CUDA context", e))?;
+    let (maj, min) = ctx.compute_capability().map_err(|e| dev_err("compute capability", e))?;
+    let name = ctx.name().unwrap_or_else(|_| "unknown".into());
+    let stream = ctx.default_stream();
+    let g = Arc::new(Gpu {
+        ordinal,
+        ctx,
+        stream,
+        arch: arch_for(maj, min),
+        name,
+        modules: Mutex::new(HashMap::new()),
+        live: AtomicUsize::new(0),
+        peak: AtomicUsize::new(0),
+    });
+    m.insert(ordinal, g.clone());
+    Ok(g)
+}
+
+/// A device buffer whose bytes are counted by its GPU's allocator while it lives.
+pub struct GBuf<T: DeviceRepr> {
+    pub slice: CudaSlice<T>,
+    gpu: Arc<Gpu>,
+}
+
+impl<T: DeviceRepr> GBuf<T> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.slice.len()
+    }
+    /// Whether empty.
+    pub fn is_empty(&self) -> bool {
+        self.slice.len() == 0
+    }
+    /// Bytes.
+    pub fn bytes(&self) -> usize {
+        self.slice.len() * std::mem::size_of::<T>()
+    }
+    /// The GPU it lives on.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+}
+
+impl<T: DeviceRepr> Drop for GBuf<T> {
+    fn drop(&mut self) {
+        self.gpu.live.fetch_sub(self.bytes(), Ordering::Relaxed);
+    }
+}
+
+/// Storage type of device tensors: f32 (verification) or bf16 (training; fp32 accumulation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DType {
+    F32,
+    Bf16,
+}
+
+/// A device tensor's storage: f32 or bf16 (raw 16-bit words).
+pub enum DBuf {
+    F32(GBuf<f32>),
+    Bf16(GBuf<u16>),
+}
+
+impl DBuf {
+    /// Storage type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            DBuf::F32(_) => DType::F32,
+            DBuf::Bf16(_) => DType::Bf16,
+        }
+    }
+    /// Elements.
+    pub fn len(&self) -> usize {
+        match self {
+            DBuf::F32(b) => b.len(),
+            DBuf::Bf16(b) => b.len(),
+        }
+    }
+    /// Whether empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Bytes.
+    pub fn bytes(&self) -> usize {
+        match self {
+            DBuf::F32(b) => b.bytes(),
+            DBuf::Bf16(b) => b.bytes(),
+        }
+    }
+    /// Upload f32 host data, stored as `dtype` (bf16: round to nearest even).
+    pub fn upload(gpu: &Arc<Gpu>, host: &[f32], dtype: DType) -> Result<DBuf> {
+        Ok(match dtype {
+            DType::F32 => DBuf::F32(gpu.upload(host)?),
+            DType::Bf16 => {
+                let h: Vec<u16> = host.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect();
+                DBuf::Bf16(gpu.upload(&h)?)
+            }
+        })
+    }
+    /// A buffer of `n` elements of `dtype`, uninitialized.
+    pub fn uninit(gpu: &Arc<Gpu>, n: usize, dtype: DType) -> Result<DBuf> {
+        Ok(match dtype {
+            DType::F32 => DBuf::F32(gpu.uninit(n)?),
+            DType::Bf16 => DBuf::Bf16(gpu.uninit(n)?),
+        })
+    }
+    /// A zeroed buffer.
+    pub fn zeros(gpu: &Arc<Gpu>, n: usize, dtype: DType) -> Result<DBuf> {
+        Ok(match dtype {
+            DType::F32 => DBuf::F32(gpu.zeros(n)?),
+            DType::Bf16 => DBuf::Bf16(gpu.zeros(n)?),
+        })
+    }
+    /// Download as f32 (synchronizes).
+    pub fn download(&self) -> Result<Vec<f32>> {
+        match self {
+            DBuf::F32(b) => b.gpu().download(b),
+            DBuf::Bf16(b) => {
+                Ok(b.gpu().download(b)?.into_iter().map(|x| half::bf16::from_bits(x).to_f32()).collect())
+            }
+        }
+    }
+    /// The GPU it lives on.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        match self {
+            DBuf::F32(b) => b.gpu(),
+            DBuf::Bf16(b) => b.gpu(),
+        }
+    }
+}
+
+impl Gpu {
+    /// Ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+    /// Device name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// NVRTC architecture used for kernels.
+    pub fn arch(&self) -> &'static str {
+        self.arch
+    }
+    /// The stream all our work goes to.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+    /// Bytes currently held by our buffers.
+    pub fn live_bytes(&self) -> usize {
+        self.live.load(Ordering::Relaxed)
+    }
+    /// Most bytes held at once since the last `reset_peak`.
+    pub fn peak_bytes(&self) -> usize {
+        self.peak.load(Ordering::Relaxed)
+    }
+    /// Restart peak tracking from the current live bytes.
+    pub fn reset_peak(&self) {
+        self.peak.store(self.live_bytes(), Ordering::Relaxed);
+    }
+
+    fn count(self: &Arc<Self>, bytes: usize) {
+        let now = self.live.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// A zeroed buffer of `n` elements.
+    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(self: &Arc<Self>, n: usize) -> Result<GBuf<T>> {
+        let slice = self.stream.alloc_zeros::<T>(n).map_err(|e| dev_err("cudaMalloc", e))?;
+        self.count(n * std::mem::size_of::<T>());
+        Ok(GBuf { slice, gpu: self.clone() })
+    }
+
+    /// An uninitialized buffer of `n` elements (every element must be written before it is read).
+    pub fn uninit<T: DeviceRepr>(self: &Arc<Self>, n: usize) -> Result<GBuf<T>> {
+        // SAFETY: callers write every element before reading (tests poison and check this).
+        let slice = unsafe { self.stream.alloc::<T>(n) }.map_err(|e| dev_err("cudaMalloc", e))?;
+        self.count(n * std::mem::size_of::<T>());
+        Ok(GBuf { slice, gpu: self.clone() })
+    }
+
+    /// Copy host data to a new device buffer.
+    pub fn upload<T: DeviceRepr>(self: &Arc<Self>, host: &[T]) -> Result<GBuf<T>> {
+        let slice = self.stream.clone_htod(host).map_err(|e| dev_err("host-to-device copy", e))?;
+        self.count(std::mem::size_of_val(host));
+        Ok(GBuf { slice, gpu: self.clone() })
+    }
+
+    /// Copy a device buffer to the host (synchronizes the stream).
+    pub fn download<T: DeviceRepr + Default + Clone>(&self, buf: &GBuf<T>) -> Result<Vec<T>> {
+        self.stream.clone_dtoh(&buf.slice).map_err(|e| dev_err("device-to-host copy", e))
+    }
+
+    /// Wait for all queued work; surfaces asynchronous kernel errors.
+    pub fn sync(&self) -> Result<()> {
+        self.stream.synchronize().map_err(|e| dev_err("stream synchronize", e))
+    }
+
+    /// The kernel `func` of kernel source `module` (compiled on first use, cached on disk).
+    pub fn function(&self, module: &'static str, func: &str) -> Result<CudaFunction> {
+        let m = {
+            let mut mods = self.modules.lock().map_err(|_| GdnError::Device("module cache poisoned".into()))?;
+            match mods.get(module) {
+                Some(m) => m.clone(),
+                None => {
+                    let ptx = compile_cached(module, self.arch)?;
+                    let m = self.ctx.load_module(ptx).map_err(|e| dev_err(&format!("loading kernels {module}"), e))?;
+                    mods.insert(module, m.clone());
+                    m
+                }
+            }
+        };
+        m.load_function(func).map_err(|e| dev_err(&format!("kernel {module}::{func}"), e))
+    }
+}
+
+/// NVRTC options used for every kernel.
+pub fn nvrtc_options(arch: &'static str) -> CompileOptions {
+    CompileOptions {
+        arch: Some(arch),
+        options: vec!["--std=c++17".into(), "-default-device".into()],
+        fmad: Some(true),
+        ..Default::default()
+    }
+}
+
+fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("GDN_KERNEL_CACHE") {
+        return PathBuf::from(d);
+    }
+    let home = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    home.join("gdn").join("kernels")
+}
+
+/// FNV-1a 64-bit: a stable hash for cache keys.
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for p in parts {
+        for b in *p {
+            h ^= *b as u64;
+            h = h.wrapping_mul(0x100000001b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+/// Compile kernel source `module` for `arch` with NVRTC (no cache). Used by `compile_cached` and by
+/// the CI test that compiles every kernel.
+pub fn compile(module: &str, arch: &'static str) -> Result<Ptx> {
+    if !nvrtc_present() {
+        return Err(GdnError::Device("NVRTC (libnvrtc.so.13) was not found".into()));
+    }
+    let src = kernels::source(module)?;
+    let mut opts = nvrtc_options(arch);
+    opts.name = Some(format!("{module}.cu"));
+    cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map_err(|e| match e {
+        cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+            GdnError::Device(format!("NVRTC failed on {module}.cu for {arch}:\n{}", log.to_string_lossy()))
+        }
+        e => dev_err(&format!("NVRTC on {module}.cu"), e),
+    })
+}
+
+/// NVRTC's version as "major.minor" (empty when unavailable).
+pub fn nvrtc_version() -> String {
+    if !nvrtc_present() {
+        return String::new();
+    }
+    let (mut a, mut b) = (0, 0);
+    // SAFETY: the library is present; the call writes two ints.
+    let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut a, &mut b) };
+    if r == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
+        format!("{a}.{b}")
+    } else {
+        String::new()
+    }
+}
+
+fn compile_cached(module: &'static str, arch: &'static str) -> Result<Ptx> {
+    let src = kernels::source(module)?;
+    let opts = format!("{:?}", nvrtc_options(arch).options);
+    let ver = nvrtc_version();
+    let key = fnv1a(&[src.as_bytes(), opts.as_bytes(), arch.as_bytes(), ver.as_bytes()]);
+    let path = cache_dir().join(format!("{module}-{arch}-{key:016x}.ptx"));
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        return Ok(Ptx::from_src(text));
+    }
+    let ptx = compile(module, arch)?;
+    // Best effort: a cache we cannot write only costs a recompile next time.
+    if let Some(dir) = path.parent() {
+        if std::fs::create_dir_all(dir).is_ok() {
+            let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+            if std::fs::write(&tmp, ptx.to_src()).is_ok() {
+                let _ = std::fs::rename(&tmp, &path);
+            }
+        }
+    }
+    Ok(ptx)
+}

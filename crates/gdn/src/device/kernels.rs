@@ -1,0 +1,20 @@
+//! The CUDA C++ kernel sources in this repository. Each op's kernels live beside it
+//! (`ops/<op>/<op>.cu`); `common.cuh` (bf16 conversion, warp reductions) is prepended so NVRTC
+//! needs no include path.
+
+use crate::error::{GdnError, Result};
+
+/// Helpers shared by every kernel file.
+pub const COMMON: &str = include_str!("../kernels/common.cuh");
+
+/// (module name, source) of every kernel file.
+pub const MODULES: &[(&str, &str)] = &[("smoke", include_str!("../kernels/smoke.cu"))];
+
+/// The full source NVRTC compiles for `module`.
+pub fn source(module: &str) -> Result<String> {
+    let (_, body) = MODULES
+        .iter()
+        .find(|(n, _)| *n == module)
+        .ok_or_else(|| GdnError::Device(format!("no kernel module named {module}")))?;
+    Ok(format!("{COMMON}\n#line 1 \"{module}.cu\"\n{body}"))
+}
