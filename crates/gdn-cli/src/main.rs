@@ -2,10 +2,13 @@
 //!
 //! - `gdn layer`: forward (and backward) of one Gated DeltaNet layer on tensors from
 //!   safetensors files; `gdn layer --example DIR` writes and runs a small built-in example.
+//! - `gdn memory`: activation memory kept for backward per recompute setting (measured from
+//!   `Saved::bytes()`), optionally with each setting's forward + backward time.
 //! - `gdn info`: version, build, threads, devices and the default configs.
 
 mod info;
 mod layer;
+mod memory;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -31,6 +34,13 @@ enum Cmd {
     /// and optionally `cu_seqlens` (I64 or I32, 1-D). The output file holds `y`, and with dy
     /// also `dx` and every parameter gradient under the parameter's own name.
     Layer(LayerArgs),
+    /// Activation memory per recompute setting, measured from `Saved::bytes()` of a real forward.
+    ///
+    /// Prints one row per setting (none, gdn_norm_out, in-kernel q/k L2 norm, their combination,
+    /// gdn_prep, the leanest selective combination, gdn, full): bytes kept per token, MiB for
+    /// --tokens tokens and the share of `none`; with --time also forward + backward time and its
+    /// ratio to `none`.
+    Memory(memory::MemoryArgs),
     /// Print version, build, threads, devices and the default configs.
     Info,
 }
@@ -92,6 +102,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Layer(args) => layer::run(args),
+        Cmd::Memory(args) => memory::run(args),
         Cmd::Info => info::run(),
     };
     match result {
