@@ -68,6 +68,35 @@ impl Deref for GatedDeltaNet2 {
     }
 }
 
+/// Per-step wall times, printed to stderr when the environment variable `GDN_PROFILE` is set.
+struct Prof {
+    on: bool,
+    last: std::time::Instant,
+    rows: Vec<(&'static str, f64)>,
+}
+
+impl Prof {
+    fn new() -> Self {
+        Prof { on: std::env::var_os("GDN_PROFILE").is_some(), last: std::time::Instant::now(), rows: Vec::new() }
+    }
+    fn mark(&mut self, step: &'static str) {
+        if self.on {
+            let now = std::time::Instant::now();
+            self.rows.push((step, (now - self.last).as_secs_f64() * 1e3));
+            self.last = now;
+        }
+    }
+    fn report(&self) {
+        if self.on {
+            let total: f64 = self.rows.iter().map(|r| r.1).sum();
+            for (step, ms) in &self.rows {
+                eprintln!("gdn profile: {step:<45} {ms:9.2} ms");
+            }
+            eprintln!("gdn profile: {:<45} {total:9.2} ms", "total");
+        }
+    }
+}
+
 /// Forward output.
 struct Forward {
     y: Vec<f32>,
@@ -351,6 +380,7 @@ impl GatedDeltaNet {
         let eps = c.layernorm_epsilon;
         let zc = c.layernorm_zero_centered_gamma;
 
+        let mut prof = Prof::new();
         // 1. Fused pre-norm + in_proj -> [q | k | v | z | gate sections].
         let (xn, in_stats) = norm::norm_forward(
             x,
@@ -364,6 +394,7 @@ impl GatedDeltaNet {
         )?;
         let proj = linear::linear_forward(&xn, n, h, p.d("in_proj.weight"), pd)?;
         drop(xn);
+        prof.mark("fwd in_proj (norm + GEMM)");
         // 2. Split.
         let qkv_pre = take_cols(&proj, pd, 0, cd);
         let z = take_cols(&proj, pd, cd, vd);
@@ -376,8 +407,10 @@ impl GatedDeltaNet {
         drop(proj);
         // 3-5. conv + SiLU, q/k L2 norm, gates.
         let r = self.prep(&qkv_pre, &gate_in, seqs)?;
+        prof.mark("fwd split + conv + l2norm + gates");
         // 6. The rule.
         let (o, final_state) = self.rule_forward(&r, seqs, h0, want_final)?;
+        prof.mark("fwd gated delta rule");
         // Keep the rule's inputs (Megatron keeps these), unless `gdn_prep` rebuilds them.
         let rule_in = (!c.recompute().prep).then_some(r);
         // 7. Gated norm: norm(o) * silu(z) (norm first, then gate), one [Dv] weight for all heads.
@@ -392,8 +425,11 @@ impl GatedDeltaNet {
             eps,
             zc,
         )?;
+        prof.mark("fwd gated norm");
         // 8. out_proj.
         let y = linear::linear_forward(&norm_out, n, vd, p.d("out_proj.weight"), h)?;
+        prof.mark("fwd out_proj");
+        prof.report();
         Ok(Forward {
             y,
             final_state,
@@ -577,6 +613,7 @@ impl GatedDeltaNet {
         let zc = c.layernorm_zero_centered_gamma;
         let mut grads = Params::zeros_like_config(c);
 
+        let mut prof = Prof::new();
         // 8. out_proj. Under gdn_norm_out its input is rebuilt here, by the same kernel on the
         // same inputs as in forward, so the bits are those forward had.
         let norm_out = match a.norm_out {
@@ -601,6 +638,7 @@ impl GatedDeltaNet {
         drop(norm_out);
         grads.set("out_proj.weight", Tensor::from_vec(&[h, vd], d_wout)?);
 
+        prof.mark("bwd out_proj (+ norm_out rebuild)");
         // 7. Gated norm.
         let (d_o, dz, d_onw, d_onb) = gated_norm::gated_norm_backward(
             &a.o,
@@ -620,6 +658,7 @@ impl GatedDeltaNet {
             grads.set("out_norm.bias", Tensor::from_vec(&[dv], b)?);
         }
 
+        prof.mark("bwd gated norm");
         // 6. The rule (its inputs kept, or rebuilt under gdn_prep), then 5. gates and 4. L2 norm.
         let r = match a.rule_in {
             Some(r) => r,
@@ -692,6 +731,7 @@ impl GatedDeltaNet {
         };
         drop(r);
 
+        prof.mark("bwd rule (+ prep rebuild) + gates + l2norm");
         // 3. conv.
         let mut dqkv = vec![0.0f32; n * cd];
         put_cols(&mut dqkv, cd, 0, &dq, qk);
@@ -713,6 +753,7 @@ impl GatedDeltaNet {
             grads.set("conv1d.bias", Tensor::from_vec(&[cd], b)?);
         }
 
+        prof.mark("bwd conv");
         // 2. Un-split into d(in_proj output).
         let mut dproj = vec![0.0f32; n * pd];
         put_cols(&mut dproj, pd, 0, &dqkv_pre, cd);
@@ -723,6 +764,7 @@ impl GatedDeltaNet {
             off += w;
         }
 
+        prof.mark("bwd un-split");
         // 1. in_proj and its fused norm; the normalized input is rebuilt from x.
         let (xn, _) = norm::norm_forward(
             x,
@@ -755,6 +797,8 @@ impl GatedDeltaNet {
             })?;
             grads.set("in_proj.layer_norm_bias", Tensor::from_vec(&[h], b)?);
         }
+        prof.mark("bwd in_proj (GEMMs + norm)");
+        prof.report();
         Ok((dx, grads, dh0))
     }
 }

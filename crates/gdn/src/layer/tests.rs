@@ -287,6 +287,9 @@ fn initial_and_final_states_match_reference_and_finite_differences() {
         let dy = Tensor::from_vec(&[1, 9, 8], randn(&mut rng, 72, 1.0)).unwrap();
         let dht = Tensor::from_vec(&st, randn(&mut rng, n_st, 0.5)).unwrap();
         let (y, fin, saved) = l.forward_with_state(&x, &seqs, Some(&h0)).unwrap();
+        // the initial states are kept for backward: exactly N*Hv*Dk*Dv f32 more
+        let (_, _, saved_no_h0) = l.forward_with_state(&x, &seqs, None).unwrap();
+        assert_eq!(saved.bytes() - saved_no_h0.bytes(), n_st * 4);
         let (dx, _, dh0) = l.backward_with_state(saved, &dy, Some(&dht)).unwrap();
         let dh0 = dh0.expect("dh0 when h0 was given");
         let f = |t: &Tensor| t.data().iter().map(|&a| a as f64).collect::<Vec<f64>>();

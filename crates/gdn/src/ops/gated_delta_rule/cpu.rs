@@ -298,38 +298,40 @@ pub(crate) fn forward(
     let outs: Vec<FwdOut> = tasks(seqs, s)
         .par_iter()
         .map(|&(n, kh)| {
-            let range = seqs.range(n);
-            let (t0, len) = (range.start, range.len());
-            let qk = load_qk(q, k, range, kh, s, opts.l2norm_in_kernel);
-            let mut out = FwdOut {
-                o: Vec::with_capacity(r),
-                state: Vec::with_capacity(r),
-            };
-            for j in kh * r..(kh + 1) * r {
-                let mut st_j = match h0 {
-                    Some(h) => h[(n * hv + j) * st..(n * hv + j + 1) * st].to_vec(),
-                    None => vec![0.0f32; st],
+            crate::ops::flush_denormals(|| {
+                let range = seqs.range(n);
+                let (t0, len) = (range.start, range.len());
+                let qk = load_qk(q, k, range, kh, s, opts.l2norm_in_kernel);
+                let mut out = FwdOut {
+                    o: Vec::with_capacity(r),
+                    state: Vec::with_capacity(r),
                 };
-                let mut o = vec![0.0f32; len * dv];
-                let mut c0 = 0;
-                while c0 < len {
-                    let l = CHUNK.min(len - c0);
-                    let qc = &qk.q[c0 * dk..(c0 + l) * dk];
-                    let kc = &qk.k[c0 * dk..(c0 + l) * dk];
-                    let vc = load_rows(v, t0, c0, l, j, hv, dv);
-                    let gc = load_scalars(g, t0, c0, l, j, hv);
-                    let bc = load_scalars(beta, t0, c0, l, j, hv);
-                    let p = prep_chunk(kc, &vc, &gc, &bc, dk, dv);
-                    let d = chunk_delta(&p, &st_j, dk, dv);
-                    let oc = chunk_output(qc, kc, &p, &d, &st_j, opts.scale, dk, dv);
-                    o[c0 * dv..(c0 + l) * dv].copy_from_slice(&oc);
-                    chunk_state_update(&mut st_j, kc, &p, &d, dk, dv);
-                    c0 += l;
+                for j in kh * r..(kh + 1) * r {
+                    let mut st_j = match h0 {
+                        Some(h) => h[(n * hv + j) * st..(n * hv + j + 1) * st].to_vec(),
+                        None => vec![0.0f32; st],
+                    };
+                    let mut o = vec![0.0f32; len * dv];
+                    let mut c0 = 0;
+                    while c0 < len {
+                        let l = CHUNK.min(len - c0);
+                        let qc = &qk.q[c0 * dk..(c0 + l) * dk];
+                        let kc = &qk.k[c0 * dk..(c0 + l) * dk];
+                        let vc = load_rows(v, t0, c0, l, j, hv, dv);
+                        let gc = load_scalars(g, t0, c0, l, j, hv);
+                        let bc = load_scalars(beta, t0, c0, l, j, hv);
+                        let p = prep_chunk(kc, &vc, &gc, &bc, dk, dv);
+                        let d = chunk_delta(&p, &st_j, dk, dv);
+                        let oc = chunk_output(qc, kc, &p, &d, &st_j, opts.scale, dk, dv);
+                        o[c0 * dv..(c0 + l) * dv].copy_from_slice(&oc);
+                        chunk_state_update(&mut st_j, kc, &p, &d, dk, dv);
+                        c0 += l;
+                    }
+                    out.o.push(o);
+                    out.state.push(st_j);
                 }
-                out.o.push(o);
-                out.state.push(st_j);
-            }
-            out
+                out
+            })
         })
         .collect();
 
@@ -640,95 +642,102 @@ pub(crate) fn backward(
     let outs: Vec<BwdOut> = tasks(seqs, s)
         .par_iter()
         .map(|&(n, kh)| {
-            let range = seqs.range(n);
-            let (t0, len) = (range.start, range.len());
-            let qk = load_qk(q, k, range, kh, s, opts.l2norm_in_kernel);
-            let mut out = BwdOut {
-                dq: vec![0.0; len * dk],
-                dk: vec![0.0; len * dk],
-                dv: Vec::with_capacity(r),
-                dg: Vec::with_capacity(r),
-                db: Vec::with_capacity(r),
-                dh0: Vec::with_capacity(r),
-            };
-            for j in kh * r..(kh + 1) * r {
-                // Recompute pass: chunk-start states and the chunk quantities.
-                let mut sj = match h0 {
-                    Some(h) => h[(n * hv + j) * st..(n * hv + j + 1) * st].to_vec(),
-                    None => vec![0.0f32; st],
+            crate::ops::flush_denormals(|| {
+                let range = seqs.range(n);
+                let (t0, len) = (range.start, range.len());
+                let qk = load_qk(q, k, range, kh, s, opts.l2norm_in_kernel);
+                let mut out = BwdOut {
+                    dq: vec![0.0; len * dk],
+                    dk: vec![0.0; len * dk],
+                    dv: Vec::with_capacity(r),
+                    dg: Vec::with_capacity(r),
+                    db: Vec::with_capacity(r),
+                    dh0: Vec::with_capacity(r),
                 };
-                let mut keep = Vec::with_capacity(len.div_ceil(CHUNK));
-                let mut c0 = 0;
-                while c0 < len {
-                    let l = CHUNK.min(len - c0);
-                    let kc = &qk.k[c0 * dk..(c0 + l) * dk];
-                    let vc = load_rows(v, t0, c0, l, j, hv, dv);
-                    let gc = load_scalars(g, t0, c0, l, j, hv);
-                    let bc = load_scalars(beta, t0, c0, l, j, hv);
-                    let p = prep_chunk(kc, &vc, &gc, &bc, dk, dv);
-                    let d = chunk_delta(&p, &sj, dk, dv);
-                    let s0 = sj.clone();
-                    chunk_state_update(&mut sj, kc, &p, &d, dk, dv);
-                    keep.push(ChunkKeep { p, d, s0, vc, bc });
-                    c0 += l;
+                for j in kh * r..(kh + 1) * r {
+                    // Recompute pass: chunk-start states and the chunk quantities.
+                    let mut sj = match h0 {
+                        Some(h) => h[(n * hv + j) * st..(n * hv + j + 1) * st].to_vec(),
+                        None => vec![0.0f32; st],
+                    };
+                    let mut keep = Vec::with_capacity(len.div_ceil(CHUNK));
+                    let mut c0 = 0;
+                    while c0 < len {
+                        let l = CHUNK.min(len - c0);
+                        let kc = &qk.k[c0 * dk..(c0 + l) * dk];
+                        let vc = load_rows(v, t0, c0, l, j, hv, dv);
+                        let gc = load_scalars(g, t0, c0, l, j, hv);
+                        let bc = load_scalars(beta, t0, c0, l, j, hv);
+                        let p = prep_chunk(kc, &vc, &gc, &bc, dk, dv);
+                        let d = chunk_delta(&p, &sj, dk, dv);
+                        let s0 = sj.clone();
+                        chunk_state_update(&mut sj, kc, &p, &d, dk, dv);
+                        keep.push(ChunkKeep { p, d, s0, vc, bc });
+                        c0 += l;
+                    }
+                    // Reverse pass.
+                    let mut ds = match dht {
+                        Some(x) => x[(n * hv + j) * st..(n * hv + j + 1) * st].to_vec(),
+                        None => vec![0.0f32; st],
+                    };
+                    let mut dvj = vec![0.0f32; len * dv];
+                    let mut dgj = vec![0.0f32; len];
+                    let mut dbj = vec![0.0f32; len];
+                    for (ci, c) in keep.iter().enumerate().rev() {
+                        let c0 = ci * CHUNK;
+                        let l = c.p.l;
+                        let doc = load_rows(d_o, t0, c0, l, j, hv, dv);
+                        chunk_backward(
+                            &qk.q[c0 * dk..(c0 + l) * dk],
+                            &qk.k[c0 * dk..(c0 + l) * dk],
+                            c,
+                            &doc,
+                            &mut ds,
+                            opts.scale,
+                            dk,
+                            dv,
+                            &mut out.dq[c0 * dk..(c0 + l) * dk],
+                            &mut out.dk[c0 * dk..(c0 + l) * dk],
+                            &mut dvj[c0 * dv..(c0 + l) * dv],
+                            &mut dgj[c0..c0 + l],
+                            &mut dbj[c0..c0 + l],
+                        );
+                    }
+                    out.dv.push(dvj);
+                    out.dg.push(dgj);
+                    out.db.push(dbj);
+                    out.dh0.push(ds);
                 }
-                // Reverse pass.
-                let mut ds = match dht {
-                    Some(x) => x[(n * hv + j) * st..(n * hv + j + 1) * st].to_vec(),
-                    None => vec![0.0f32; st],
-                };
-                let mut dvj = vec![0.0f32; len * dv];
-                let mut dgj = vec![0.0f32; len];
-                let mut dbj = vec![0.0f32; len];
-                for (ci, c) in keep.iter().enumerate().rev() {
-                    let c0 = ci * CHUNK;
-                    let l = c.p.l;
-                    let doc = load_rows(d_o, t0, c0, l, j, hv, dv);
-                    chunk_backward(
-                        &qk.q[c0 * dk..(c0 + l) * dk],
-                        &qk.k[c0 * dk..(c0 + l) * dk],
-                        c,
-                        &doc,
-                        &mut ds,
-                        opts.scale,
-                        dk,
-                        dv,
-                        &mut out.dq[c0 * dk..(c0 + l) * dk],
-                        &mut out.dk[c0 * dk..(c0 + l) * dk],
-                        &mut dvj[c0 * dv..(c0 + l) * dv],
-                        &mut dgj[c0..c0 + l],
-                        &mut dbj[c0..c0 + l],
-                    );
+                if let Some(RawQk {
+                    q: qr,
+                    k: kr,
+                    q_rstd: qrs,
+                    k_rstd: krs,
+                }) = &qk.raw
+                {
+                    // Through the in-kernel L2 norm: dx = rstd (dy - y <dy, y>).
+                    let mut dqr = vec![0.0f32; len * dk];
+                    let mut dkr = vec![0.0f32; len * dk];
+                    for i in 0..len {
+                        let sl = i * dk..(i + 1) * dk;
+                        l2norm_row_backward(
+                            &qr[sl.clone()],
+                            qrs[i],
+                            &out.dq[sl.clone()],
+                            &mut dqr[sl.clone()],
+                        );
+                        l2norm_row_backward(
+                            &kr[sl.clone()],
+                            krs[i],
+                            &out.dk[sl.clone()],
+                            &mut dkr[sl],
+                        );
+                    }
+                    out.dq = dqr;
+                    out.dk = dkr;
                 }
-                out.dv.push(dvj);
-                out.dg.push(dgj);
-                out.db.push(dbj);
-                out.dh0.push(ds);
-            }
-            if let Some(RawQk {
-                q: qr,
-                k: kr,
-                q_rstd: qrs,
-                k_rstd: krs,
-            }) = &qk.raw
-            {
-                // Through the in-kernel L2 norm: dx = rstd (dy - y <dy, y>).
-                let mut dqr = vec![0.0f32; len * dk];
-                let mut dkr = vec![0.0f32; len * dk];
-                for i in 0..len {
-                    let sl = i * dk..(i + 1) * dk;
-                    l2norm_row_backward(
-                        &qr[sl.clone()],
-                        qrs[i],
-                        &out.dq[sl.clone()],
-                        &mut dqr[sl.clone()],
-                    );
-                    l2norm_row_backward(&kr[sl.clone()], krs[i], &out.dk[sl.clone()], &mut dkr[sl]);
-                }
-                out.dq = dqr;
-                out.dk = dkr;
-            }
-            out
+                out
+            })
         })
         .collect();
 

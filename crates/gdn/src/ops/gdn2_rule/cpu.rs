@@ -657,31 +657,33 @@ pub(crate) fn forward(
     let outs: Vec<FwdOut> = tasks(seqs, s)
         .par_iter()
         .map(|&(n, kh)| {
-            let range = seqs.range(n);
-            let (t0, len) = (range.start, range.len());
-            let qk = load_qk(x.q, x.k, range, kh, s, opts.l2norm_in_kernel);
-            let mut out = FwdOut {
-                o: Vec::with_capacity(r),
-                state: Vec::with_capacity(r),
-            };
-            for j in kh * r..(kh + 1) * r {
-                let mut sj = initial(h0, n, j, hv, st);
-                let mut o = vec![0.0f32; len * dv];
-                let mut c0 = 0;
-                while c0 < len {
-                    let l = CHUNK.min(len - c0);
-                    let c = chunk_in(x, &qk, t0, c0, l, j, s);
-                    let p = prep_chunk(&c, dk, dv);
-                    let d = chunk_delta(&p, &sj, dk, dv);
-                    let oc = chunk_output(c.q, &p, &d, &sj, opts.scale, dk, dv);
-                    o[c0 * dv..(c0 + l) * dv].copy_from_slice(&oc);
-                    chunk_state_update(&mut sj, c.k, &p, &d, dk, dv);
-                    c0 += l;
+            crate::ops::flush_denormals(|| {
+                let range = seqs.range(n);
+                let (t0, len) = (range.start, range.len());
+                let qk = load_qk(x.q, x.k, range, kh, s, opts.l2norm_in_kernel);
+                let mut out = FwdOut {
+                    o: Vec::with_capacity(r),
+                    state: Vec::with_capacity(r),
+                };
+                for j in kh * r..(kh + 1) * r {
+                    let mut sj = initial(h0, n, j, hv, st);
+                    let mut o = vec![0.0f32; len * dv];
+                    let mut c0 = 0;
+                    while c0 < len {
+                        let l = CHUNK.min(len - c0);
+                        let c = chunk_in(x, &qk, t0, c0, l, j, s);
+                        let p = prep_chunk(&c, dk, dv);
+                        let d = chunk_delta(&p, &sj, dk, dv);
+                        let oc = chunk_output(c.q, &p, &d, &sj, opts.scale, dk, dv);
+                        o[c0 * dv..(c0 + l) * dv].copy_from_slice(&oc);
+                        chunk_state_update(&mut sj, c.k, &p, &d, dk, dv);
+                        c0 += l;
+                    }
+                    out.o.push(o);
+                    out.state.push(sj);
                 }
-                out.o.push(o);
-                out.state.push(sj);
-            }
-            out
+                out
+            })
         })
         .collect();
 
@@ -873,96 +875,98 @@ pub(crate) fn backward(
     let outs: Vec<BwdOut> = tasks(seqs, s)
         .par_iter()
         .map(|&(n, kh)| {
-            let range = seqs.range(n);
-            let (t0, len) = (range.start, range.len());
-            let qk = load_qk(x.q, x.k, range, kh, s, opts.l2norm_in_kernel);
-            let mut out = BwdOut {
-                dq: vec![0.0; len * dk],
-                dk: vec![0.0; len * dk],
-                dv: Vec::with_capacity(r),
-                dg: Vec::with_capacity(r),
-                db: Vec::with_capacity(r),
-                dw: Vec::with_capacity(r),
-                dh0: Vec::with_capacity(r),
-            };
-            for j in kh * r..(kh + 1) * r {
-                // Recompute pass: chunk-start states and the chunk quantities.
-                let mut sj = initial(h0, n, j, hv, st);
-                let mut keep = Vec::with_capacity(len.div_ceil(CHUNK));
-                let mut c0 = 0;
-                while c0 < len {
-                    let l = CHUNK.min(len - c0);
-                    let c = chunk_in(x, &qk, t0, c0, l, j, s);
-                    let mut p = prep_chunk(&c, dk, dv);
-                    let d = chunk_delta(&p, &sj, dk, dv);
-                    p.u = Vec::new(); // not needed by backward
-                    let s0 = sj.clone();
-                    chunk_state_update(&mut sj, c.k, &p, &d, dk, dv);
-                    keep.push(ChunkKeep {
-                        p,
-                        d,
-                        s0,
-                        v: c.v,
-                        w: c.w,
-                        b: c.b,
-                    });
-                    c0 += l;
-                }
-                // Reverse pass.
-                let mut ds = match dht {
-                    Some(y) => y[(n * hv + j) * st..(n * hv + j + 1) * st].to_vec(),
-                    None => vec![0.0f32; st],
+            crate::ops::flush_denormals(|| {
+                let range = seqs.range(n);
+                let (t0, len) = (range.start, range.len());
+                let qk = load_qk(x.q, x.k, range, kh, s, opts.l2norm_in_kernel);
+                let mut out = BwdOut {
+                    dq: vec![0.0; len * dk],
+                    dk: vec![0.0; len * dk],
+                    dv: Vec::with_capacity(r),
+                    dg: Vec::with_capacity(r),
+                    db: Vec::with_capacity(r),
+                    dw: Vec::with_capacity(r),
+                    dh0: Vec::with_capacity(r),
                 };
-                let mut dvj = vec![0.0f32; len * dv];
-                let mut dwj = vec![0.0f32; len * dv];
-                let mut dgj = vec![0.0f32; len * dk];
-                let mut dbj = vec![0.0f32; len * dk];
-                for (ci, c) in keep.iter().enumerate().rev() {
-                    let c0 = ci * CHUNK;
-                    let l = c.p.l;
-                    let doc = load_rows(d_o, t0, c0, l, j, hv, dv);
-                    let (rk, rv) = (c0 * dk..(c0 + l) * dk, c0 * dv..(c0 + l) * dv);
-                    let gr = ChunkGrads {
-                        dq: &mut out.dq[rk.clone()],
-                        dk: &mut out.dk[rk.clone()],
-                        dv: &mut dvj[rv.clone()],
-                        dg: &mut dgj[rk.clone()],
-                        db: &mut dbj[rk.clone()],
-                        dw: &mut dwj[rv],
+                for j in kh * r..(kh + 1) * r {
+                    // Recompute pass: chunk-start states and the chunk quantities.
+                    let mut sj = initial(h0, n, j, hv, st);
+                    let mut keep = Vec::with_capacity(len.div_ceil(CHUNK));
+                    let mut c0 = 0;
+                    while c0 < len {
+                        let l = CHUNK.min(len - c0);
+                        let c = chunk_in(x, &qk, t0, c0, l, j, s);
+                        let mut p = prep_chunk(&c, dk, dv);
+                        let d = chunk_delta(&p, &sj, dk, dv);
+                        p.u = Vec::new(); // not needed by backward
+                        let s0 = sj.clone();
+                        chunk_state_update(&mut sj, c.k, &p, &d, dk, dv);
+                        keep.push(ChunkKeep {
+                            p,
+                            d,
+                            s0,
+                            v: c.v,
+                            w: c.w,
+                            b: c.b,
+                        });
+                        c0 += l;
+                    }
+                    // Reverse pass.
+                    let mut ds = match dht {
+                        Some(y) => y[(n * hv + j) * st..(n * hv + j + 1) * st].to_vec(),
+                        None => vec![0.0f32; st],
                     };
-                    chunk_backward(
-                        &qk.q[rk.clone()],
-                        &qk.k[rk],
-                        c,
-                        &doc,
-                        &mut ds,
-                        opts.scale,
-                        dk,
-                        dv,
-                        gr,
-                    );
+                    let mut dvj = vec![0.0f32; len * dv];
+                    let mut dwj = vec![0.0f32; len * dv];
+                    let mut dgj = vec![0.0f32; len * dk];
+                    let mut dbj = vec![0.0f32; len * dk];
+                    for (ci, c) in keep.iter().enumerate().rev() {
+                        let c0 = ci * CHUNK;
+                        let l = c.p.l;
+                        let doc = load_rows(d_o, t0, c0, l, j, hv, dv);
+                        let (rk, rv) = (c0 * dk..(c0 + l) * dk, c0 * dv..(c0 + l) * dv);
+                        let gr = ChunkGrads {
+                            dq: &mut out.dq[rk.clone()],
+                            dk: &mut out.dk[rk.clone()],
+                            dv: &mut dvj[rv.clone()],
+                            dg: &mut dgj[rk.clone()],
+                            db: &mut dbj[rk.clone()],
+                            dw: &mut dwj[rv],
+                        };
+                        chunk_backward(
+                            &qk.q[rk.clone()],
+                            &qk.k[rk],
+                            c,
+                            &doc,
+                            &mut ds,
+                            opts.scale,
+                            dk,
+                            dv,
+                            gr,
+                        );
+                    }
+                    out.dv.push(dvj);
+                    out.dg.push(dgj);
+                    out.db.push(dbj);
+                    out.dw.push(dwj);
+                    out.dh0.push(ds);
                 }
-                out.dv.push(dvj);
-                out.dg.push(dgj);
-                out.db.push(dbj);
-                out.dw.push(dwj);
-                out.dh0.push(ds);
-            }
-            if let Some(raw) = &qk.raw {
-                // Through the in-kernel L2 norm.
-                let mut dqr = vec![0.0f32; len * dk];
-                let mut dkr = vec![0.0f32; len * dk];
-                for i in 0..len {
-                    let sl = i * dk..(i + 1) * dk;
-                    let (q_, dq_) = (&raw.q[sl.clone()], &out.dq[sl.clone()]);
-                    l2norm_row_backward(q_, raw.q_rstd[i], dq_, &mut dqr[sl.clone()]);
-                    let (k_, dk_) = (&raw.k[sl.clone()], &out.dk[sl.clone()]);
-                    l2norm_row_backward(k_, raw.k_rstd[i], dk_, &mut dkr[sl]);
+                if let Some(raw) = &qk.raw {
+                    // Through the in-kernel L2 norm.
+                    let mut dqr = vec![0.0f32; len * dk];
+                    let mut dkr = vec![0.0f32; len * dk];
+                    for i in 0..len {
+                        let sl = i * dk..(i + 1) * dk;
+                        let (q_, dq_) = (&raw.q[sl.clone()], &out.dq[sl.clone()]);
+                        l2norm_row_backward(q_, raw.q_rstd[i], dq_, &mut dqr[sl.clone()]);
+                        let (k_, dk_) = (&raw.k[sl.clone()], &out.dk[sl.clone()]);
+                        l2norm_row_backward(k_, raw.k_rstd[i], dk_, &mut dkr[sl]);
+                    }
+                    out.dq = dqr;
+                    out.dk = dkr;
                 }
-                out.dq = dqr;
-                out.dk = dkr;
-            }
-            out
+                out
+            })
         })
         .collect();
 
