@@ -47,6 +47,7 @@ pub struct Gpu {
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     live: AtomicUsize,
     peak: AtomicUsize,
+    blaslt: OnceLock<BlasLt>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -104,6 +105,7 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
         modules: Mutex::new(HashMap::new()),
         live: AtomicUsize::new(0),
         peak: AtomicUsize::new(0),
+        blaslt: OnceLock::new(),
     });
     m.insert(ordinal, g.clone());
     Ok(g)
@@ -303,6 +305,75 @@ impl Gpu {
             }
         };
         m.load_function(func).map_err(|e| dev_err(&format!("kernel {module}::{func}"), e))
+    }
+}
+
+/// Whether the cuBLASLt library can be loaded here.
+pub fn cublaslt_present() -> bool {
+    // SAFETY: only tries to dlopen the library.
+    unsafe { cudarc::cublaslt::sys::is_culib_present() }
+}
+
+/// Size of the cuBLASLt workspace of each GPU (NVIDIA's recommendation for Hopper).
+pub const BLASLT_WORKSPACE_BYTES: usize = 32 << 20;
+
+/// One GPU's cuBLASLt handle and workspace, created on first use (`Gpu::blaslt`) and kept for the
+/// life of the process. The workspace is not counted in `live_bytes`: like the context and the
+/// libraries' own memory, it is a fixed per-GPU cost, not a tensor.
+pub struct BlasLt {
+    handle: cudarc::cublaslt::sys::cublasLtHandle_t,
+    workspace: CudaSlice<u8>,
+}
+
+// SAFETY: a cuBLASLt handle may be used from any thread; all our work goes to the GPU's one stream,
+// which orders every use of the shared workspace.
+unsafe impl Send for BlasLt {}
+unsafe impl Sync for BlasLt {}
+
+impl BlasLt {
+    /// The raw handle.
+    pub fn handle(&self) -> cudarc::cublaslt::sys::cublasLtHandle_t {
+        self.handle
+    }
+    /// The workspace (`BLASLT_WORKSPACE_BYTES`).
+    pub fn workspace(&self) -> &CudaSlice<u8> {
+        &self.workspace
+    }
+}
+
+impl Drop for BlasLt {
+    fn drop(&mut self) {
+        // SAFETY: created by cublasLtCreate and destroyed once.
+        let _ = unsafe { cudarc::cublaslt::result::destroy_handle(self.handle) };
+    }
+}
+
+impl Gpu {
+    /// This GPU's cuBLASLt handle and workspace (created on first use), with the GPU's context
+    /// made current on the calling thread. Errors if cuBLASLt cannot be loaded.
+    pub fn blaslt(&self) -> Result<&BlasLt> {
+        self.ctx.bind_to_thread().map_err(|e| dev_err("binding the CUDA context", e))?;
+        if let Some(b) = self.blaslt.get() {
+            return Ok(b);
+        }
+        if !cublaslt_present() {
+            return Err(GdnError::Device(
+                "cuBLASLt (libcublasLt.so.13) was not found; put CUDA 13's lib directory on LD_LIBRARY_PATH".into(),
+            ));
+        }
+        let handle = cudarc::cublaslt::result::create_handle().map_err(|e| dev_err("cublasLtCreate", e))?;
+        // SAFETY: the workspace is scratch for cuBLASLt only; nothing reads it.
+        let workspace = match unsafe { self.stream.alloc::<u8>(BLASLT_WORKSPACE_BYTES) } {
+            Ok(w) => w,
+            Err(e) => {
+                // SAFETY: just created, not shared.
+                let _ = unsafe { cudarc::cublaslt::result::destroy_handle(handle) };
+                return Err(dev_err("cudaMalloc (cuBLASLt workspace)", e));
+            }
+        };
+        // A racing thread may have set it first; then ours is dropped (handle destroyed).
+        let _ = self.blaslt.set(BlasLt { handle, workspace });
+        Ok(self.blaslt.get().expect("set above"))
     }
 }
 

@@ -16,6 +16,7 @@
 //! over tokens are two-stage and fixed-order (blocks of [`crate::ops::REDUCE_BLOCK`] tokens).
 
 pub(crate) mod cpu;
+pub mod cuda;
 #[doc(hidden)]
 pub mod reference;
 #[cfg(test)]

@@ -13,6 +13,7 @@
 //! two-stage and fixed-order (blocks of [`crate::ops::REDUCE_BLOCK`] rows).
 
 pub(crate) mod cpu;
+pub mod cuda;
 #[doc(hidden)]
 pub mod reference;
 #[cfg(test)]

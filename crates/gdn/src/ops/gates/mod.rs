@@ -15,6 +15,7 @@
 //! [`crate::ops::REDUCE_BLOCK`] rows), so they do not depend on the number of threads.
 
 pub(crate) mod cpu;
+pub mod cuda;
 #[doc(hidden)]
 pub mod reference;
 #[cfg(test)]

@@ -9,6 +9,7 @@
 //! (also used inside the gated-delta-rule kernel), so both give identical bits.
 
 pub(crate) mod cpu;
+pub mod cuda;
 #[doc(hidden)]
 pub mod reference;
 #[cfg(test)]

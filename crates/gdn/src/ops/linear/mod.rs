@@ -8,6 +8,7 @@
 //! number of threads (checked by a test).
 
 pub(crate) mod cpu;
+pub mod cuda;
 #[doc(hidden)]
 pub mod reference;
 #[cfg(test)]

@@ -14,6 +14,7 @@
 //! of threads.
 
 pub(crate) mod cpu;
+pub mod cuda;
 #[doc(hidden)]
 pub mod reference;
 #[cfg(test)]

@@ -1,0 +1,365 @@
+//! CUDA linear (no bias) through cuBLASLt: `y = x W^T`, `dx = dy W`, `dW = dy^T x`, the same
+//! signatures as [`super::linear_forward`] and [`super::linear_backward`] on device buffers.
+//!
+//! `x`, `y`, `dy`, `dx` are [`DBuf`] of one dtype; the weight `W` `[out, in]` and `dW` are fp32
+//! [`GBuf`] (master weights). bf16 storage: the GEMMs take bf16 inputs (a bf16 copy of `W` is made
+//! on the fly by `cast_f32_bf16` in `linear.cu`, round to nearest even) and accumulate in fp32
+//! (`CUBLAS_COMPUTE_32F`); `y` and `dx` are written as bf16, `dW` as fp32. f32 storage: plain fp32
+//! GEMMs (`CUBLAS_COMPUTE_32F` on fp32 data: no TF32, which only `CUBLAS_COMPUTE_32F_FAST_TF32`
+//! would allow).
+//!
+//! Determinism: cuBLAS(Lt) documents that, for a given toolkit version, GPU architecture and SM
+//! count, every routine gives bitwise-identical results run to run (its split-K reductions are
+//! ordered, no atomics). Each GEMM here is one fixed configuration (same descriptors, heuristic
+//! query, workspace size and stream every call), so two runs on the same inputs give the same bits;
+//! the GPU tests check it.
+
+use cudarc::cublaslt::{result as lt, sys};
+use cudarc::driver::{DevicePtr, DevicePtrMut, PushKernelArg};
+
+use crate::device::cuda::{DBuf, DType, GBuf, Gpu, BLASLT_WORKSPACE_BYTES};
+use crate::error::{GdnError, Result};
+use crate::ops::norm::cuda::{check_d, check_g, check_gpu, elem_cfg, launch};
+
+const MODULE: &str = "linear";
+
+fn blas_err(what: &str, e: lt::CublasError) -> GdnError {
+    GdnError::Device(format!("cuBLASLt {what}: {:?}", e.0))
+}
+
+/// One column-major GEMM `D[m, n] = op(A) op(B)` (`op(A)` `[m, k]`, `op(B)` `[k, n]`), cuBLAS's
+/// convention; alpha = 1, beta = 0.
+#[derive(Clone, Copy, Debug)]
+struct Gemm {
+    transa: bool,
+    transb: bool,
+    m: u64,
+    n: u64,
+    k: u64,
+    lda: i64,
+    ldb: i64,
+    ldd: i64,
+}
+
+struct Layout(sys::cublasLtMatrixLayout_t);
+impl Drop for Layout {
+    fn drop(&mut self) {
+        // SAFETY: created once by cublasLtMatrixLayoutCreate.
+        let _ = unsafe { lt::destroy_matrix_layout(self.0) };
+    }
+}
+struct Desc(sys::cublasLtMatmulDesc_t);
+impl Drop for Desc {
+    fn drop(&mut self) {
+        // SAFETY: created once by cublasLtMatmulDescCreate.
+        let _ = unsafe { lt::destroy_matmul_desc(self.0) };
+    }
+}
+struct Pref(sys::cublasLtMatmulPreference_t);
+impl Drop for Pref {
+    fn drop(&mut self) {
+        // SAFETY: created once by cublasLtMatmulPreferenceCreate.
+        let _ = unsafe { lt::destroy_matmul_pref(self.0) };
+    }
+}
+
+/// Run `g` with A, B of type `ab` and D of type `d` (device pointers), fp32 compute and scale.
+///
+/// # Safety
+/// The pointers must hold the matrices `g` describes, of the given types, on `gpu`.
+unsafe fn lt_gemm(
+    gpu: &Gpu,
+    g: Gemm,
+    ab: sys::cudaDataType,
+    dty: sys::cudaDataType,
+    a: u64,
+    b: u64,
+    d: u64,
+) -> Result<()> {
+    let blas = gpu.blaslt()?;
+    let (ar, ac) = if g.transa { (g.k, g.m) } else { (g.m, g.k) };
+    let (br, bc) = if g.transb { (g.n, g.k) } else { (g.k, g.n) };
+    let la =
+        Layout(lt::create_matrix_layout(ab, ar, ac, g.lda).map_err(|e| blas_err("layout A", e))?);
+    let lb =
+        Layout(lt::create_matrix_layout(ab, br, bc, g.ldb).map_err(|e| blas_err("layout B", e))?);
+    let ld = Layout(
+        lt::create_matrix_layout(dty, g.m, g.n, g.ldd).map_err(|e| blas_err("layout D", e))?,
+    );
+    let desc = Desc(
+        lt::create_matmul_desc(
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            sys::cudaDataType_t::CUDA_R_32F,
+        )
+        .map_err(|e| blas_err("matmul desc", e))?,
+    );
+    for (attr, t) in [
+        (
+            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+            g.transa,
+        ),
+        (
+            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
+            g.transb,
+        ),
+    ] {
+        let v: i32 = t as i32; // CUBLAS_OP_N = 0, CUBLAS_OP_T = 1
+        lt::set_matmul_desc_attribute(
+            desc.0,
+            attr,
+            (&v) as *const i32 as *const _,
+            std::mem::size_of::<i32>(),
+        )
+        .map_err(|e| blas_err("transpose attribute", e))?;
+    }
+    let pref = Pref(lt::create_matmul_pref().map_err(|e| blas_err("preference", e))?);
+    let ws: usize = BLASLT_WORKSPACE_BYTES;
+    lt::set_matmul_pref_attribute(
+        pref.0,
+        sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+        (&ws) as *const usize as *const _,
+        std::mem::size_of::<usize>(),
+    )
+    .map_err(|e| blas_err("workspace preference", e))?;
+    let heur = lt::get_matmul_algo_heuristic(blas.handle(), desc.0, la.0, lb.0, ld.0, ld.0, pref.0)
+        .map_err(|e| blas_err(&format!("no algorithm for {g:?}"), e))?;
+    let stream = gpu.stream();
+    let (wsp, _rec) = blas.workspace().device_ptr(stream);
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    lt::matmul(
+        blas.handle(),
+        desc.0,
+        (&alpha) as *const f32 as *const _,
+        (&beta) as *const f32 as *const _,
+        a as *const _,
+        la.0,
+        b as *const _,
+        lb.0,
+        d as *const _,
+        ld.0,
+        d as *mut _,
+        ld.0,
+        (&heur.algo) as *const _,
+        wsp as *mut _,
+        ws,
+        stream.cu_stream() as *mut _,
+    )
+    .map_err(|e| blas_err(&format!("matmul {g:?}"), e))
+}
+
+/// The bf16 copy (round to nearest even) of an fp32 weight, for the bf16 GEMMs.
+pub fn cast_bf16(w: &GBuf<f32>) -> Result<GBuf<u16>> {
+    let gpu = w.gpu().clone();
+    let mut out = gpu.uninit::<u16>(w.len())?;
+    if w.is_empty() {
+        return Ok(out);
+    }
+    let f = gpu.function(MODULE, "cast_f32_bf16")?;
+    let n = w.len() as i64;
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(&w.slice).arg(&mut out.slice).arg(&n);
+    launch(&mut l, elem_cfg(w.len()), "cast_f32_bf16")?;
+    Ok(out)
+}
+
+fn zero_d(gpu: &Gpu, d: &mut DBuf) -> Result<()> {
+    let r = match d {
+        DBuf::F32(g) => gpu.stream().memset_zeros(&mut g.slice),
+        DBuf::Bf16(g) => gpu.stream().memset_zeros(&mut g.slice),
+    };
+    r.map_err(|e| GdnError::Device(format!("memset: {e:?}")))
+}
+
+/// `y = x W^T` for `x` `[rows, in_dim]` and `w` `[out_dim, in_dim]`; returns `y` `[rows, out_dim]`
+/// (dtype of `x`).
+pub fn linear_forward(
+    x: &DBuf,
+    rows: usize,
+    in_dim: usize,
+    w: &GBuf<f32>,
+    out_dim: usize,
+) -> Result<DBuf> {
+    let mut y = DBuf::uninit(x.gpu(), rows.saturating_mul(out_dim), x.dtype())?;
+    linear_forward_into(x, rows, in_dim, w, out_dim, &mut y)?;
+    Ok(y)
+}
+
+/// [`linear_forward`] into a caller-provided `y`.
+pub fn linear_forward_into(
+    x: &DBuf,
+    rows: usize,
+    in_dim: usize,
+    w: &GBuf<f32>,
+    out_dim: usize,
+    y: &mut DBuf,
+) -> Result<()> {
+    let dt = x.dtype();
+    check_d("linear x", x, rows.saturating_mul(in_dim), dt)?;
+    check_g("linear weight", w, out_dim.saturating_mul(in_dim))?;
+    check_d("linear y", y, rows.saturating_mul(out_dim), dt)?;
+    let gpu = x.gpu().clone();
+    check_gpu("linear weight", &gpu, w.gpu())?;
+    check_gpu("linear y", &gpu, y.gpu())?;
+    if y.is_empty() {
+        return Ok(());
+    }
+    if in_dim == 0 {
+        return zero_d(&gpu, y);
+    }
+    // y^T [out, rows] = (W^T)^T x^T: A = W as column-major [in, out], B = x as [in, rows].
+    let g = Gemm {
+        transa: true,
+        transb: false,
+        m: out_dim as u64,
+        n: rows as u64,
+        k: in_dim as u64,
+        lda: in_dim as i64,
+        ldb: in_dim as i64,
+        ldd: out_dim as i64,
+    };
+    let s = gpu.stream();
+    match (x, y) {
+        (DBuf::F32(x), DBuf::F32(y)) => {
+            let (a, _ra) = w.slice.device_ptr(s);
+            let (b, _rb) = x.slice.device_ptr(s);
+            let (d, _rd) = y.slice.device_ptr_mut(s);
+            let f = sys::cudaDataType_t::CUDA_R_32F;
+            // SAFETY: lengths checked above match the GEMM's shapes.
+            unsafe { lt_gemm(&gpu, g, f, f, a, b, d) }
+        }
+        (DBuf::Bf16(x), DBuf::Bf16(y)) => {
+            let wb = cast_bf16(w)?;
+            let (a, _ra) = wb.slice.device_ptr(s);
+            let (b, _rb) = x.slice.device_ptr(s);
+            let (d, _rd) = y.slice.device_ptr_mut(s);
+            let h = sys::cudaDataType_t::CUDA_R_16BF;
+            // SAFETY: as above.
+            unsafe { lt_gemm(&gpu, g, h, h, a, b, d) }
+        }
+        _ => unreachable!("dtypes checked"),
+    }
+}
+
+/// Backward of [`linear_forward`]: returns `dx = dy W` `[rows, in_dim]` (dtype of `x`) and
+/// `dW = dy^T x` `[out_dim, in_dim]` (fp32).
+pub fn linear_backward(
+    x: &DBuf,
+    rows: usize,
+    in_dim: usize,
+    w: &GBuf<f32>,
+    out_dim: usize,
+    dy: &DBuf,
+) -> Result<(DBuf, GBuf<f32>)> {
+    let gpu = x.gpu();
+    let mut dx = DBuf::uninit(gpu, rows.saturating_mul(in_dim), x.dtype())?;
+    let mut dw = gpu.uninit(out_dim.saturating_mul(in_dim))?;
+    linear_backward_into(x, rows, in_dim, w, out_dim, dy, &mut dx, &mut dw)?;
+    Ok((dx, dw))
+}
+
+/// [`linear_backward`] into caller-provided `dx` and `dw` (`dw` is overwritten, not accumulated).
+#[allow(clippy::too_many_arguments)]
+pub fn linear_backward_into(
+    x: &DBuf,
+    rows: usize,
+    in_dim: usize,
+    w: &GBuf<f32>,
+    out_dim: usize,
+    dy: &DBuf,
+    dx: &mut DBuf,
+    dw: &mut GBuf<f32>,
+) -> Result<()> {
+    let dt = x.dtype();
+    check_d("linear x", x, rows.saturating_mul(in_dim), dt)?;
+    check_g("linear weight", w, out_dim.saturating_mul(in_dim))?;
+    check_d("linear dy", dy, rows.saturating_mul(out_dim), dt)?;
+    check_d("linear dx", dx, rows.saturating_mul(in_dim), dt)?;
+    check_g("linear dW", dw, out_dim.saturating_mul(in_dim))?;
+    let gpu = x.gpu().clone();
+    for (name, g) in [
+        ("linear weight", w.gpu()),
+        ("linear dy", dy.gpu()),
+        ("linear dx", dx.gpu()),
+        ("linear dW", dw.gpu()),
+    ] {
+        check_gpu(name, &gpu, g)?;
+    }
+    let s = gpu.stream();
+    // dx^T [in, rows] = W^T dy^T: A = W as column-major [in, out], B = dy as [out, rows].
+    let gx = Gemm {
+        transa: false,
+        transb: false,
+        m: in_dim as u64,
+        n: rows as u64,
+        k: out_dim as u64,
+        lda: in_dim as i64,
+        ldb: out_dim as i64,
+        ldd: in_dim as i64,
+    };
+    // dW^T [in, out] = x^T dy: A = x as column-major [in, rows], B = dy as [out, rows], transposed.
+    let gw = Gemm {
+        transa: false,
+        transb: true,
+        m: in_dim as u64,
+        n: out_dim as u64,
+        k: rows as u64,
+        lda: in_dim as i64,
+        ldb: out_dim as i64,
+        ldd: in_dim as i64,
+    };
+    let (f32t, bf16t) = (
+        sys::cudaDataType_t::CUDA_R_32F,
+        sys::cudaDataType_t::CUDA_R_16BF,
+    );
+    let wb = match dt {
+        DType::Bf16 if !dx.is_empty() && out_dim > 0 => Some(cast_bf16(w)?),
+        _ => None,
+    };
+    if !dx.is_empty() {
+        if out_dim == 0 {
+            zero_d(&gpu, dx)?;
+        } else {
+            match (dy, &mut *dx, &wb) {
+                (DBuf::F32(dy), DBuf::F32(dx), _) => {
+                    let (a, _ra) = w.slice.device_ptr(s);
+                    let (b, _rb) = dy.slice.device_ptr(s);
+                    let (d, _rd) = dx.slice.device_ptr_mut(s);
+                    // SAFETY: lengths checked above match the GEMM's shapes.
+                    unsafe { lt_gemm(&gpu, gx, f32t, f32t, a, b, d) }?
+                }
+                (DBuf::Bf16(dy), DBuf::Bf16(dx), Some(wb)) => {
+                    let (a, _ra) = wb.slice.device_ptr(s);
+                    let (b, _rb) = dy.slice.device_ptr(s);
+                    let (d, _rd) = dx.slice.device_ptr_mut(s);
+                    // SAFETY: as above.
+                    unsafe { lt_gemm(&gpu, gx, bf16t, bf16t, a, b, d) }?
+                }
+                _ => unreachable!("dtypes checked"),
+            }
+        }
+    }
+    if !dw.is_empty() {
+        if rows == 0 {
+            s.memset_zeros(&mut dw.slice)
+                .map_err(|e| GdnError::Device(format!("memset: {e:?}")))?;
+        } else {
+            let (d, _rd) = dw.slice.device_ptr_mut(s);
+            match (x, dy) {
+                (DBuf::F32(x), DBuf::F32(dy)) => {
+                    let (a, _ra) = x.slice.device_ptr(s);
+                    let (b, _rb) = dy.slice.device_ptr(s);
+                    // SAFETY: as above.
+                    unsafe { lt_gemm(&gpu, gw, f32t, f32t, a, b, d) }?
+                }
+                (DBuf::Bf16(x), DBuf::Bf16(dy)) => {
+                    let (a, _ra) = x.slice.device_ptr(s);
+                    let (b, _rb) = dy.slice.device_ptr(s);
+                    // SAFETY: as above; bf16 inputs, fp32 output.
+                    unsafe { lt_gemm(&gpu, gw, bf16t, f32t, a, b, d) }?
+                }
+                _ => unreachable!("dtypes checked"),
+            }
+        }
+    }
+    Ok(())
+}
