@@ -12,6 +12,7 @@ pub mod device;
 pub mod error;
 pub mod io;
 pub mod layer;
+pub mod model;
 pub mod ops;
 pub mod seqs;
 pub mod tensor;
