@@ -16,6 +16,7 @@ pub mod model;
 pub mod ops;
 pub mod seqs;
 pub mod tensor;
+pub mod train;
 #[doc(hidden)]
 pub mod testutil;
 

@@ -1,0 +1,157 @@
+//! AdamW (decoupled weight decay, PyTorch's update), the learning-rate schedule (linear warmup,
+//! then cosine / linear / constant, Megatron's `OptimizerParamScheduler`) and clipping by global
+//! norm. Master weights and the moments are f32; the norm is summed in f64 in parameter order,
+//! so every step is deterministic.
+
+use crate::error::{GdnError, Result};
+use crate::model::{Model, ModelGrads};
+use crate::tensor::Tensor;
+use crate::train::config::{DecayStyle, OptimizerConfig};
+
+/// Learning rate of update `step` (1-based): `lr * step / warmup` during the warmup, then the
+/// decay from `lr` to `min_lr` over `(warmup, decay_iters]`, `min_lr` after (and right after
+/// the warmup when `decay_iters <= warmup`).
+pub fn lr_at(o: &OptimizerConfig, decay_iters: u64, step: u64) -> f64 {
+    let warm = o.lr_warmup_iters;
+    if warm > 0 && step <= warm {
+        return o.lr * step as f64 / warm as f64;
+    }
+    if o.lr_decay_style == DecayStyle::Constant {
+        return o.lr;
+    }
+    if step > decay_iters || decay_iters <= warm {
+        return o.min_lr;
+    }
+    let ratio = (step - warm) as f64 / (decay_iters - warm) as f64;
+    let coeff = match o.lr_decay_style {
+        DecayStyle::Cosine => 0.5 * ((std::f64::consts::PI * ratio).cos() + 1.0),
+        DecayStyle::Linear => 1.0 - ratio,
+        DecayStyle::Constant => 1.0,
+    };
+    o.min_lr + coeff * (o.lr - o.min_lr)
+}
+
+/// Global L2 norm of all gradients (f64, in parameter order).
+pub fn global_norm(g: &ModelGrads) -> f64 {
+    g.iter()
+        .map(|(_, t)| {
+            t.data()
+                .iter()
+                .map(|&x| (x as f64) * (x as f64))
+                .sum::<f64>()
+        })
+        .sum::<f64>()
+        .sqrt()
+}
+
+/// Scale the gradients so their global norm is at most `max_norm` (Megatron's / PyTorch's
+/// `clip_grad_norm_`: factor `max_norm / (norm + 1e-6)` when below 1). Returns the norm before
+/// clipping; a non-finite norm is an error (the step would poison the weights).
+pub fn clip_grad_norm(g: &mut ModelGrads, max_norm: f64, step: u64) -> Result<f64> {
+    let norm = global_norm(g);
+    if !norm.is_finite() {
+        let bad = g
+            .iter()
+            .find(|(_, t)| t.data().iter().any(|x| !x.is_finite()))
+            .map_or("?".to_string(), |(n, _)| n.to_string());
+        return Err(GdnError::Invalid(format!(
+            "step {step}: the gradient norm is {norm} (first non-finite gradient: {bad}); \
+             training diverged, try a lower optimizer.lr or clip_grad"
+        )));
+    }
+    if max_norm > 0.0 {
+        let coef = max_norm / (norm + 1e-6);
+        if coef < 1.0 {
+            let c = coef as f32;
+            for (_, t) in g.iter_mut() {
+                t.data_mut().iter_mut().for_each(|x| *x *= c);
+            }
+        }
+    }
+    Ok(norm)
+}
+
+/// AdamW's state: first and second moments per parameter (PyTorch's `exp_avg`, `exp_avg_sq`),
+/// in the model's parameter order, and the number of updates taken.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdamW {
+    pub(crate) names: Vec<String>,
+    pub(crate) exp_avg: Vec<Tensor>,
+    pub(crate) exp_avg_sq: Vec<Tensor>,
+    pub(crate) steps: u64,
+}
+
+impl AdamW {
+    /// Zero moments for `model`'s parameters.
+    pub fn new(model: &Model) -> Self {
+        let (mut names, mut m, mut v) = (Vec::new(), Vec::new(), Vec::new());
+        model.for_each_param(|n, t| {
+            names.push(n.to_string());
+            m.push(Tensor::zeros(t.shape()));
+            v.push(Tensor::zeros(t.shape()));
+        });
+        AdamW {
+            names,
+            exp_avg: m,
+            exp_avg_sq: v,
+            steps: 0,
+        }
+    }
+
+    /// Updates taken.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// One AdamW update of every parameter with learning rate `lr`:
+    /// `p -= lr wd p` (matrices only), `m = b1 m + (1-b1) g`, `v = b2 v + (1-b2) g^2`,
+    /// `p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)`.
+    pub fn update(
+        &mut self,
+        model: &mut Model,
+        grads: &ModelGrads,
+        o: &OptimizerConfig,
+        lr: f64,
+    ) -> Result<()> {
+        self.steps += 1;
+        let t = self.steps as i32;
+        let (b1, b2) = (o.adam_beta1 as f32, o.adam_beta2 as f32);
+        let bc1 = 1.0 - o.adam_beta1.powi(t);
+        let bc2 = 1.0 - o.adam_beta2.powi(t);
+        let step_size = (lr / bc1) as f32;
+        let bc2_sqrt = bc2.sqrt() as f32;
+        let eps = o.adam_eps as f32;
+        let decay = (lr * o.weight_decay) as f32;
+        let mut i = 0;
+        let mut err = None;
+        model.for_each_param_mut(|name, p| {
+            if err.is_some() {
+                return;
+            }
+            let g = match grads.get(name) {
+                Some(g) if g.shape() == p.shape() && self.names[i] == name => g,
+                _ => {
+                    err = Some(GdnError::Invalid(format!(
+                        "optimizer: no gradient of shape {:?} for parameter {name}",
+                        p.shape()
+                    )));
+                    return;
+                }
+            };
+            let wd = if p.shape().len() >= 2 { decay } else { 0.0 };
+            let m = self.exp_avg[i].data_mut();
+            let v = self.exp_avg_sq[i].data_mut();
+            for (((p, &g), m), v) in p.data_mut().iter_mut().zip(g.data()).zip(m).zip(v) {
+                *p -= wd * *p;
+                *m = b1 * *m + (1.0 - b1) * g;
+                *v = b2 * *v + (1.0 - b2) * g * g;
+                *p -= step_size * *m / (v.sqrt() / bc2_sqrt + eps);
+            }
+            i += 1;
+        });
+        match err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
