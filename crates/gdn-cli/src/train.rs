@@ -1,0 +1,571 @@
+//! `gdn train`: train a small GDN language model end to end, with a progress bar, held-out
+//! evaluation, a metrics file, checkpoints, resume and an optional PNG of the curves.
+//!
+//! Run directory (`--out`, default `runs/<name or UTC timestamp>`):
+//!
+//! - `config.toml`: the resolved run config (every key), what `--resume` reads back;
+//! - `metrics.jsonl`: one JSON object per line, `"kind": "train"` every `log_interval` steps and
+//!   `"kind": "eval"` at every evaluation;
+//! - `checkpoints/step-NNNNNNNN.safetensors`: every `save_interval` steps and at the end;
+//! - `curves.png` with `--plot`.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use gdn::device::Device;
+use gdn::model::LossStats;
+use gdn::train::{checkpoint, DataKind, RunConfig, StepStats, Trainer};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::{Deserialize, Serialize};
+
+use crate::plot;
+
+/// Arguments of `gdn train`.
+#[derive(Args, Debug)]
+pub struct TrainArgs {
+    /// Run config (TOML: [model], [data], [optimizer], [train]); keys not given keep the
+    /// built-in default run (`--print-config` shows every key).
+    #[arg(long, value_name = "TOML", conflicts_with = "resume")]
+    pub config: Option<PathBuf>,
+    /// Train a byte-level language model on this text file (vocab 256, last 10% held out)
+    /// instead of MQAR.
+    #[arg(long, value_name = "FILE", conflicts_with = "resume")]
+    pub data: Option<PathBuf>,
+    /// Optimizer steps (`train.train_iters`). With --resume: extend the run to this many steps.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub steps: Option<u64>,
+    /// Seed of the model's initialization (`train.seed`).
+    #[arg(long, value_name = "N", conflicts_with = "resume")]
+    pub seed: Option<u64>,
+    /// Run directory. Default: runs/<--name>, or runs/<UTC timestamp>.
+    #[arg(long, value_name = "DIR", conflicts_with = "resume")]
+    pub out: Option<PathBuf>,
+    /// Name of the run directory under runs/.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["out", "resume"])]
+    pub name: Option<String>,
+    /// Continue the run in DIR from its latest checkpoint (with its config.toml).
+    #[arg(long, value_name = "DIR")]
+    pub resume: Option<PathBuf>,
+    /// Save a checkpoint and stop once this step is reached (to be resumed later).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub stop_at_step: Option<u64>,
+    /// Write a PNG of the loss and accuracy curves to the run directory (curves.png).
+    #[arg(long)]
+    pub plot: bool,
+    /// Print the resolved run config (TOML) and exit.
+    #[arg(long)]
+    pub print_config: bool,
+    /// Where to train: cpu, or cuda[:N].
+    #[arg(long, value_name = "DEVICE", default_value = "cpu")]
+    pub device: String,
+}
+
+/// One line of `metrics.jsonl`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Metric {
+    /// `"train"` (mean over the steps since the last train line) or `"eval"` (held-out set).
+    pub kind: String,
+    /// Steps taken.
+    pub step: u64,
+    /// Mean cross-entropy over target positions.
+    pub loss: f64,
+    /// Fraction of target positions predicted right (arg max).
+    pub accuracy: f64,
+    /// Target positions counted.
+    pub targets: usize,
+    /// Learning rate of the last step (train lines).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
+    /// Gradient norm before clipping of the last step (train lines).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grad_norm: Option<f64>,
+    /// Training tokens per second over the logged steps (train lines).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_s: Option<f64>,
+    /// Seconds since this process started.
+    pub elapsed_s: f64,
+}
+
+/// `runs/<UTC timestamp>`: `YYYYMMDD-HHMMSS`.
+fn timestamp() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86400, secs % 86400);
+    // civil date from days since 1970-01-01 (Howard Hinnant's algorithm)
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn human_duration(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s < 60.0 {
+        format!("{s:.1}s")
+    } else if s < 3600.0 {
+        format!("{}m{:02}s", (s / 60.0) as u64, (s % 60.0) as u64)
+    } else {
+        format!("{}h{:02}m", (s / 3600.0) as u64, (s % 3600.0 / 60.0) as u64)
+    }
+}
+
+fn human_bytes(b: usize) -> String {
+    let b = b as f64;
+    if b >= 1024.0 * 1024.0 * 1024.0 {
+        format!("{:.2} GiB", b / (1024.0 * 1024.0 * 1024.0))
+    } else if b >= 1024.0 * 1024.0 {
+        format!("{:.2} MiB", b / (1024.0 * 1024.0))
+    } else {
+        format!("{:.1} KiB", b / 1024.0)
+    }
+}
+
+fn human_rate(x: f64) -> String {
+    if x >= 1e6 {
+        format!("{:.2}M", x / 1e6)
+    } else if x >= 1e3 {
+        format!("{:.1}k", x / 1e3)
+    } else {
+        format!("{x:.0}")
+    }
+}
+
+/// Thousands separators.
+fn group(n: usize) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The run config from the flags.
+fn resolve_config(args: &TrainArgs) -> Result<RunConfig> {
+    let mut cfg = match &args.config {
+        Some(p) => RunConfig::from_toml_file(p)?,
+        None => RunConfig::default(),
+    };
+    if let Some(p) = &args.data {
+        cfg.data.kind = DataKind::Text;
+        cfg.data.path = Some(p.clone());
+    }
+    if let Some(s) = args.steps {
+        cfg.train.train_iters = s;
+    }
+    if let Some(s) = args.seed {
+        cfg.train.seed = s;
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// Read `metrics.jsonl`, keeping the lines up to `max_step` (what a resumed run keeps).
+fn read_metrics(path: &Path, max_step: u64) -> Result<Vec<Metric>> {
+    let f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let mut out = Vec::new();
+    for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
+        let line = line.with_context(|| format!("reading {}", path.display()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let m: Metric = serde_json::from_str(&line).with_context(|| {
+            format!("{}: line {} is not a metrics record", path.display(), i + 1)
+        })?;
+        if m.step <= max_step {
+            out.push(m);
+        }
+    }
+    Ok(out)
+}
+
+/// Rewrite `metrics.jsonl` with `lines` (atomically).
+fn write_metrics(path: &Path, lines: &[Metric]) -> Result<()> {
+    let tmp = path.with_extension(format!("jsonl.tmp-{}", std::process::id()));
+    let mut s = String::new();
+    for m in lines {
+        s.push_str(&serde_json::to_string(m)?);
+        s.push('\n');
+    }
+    std::fs::write(&tmp, s).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+/// Progress output: an indicatif bar on a terminal, plain lines otherwise.
+struct Progress {
+    bar: Option<ProgressBar>,
+    total: u64,
+    last_eval: Option<LossStats>,
+}
+
+impl Progress {
+    fn new(start: u64, total: u64) -> Self {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let b = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+            b.set_style(
+                ProgressStyle::with_template(
+                    "{bar:28.cyan/blue} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
+                )
+                .expect("valid template")
+                .progress_chars("=> "),
+            );
+            b.set_position(start);
+            b.reset_eta();
+            b
+        });
+        Progress {
+            bar,
+            total,
+            last_eval: None,
+        }
+    }
+
+    fn println(&self, s: &str) {
+        match &self.bar {
+            Some(b) => b.println(s),
+            None => eprintln!("{s}"),
+        }
+    }
+
+    fn step(&self, step: u64) {
+        if let Some(b) = &self.bar {
+            b.set_position(step);
+        }
+    }
+
+    fn train(&self, m: &Metric, eta: Duration) {
+        let eval = self.last_eval.map_or(String::new(), |e| {
+            format!(" | held-out acc {:.1}%", 100.0 * e.accuracy())
+        });
+        let msg = format!(
+            "loss {:.4} acc {:.1}%{eval} | {} tok/s",
+            m.loss,
+            100.0 * m.accuracy,
+            human_rate(m.tokens_per_s.unwrap_or(0.0))
+        );
+        match &self.bar {
+            Some(b) => b.set_message(msg),
+            None => eprintln!(
+                "step {:>w$}/{}  loss {:.4}  acc {:6.2}%  lr {:.2e}  grad norm {:.3}  {} tok/s  eta {}",
+                m.step,
+                self.total,
+                m.loss,
+                100.0 * m.accuracy,
+                m.lr.unwrap_or(0.0),
+                m.grad_norm.unwrap_or(0.0),
+                human_rate(m.tokens_per_s.unwrap_or(0.0)),
+                human_duration(eta),
+                w = self.total.to_string().len()
+            ),
+        }
+    }
+
+    fn eval(&mut self, step: u64, e: LossStats) {
+        self.last_eval = Some(e);
+        self.println(&format!(
+            "eval at step {step}: held-out loss {:.4}, accuracy {:.2}% ({} targets)",
+            e.loss(),
+            100.0 * e.accuracy(),
+            e.count
+        ));
+    }
+
+    fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// Run `gdn train`.
+pub fn run(args: TrainArgs) -> Result<()> {
+    let device: Device = args.device.parse()?;
+    if device != Device::Cpu {
+        bail!("--device {device}: CUDA not available in this build (use --device cpu)");
+    }
+    let started = Instant::now();
+
+    // Config, run directory, and the trainer (fresh or resumed).
+    let (cfg, dir, resumed_from) = match &args.resume {
+        Some(dir) => {
+            let cpath = dir.join("config.toml");
+            if !cpath.exists() {
+                bail!(
+                    "--resume {}: no config.toml there; is it a gdn train run directory?",
+                    dir.display()
+                );
+            }
+            let mut cfg = RunConfig::from_toml_file(&cpath)?;
+            if let Some(s) = args.steps {
+                cfg.train.train_iters = s;
+                cfg.validate()?;
+            }
+            let Some((step, path)) = checkpoint::latest(&dir.join("checkpoints"))? else {
+                bail!(
+                    "--resume {}: no checkpoint in {}",
+                    dir.display(),
+                    dir.join("checkpoints").display()
+                );
+            };
+            let _ = step;
+            (cfg, dir.clone(), Some(path))
+        }
+        None => {
+            let cfg = resolve_config(&args)?;
+            let dir = match (&args.out, &args.name) {
+                (Some(d), _) => d.clone(),
+                (None, Some(n)) => PathBuf::from("runs").join(n),
+                (None, None) => PathBuf::from("runs").join(timestamp()),
+            };
+            (cfg, dir, None)
+        }
+    };
+    if args.print_config {
+        print!("{}", cfg.to_toml_string());
+        return Ok(());
+    }
+    let mut trainer = match &resumed_from {
+        Some(p) => Trainer::resume(&cfg, p)
+            .with_context(|| format!("cannot resume from {}", p.display()))?,
+        None => {
+            if dir.join("config.toml").exists() || dir.join("checkpoints").exists() {
+                bail!(
+                    "{} already holds a run; continue it with --resume {} or choose another --out",
+                    dir.display(),
+                    dir.display()
+                );
+            }
+            Trainer::new(&cfg)?
+        }
+    };
+    let ckdir = dir.join("checkpoints");
+    std::fs::create_dir_all(&ckdir)
+        .with_context(|| format!("creating the run directory {}", ckdir.display()))?;
+    std::fs::write(dir.join("config.toml"), cfg.to_toml_string())
+        .with_context(|| format!("writing {}", dir.join("config.toml").display()))?;
+    let mpath = dir.join("metrics.jsonl");
+    let mut metrics = read_metrics(&mpath, trainer.step_count())?;
+    write_metrics(&mpath, &metrics)?;
+
+    let total = cfg.train.train_iters;
+    let start_step = trainer.step_count();
+    let stop = args.stop_at_step.map_or(total, |s| s.min(total));
+    let mcfg = trainer.model().config().clone();
+    let l = &mcfg.layer;
+    println!(
+        "model: {} blocks of {} (hidden {}, {} key / {} value heads, Dk {}, Dv {}) + SwiGLU MLP {}, vocab {}, {} parameters",
+        l.num_layers,
+        match l.variant {
+            gdn::Variant::Gdn => "GDN",
+            gdn::Variant::Gdn2 => "GDN2",
+        },
+        l.hidden_size,
+        l.linear_num_key_heads,
+        l.linear_num_value_heads,
+        l.linear_key_head_dim,
+        l.linear_value_head_dim,
+        mcfg.ffn_hidden_size,
+        mcfg.vocab_size,
+        group(trainer.model().numel())
+    );
+    println!("data: {}", trainer.data().describe());
+    println!(
+        "train: {} steps of {} x {} tokens, AdamW lr {:.1e} ({} warmup, {:?} decay to {:.1e}), {} threads",
+        total,
+        cfg.data.batch_size,
+        cfg.data.seq_length,
+        cfg.optimizer.lr,
+        cfg.optimizer.lr_warmup_iters,
+        cfg.optimizer.lr_decay_style,
+        cfg.optimizer.min_lr,
+        rayon::current_num_threads()
+    );
+    match &resumed_from {
+        Some(p) => println!(
+            "run dir: {} (resumed at step {start_step} from {})",
+            dir.display(),
+            p.display()
+        ),
+        None => println!("run dir: {}", dir.display()),
+    }
+
+    let mut progress = Progress::new(start_step, total);
+    let mut acc = LossStats::default();
+    let mut last: Option<StepStats> = None;
+    let (mut win_tokens, mut win_time) = (0usize, Duration::ZERO);
+    let (mut train_tokens, mut train_time) = (0usize, Duration::ZERO);
+    let mut last_ckpt: Option<PathBuf> = None;
+    let mut final_eval = None;
+    let append = |m: &Metric| -> Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&mpath)
+            .with_context(|| format!("writing {}", mpath.display()))?;
+        writeln!(f, "{}", serde_json::to_string(m)?)?;
+        Ok(())
+    };
+    let save = |t: &Trainer| -> Result<PathBuf> {
+        let p = ckdir.join(checkpoint::file_name(t.step_count()));
+        t.save(&p)
+            .with_context(|| format!("writing checkpoint {}", p.display()))?;
+        Ok(p)
+    };
+    let eval_metric = |step: u64, e: &LossStats| Metric {
+        kind: "eval".into(),
+        step,
+        loss: e.loss(),
+        accuracy: e.accuracy(),
+        targets: e.count,
+        lr: None,
+        grad_norm: None,
+        tokens_per_s: None,
+        elapsed_s: started.elapsed().as_secs_f64(),
+    };
+    if start_step == 0 {
+        // the untrained model, so the held-out curve starts at chance
+        let e = trainer.evaluate()?;
+        progress.eval(0, e);
+        let m = eval_metric(0, &e);
+        append(&m)?;
+        metrics.push(m);
+    }
+    while trainer.step_count() < stop {
+        let t0 = Instant::now();
+        let st = trainer.step()?;
+        let dt = t0.elapsed();
+        win_time += dt;
+        train_time += dt;
+        win_tokens += st.tokens;
+        train_tokens += st.tokens;
+        acc.add(&st.loss);
+        last = Some(st);
+        let s = st.step;
+        progress.step(s);
+        if s % cfg.train.log_interval == 0 || s == stop {
+            let rate = win_tokens as f64 / win_time.as_secs_f64().max(1e-9);
+            let m = Metric {
+                kind: "train".into(),
+                step: s,
+                loss: acc.loss(),
+                accuracy: acc.accuracy(),
+                targets: acc.count,
+                lr: Some(st.lr),
+                grad_norm: Some(st.grad_norm),
+                tokens_per_s: Some(rate),
+                elapsed_s: started.elapsed().as_secs_f64(),
+            };
+            let eta = Duration::from_secs_f64(
+                (stop - s) as f64 * train_time.as_secs_f64() / (s - start_step) as f64,
+            );
+            progress.train(&m, eta);
+            append(&m)?;
+            metrics.push(m);
+            acc = LossStats::default();
+            win_tokens = 0;
+            win_time = Duration::ZERO;
+        }
+        let at_end = s == total;
+        if (cfg.train.eval_interval > 0 && s % cfg.train.eval_interval == 0) || at_end {
+            let e = trainer.evaluate()?;
+            let m = eval_metric(s, &e);
+            progress.eval(s, e);
+            append(&m)?;
+            metrics.push(m);
+            if at_end {
+                final_eval = Some(e);
+            }
+        }
+        if (cfg.train.save_interval > 0 && s % cfg.train.save_interval == 0) || s == stop {
+            last_ckpt = Some(save(&trainer)?);
+        }
+    }
+    progress.finish();
+    if last_ckpt.is_none() {
+        // nothing to train (already at the end): make sure the final state is saved
+        last_ckpt = Some(save(&trainer)?);
+    }
+    let eval = match final_eval {
+        Some(e) => e,
+        None => trainer.evaluate()?,
+    };
+    let wall = started.elapsed();
+
+    let plot_path = dir.join("curves.png");
+    if args.plot {
+        plot::write_curves(&plot_path, &metrics, trainer.data().chance_accuracy())
+            .with_context(|| format!("writing {}", plot_path.display()))?;
+    }
+
+    // Summary.
+    let done = trainer.step_count();
+    if done < total {
+        println!(
+            "stopped at step {done} of {total} (--stop-at-step); continue with: gdn train --resume {}",
+            dir.display()
+        );
+    } else {
+        println!("done: {done} steps");
+    }
+    let chance = trainer
+        .data()
+        .chance_accuracy()
+        .map_or(String::new(), |c| format!("; chance {:.2}%", 100.0 * c));
+    println!(
+        "held-out: loss {:.4}, accuracy {:.2}% ({} sequences, {} targets{chance})",
+        eval.loss(),
+        100.0 * eval.accuracy(),
+        trainer.data().eval_sequences(),
+        group(eval.count)
+    );
+    let steps_run = done - start_step;
+    println!(
+        "time: {} wall, {} steps in {} ({} tokens/s training)",
+        human_duration(wall),
+        steps_run,
+        human_duration(train_time),
+        human_rate(train_tokens as f64 / train_time.as_secs_f64().max(1e-9))
+    );
+    if let Some(st) = last {
+        println!(
+            "activation memory per step: {} kept for backward ({} in the GDN layers' Saved), {} tokens",
+            human_bytes(st.activation_bytes),
+            human_bytes(st.gdn_activation_bytes),
+            group(st.tokens)
+        );
+    }
+    let mut files = vec![
+        mpath.display().to_string(),
+        last_ckpt
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+    ];
+    if args.plot {
+        files.push(plot_path.display().to_string());
+    }
+    println!("wrote: {}", files.join(", "));
+    Ok(())
+}
