@@ -91,7 +91,7 @@ struct Panel<'a> {
 }
 
 fn panel(area: &Area, p: &Panel, x_max: f64) -> Result<()> {
-    let (ml, mr, mt, mb) = (80, 24, 40, 56);
+    let (ml, mr, mt, mb) = (80, 40, 40, 56);
     let (w, h) = area.dim_in_pixel();
     let (w, h) = (w as i32, h as i32);
     let (x0, x1, y0, y1) = (ml, w - mr, mt, h - mb);

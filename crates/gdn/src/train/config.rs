@@ -216,7 +216,6 @@ impl Default for TrainConfig {
     }
 }
 
-
 /// The model section's own keys (the rest are the layer's).
 const MODEL_KEYS: [&str; 2] = ["ffn_hidden_size", "share_embeddings_and_output_weights"];
 const SECTIONS: [&str; 4] = ["model", "data", "optimizer", "train"];
@@ -232,9 +231,24 @@ fn to_table<T: Serialize>(v: &T) -> toml::Table {
     toml::Table::try_from(v).expect("config sections serialize to tables")
 }
 
+/// The layer's f32 fields written as their shortest f32 decimal (`1e-5`, not
+/// `0.000009999999747378752`); they read back to the same f32.
+fn short_f32(v: &mut toml::Value) {
+    match v {
+        toml::Value::Float(f) => {
+            if let Ok(x) = format!("{}", *f as f32).parse::<f64>() {
+                *f = x;
+            }
+        }
+        toml::Value::Array(a) => a.iter_mut().for_each(short_f32),
+        _ => {}
+    }
+}
+
 impl ModelSection {
     fn to_table(&self) -> toml::Table {
         let mut t = to_table(&self.layer);
+        t.iter_mut().for_each(|(_, v)| short_f32(v));
         t.insert(
             "ffn_hidden_size".into(),
             toml::Value::Integer(self.ffn_hidden_size as i64),
