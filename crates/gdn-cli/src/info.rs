@@ -15,7 +15,25 @@ pub fn run() -> anyhow::Result<()> {
     );
     println!("rayon threads: {}", rayon::current_num_threads());
     println!("devices: cpu");
-    println!("cuda: not built in this version");
+    use gdn::device::cuda;
+    if !cuda::driver_present() {
+        println!("cuda: no driver (libcuda.so not found); CPU only");
+    } else {
+        let n = cuda::device_count();
+        println!(
+            "cuda: {n} device(s), NVRTC {}",
+            match cuda::nvrtc_version().as_str() {
+                "" => "not found".to_string(),
+                v => v.to_string(),
+            }
+        );
+        for i in 0..n {
+            match cuda::gpu(i) {
+                Ok(g) => println!("  cuda:{i}: {} (kernels for {})", g.name(), g.arch()),
+                Err(e) => println!("  cuda:{i}: unavailable: {e}"),
+            }
+        }
+    }
     println!();
     println!("# default config (GdnConfig::default(), Megatron's defaults)");
     print!("{}", GdnConfig::default().to_toml_string());

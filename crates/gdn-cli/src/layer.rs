@@ -37,6 +37,21 @@ struct Job {
     output: PathBuf,
     cu_seqlens: Option<Vec<u64>>,
     check_finite: bool,
+    device: gdn::Device,
+    dtype: Option<String>,
+    variant: Option<gdn::Variant>,
+}
+
+/// The storage type on `device`: f32 on the CPU; bf16 by default on a GPU.
+pub fn resolve_dtype(device: gdn::Device, dtype: Option<&str>) -> Result<gdn::device::cuda::DType> {
+    use gdn::device::cuda::DType;
+    match (device, dtype) {
+        (gdn::Device::Cpu, None | Some("f32")) => Ok(DType::F32),
+        (gdn::Device::Cpu, Some(d)) => bail!("--dtype {d}: the CPU path computes in f32 only"),
+        (gdn::Device::Cuda(_), None | Some("bf16")) => Ok(DType::Bf16),
+        (gdn::Device::Cuda(_), Some("f32")) => Ok(DType::F32),
+        (_, Some(d)) => bail!("--dtype {d}: expected f32 or bf16"),
+    }
 }
 
 pub fn run(args: LayerArgs) -> Result<()> {
@@ -53,6 +68,9 @@ pub fn run(args: LayerArgs) -> Result<()> {
         output: args.output.ok_or_else(|| missing("output"))?,
         cu_seqlens: args.cu_seqlens.map(|c| c.0),
         check_finite: args.check_finite,
+        device: args.device.parse()?,
+        dtype: args.dtype,
+        variant: args.variant,
     })
 }
 
@@ -94,7 +112,12 @@ fn float(name: &str, t: AnyTensor, path: &Path) -> Result<Tensor> {
 }
 
 fn run_job(job: Job) -> Result<()> {
-    let cfg = GdnConfig::from_toml_file(&job.config)?;
+    let mut cfg = GdnConfig::from_toml_file(&job.config)?;
+    if let Some(v) = job.variant {
+        cfg.variant = v;
+        cfg.validate()?;
+    }
+    let dtype = resolve_dtype(job.device, job.dtype.as_deref())?;
     check_output_path(&job.output)?;
     let h = cfg.hidden_size;
 
@@ -112,6 +135,7 @@ fn run_job(job: Job) -> Result<()> {
             format!("Megatron init, seed {}", job.seed),
         ),
     };
+    let layer = layer.to_device(job.device, dtype)?;
 
     // Inputs.
     let (mut x, mut dy, mut cu_file) = (None, None, None);
@@ -346,6 +370,9 @@ fn example(dir: &Path, check_finite: bool) -> Result<()> {
         output,
         cu_seqlens: None,
         check_finite,
+        device: gdn::Device::Cpu,
+        dtype: None,
+        variant: None,
     })
 }
 

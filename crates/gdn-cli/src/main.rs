@@ -91,6 +91,23 @@ pub struct LayerArgs {
     /// Seed of Megatron's init when --weights is not given.
     #[arg(long, value_name = "N", conflicts_with = "weights")]
     pub seed: Option<u64>,
+    /// Where to run: cpu, cuda or cuda:N.
+    #[arg(long, value_name = "DEVICE", default_value = "cpu")]
+    pub device: String,
+    /// Storage type on the device: f32, or bf16 (GPU only; the GPU's default).
+    #[arg(long, value_name = "TYPE")]
+    pub dtype: Option<String>,
+    /// Layer variant, overriding the config's `variant`: gdn or gdn2.
+    #[arg(long, value_name = "VARIANT", value_parser = parse_variant)]
+    pub variant: Option<gdn::Variant>,
+}
+
+fn parse_variant(s: &str) -> std::result::Result<gdn::Variant, String> {
+    match s {
+        "gdn" | "gated_delta_net" => Ok(gdn::Variant::Gdn),
+        "gdn2" => Ok(gdn::Variant::Gdn2),
+        _ => Err(format!("unknown variant {s:?}: expected gdn or gdn2")),
+    }
 }
 
 /// The error and its causes, each once (library errors already quote their source).

@@ -271,6 +271,7 @@ fn time_rows(
     params: &Params,
     t: usize,
     reps: usize,
+    device: DeviceArg,
 ) -> Result<()> {
     let h = base.hidden_size;
     let x = values(&[1, t, h], 1)?;
@@ -285,7 +286,10 @@ fn time_rows(
             };
             p.start(&what);
             // Parameters are copied outside the timed region.
-            let layer = GatedDeltaNet::with_params(&row.setting.apply(base)?, params.clone())?;
+            let layer = place(
+                GatedDeltaNet::with_params(&row.setting.apply(base)?, params.clone())?,
+                device,
+            )?;
             let ms = time_once(&layer, &x, &dy)?;
             p.done(&what, ms);
             if round > 0 {
@@ -306,10 +310,15 @@ struct Row {
     ms: Option<f64>,
 }
 
+/// Where the layers run: the CPU in f32, or GPU 0 in bf16 storage.
+fn place(layer: GatedDeltaNet, device: DeviceArg) -> Result<GatedDeltaNet> {
+    Ok(match device {
+        DeviceArg::Cpu => layer,
+        DeviceArg::Cuda => layer.to_device(gdn::Device::Cuda(0), gdn::device::cuda::DType::Bf16)?,
+    })
+}
+
 pub fn run(args: MemoryArgs) -> Result<()> {
-    if args.device == DeviceArg::Cuda {
-        bail!("CUDA device not available in this build");
-    }
     let mut base = match &args.config {
         Some(p) => GdnConfig::from_toml_file(p)?,
         None => GdnConfig::qwen3_next(),
@@ -336,7 +345,10 @@ pub fn run(args: MemoryArgs) -> Result<()> {
         .collect();
     let mut rows = Vec::with_capacity(settings.len());
     for s in &settings {
-        let layer = GatedDeltaNet::with_params(&s.apply(&base)?, params.clone())?;
+        let layer = place(
+            GatedDeltaNet::with_params(&s.apply(&base)?, params.clone())?,
+            args.device,
+        )?;
         rows.push(Row {
             setting: s,
             bytes_per_token: bytes_per_token(&layer, s.name)?,
@@ -344,7 +356,7 @@ pub fn run(args: MemoryArgs) -> Result<()> {
         });
     }
     if args.time {
-        time_rows(&mut rows, &base, &params, tokens, reps)?;
+        time_rows(&mut rows, &base, &params, tokens, reps, args.device)?;
     }
 
     // Report.
@@ -354,7 +366,7 @@ pub fn run(args: MemoryArgs) -> Result<()> {
     };
     println!(
         "gdn memory: {} layer, hidden {}, {} key heads x {}, {} value heads x {}, conv {}, {norm}; \
-         device cpu, f32 (4 bytes/value)",
+         device {}",
         match base.variant {
             Variant::Gdn => "GDN",
             Variant::Gdn2 => "GDN2",
@@ -365,6 +377,10 @@ pub fn run(args: MemoryArgs) -> Result<()> {
         base.linear_num_value_heads,
         base.linear_value_head_dim,
         base.linear_conv_kernel_dim,
+        match args.device {
+            DeviceArg::Cpu => "cpu, f32 (4 bytes/value)",
+            DeviceArg::Cuda => "cuda:0, bf16 activations (2 bytes/value; norm statistics, decays and states fp32)",
+        },
     );
     println!(
         "bytes/token: Saved::bytes() after a forward over {MEASURE_TOKENS} tokens, divided by \

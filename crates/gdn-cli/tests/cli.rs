@@ -108,7 +108,7 @@ fn info_works() {
         "gdn ",
         "rayon threads:",
         "cpu",
-        "cuda: not built in this version",
+        "cuda: ",
         "hidden_size = 2048",
         "RMSNorm",
     ] {
@@ -604,5 +604,54 @@ fn example_runs() {
         assert!(n.iter().any(|m| m == name), "{name} not in {n:?}");
     }
     assert!(n.iter().any(|m| m == "y") && n.iter().any(|m| m == "dx"));
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn variant_gdn2_runs_and_bad_device_or_dtype_fail() {
+    let d = tmpdir("variant");
+    let (c, _) = setup(&d);
+    let x = d.join("x.safetensors");
+    let out = d.join("out.safetensors");
+    write_x(
+        &x,
+        &ramp(&[1, 12, HIDDEN], 0),
+        Some(&ramp(&[1, 12, HIDDEN], 1)),
+    );
+    let base = [
+        "layer",
+        "--config",
+        s(&c),
+        "--input",
+        s(&x),
+        "--output",
+        s(&out),
+    ];
+    let o = gdn(&[&base[..], &["--variant", "gdn2"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    // GDN2 has its own gate sections: every GDN2 parameter gradient is written
+    let n = names(&out);
+    assert!(
+        n.contains(&"dt_bias".to_string()) && n.contains(&"dx".to_string()),
+        "{n:?}"
+    );
+    expect_fail(
+        &gdn(&[&base[..], &["--variant", "gdn3"]].concat()),
+        &["unknown variant"],
+    );
+    expect_fail(
+        &gdn(&[&base[..], &["--device", "tpu"]].concat()),
+        &["unknown device"],
+    );
+    expect_fail(
+        &gdn(&[&base[..], &["--dtype", "bf16"]].concat()),
+        &["f32 only"],
+    );
+    if !gdn::device::cuda::driver_present() {
+        expect_fail(
+            &gdn(&[&base[..], &["--device", "cuda"]].concat()),
+            &["CUDA driver"],
+        );
+    }
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -10,12 +10,20 @@ pub const COMMON: &str = include_str!("../kernels/common.cuh");
 /// (module name, source) of every kernel file.
 pub const MODULES: &[(&str, &str)] = &[
     ("smoke", include_str!("../kernels/smoke.cu")),
+    ("layer", include_str!("../kernels/layer.cu")),
+    (
+        "gated_delta_rule",
+        include_str!("../ops/gated_delta_rule/gated_delta_rule.cu"),
+    ),
     ("norm", include_str!("../ops/norm/norm.cu")),
     ("linear", include_str!("../ops/linear/linear.cu")),
     ("conv1d", include_str!("../ops/conv1d/conv1d.cu")),
     ("l2norm", include_str!("../ops/l2norm/l2norm.cu")),
     ("gates", include_str!("../ops/gates/gates.cu")),
-    ("gated_norm", include_str!("../ops/gated_norm/gated_norm.cu")),
+    (
+        "gated_norm",
+        include_str!("../ops/gated_norm/gated_norm.cu"),
+    ),
 ];
 
 /// The full source NVRTC compiles for `module`.

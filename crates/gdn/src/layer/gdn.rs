@@ -12,16 +12,18 @@
 //! ```
 
 use std::ops::Deref;
+use std::sync::{Arc, OnceLock};
 
 use crate::config::{GdnConfig, Normalization, Variant};
+use crate::device::cuda::{self, DBuf, DType, GBuf, Gpu};
+use crate::device::Device;
 use crate::error::{GdnError, Result};
+use crate::layer::exec::{self, Act, F32s, P};
 use crate::layer::saved::Acts;
 use crate::layer::{Grads, Params, Saved};
-use crate::ops::gated_delta_rule::{self as gdr, RuleOpts, RuleShape};
-use crate::ops::gdn2_rule;
-use crate::ops::{conv1d, gated_norm, gates, l2norm, linear, norm};
+use crate::ops::gated_delta_rule::{RuleOpts, RuleShape};
 use crate::seqs::Seqs;
-use crate::tensor::{put_cols, take_cols, Tensor};
+use crate::tensor::Tensor;
 
 /// One GDN layer: Gated DeltaNet (`variant = "gdn"`) or Gated DeltaNet-2 (`variant = "gdn2"`),
 /// chosen by the config. [`GatedDeltaNet2`] is the same layer, constructed only for GDN2.
@@ -29,6 +31,46 @@ use crate::tensor::{put_cols, take_cols, Tensor};
 pub struct GatedDeltaNet {
     cfg: GdnConfig,
     params: Params,
+    device: Device,
+    dtype: DType,
+    /// Device copy of the parameters (fp32 master weights), made on first use on a GPU and
+    /// dropped whenever `params_mut` hands out the host parameters.
+    dev_params: OnceLock<Arc<DevParams>>,
+}
+
+/// Parameters resident on a GPU.
+struct DevParams {
+    gpu: Arc<Gpu>,
+    map: Vec<(String, GBuf<f32>)>,
+}
+
+impl std::fmt::Debug for DevParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DevParams({} tensors on {:?})", self.map.len(), self.gpu)
+    }
+}
+
+/// Where the parameters are read from during one forward or backward.
+enum ParamView<'a> {
+    Host(&'a Params),
+    Dev(Arc<DevParams>),
+}
+
+impl ParamView<'_> {
+    fn get(&self, name: &str) -> P<'_> {
+        self.opt(name)
+            .unwrap_or_else(|| panic!("parameter {name} present by construction"))
+    }
+    fn opt(&self, name: &str) -> Option<P<'_>> {
+        match self {
+            ParamView::Host(p) => p.get(name).map(|t| P::Host(t.data())),
+            ParamView::Dev(d) => d
+                .map
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, b)| P::Dev(b)),
+        }
+    }
 }
 
 /// Gated DeltaNet-2: the base layer, accepting only `variant = "gdn2"`.
@@ -69,20 +111,31 @@ impl Deref for GatedDeltaNet2 {
 }
 
 /// Per-step wall times, printed to stderr when the environment variable `GDN_PROFILE` is set.
+/// On a GPU each mark synchronizes the stream, so the times are the steps' device times.
 struct Prof {
     on: bool,
+    gpu: Option<Arc<Gpu>>,
     last: std::time::Instant,
     rows: Vec<(&'static str, f64)>,
 }
 
 impl Prof {
-    fn new() -> Self {
-        Prof { on: std::env::var_os("GDN_PROFILE").is_some(), last: std::time::Instant::now(), rows: Vec::new() }
+    fn new(gpu: Option<Arc<Gpu>>) -> Self {
+        Prof {
+            on: std::env::var_os("GDN_PROFILE").is_some(),
+            gpu,
+            last: std::time::Instant::now(),
+            rows: Vec::new(),
+        }
     }
     fn mark(&mut self, step: &'static str) {
         if self.on {
+            if let Some(g) = &self.gpu {
+                let _ = g.sync();
+            }
             let now = std::time::Instant::now();
-            self.rows.push((step, (now - self.last).as_secs_f64() * 1e3));
+            self.rows
+                .push((step, (now - self.last).as_secs_f64() * 1e3));
             self.last = now;
         }
     }
@@ -99,58 +152,53 @@ impl Prof {
 
 /// Forward output.
 struct Forward {
-    y: Vec<f32>,
-    final_state: Option<Vec<f32>>,
+    y: Act,
+    final_state: Option<F32s>,
     acts: Acts,
 }
 
 /// The gates as the rule receives them.
 #[derive(Debug)]
 pub(crate) enum Gates {
-    /// `g`, `beta` `[n, Hv]`.
-    Gdn { g: Vec<f32>, beta: Vec<f32> },
+    /// `g` (fp32) and `beta` `[n, Hv]`.
+    Gdn { g: F32s, beta: Act },
     /// `g`, `b` `[n, Hv, Dk]` (key-channel gates repeated to the value heads), `w` `[n, Hv*Dv]`;
     /// plus the key-channel erase gate `[n, Hk*Dk]` before the repeat (its sigmoid backward).
-    Gdn2 {
-        g: Vec<f32>,
-        b: Vec<f32>,
-        w: Vec<f32>,
-        b_key: Vec<f32>,
-    },
+    Gdn2 { g: F32s, b: Act, w: Act, b_key: Act },
 }
 
 /// The rule's inputs, computed from in_proj's output by conv + SiLU, L2 norm and gates.
 #[derive(Debug)]
 pub(crate) struct RuleInputs {
     /// conv outputs: raw q, k `[n, Hk*Dk]` and v `[n, Hv*Dv]`.
-    pub q: Vec<f32>,
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
+    pub q: Act,
+    pub k: Act,
+    pub v: Act,
     /// Normalized q, k when the L2 norm is caller-side.
-    pub qkn: Option<(Vec<f32>, Vec<f32>)>,
+    pub qkn: Option<(Act, Act)>,
     pub gates: Gates,
 }
 
 impl RuleInputs {
     /// q as the rule receives it.
-    fn qn(&self) -> &[f32] {
+    fn qn(&self) -> &Act {
         self.qkn.as_ref().map_or(&self.q, |x| &x.0)
     }
     /// k as the rule receives it.
-    fn kn(&self) -> &[f32] {
+    fn kn(&self) -> &Act {
         self.qkn.as_ref().map_or(&self.k, |x| &x.1)
     }
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         let gates = match &self.gates {
-            Gates::Gdn { g, beta } => g.len() + beta.len(),
-            Gates::Gdn2 { g, b, w, b_key } => g.len() + b.len() + w.len() + b_key.len(),
+            Gates::Gdn { g, beta } => g.bytes() + beta.bytes(),
+            Gates::Gdn2 { g, b, w, b_key } => g.bytes() + b.bytes() + w.bytes() + b_key.bytes(),
         };
-        4 * (self.q.len()
-            + self.k.len()
-            + self.v.len()
-            + self.qkn.as_ref().map_or(0, |(a, b)| a.len() + b.len())
-            + gates)
+        self.q.bytes()
+            + self.k.bytes()
+            + self.v.bytes()
+            + self.qkn.as_ref().map_or(0, |(a, b)| a.bytes() + b.bytes())
+            + gates
     }
 }
 
@@ -183,35 +231,108 @@ fn sum_heads(x: &[f32], n: usize, hk: usize, hv: usize, d: usize) -> Vec<f32> {
     out
 }
 
+fn host_vec<'a>(a: &'a Act, what: &str) -> Result<&'a [f32]> {
+    match a {
+        Act::Host(v) => Ok(v),
+        Act::Dev(_) => Err(GdnError::Device(format!(
+            "{what} has no CUDA implementation yet (GDN2 runs on the CPU)"
+        ))),
+    }
+}
+
 impl GatedDeltaNet {
-    /// A layer with Megatron's initialization from `seed`. Validates `cfg`.
+    /// A layer with Megatron's initialization from `seed`, on the CPU. Validates `cfg`.
     pub fn new(cfg: &GdnConfig, seed: u64) -> Result<Self> {
         cfg.validate()?;
-        Ok(GatedDeltaNet {
-            cfg: cfg.clone(),
-            params: Params::init(cfg, seed),
-        })
+        Ok(Self::build(cfg.clone(), Params::init(cfg, seed)))
     }
-    /// A layer with given parameters (checked against `cfg`: names and shapes).
+    /// A layer with given parameters (checked against `cfg`: names and shapes), on the CPU.
     pub fn with_params(cfg: &GdnConfig, params: Params) -> Result<Self> {
         cfg.validate()?;
         params.check_against(cfg, "parameters")?;
-        Ok(GatedDeltaNet {
-            cfg: cfg.clone(),
+        Ok(Self::build(cfg.clone(), params))
+    }
+    fn build(cfg: GdnConfig, params: Params) -> Self {
+        GatedDeltaNet {
+            cfg,
             params,
-        })
+            device: Device::Cpu,
+            dtype: DType::F32,
+            dev_params: OnceLock::new(),
+        }
+    }
+    /// Run on `device`: activations in `dtype` storage there (bf16: fp32 accumulation, fp32
+    /// states and parameter gradients; f32 for verification). The CPU is always f32.
+    pub fn to_device(mut self, device: Device, dtype: DType) -> Result<Self> {
+        match device {
+            Device::Cpu => {
+                if dtype != DType::F32 {
+                    return Err(GdnError::Invalid(
+                        "the CPU path computes in f32 only".into(),
+                    ));
+                }
+            }
+            Device::Cuda(i) => {
+                cuda::gpu(i)?;
+            }
+        }
+        self.device = device;
+        self.dtype = dtype;
+        self.dev_params = OnceLock::new();
+        Ok(self)
+    }
+    /// The device the layer runs on.
+    pub fn device(&self) -> Device {
+        self.device
     }
     /// The config.
     pub fn config(&self) -> &GdnConfig {
         &self.cfg
     }
-    /// The parameters.
+    /// The parameters (host copy, f32).
     pub fn params(&self) -> &Params {
         &self.params
     }
-    /// The parameters, mutably (for optimizers). Shapes must not change.
+    /// The parameters, mutably (for optimizers). Shapes must not change. A GPU copy is
+    /// refreshed from these at the next forward.
     pub fn params_mut(&mut self) -> &mut Params {
+        self.dev_params = OnceLock::new();
         &mut self.params
+    }
+
+    fn gpu(&self) -> Result<Option<Arc<Gpu>>> {
+        match self.device {
+            Device::Cpu => Ok(None),
+            Device::Cuda(i) => Ok(Some(cuda::gpu(i)?)),
+        }
+    }
+    fn view(&self) -> Result<ParamView<'_>> {
+        let Some(gpu) = self.gpu()? else {
+            return Ok(ParamView::Host(&self.params));
+        };
+        if let Some(d) = self.dev_params.get() {
+            return Ok(ParamView::Dev(d.clone()));
+        }
+        let mut map = Vec::new();
+        for (name, t) in self.params.iter() {
+            map.push((name.to_string(), gpu.upload(t.data())?));
+        }
+        let d = Arc::new(DevParams { gpu, map });
+        let _ = self.dev_params.set(d.clone());
+        Ok(ParamView::Dev(d))
+    }
+    /// Move host values to where the layer computes.
+    fn act(&self, x: &[f32]) -> Result<Act> {
+        match self.gpu()? {
+            None => Ok(Act::Host(x.to_vec())),
+            Some(g) => Ok(Act::Dev(DBuf::upload(&g, x, self.dtype)?)),
+        }
+    }
+    fn f32s(&self, x: &[f32]) -> Result<F32s> {
+        match self.gpu()? {
+            None => Ok(F32s::Host(x.to_vec())),
+            Some(g) => Ok(F32s::Dev(g.upload(x)?)),
+        }
     }
 
     /// Training forward over `x` `[B, T, hidden]` (B sequences of T tokens).
@@ -270,8 +391,7 @@ impl GatedDeltaNet {
         if let Some(h0) = initial_state {
             h0.expect_shape("initial_state", &st)?;
         }
-        let (y, fin, saved) =
-            self.forward_seqs(x, seqs.clone(), initial_state.map(|t| t.data()), true)?;
+        let (y, fin, saved) = self.forward_seqs(x, seqs.clone(), initial_state, true)?;
         let fin = fin.ok_or_else(|| GdnError::Invalid("final state was not produced".into()))?;
         Ok((y, Tensor::from_vec(&st, fin)?, saved))
     }
@@ -279,8 +399,9 @@ impl GatedDeltaNet {
     /// Inference forward: keeps nothing for backward (recompute settings do not apply).
     pub fn forward_inference(&self, x: &Tensor) -> Result<Tensor> {
         let (b, t) = self.batch_dims(x)?;
-        let f = self.run_forward(x.data(), &Seqs::uniform(b, t), None, false)?;
-        Tensor::from_vec(x.shape(), f.y)
+        let xa = self.act(x.data())?;
+        let f = self.run_forward(&xa, &Seqs::uniform(b, t), None, false)?;
+        Tensor::from_vec(x.shape(), f.y.into_host()?)
     }
 
     /// Shape of the recurrent states of `seqs`: `[N, Hv, Dk, Dv]`.
@@ -309,12 +430,21 @@ impl GatedDeltaNet {
         &self,
         x: &Tensor,
         seqs: Seqs,
-        h0: Option<&[f32]>,
+        h0: Option<&Tensor>,
         want_final: bool,
     ) -> Result<(Tensor, Option<Vec<f32>>, Saved)> {
         let rc = self.cfg.recompute();
-        let f = self.run_forward(x.data(), &seqs, h0, want_final)?;
-        let y = Tensor::from_vec(x.shape(), f.y)?;
+        let xa = self.act(x.data())?;
+        let h0 = match h0 {
+            Some(t) => Some(self.f32s(t.data())?),
+            None => None,
+        };
+        let f = self.run_forward(&xa, &seqs, h0.as_ref(), want_final)?;
+        let y = Tensor::from_vec(x.shape(), f.y.into_host()?)?;
+        let fin = match f.final_state {
+            Some(s) => Some(s.into_host()?),
+            None => None,
+        };
         let mut acts = f.acts;
         if rc.norm_out {
             // gdn_norm_out: out_proj has consumed the gated norm's output; drop it.
@@ -323,11 +453,11 @@ impl GatedDeltaNet {
         let saved = Saved {
             seqs,
             x_shape: x.shape().to_vec(),
-            x: x.data().to_vec(),
-            h0: h0.map(|h| h.to_vec()),
+            x: xa,
+            h0,
             acts: (!rc.whole_layer).then_some(acts),
         };
-        Ok((y, f.final_state, saved))
+        Ok((y, fin, saved))
     }
 
     fn rule_shape(&self) -> RuleShape {
@@ -345,12 +475,6 @@ impl GatedDeltaNet {
             l2norm_in_kernel: self.cfg.use_qk_l2norm_in_kernel,
         }
     }
-    fn in_norm_bias(&self) -> Option<&[f32]> {
-        self.params.opt("in_proj.layer_norm_bias")
-    }
-    fn out_norm_bias(&self) -> Option<&[f32]> {
-        self.params.opt("out_norm.bias")
-    }
     /// Widths of in_proj's gate sections after `[q|k|v|z]`: GDN `[beta | alpha]`, GDN2 `[f | b | w]`.
     fn gate_sections(&self) -> Vec<usize> {
         let c = &self.cfg;
@@ -363,13 +487,13 @@ impl GatedDeltaNet {
     /// The layer, top to bottom (Megatron's `GatedDeltaNet.forward`).
     fn run_forward(
         &self,
-        x: &[f32],
+        x: &Act,
         seqs: &Seqs,
-        h0: Option<&[f32]>,
+        h0: Option<&F32s>,
         want_final: bool,
     ) -> Result<Forward> {
         let c = &self.cfg;
-        let p = &self.params;
+        let p = self.view()?;
         let n = seqs.tokens();
         let (h, hv, dv) = (
             c.hidden_size,
@@ -377,36 +501,39 @@ impl GatedDeltaNet {
             c.linear_value_head_dim,
         );
         let (vd, cd, pd) = (c.v_dim(), c.conv_dim(), c.in_proj_dim());
-        let eps = c.layernorm_epsilon;
-        let zc = c.layernorm_zero_centered_gamma;
+        let (kind, eps, zc) = (
+            c.normalization,
+            c.layernorm_epsilon,
+            c.layernorm_zero_centered_gamma,
+        );
+        let mut prof = Prof::new(self.gpu()?);
 
-        let mut prof = Prof::new();
         // 1. Fused pre-norm + in_proj -> [q | k | v | z | gate sections].
-        let (xn, in_stats) = norm::norm_forward(
+        let (xn, in_stats) = exec::norm_fwd(
             x,
             n,
             h,
-            p.d("in_proj.layer_norm_weight"),
-            self.in_norm_bias(),
-            c.normalization,
+            p.get("in_proj.layer_norm_weight"),
+            p.opt("in_proj.layer_norm_bias"),
+            kind,
             eps,
             zc,
         )?;
-        let proj = linear::linear_forward(&xn, n, h, p.d("in_proj.weight"), pd)?;
+        let proj = exec::linear_fwd(&xn, n, h, p.get("in_proj.weight"), pd)?;
         drop(xn);
         prof.mark("fwd in_proj (norm + GEMM)");
         // 2. Split.
-        let qkv_pre = take_cols(&proj, pd, 0, cd);
-        let z = take_cols(&proj, pd, cd, vd);
+        let qkv_pre = exec::take_cols(&proj, pd, 0, cd)?;
+        let z = exec::take_cols(&proj, pd, cd, vd)?;
         let mut gate_in = Vec::new();
         let mut off = cd + vd;
         for w in self.gate_sections() {
-            gate_in.push(take_cols(&proj, pd, off, w));
+            gate_in.push(exec::take_cols(&proj, pd, off, w)?);
             off += w;
         }
         drop(proj);
         // 3-5. conv + SiLU, q/k L2 norm, gates.
-        let r = self.prep(&qkv_pre, &gate_in, seqs)?;
+        let r = self.prep(&p, &qkv_pre, &gate_in, seqs)?;
         prof.mark("fwd split + conv + l2norm + gates");
         // 6. The rule.
         let (o, final_state) = self.rule_forward(&r, seqs, h0, want_final)?;
@@ -414,20 +541,20 @@ impl GatedDeltaNet {
         // Keep the rule's inputs (Megatron keeps these), unless `gdn_prep` rebuilds them.
         let rule_in = (!c.recompute().prep).then_some(r);
         // 7. Gated norm: norm(o) * silu(z) (norm first, then gate), one [Dv] weight for all heads.
-        let (norm_out, o_stats) = gated_norm::gated_norm_forward(
+        let (norm_out, o_stats) = exec::gated_norm_fwd(
             &o,
             &z,
             n * hv,
             dv,
-            p.d("out_norm.weight"),
-            self.out_norm_bias(),
-            c.normalization,
+            p.get("out_norm.weight"),
+            p.opt("out_norm.bias"),
+            kind,
             eps,
             zc,
         )?;
         prof.mark("fwd gated norm");
         // 8. out_proj.
-        let y = linear::linear_forward(&norm_out, n, vd, p.d("out_proj.weight"), h)?;
+        let y = exec::linear_fwd(&norm_out, n, vd, p.get("out_proj.weight"), h)?;
         prof.mark("fwd out_proj");
         prof.report();
         Ok(Forward {
@@ -449,9 +576,14 @@ impl GatedDeltaNet {
     /// conv + SiLU, q/k L2 norm and gates: the rule's inputs from in_proj's sections. Forward
     /// runs it once; backward reruns it when `gdn_prep` dropped its results (same kernels, same
     /// inputs, so the same bits).
-    fn prep(&self, qkv_pre: &[f32], gate_in: &[Vec<f32>], seqs: &Seqs) -> Result<RuleInputs> {
+    fn prep(
+        &self,
+        p: &ParamView,
+        qkv_pre: &Act,
+        gate_in: &[Act],
+        seqs: &Seqs,
+    ) -> Result<RuleInputs> {
         let c = &self.cfg;
-        let p = &self.params;
         let n = seqs.tokens();
         let (hk, hv, dk) = (
             c.linear_num_key_heads,
@@ -460,48 +592,59 @@ impl GatedDeltaNet {
         );
         let (qk, vd, cd) = (c.qk_dim(), c.v_dim(), c.conv_dim());
         let w = c.linear_conv_kernel_dim;
-        let qkv = conv1d::conv1d_silu_forward(
+        let qkv = exec::conv_fwd(
             qkv_pre,
             cd,
-            p.d("conv1d.weight"),
+            p.get("conv1d.weight"),
             w,
             p.opt("conv1d.bias"),
             seqs,
         )?;
-        let q = take_cols(&qkv, cd, 0, qk);
-        let k = take_cols(&qkv, cd, qk, qk);
-        let v = take_cols(&qkv, cd, 2 * qk, vd);
+        let q = exec::take_cols(&qkv, cd, 0, qk)?;
+        let k = exec::take_cols(&qkv, cd, qk, qk)?;
+        let v = exec::take_cols(&qkv, cd, 2 * qk, vd)?;
         drop(qkv);
         // Caller-side q/k L2 norm (Megatron's route); with `use_qk_l2norm_in_kernel` the rule
         // normalizes the raw rows itself and no normalized copy exists.
         let qkn = if c.use_qk_l2norm && !c.use_qk_l2norm_in_kernel {
             Some((
-                l2norm::l2norm_forward(&q, n * hk, dk)?.0,
-                l2norm::l2norm_forward(&k, n * hk, dk)?.0,
+                exec::l2norm_fwd(&q, n * hk, dk)?,
+                exec::l2norm_fwd(&k, n * hk, dk)?,
             ))
         } else {
             None
         };
         let gates = match c.variant {
             Variant::Gdn => {
-                let (g, beta) = gates::gates_forward(
+                let (g, beta) = exec::gates_fwd(
                     &gate_in[1],
                     &gate_in[0],
                     n,
                     hv,
-                    p.d("A_log"),
-                    p.d("dt_bias"),
+                    p.get("A_log"),
+                    p.get("dt_bias"),
                 )?;
                 Gates::Gdn { g, beta }
             }
             Variant::Gdn2 => {
-                let g_key =
-                    gates::gates2_forward(&gate_in[0], n, hk, dk, p.d("A_log"), p.d("dt_bias"))?;
-                let b_key = gates::sigmoid_forward(&gate_in[1]);
-                let w = gates::sigmoid_forward(&gate_in[2]);
+                let (g_key, b_key, w) = exec::gates2_fwd(
+                    &gate_in[0],
+                    &gate_in[1],
+                    &gate_in[2],
+                    n,
+                    hk,
+                    dk,
+                    p.get("A_log"),
+                    p.get("dt_bias"),
+                )?;
+                let F32s::Host(gk) = &g_key else {
+                    return Err(GdnError::Device(
+                        "GDN2 has no CUDA implementation yet".into(),
+                    ));
+                };
                 Gates::Gdn2 {
-                    g: repeat_heads(&g_key, n, hk, hv, dk),
-                    b: repeat_heads(&b_key, n, hk, hv, dk),
+                    g: F32s::Host(repeat_heads(gk, n, hk, hv, dk)),
+                    b: Act::Host(repeat_heads(host_vec(&b_key, "GDN2 gates")?, n, hk, hv, dk)),
                     w,
                     b_key,
                 }
@@ -520,16 +663,16 @@ impl GatedDeltaNet {
         &self,
         r: &RuleInputs,
         seqs: &Seqs,
-        h0: Option<&[f32]>,
+        h0: Option<&F32s>,
         want_final: bool,
-    ) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
+    ) -> Result<(Act, Option<F32s>)> {
         let (s, o) = (self.rule_shape(), self.rule_opts());
         match &r.gates {
             Gates::Gdn { g, beta } => {
-                gdr::forward(r.qn(), r.kn(), &r.v, g, beta, seqs, s, o, h0, want_final)
+                exec::rule_fwd(r.qn(), r.kn(), &r.v, g, beta, seqs, s, o, h0, want_final)
             }
             Gates::Gdn2 { g, b, w, .. } => {
-                gdn2_rule::forward(r.qn(), r.kn(), &r.v, g, b, w, seqs, s, o, h0, want_final)
+                exec::rule2_fwd(r.qn(), r.kn(), &r.v, g, b, w, seqs, s, o, h0, want_final)
             }
         }
     }
@@ -570,36 +713,34 @@ impl GatedDeltaNet {
         let acts = match acts {
             Some(a) => a,
             // Whole-layer recompute: rerun forward, keeping everything this time.
-            None => self.run_forward(&x, &seqs, h0.as_deref(), false)?.acts,
+            None => self.run_forward(&x, &seqs, h0.as_ref(), false)?.acts,
         };
-        let (dx, grads, dh0) = self.run_backward(
-            &x,
-            &seqs,
-            h0.as_deref(),
-            acts,
-            dy.data(),
-            d_final_state.map(|t| t.data()),
-        )?;
-        let dh0 = match dh0 {
-            Some(d) => Some(Tensor::from_vec(&st, d)?),
+        let dya = self.act(dy.data())?;
+        let d_final = match d_final_state {
+            Some(t) => Some(self.f32s(t.data())?),
             None => None,
         };
-        Ok((Tensor::from_vec(&x_shape, dx)?, grads, dh0))
+        let (dx, grads, dh0) =
+            self.run_backward(&x, &seqs, h0.as_ref(), acts, &dya, d_final.as_ref())?;
+        let dh0 = match dh0 {
+            Some(d) => Some(Tensor::from_vec(&st, d.into_host()?)?),
+            None => None,
+        };
+        Ok((Tensor::from_vec(&x_shape, dx.into_host()?)?, grads, dh0))
     }
 
     /// The layer, bottom to top.
-    #[allow(clippy::type_complexity)]
     fn run_backward(
         &self,
-        x: &[f32],
+        x: &Act,
         seqs: &Seqs,
-        h0: Option<&[f32]>,
+        h0: Option<&F32s>,
         a: Acts,
-        dy: &[f32],
-        d_final: Option<&[f32]>,
-    ) -> Result<(Vec<f32>, Grads, Option<Vec<f32>>)> {
+        dy: &Act,
+        d_final: Option<&F32s>,
+    ) -> Result<(Act, Grads, Option<F32s>)> {
         let c = &self.cfg;
-        let p = &self.params;
+        let p = self.view()?;
         let n = seqs.tokens();
         let (h, hk, hv, dk, dv) = (
             c.hidden_size,
@@ -609,24 +750,31 @@ impl GatedDeltaNet {
             c.linear_value_head_dim,
         );
         let (qk, vd, cd, pd) = (c.qk_dim(), c.v_dim(), c.conv_dim(), c.in_proj_dim());
-        let eps = c.layernorm_epsilon;
-        let zc = c.layernorm_zero_centered_gamma;
+        let (kind, eps, zc) = (
+            c.normalization,
+            c.layernorm_epsilon,
+            c.layernorm_zero_centered_gamma,
+        );
         let mut grads = Params::zeros_like_config(c);
+        let mut set = |name: &str, shape: &[usize], g: F32s| -> Result<()> {
+            grads.set(name, Tensor::from_vec(shape, g.into_host()?)?);
+            Ok(())
+        };
+        let mut prof = Prof::new(self.gpu()?);
 
-        let mut prof = Prof::new();
         // 8. out_proj. Under gdn_norm_out its input is rebuilt here, by the same kernel on the
         // same inputs as in forward, so the bits are those forward had.
         let norm_out = match a.norm_out {
             Some(v) => v,
             None => {
-                gated_norm::gated_norm_forward(
+                exec::gated_norm_fwd(
                     &a.o,
                     &a.z,
                     n * hv,
                     dv,
-                    p.d("out_norm.weight"),
-                    self.out_norm_bias(),
-                    c.normalization,
+                    p.get("out_norm.weight"),
+                    p.opt("out_norm.bias"),
+                    kind,
                     eps,
                     zc,
                 )?
@@ -634,168 +782,147 @@ impl GatedDeltaNet {
             }
         };
         let (d_norm_out, d_wout) =
-            linear::linear_backward(&norm_out, n, vd, p.d("out_proj.weight"), h, dy)?;
+            exec::linear_bwd(&norm_out, n, vd, p.get("out_proj.weight"), h, dy)?;
         drop(norm_out);
-        grads.set("out_proj.weight", Tensor::from_vec(&[h, vd], d_wout)?);
-
+        set("out_proj.weight", &[h, vd], d_wout)?;
         prof.mark("bwd out_proj (+ norm_out rebuild)");
+
         // 7. Gated norm.
-        let (d_o, dz, d_onw, d_onb) = gated_norm::gated_norm_backward(
+        let (d_o, dz, d_onw, d_onb) = exec::gated_norm_bwd(
             &a.o,
             &a.z,
             n * hv,
             dv,
-            p.d("out_norm.weight"),
-            self.out_norm_bias(),
-            c.normalization,
+            p.get("out_norm.weight"),
+            p.opt("out_norm.bias"),
+            kind,
             zc,
             &a.o_stats,
             &d_norm_out,
         )?;
         drop(d_norm_out);
-        grads.set("out_norm.weight", Tensor::from_vec(&[dv], d_onw)?);
+        set("out_norm.weight", &[dv], d_onw)?;
         if let Some(b) = d_onb {
-            grads.set("out_norm.bias", Tensor::from_vec(&[dv], b)?);
+            set("out_norm.bias", &[dv], b)?;
         }
-
         prof.mark("bwd gated norm");
+
         // 6. The rule (its inputs kept, or rebuilt under gdn_prep), then 5. gates and 4. L2 norm.
         let r = match a.rule_in {
             Some(r) => r,
-            None => self.prep(&a.qkv_pre, &a.gate_in, seqs)?,
+            None => self.prep(&p, &a.qkv_pre, &a.gate_in, seqs)?,
         };
         let (s, o) = (self.rule_shape(), self.rule_opts());
         let gi = &a.gate_in;
         let (dq, dk_, dv_, d_gate_in, dh0) = match &r.gates {
             Gates::Gdn { g, beta } => {
-                let rg =
-                    gdr::backward(r.qn(), r.kn(), &r.v, g, beta, seqs, s, o, h0, &d_o, d_final)?;
-                let (dalpha, dbeta_raw, d_alog, d_dt) = gates::gates_backward(
+                let (dq, dkk, dvv, dg, dbeta, dh0) =
+                    exec::rule_bwd(r.qn(), r.kn(), &r.v, g, beta, seqs, s, o, h0, &d_o, d_final)?;
+                let (dalpha, dbeta_raw, d_alog, d_dt) = exec::gates_bwd(
                     &gi[1],
                     &gi[0],
                     n,
                     hv,
-                    p.d("A_log"),
-                    p.d("dt_bias"),
-                    &rg.dg,
-                    &rg.dbeta,
+                    p.get("A_log"),
+                    p.get("dt_bias"),
+                    &dg,
+                    &dbeta,
                 )?;
-                grads.set("A_log", Tensor::from_vec(&[hv], d_alog)?);
-                grads.set("dt_bias", Tensor::from_vec(&[hv], d_dt)?);
-                (rg.dq, rg.dk, rg.dv, vec![dbeta_raw, dalpha], rg.dh0)
+                set("A_log", &[hv], d_alog)?;
+                set("dt_bias", &[hv], d_dt)?;
+                (dq, dkk, dvv, vec![dbeta_raw, dalpha], dh0)
             }
             Gates::Gdn2 { g, b, w, b_key } => {
-                let rg = gdn2_rule::backward(
-                    r.qn(),
-                    r.kn(),
-                    &r.v,
-                    g,
-                    b,
-                    w,
-                    seqs,
-                    s,
-                    o,
-                    h0,
-                    &d_o,
-                    d_final,
-                )?;
+                let (dq, dkk, dvv, dg, db, dw, dh0) =
+                    exec::rule2_bwd(r.qn(), r.kn(), &r.v, g, b, w, seqs, s, o, h0, &d_o, d_final)?;
                 // The key-channel gates were repeated to the value heads: sum their gradients back.
-                let dg_key = sum_heads(&rg.dg, n, hk, hv, dk);
-                let db_key = sum_heads(&rg.db, n, hk, hv, dk);
-                let (df, d_alog, d_dt) = gates::gates2_backward(
-                    &gi[0],
-                    n,
-                    hk,
-                    dk,
-                    p.d("A_log"),
-                    p.d("dt_bias"),
-                    &dg_key,
-                )?;
-                grads.set("A_log", Tensor::from_vec(&[hk], d_alog)?);
-                grads.set("dt_bias", Tensor::from_vec(&[qk], d_dt)?);
-                let db_raw = gates::sigmoid_backward(b_key, &db_key);
-                let dw_raw = gates::sigmoid_backward(w, &rg.dw);
-                (rg.dq, rg.dk, rg.dv, vec![df, db_raw, dw_raw], rg.dh0)
+                let F32s::Host(dgv) = &dg else {
+                    return Err(GdnError::Device("GDN2 on a GPU".into()));
+                };
+                let dg_key = F32s::Host(sum_heads(dgv, n, hk, hv, dk));
+                let db_key = Act::Host(sum_heads(host_vec(&db, "GDN2")?, n, hk, hv, dk));
+                let (df, d_alog, d_dt) =
+                    exec::gates2_bwd(&gi[0], n, hk, dk, p.get("A_log"), p.get("dt_bias"), &dg_key)?;
+                set("A_log", &[hk], d_alog)?;
+                set("dt_bias", &[qk], d_dt)?;
+                let db_raw = exec::sigmoid_bwd(b_key, &db_key)?;
+                let dw_raw = exec::sigmoid_bwd(w, &dw)?;
+                (dq, dkk, dvv, vec![df, db_raw, dw_raw], dh0)
             }
         };
         let (dq, dk_) = match &r.qkn {
-            Some(_) => {
-                let qr = l2norm::l2norm_rstd(&r.q, n * hk, dk)?;
-                let kr = l2norm::l2norm_rstd(&r.k, n * hk, dk)?;
-                (
-                    l2norm::l2norm_backward(&r.q, n * hk, dk, &qr, &dq)?,
-                    l2norm::l2norm_backward(&r.k, n * hk, dk, &kr, &dk_)?,
-                )
-            }
+            Some(_) => (
+                exec::l2norm_bwd(&r.q, n * hk, dk, &dq)?,
+                exec::l2norm_bwd(&r.k, n * hk, dk, &dk_)?,
+            ),
             None => (dq, dk_),
         };
         drop(r);
-
         prof.mark("bwd rule (+ prep rebuild) + gates + l2norm");
+
         // 3. conv.
-        let mut dqkv = vec![0.0f32; n * cd];
-        put_cols(&mut dqkv, cd, 0, &dq, qk);
-        put_cols(&mut dqkv, cd, qk, &dk_, qk);
-        put_cols(&mut dqkv, cd, 2 * qk, &dv_, vd);
+        let dqkv = exec::concat_cols(n, cd, &[(0, qk, &dq), (qk, qk, &dk_), (2 * qk, vd, &dv_)])?;
+        drop((dq, dk_, dv_));
         let w = c.linear_conv_kernel_dim;
-        let (dqkv_pre, dcw, dcb) = conv1d::conv1d_silu_backward(
+        let (dqkv_pre, dcw, dcb) = exec::conv_bwd(
             &a.qkv_pre,
             cd,
-            p.d("conv1d.weight"),
+            p.get("conv1d.weight"),
             w,
             p.opt("conv1d.bias"),
             seqs,
             &dqkv,
         )?;
         drop(dqkv);
-        grads.set("conv1d.weight", Tensor::from_vec(&[cd, 1, w], dcw)?);
+        set("conv1d.weight", &[cd, 1, w], dcw)?;
         if let Some(b) = dcb {
-            grads.set("conv1d.bias", Tensor::from_vec(&[cd], b)?);
+            set("conv1d.bias", &[cd], b)?;
         }
-
         prof.mark("bwd conv");
+
         // 2. Un-split into d(in_proj output).
-        let mut dproj = vec![0.0f32; n * pd];
-        put_cols(&mut dproj, pd, 0, &dqkv_pre, cd);
-        put_cols(&mut dproj, pd, cd, &dz, vd);
+        let mut parts: Vec<(usize, usize, &Act)> = vec![(0, cd, &dqkv_pre), (cd, vd, &dz)];
         let mut off = cd + vd;
         for (d, w) in d_gate_in.iter().zip(self.gate_sections()) {
-            put_cols(&mut dproj, pd, off, d, w);
+            parts.push((off, w, d));
             off += w;
         }
-
+        let dproj = exec::concat_cols(n, pd, &parts)?;
+        drop(parts);
+        drop((dqkv_pre, dz, d_gate_in));
         prof.mark("bwd un-split");
+
         // 1. in_proj and its fused norm; the normalized input is rebuilt from x.
-        let (xn, _) = norm::norm_forward(
+        let (xn, _) = exec::norm_fwd(
             x,
             n,
             h,
-            p.d("in_proj.layer_norm_weight"),
-            self.in_norm_bias(),
-            c.normalization,
+            p.get("in_proj.layer_norm_weight"),
+            p.opt("in_proj.layer_norm_bias"),
+            kind,
             eps,
             zc,
         )?;
-        let (dxn, d_win) = linear::linear_backward(&xn, n, h, p.d("in_proj.weight"), pd, &dproj)?;
+        let (dxn, d_win) = exec::linear_bwd(&xn, n, h, p.get("in_proj.weight"), pd, &dproj)?;
         drop(xn);
         drop(dproj);
-        grads.set("in_proj.weight", Tensor::from_vec(&[pd, h], d_win)?);
-        let (dx, d_lnw, d_lnb) = norm::norm_backward(
+        set("in_proj.weight", &[pd, h], d_win)?;
+        let (dx, d_lnw, d_lnb) = exec::norm_bwd(
             x,
             n,
             h,
-            p.d("in_proj.layer_norm_weight"),
-            c.normalization,
+            p.get("in_proj.layer_norm_weight"),
+            kind,
             zc,
             &a.in_stats,
             &dxn,
         )?;
-        grads.set("in_proj.layer_norm_weight", Tensor::from_vec(&[h], d_lnw)?);
+        set("in_proj.layer_norm_weight", &[h], d_lnw)?;
         if c.normalization == Normalization::LayerNorm {
             let b = d_lnb.ok_or_else(|| {
                 GdnError::Invalid("LayerNorm backward returned no bias gradient".into())
             })?;
-            grads.set("in_proj.layer_norm_bias", Tensor::from_vec(&[h], b)?);
+            set("in_proj.layer_norm_bias", &[h], b)?;
         }
         prof.mark("bwd in_proj (GEMMs + norm)");
         prof.report();

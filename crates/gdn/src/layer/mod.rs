@@ -1,5 +1,6 @@
 //! The GDN layer: parameters, forward -> (y, Saved), backward.
 
+mod exec;
 pub(crate) mod gdn;
 pub mod params;
 #[doc(hidden)]

@@ -1,7 +1,7 @@
 //! `Saved`: exactly the tensors kept between forward and backward.
 
+use crate::layer::exec::{Act, F32s, Stats};
 use crate::layer::gdn::RuleInputs;
-use crate::ops::norm::NormStats;
 use crate::seqs::Seqs;
 
 /// What forward keeps for backward. Every buffer held is listed here, so `bytes()` is the
@@ -13,9 +13,9 @@ pub struct Saved {
     /// `[B, T, h]` or `[T, h]`: the shape `dx` gets.
     pub(crate) x_shape: Vec<usize>,
     /// Layer input `[n, h]` (in_proj's fused norm input).
-    pub(crate) x: Vec<f32>,
+    pub(crate) x: Act,
     /// Initial recurrent states `[N, Hv, Dk, Dv]`, when forward was given them.
-    pub(crate) h0: Option<Vec<f32>>,
+    pub(crate) h0: Option<F32s>,
     /// The rest; `None` under whole-layer recompute (`gdn` / `full`).
     pub(crate) acts: Option<Acts>,
 }
@@ -24,40 +24,37 @@ pub struct Saved {
 #[derive(Debug)]
 pub(crate) struct Acts {
     /// Statistics of the fused input norm (rstd, and mean for LayerNorm), `[n]` each.
-    pub in_stats: NormStats,
+    pub in_stats: Stats,
     /// in_proj output sections: conv input `[n, conv_dim]`, gate `z` `[n, v_dim]`, and the raw
     /// gate inputs (`beta`/`alpha` for GDN; `f`, `b`, `w` for GDN2).
-    pub qkv_pre: Vec<f32>,
-    pub z: Vec<f32>,
-    pub gate_in: Vec<Vec<f32>>,
+    pub qkv_pre: Act,
+    pub z: Act,
+    pub gate_in: Vec<Act>,
     /// The rule's inputs (conv outputs, normalized q/k when caller-side, gates); `None` under
     /// `gdn_prep`, which rebuilds them in backward.
     pub rule_in: Option<RuleInputs>,
     /// Output of the gated delta rule `[n, Hv, Dv]` and its norm statistics `[n*Hv]`.
-    pub o: Vec<f32>,
-    pub o_stats: NormStats,
+    pub o: Act,
+    pub o_stats: Stats,
     /// Input of `out_proj` `[n, v_dim]`; `None` under `gdn_norm_out`.
-    pub norm_out: Option<Vec<f32>>,
-}
-
-fn f32_bytes(v: &[f32]) -> usize {
-    std::mem::size_of_val(v)
+    pub norm_out: Option<Act>,
 }
 
 impl Saved {
-    /// Bytes held, exactly: the sum of the sizes of every buffer listed above (f32 values;
+    /// Bytes held, exactly: the sum of the sizes of every buffer listed above (f32 values, or bf16
+    /// activations on a GPU;
     /// shapes and the small `cu_seqlens` vector are metadata and not counted).
     pub fn bytes(&self) -> usize {
-        let mut b = f32_bytes(&self.x) + self.h0.as_deref().map_or(0, f32_bytes);
+        let mut b = self.x.bytes() + self.h0.as_ref().map_or(0, F32s::bytes);
         if let Some(a) = &self.acts {
             b += a.in_stats.bytes()
-                + f32_bytes(&a.qkv_pre)
-                + f32_bytes(&a.z)
-                + a.gate_in.iter().map(|v| f32_bytes(v)).sum::<usize>()
+                + a.qkv_pre.bytes()
+                + a.z.bytes()
+                + a.gate_in.iter().map(Act::bytes).sum::<usize>()
                 + a.rule_in.as_ref().map_or(0, RuleInputs::bytes)
-                + f32_bytes(&a.o)
+                + a.o.bytes()
                 + a.o_stats.bytes()
-                + a.norm_out.as_deref().map_or(0, f32_bytes);
+                + a.norm_out.as_ref().map_or(0, Act::bytes);
         }
         b
     }

@@ -14,6 +14,7 @@
 //! `seqs.used()` (padding) get zero output and zero gradient.
 
 pub(crate) mod cpu;
+pub mod cuda;
 #[doc(hidden)]
 pub mod reference;
 #[cfg(test)]

@@ -1,0 +1,774 @@
+//! CUDA chunked gated delta rule, forward and backward (kernels in `gated_delta_rule.cu`).
+//!
+//! Same semantics and layouts as the CPU op (`super::forward` / `super::backward`): token-major
+//! packed `[tokens, H, D]`, sequences from `Seqs`, padding rows (at or after `seqs.used()`) get
+//! zero output and zero gradients, GVA (value head `j` reads key head `j / (Hv/Hk)`), optional
+//! in-kernel L2 norm of q and k, initial / final states `[N, Hv, Dk, Dv]` fp32.
+//!
+//! Storage: q, k, v, beta (and d_o) are all f32 or all bf16; `g` is f32. Every accumulation is
+//! fp32 and so is every workspace (chunk-start states, T, W, U, D). No atomics: each output element
+//! is written by one thread, each reduction has a fixed order, so two runs give the same bits.
+//! The dq / dk sums over a GVA group go through per-value-head fp32 partials reduced in head order.
+//!
+//! Pipeline (see the .cu file's header): forward = [l2norm] prep, scan, output; backward =
+//! [l2norm] prep, scan (recomputes the chunk-start states), dD_loc, reverse scan, per-chunk
+//! gradients, GVA reduction (through the l2norm).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::{CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+
+use super::{RuleOpts, RuleShape, CHUNK};
+use crate::device::cuda::{DBuf, DType, GBuf, Gpu};
+use crate::error::{GdnError, Result};
+use crate::seqs::Seqs;
+
+const MODULE: &str = "gated_delta_rule";
+const THREADS: u32 = 256;
+/// Rows (one warp each) per block of the row kernels (l2norm, GVA reduction).
+const ROWS_PER_BLOCK: usize = (THREADS / 32) as usize;
+/// Largest `Dk` / `Dv` the kernels support (they need multiples of 16).
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// Gradients from [`backward_cuda`]: dq, dk `[tokens, Hk, Dk]`, dv `[tokens, Hv, Dv]` and dbeta
+/// `[tokens, Hv]` in the inputs' storage type; dg `[tokens, Hv]` and dh0 `[N, Hv, Dk, Dv]` fp32.
+pub struct CudaRuleGrads {
+    pub dq: DBuf,
+    pub dk: DBuf,
+    pub dv: DBuf,
+    pub dg: GBuf<f32>,
+    pub dbeta: DBuf,
+    /// Gradient of the initial states, when they were given.
+    pub dh0: Option<GBuf<f32>>,
+}
+
+/// One kernel argument.
+enum Arg {
+    Ptr(u64),
+    I32(i32),
+    I64(i64),
+    F32(f32),
+}
+
+fn ptr<T: DeviceRepr>(b: &GBuf<T>, s: &Arc<CudaStream>) -> Arg {
+    let (p, _sync) = b.slice.device_ptr(s);
+    Arg::Ptr(p)
+}
+
+fn dptr(b: &DBuf, s: &Arc<CudaStream>) -> Arg {
+    match b {
+        DBuf::F32(x) => ptr(x, s),
+        DBuf::Bf16(x) => ptr(x, s),
+    }
+}
+
+fn optr(b: Option<&GBuf<f32>>, s: &Arc<CudaStream>) -> Arg {
+    b.map_or(Arg::Ptr(0), |b| ptr(b, s))
+}
+
+fn i32_arg(x: usize) -> Arg {
+    Arg::I32(x as i32)
+}
+
+fn dev_err(what: &str, e: impl std::fmt::Debug) -> GdnError {
+    GdnError::Device(format!("gated delta rule: {what}: {e:?}"))
+}
+
+/// Launch `name_<dtype>` on a flat grid of `blocks` blocks of 256 threads.
+fn launch(gpu: &Gpu, name: &str, blocks: usize, smem_bytes: usize, args: &[Arg]) -> Result<()> {
+    if blocks == 0 {
+        return Ok(());
+    }
+    if blocks > i32::MAX as usize {
+        return Err(GdnError::Invalid(format!(
+            "gated delta rule: {name} needs {blocks} blocks, more than a grid holds"
+        )));
+    }
+    let f = gpu.function(MODULE, name)?;
+    if smem_bytes > 48 * 1024 {
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem_bytes as i32,
+        )
+        .map_err(|e| dev_err(&format!("shared memory of {name} ({smem_bytes} bytes)"), e))?;
+    }
+    let mut b = gpu.stream().launch_builder(&f);
+    for a in args {
+        match a {
+            Arg::Ptr(p) => b.arg(p),
+            Arg::I32(x) => b.arg(x),
+            Arg::I64(x) => b.arg(x),
+            Arg::F32(x) => b.arg(x),
+        };
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: smem_bytes as u32,
+    };
+    let profiling = PROFILING.load(Ordering::Relaxed);
+    let ev = |st: &Arc<CudaStream>| {
+        st.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| dev_err("recording an event", e))
+    };
+    let t0 = if profiling {
+        Some(ev(gpu.stream())?)
+    } else {
+        None
+    };
+    // SAFETY: argument lists match the kernels' signatures in gated_delta_rule.cu; every buffer
+    // is sized by the callers below for the indices the kernels touch.
+    unsafe { b.launch(cfg) }.map_err(|e| dev_err(&format!("launching {name}"), e))?;
+    if let Some(t0) = t0 {
+        let t1 = ev(gpu.stream())?;
+        let ms = t0
+            .elapsed_ms(&t1)
+            .map_err(|e| dev_err("timing a kernel", e))? as f64;
+        let mut p = PROFILE
+            .lock()
+            .map_err(|_| GdnError::Device("profile poisoned".into()))?;
+        match p.iter_mut().find(|(n, _, _)| n == name) {
+            Some(e) => {
+                e.1 += ms;
+                e.2 += 1;
+            }
+            None => p.push((name.to_string(), ms, 1)),
+        }
+    }
+    Ok(())
+}
+
+static PROFILING: AtomicBool = AtomicBool::new(false);
+static PROFILE: Mutex<Vec<(String, f64, usize)>> = Mutex::new(Vec::new());
+
+/// Benchmarks only: time every kernel launch of this module with events (synchronizing after
+/// each), from now until [`profile_take`].
+#[doc(hidden)]
+pub fn profile_start() {
+    if let Ok(mut p) = PROFILE.lock() {
+        p.clear();
+    }
+    PROFILING.store(true, Ordering::Relaxed);
+}
+
+/// Stops profiling; returns (kernel, total ms, launches) in first-launch order.
+#[doc(hidden)]
+pub fn profile_take() -> Vec<(String, f64, usize)> {
+    PROFILING.store(false, Ordering::Relaxed);
+    PROFILE
+        .lock()
+        .map(|mut p| std::mem::take(&mut *p))
+        .unwrap_or_default()
+}
+
+fn sfx(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "f32",
+        DType::Bf16 => "bf16",
+    }
+}
+
+/// Suffix of the chunk kernels: the storage type, and for bf16 with the in-kernel norm "bf16n"
+/// (the normalized q, k are kept in fp32, see `normalized`).
+fn chunk_sfx(d: DType, opts: RuleOpts) -> &'static str {
+    match (d, opts.l2norm_in_kernel) {
+        (DType::Bf16, true) => "bf16n",
+        _ => sfx(d),
+    }
+}
+
+/// Chunk tables: first token and length of every chunk (chunks never straddle sequences), and
+/// the first chunk of every sequence.
+struct Chunks {
+    count: usize,
+    t0: GBuf<i64>,
+    len: GBuf<i32>,
+    seq: GBuf<i64>,
+}
+
+impl Chunks {
+    fn new(gpu: &Arc<Gpu>, seqs: &Seqs) -> Result<Chunks> {
+        let mut t0 = Vec::new();
+        let mut len = Vec::new();
+        let mut seq = vec![0i64];
+        for n in 0..seqs.count() {
+            let r = seqs.range(n);
+            let mut c0 = r.start;
+            while c0 < r.end {
+                t0.push(c0 as i64);
+                len.push(CHUNK.min(r.end - c0) as i32);
+                c0 += CHUNK;
+            }
+            seq.push(t0.len() as i64);
+        }
+        let count = t0.len();
+        // Never allocate zero bytes.
+        t0.resize(count.max(1), 0);
+        len.resize(count.max(1), 0);
+        Ok(Chunks {
+            count,
+            t0: gpu.upload(&t0)?,
+            len: gpu.upload(&len)?,
+            seq: gpu.upload(&seq)?,
+        })
+    }
+}
+
+static POISON: AtomicBool = AtomicBool::new(false);
+
+/// Tests only: fill every output and workspace this module allocates with NaN (all bits set)
+/// before the kernels run, so an element a kernel fails to write (or a workspace element read
+/// before it is written) shows up as NaN.
+#[doc(hidden)]
+pub fn set_poison(on: bool) {
+    POISON.store(on, Ordering::Relaxed);
+}
+
+fn poison<T: DeviceRepr>(b: &GBuf<T>) -> Result<()> {
+    if !POISON.load(Ordering::Relaxed) || b.is_empty() {
+        return Ok(());
+    }
+    let st = b.gpu().stream();
+    let (p, _sync) = b.slice.device_ptr(st);
+    // SAFETY: writes exactly the buffer's bytes, on the stream that orders all its uses.
+    unsafe { cudarc::driver::result::memset_d8_async(p, 0xff, b.bytes(), st.cu_stream()) }
+        .map_err(|e| dev_err("poisoning a buffer", e))
+}
+
+/// An uninitialized f32 buffer of `n` elements (poisoned in tests).
+fn out_f32(gpu: &Arc<Gpu>, n: usize) -> Result<GBuf<f32>> {
+    let b = gpu.uninit::<f32>(n)?;
+    poison(&b)?;
+    Ok(b)
+}
+
+/// An uninitialized buffer of `n` elements of `dt` (poisoned in tests).
+fn out_d(gpu: &Arc<Gpu>, n: usize, dt: DType) -> Result<DBuf> {
+    let b = DBuf::uninit(gpu, n, dt)?;
+    match &b {
+        DBuf::F32(x) => poison(x)?,
+        DBuf::Bf16(x) => poison(x)?,
+    }
+    Ok(b)
+}
+
+/// A workspace of `n` fp32 elements (at least one: no zero-byte allocations).
+fn ws(gpu: &Arc<Gpu>, n: usize) -> Result<GBuf<f32>> {
+    out_f32(gpu, n.max(1))
+}
+
+/// Input checks shared by forward and backward; returns the storage type.
+#[allow(clippy::too_many_arguments)]
+fn check(
+    gpu: &Arc<Gpu>,
+    q: &DBuf,
+    k: &DBuf,
+    v: &DBuf,
+    g: &GBuf<f32>,
+    beta: &DBuf,
+    seqs: &Seqs,
+    s: RuleShape,
+    h0: Option<&GBuf<f32>>,
+) -> Result<DType> {
+    if s.hk == 0 || s.hv == 0 || s.dk == 0 || s.dv == 0 {
+        return Err(GdnError::Invalid(format!(
+            "gated delta rule: zero dimension in {s:?}"
+        )));
+    }
+    if !s.hv.is_multiple_of(s.hk) {
+        return Err(GdnError::Invalid(format!(
+            "gated delta rule: value heads ({}) must be a multiple of key heads ({})",
+            s.hv, s.hk
+        )));
+    }
+    for (name, d) in [("Dk", s.dk), ("Dv", s.dv)] {
+        if !d.is_multiple_of(16) || d > MAX_HEAD_DIM {
+            return Err(GdnError::Invalid(format!(
+                "gated delta rule (CUDA): {name} = {d} is not supported; expected a multiple of 16 \
+                 up to {MAX_HEAD_DIM}"
+            )));
+        }
+    }
+    let dt = q.dtype();
+    for (name, b) in [("k", k), ("v", v), ("beta", beta)] {
+        if b.dtype() != dt {
+            return Err(GdnError::Invalid(format!(
+                "gated delta rule (CUDA): {name} is {:?} but q is {dt:?}; q, k, v and beta must \
+                 share one storage type",
+                b.dtype()
+            )));
+        }
+    }
+    let n = seqs.tokens();
+    let lens = [
+        ("q", q.len(), n * s.hk * s.dk),
+        ("k", k.len(), n * s.hk * s.dk),
+        ("v", v.len(), n * s.hv * s.dv),
+        ("g", g.len(), n * s.hv),
+        ("beta", beta.len(), n * s.hv),
+    ];
+    for (name, got, want) in lens {
+        if got != want {
+            return Err(GdnError::Invalid(format!(
+                "{name}: expected {want} values, got {got}"
+            )));
+        }
+    }
+    if let Some(h) = h0 {
+        let want = seqs.count() * s.hv * s.dk * s.dv;
+        if h.len() != want {
+            return Err(GdnError::Invalid(format!(
+                "initial_state: expected {want} values, got {}",
+                h.len()
+            )));
+        }
+    }
+    let same = [q.gpu(), k.gpu(), v.gpu(), g.gpu(), beta.gpu()]
+        .into_iter()
+        .chain(h0.map(|h| h.gpu()))
+        .all(|x| Arc::ptr_eq(x, gpu));
+    if !same {
+        return Err(GdnError::Invalid(
+            "gated delta rule (CUDA): every input must live on the GPU the op runs on".into(),
+        ));
+    }
+    if n == 0 {
+        return Err(GdnError::Invalid(
+            "gated delta rule (CUDA): the input holds no tokens".into(),
+        ));
+    }
+    Ok(dt)
+}
+
+/// V-tile width of the scans: 32 columns, or 16 when that leaves too few blocks to fill the GPU
+/// (the scans are sequential over chunks, so their parallelism is N * Hv * Dv / BV blocks).
+fn scan_bv(gpu: &Gpu, n_seq: usize, s: RuleShape) -> usize {
+    if !s.dv.is_multiple_of(32) {
+        return 16;
+    }
+    let sms = gpu
+        .stream()
+        .context()
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .unwrap_or(132)
+        .max(1) as usize;
+    if n_seq * s.hv * (s.dv / 32) < 2 * sms {
+        16
+    } else {
+        32
+    }
+}
+
+/// l2-normalized copies of q and k when the norm is in the kernel, in fp32 whatever the storage
+/// type (rounding them to bf16 would add an error the op does not need: FLA does round them).
+fn normalized(gpu: &Arc<Gpu>, q: &DBuf, k: &DBuf, s: RuleShape, dt: DType) -> Result<(DBuf, DBuf)> {
+    let st = gpu.stream();
+    let qn = DBuf::F32(out_f32(gpu, q.len())?);
+    let kn = DBuf::F32(out_f32(gpu, k.len())?);
+    let rows = q.len() / s.dk;
+    let name = format!("gdr_l2norm_{}", sfx(dt));
+    for (x, y) in [(q, &qn), (k, &kn)] {
+        launch(
+            gpu,
+            &name,
+            rows.div_ceil(ROWS_PER_BLOCK),
+            0,
+            &[
+                dptr(x, st),
+                dptr(y, st),
+                Arg::I64(rows as i64),
+                i32_arg(s.dk),
+            ],
+        )?;
+    }
+    Ok((qn, kn))
+}
+
+/// Per-chunk workspaces of the forward pass.
+struct Prep {
+    gam: GBuf<f32>,
+    t: Option<GBuf<f32>>,
+    w: GBuf<f32>,
+    u: GBuf<f32>,
+}
+
+const C: usize = CHUNK;
+/// Floats of shared memory of the block GEMM staging and of one padded 64x64 matrix.
+const STAGE_F: usize = 2 * 32 * 65;
+const MAT_F: usize = 64 * 65;
+
+#[allow(clippy::too_many_arguments)]
+fn prep(
+    gpu: &Arc<Gpu>,
+    ks: &str,
+    k: &DBuf,
+    v: &DBuf,
+    g: &GBuf<f32>,
+    beta: &DBuf,
+    ch: &Chunks,
+    s: RuleShape,
+    keep_t: bool,
+) -> Result<Prep> {
+    let st = gpu.stream();
+    let chh = ch.count * s.hv;
+    let p = Prep {
+        gam: ws(gpu, chh * C)?,
+        t: if keep_t {
+            Some(ws(gpu, chh * C * C)?)
+        } else {
+            None
+        },
+        w: ws(gpu, chh * C * s.dk)?,
+        u: ws(gpu, chh * C * s.dv)?,
+    };
+    let smem = (STAGE_F + 2 * MAT_F + 3 * C) * 4;
+    launch(
+        gpu,
+        &format!("gdr_prep_{ks}"),
+        chh,
+        smem,
+        &[
+            dptr(k, st),
+            dptr(v, st),
+            ptr(g, st),
+            dptr(beta, st),
+            ptr(&ch.t0, st),
+            ptr(&ch.len, st),
+            i32_arg(s.hk),
+            i32_arg(s.hv),
+            i32_arg(s.dk),
+            i32_arg(s.dv),
+            ptr(&p.gam, st),
+            optr(p.t.as_ref(), st),
+            ptr(&p.w, st),
+            ptr(&p.u, st),
+        ],
+    )?;
+    Ok(p)
+}
+
+/// Forward scan: chunk-start states `h` and `D = U - W S` per chunk; final states if `fin`.
+#[allow(clippy::too_many_arguments)]
+fn scan_fwd(
+    gpu: &Arc<Gpu>,
+    ks: &str,
+    k: &DBuf,
+    p: &Prep,
+    ch: &Chunks,
+    seqs: &Seqs,
+    s: RuleShape,
+    h0: Option<&GBuf<f32>>,
+    fin: Option<&GBuf<f32>>,
+) -> Result<(GBuf<f32>, GBuf<f32>)> {
+    let st = gpu.stream();
+    let chh = ch.count * s.hv;
+    let h = ws(gpu, chh * s.dk * s.dv)?;
+    let d = ws(gpu, chh * C * s.dv)?;
+    let bv = scan_bv(gpu, seqs.count(), s);
+    let smem = (s.dk * bv + 2 * C * (s.dk + 1) + C * bv + 2 * C) * 4;
+    launch(
+        gpu,
+        &format!("gdr_scan_fwd{bv}_{ks}"),
+        seqs.count() * s.hv * (s.dv / bv),
+        smem,
+        &[
+            dptr(k, st),
+            ptr(&p.gam, st),
+            ptr(&p.w, st),
+            ptr(&p.u, st),
+            ptr(&ch.seq, st),
+            ptr(&ch.t0, st),
+            ptr(&ch.len, st),
+            i32_arg(s.hk),
+            i32_arg(s.hv),
+            i32_arg(s.dk),
+            i32_arg(s.dv),
+            optr(h0, st),
+            ptr(&h, st),
+            ptr(&d, st),
+            optr(fin, st),
+        ],
+    )?;
+    Ok((h, d))
+}
+
+/// Zero rows `[used, tokens)` of a `[tokens, width]` buffer.
+fn zero_tail(gpu: &Arc<Gpu>, b: &mut DBuf, used: usize, tokens: usize, width: usize) -> Result<()> {
+    if used == tokens {
+        return Ok(());
+    }
+    let st = gpu.stream();
+    let r = used * width..tokens * width;
+    match b {
+        DBuf::F32(x) => st.memset_zeros(&mut x.slice.slice_mut(r)),
+        DBuf::Bf16(x) => st.memset_zeros(&mut x.slice.slice_mut(r)),
+    }
+    .map_err(|e| dev_err("zeroing padding rows", e))
+}
+
+/// Forward on the GPU. Returns `o` `[tokens, Hv, Dv]` (storage type of q) and, if
+/// `output_final_state`, the final states `[N, Hv, Dk, Dv]` fp32.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_cuda(
+    gpu: &Arc<Gpu>,
+    q: &DBuf,
+    k: &DBuf,
+    v: &DBuf,
+    g: &GBuf<f32>,
+    beta: &DBuf,
+    seqs: &Seqs,
+    shape: RuleShape,
+    opts: RuleOpts,
+    initial_state: Option<&GBuf<f32>>,
+    output_final_state: bool,
+) -> Result<(DBuf, Option<GBuf<f32>>)> {
+    let s = shape;
+    let dt = check(gpu, q, k, v, g, beta, seqs, s, initial_state)?;
+    let st = gpu.stream();
+    let ch = Chunks::new(gpu, seqs)?;
+    let norm = if opts.l2norm_in_kernel {
+        Some(normalized(gpu, q, k, s, dt)?)
+    } else {
+        None
+    };
+    let (qq, kk) = norm.as_ref().map_or((q, k), |(a, b)| (a, b));
+    let ks = chunk_sfx(dt, opts);
+    let p = prep(gpu, ks, kk, v, g, beta, &ch, s, false)?;
+    let fin = if output_final_state {
+        Some(out_f32(gpu, seqs.count() * s.hv * s.dk * s.dv)?)
+    } else {
+        None
+    };
+    let (h, d) = scan_fwd(gpu, ks, kk, &p, &ch, seqs, s, initial_state, fin.as_ref())?;
+    let mut o = out_d(gpu, seqs.tokens() * s.hv * s.dv, dt)?;
+    let smem = (STAGE_F + MAT_F + 2 * C) * 4;
+    launch(
+        gpu,
+        &format!("gdr_output_{ks}"),
+        ch.count * s.hv,
+        smem,
+        &[
+            dptr(qq, st),
+            dptr(kk, st),
+            ptr(&p.gam, st),
+            ptr(&h, st),
+            ptr(&d, st),
+            ptr(&ch.t0, st),
+            ptr(&ch.len, st),
+            i32_arg(s.hk),
+            i32_arg(s.hv),
+            i32_arg(s.dk),
+            i32_arg(s.dv),
+            Arg::F32(opts.scale),
+            dptr(&o, st),
+        ],
+    )?;
+    zero_tail(gpu, &mut o, seqs.used(), seqs.tokens(), s.hv * s.dv)?;
+    Ok((o, fin))
+}
+
+/// Backward on the GPU from `d_o` `[tokens, Hv, Dv]` (storage type of q) and optionally the
+/// gradient of the final states (fp32). Recomputes everything it needs from the inputs.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_cuda(
+    gpu: &Arc<Gpu>,
+    q: &DBuf,
+    k: &DBuf,
+    v: &DBuf,
+    g: &GBuf<f32>,
+    beta: &DBuf,
+    seqs: &Seqs,
+    shape: RuleShape,
+    opts: RuleOpts,
+    initial_state: Option<&GBuf<f32>>,
+    d_o: &DBuf,
+    d_final_state: Option<&GBuf<f32>>,
+) -> Result<CudaRuleGrads> {
+    let s = shape;
+    let dt = check(gpu, q, k, v, g, beta, seqs, s, initial_state)?;
+    let (tokens, n_seq) = (seqs.tokens(), seqs.count());
+    if d_o.dtype() != dt {
+        return Err(GdnError::Invalid(format!(
+            "gated delta rule (CUDA): d_o is {:?} but q is {dt:?}",
+            d_o.dtype()
+        )));
+    }
+    if d_o.len() != tokens * s.hv * s.dv {
+        return Err(GdnError::Invalid(format!(
+            "d_o: expected {} values, got {}",
+            tokens * s.hv * s.dv,
+            d_o.len()
+        )));
+    }
+    if let Some(d) = d_final_state {
+        let want = n_seq * s.hv * s.dk * s.dv;
+        if d.len() != want {
+            return Err(GdnError::Invalid(format!(
+                "d_final_state: expected {want} values, got {}",
+                d.len()
+            )));
+        }
+    }
+    if !Arc::ptr_eq(d_o.gpu(), gpu) || d_final_state.is_some_and(|d| !Arc::ptr_eq(d.gpu(), gpu)) {
+        return Err(GdnError::Invalid(
+            "gated delta rule (CUDA): every input must live on the GPU the op runs on".into(),
+        ));
+    }
+    let st = gpu.stream();
+    let sf = sfx(dt);
+    let ch = Chunks::new(gpu, seqs)?;
+    let chh = ch.count * s.hv;
+    let norm = if opts.l2norm_in_kernel {
+        Some(normalized(gpu, q, k, s, dt)?)
+    } else {
+        None
+    };
+    let (qq, kk) = norm.as_ref().map_or((q, k), |(a, b)| (a, b));
+    let ks = chunk_sfx(dt, opts);
+    let p = prep(gpu, ks, kk, v, g, beta, &ch, s, true)?;
+    let (h, d) = scan_fwd(gpu, ks, kk, &p, &ch, seqs, s, initial_state, None)?;
+
+    // dD_loc = scale A^T dO.
+    let dd = ws(gpu, chh * C * s.dv)?;
+    let smem_a = (STAGE_F + MAT_F + 2 * C) * 4;
+    launch(
+        gpu,
+        &format!("gdr_dd_local_{ks}"),
+        chh,
+        smem_a,
+        &[
+            dptr(qq, st),
+            dptr(kk, st),
+            dptr(d_o, st),
+            ptr(&p.gam, st),
+            ptr(&ch.t0, st),
+            ptr(&ch.len, st),
+            i32_arg(s.hk),
+            i32_arg(s.hv),
+            i32_arg(s.dk),
+            i32_arg(s.dv),
+            Arg::F32(opts.scale),
+            ptr(&dd, st),
+        ],
+    )?;
+
+    // Reverse scan: dh[c], dD, dh0.
+    let dh = ws(gpu, chh * s.dk * s.dv)?;
+    let dh0 = match initial_state {
+        Some(_) => Some(out_f32(gpu, n_seq * s.hv * s.dk * s.dv)?),
+        None => None,
+    };
+    let bv = scan_bv(gpu, n_seq, s);
+    let smem_s = (s.dk * bv + 2 * C * (s.dk + 1) + 2 * C * bv + 3 * C) * 4;
+    launch(
+        gpu,
+        &format!("gdr_scan_bwd{bv}_{ks}"),
+        n_seq * s.hv * (s.dv / bv),
+        smem_s,
+        &[
+            dptr(qq, st),
+            dptr(kk, st),
+            dptr(d_o, st),
+            ptr(&p.gam, st),
+            ptr(&p.w, st),
+            ptr(&ch.seq, st),
+            ptr(&ch.t0, st),
+            ptr(&ch.len, st),
+            i32_arg(s.hk),
+            i32_arg(s.hv),
+            i32_arg(s.dk),
+            i32_arg(s.dv),
+            Arg::F32(opts.scale),
+            optr(d_final_state, st),
+            ptr(&dh, st),
+            ptr(&dd, st),
+            optr(dh0.as_ref(), st),
+        ],
+    )?;
+
+    // Per-chunk gradients (W's workspace becomes dW, U's becomes dVb).
+    let dkb = ws(gpu, chh * C * s.dk)?;
+    let dq_part = ws(gpu, tokens * s.hv * s.dk)?;
+    let dk_part = ws(gpu, tokens * s.hv * s.dk)?;
+    let mut dv = out_d(gpu, tokens * s.hv * s.dv, dt)?;
+    let dg = out_f32(gpu, tokens * s.hv)?;
+    let mut dbeta = out_d(gpu, tokens * s.hv, dt)?;
+    let smem_g = (STAGE_F + 5 * MAT_F + 8 * C) * 4;
+    launch(
+        gpu,
+        &format!("gdr_grad_{ks}"),
+        chh,
+        smem_g,
+        &[
+            dptr(qq, st),
+            dptr(kk, st),
+            dptr(v, st),
+            dptr(beta, st),
+            dptr(d_o, st),
+            ptr(&p.gam, st),
+            optr(p.t.as_ref(), st),
+            ptr(&h, st),
+            ptr(&dh, st),
+            ptr(&d, st),
+            ptr(&dd, st),
+            ptr(&p.w, st),
+            ptr(&p.u, st),
+            ptr(&dkb, st),
+            ptr(&ch.t0, st),
+            ptr(&ch.len, st),
+            i32_arg(s.hk),
+            i32_arg(s.hv),
+            i32_arg(s.dk),
+            i32_arg(s.dv),
+            Arg::F32(opts.scale),
+            ptr(&dq_part, st),
+            ptr(&dk_part, st),
+            dptr(&dv, st),
+            ptr(&dg, st),
+            dptr(&dbeta, st),
+        ],
+    )?;
+    drop((p, h, d, dd, dh, dkb));
+
+    // dq, dk: fixed-order sums over the GVA group, through the l2 norm.
+    let dq = out_d(gpu, tokens * s.hk * s.dk, dt)?;
+    let dk = out_d(gpu, tokens * s.hk * s.dk, dt)?;
+    launch(
+        gpu,
+        &format!("gdr_reduce_qk_{sf}"),
+        (tokens * s.hk).div_ceil(ROWS_PER_BLOCK),
+        0,
+        &[
+            dptr(q, st),
+            dptr(k, st),
+            ptr(&dq_part, st),
+            ptr(&dk_part, st),
+            Arg::I64(tokens as i64),
+            Arg::I64(seqs.used() as i64),
+            i32_arg(s.hk),
+            i32_arg(s.hv),
+            i32_arg(s.dk),
+            Arg::I32(opts.l2norm_in_kernel as i32),
+            dptr(&dq, st),
+            dptr(&dk, st),
+        ],
+    )?;
+    let used = seqs.used();
+    zero_tail(gpu, &mut dv, used, tokens, s.hv * s.dv)?;
+    zero_tail(gpu, &mut dbeta, used, tokens, s.hv)?;
+    let mut dg = DBuf::F32(dg);
+    zero_tail(gpu, &mut dg, used, tokens, s.hv)?;
+    let DBuf::F32(dg) = dg else {
+        unreachable!("dg is f32")
+    };
+    Ok(CudaRuleGrads {
+        dq,
+        dk,
+        dv,
+        dg,
+        dbeta,
+        dh0,
+    })
+}

@@ -1,0 +1,1012 @@
+// The chunked gated delta rule (GDN), forward and backward, fp32 math on CUDA cores.
+//
+// Same algorithm and notation as cpu.rs (chunk C = 64 rows, `gam` = cumsum of g inside the
+// chunk, Gamma_ij = exp(gam_i - gam_j), `l` = valid rows of the chunk, L = l - 1):
+//
+//   M  = strict_lower(diag(beta) K K^T * Gamma),  T = (I + M)^-1
+//   U  = T diag(beta) V,  W = T diag(beta e^gam) K,   D = U - W S0
+//   O  = scale (diag(e^gam) Q S0 + lower_incl(Q K^T * Gamma) D)
+//   S1 = e^gam_L S0 + (diag(e^(gam_L - gam)) K)^T D
+//
+// Kernels (all launches 256 threads; grids are flat over x so no axis limit is hit):
+//   gdr_l2norm     rows of q / k normalized in the kernel (x * rsqrt(sum x^2 + 1e-6)), kept fp32
+//   gdr_prep       per (chunk, value head): gam, M, T (forward substitution), W, U
+//   gdr_scan_fwd   per (sequence, value head, V tile): walks the chunks, D = U - W S, stores the
+//                  chunk-start states h[c] and D, updates S; final state
+//   gdr_output     per (chunk, value head): O
+//   gdr_dd_local   per (chunk, value head): dD = scale A^T dO (the intra-chunk part)
+//   gdr_scan_bwd   per (sequence, value head, V tile), chunks in reverse: dh[c] (gradient of the
+//                  chunk's end state), dD += Kd dS, dS <- e^gam_L dS + scale Qg^T dO - W^T dD; dh0
+//   gdr_grad       per (chunk, value head): every other gradient, following cpu.rs chunk_backward;
+//                  dq, dk as per-value-head fp32 partials
+//   gdr_reduce_qk  sums the partials over the GVA group in a fixed order, through the l2 norm,
+//                  writes dq, dk (zero on padding rows)
+//
+// No atomics: every output element is written by one thread, every reduction has a fixed order,
+// so results are bitwise reproducible. Offsets are 64-bit.
+
+#define GDR_C 64
+#define GDR_NT 256
+// Staging tiles of the block GEMM: KT reduction rows of 64 (+1 pad) floats, for A and B.
+#define GDR_KT 32
+#define GDR_LD 65
+#define GDR_STAGE (2 * GDR_KT * GDR_LD)
+#define GDR_MAT (GDR_C * GDR_LD)
+
+typedef long long i64;
+
+extern __shared__ __align__(16) float gdr_smem[];
+
+// ---------------------------------------------------------------------------------------------
+// Block GEMM on one 64x64 output tile: acc[m][n] (row ty + 16 m, column tx + 16 n) +=
+// sum_k fa(row, k) * fb(k, col) for k < kdim. fa / fb return the operands (masking is theirs).
+// AKF / BKF: whether k is the fastest-varying index of the operand in memory (coalescing).
+
+__device__ __forceinline__ void tile_zero(float (&acc)[4][4]) {
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+        for (int n = 0; n < 4; ++n) acc[m][n] = 0.f;
+}
+
+template <bool AKF, bool BKF, class FA, class FB>
+__device__ __forceinline__ void tile_mma(float (&acc)[4][4], int kdim, FA fa, FB fb, float* stage) {
+    float* sa = stage;
+    float* sb = stage + GDR_KT * GDR_LD;
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    for (int k0 = 0; k0 < kdim; k0 += GDR_KT) {
+#pragma unroll
+        for (int r = 0; r < (GDR_KT * GDR_C) / GDR_NT; ++r) {
+            int e = tid + r * GDR_NT;
+            int i, k;
+            if (AKF) { k = e % GDR_KT; i = e / GDR_KT; } else { i = e & 63; k = e >> 6; }
+            sa[k * GDR_LD + i] = (k0 + k < kdim) ? fa(i, k0 + k) : 0.f;
+            int j, kb;
+            if (BKF) { kb = e % GDR_KT; j = e / GDR_KT; } else { j = e & 63; kb = e >> 6; }
+            sb[kb * GDR_LD + j] = (k0 + kb < kdim) ? fb(k0 + kb, j) : 0.f;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int k = 0; k < GDR_KT; ++k) {
+            float a[4], b[4];
+#pragma unroll
+            for (int m = 0; m < 4; ++m) a[m] = sa[k * GDR_LD + ty + 16 * m];
+#pragma unroll
+            for (int n = 0; n < 4; ++n) b[n] = sb[k * GDR_LD + tx + 16 * n];
+#pragma unroll
+            for (int m = 0; m < 4; ++m)
+#pragma unroll
+                for (int n = 0; n < 4; ++n) acc[m][n] = fmaf(a[m], b[n], acc[m][n]);
+        }
+        __syncthreads();
+    }
+}
+
+template <class F>
+__device__ __forceinline__ void tile_epi(const float (&acc)[4][4], F f) {
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+        for (int n = 0; n < 4; ++n) f(ty + 16 * m, tx + 16 * n, acc[m][n]);
+}
+
+// Sum over a warp's lanes of f(x) for x = lane, lane + 32, ... < n (fixed order).
+template <class F>
+__device__ __forceinline__ float warp_row_dot(int n, F f) {
+    const int lane = threadIdx.x & 31;
+    float s = 0.f;
+    for (int x = lane; x < n; x += 32) s += f(x);
+    return warp_sum(s);
+}
+
+// Chunk geometry shared by the chunk-parallel kernels.
+struct ChunkGeo {
+    i64 c;   // global chunk id
+    int hv;  // value head
+    int kh;  // key head
+    i64 t0;  // first token
+    int l;   // valid rows
+};
+
+__device__ __forceinline__ ChunkGeo chunk_geo(const i64* ch_t0, const int* ch_len, int hv_n, int ratio) {
+    ChunkGeo g;
+    i64 b = blockIdx.x;
+    g.hv = (int)(b % hv_n);
+    g.c = b / hv_n;
+    g.kh = g.hv / ratio;
+    g.t0 = ch_t0[g.c];
+    g.l = ch_len[g.c];
+    return g;
+}
+
+// gam (cumsum of the chunk's g, as saved by gdr_prep) and derived vectors into shared memory.
+// Rows >= l get gam 0 (never used unmasked).
+__device__ __forceinline__ void load_gam(const float* gam_ws, i64 base64, int l, float* s_gam,
+                                         float* s_eg, float* s_ed) {
+    int i = threadIdx.x;
+    if (i < GDR_C) s_gam[i] = gam_ws[base64 + i];
+    __syncthreads();
+    if (i < GDR_C) {
+        float gl = s_gam[l - 1];
+        s_eg[i] = i < l ? expf(s_gam[i]) : 0.f;
+        if (s_ed) s_ed[i] = i < l ? expf(gl - s_gam[i]) : 0.f;
+    }
+    __syncthreads();
+}
+
+// ---------------------------------------------------------------------------------------------
+// L2 norm of rows (one warp per row): y = x * rstd, rstd = 1 / sqrt(sum x^2 + 1e-6).
+template <typename TI, typename TO>
+__device__ void gdr_l2norm(const TI* __restrict__ x, TO* __restrict__ y, i64 rows, int d) {
+    i64 row = (i64)blockIdx.x * (GDR_NT / 32) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    const TI* xr = x + row * d;
+    float ss = warp_row_dot(d, [&](int c) { float v = ld(xr, c); return v * v; });
+    float r = 1.f / sqrtf(ss + 1e-6f);
+    for (int c = threadIdx.x & 31; c < d; c += 32) st(y, row * d + c, ld(xr, c) * r);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per (chunk, value head): gam, M, T = (I+M)^-1, W, U (fp32 workspaces, 64 rows per chunk,
+// rows >= l zero). T is stored only when t_ws is not null (backward).
+template <typename TQ, typename T>
+__device__ void gdr_prep(const TQ* __restrict__ k, const T* __restrict__ v, const float* __restrict__ g,
+                         const T* __restrict__ beta, const i64* __restrict__ ch_t0,
+                         const int* __restrict__ ch_len, int hk_n, int hv_n, int dk, int dv,
+                         float* __restrict__ gam_ws, float* __restrict__ t_ws, float* __restrict__ w_ws,
+                         float* __restrict__ u_ws) {
+    const int ratio = hv_n / hk_n;
+    ChunkGeo G = chunk_geo(ch_t0, ch_len, hv_n, ratio);
+    const int l = G.l, tid = threadIdx.x;
+    const i64 cb = G.c * hv_n + G.hv;  // chunk-head index
+    float* stage = gdr_smem;
+    float* sM = stage + GDR_STAGE;
+    float* sT = sM + GDR_MAT;
+    float* s_gam = sT + GDR_MAT;
+    float* s_beta = s_gam + GDR_C;
+    float* s_bge = s_beta + GDR_C;
+    const i64 krow = (i64)hk_n * dk, vrow = (i64)hv_n * dv;
+    const TQ* kc = k + G.t0 * krow + (i64)G.kh * dk;
+    const T* vc = v + G.t0 * vrow + (i64)G.hv * dv;
+
+    if (tid < GDR_C) {
+        s_beta[tid] = tid < l ? ld(beta, (G.t0 + tid) * hv_n + G.hv) : 0.f;
+        s_gam[tid] = tid < l ? g[(G.t0 + tid) * hv_n + G.hv] : 0.f;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        float acc = 0.f;
+        for (int i = 0; i < l; ++i) { acc += s_gam[i]; s_gam[i] = acc; }
+    }
+    __syncthreads();
+    if (tid < GDR_C) {
+        s_bge[tid] = tid < l ? s_beta[tid] * expf(s_gam[tid]) : 0.f;
+        gam_ws[cb * GDR_C + tid] = s_gam[tid];
+    }
+
+    // M_ij = beta_i (k_i . k_j) Gamma_ij, j < i.
+    {
+        float acc[4][4];
+        tile_zero(acc);
+        tile_mma<true, true>(
+            acc, dk, [&](int i, int x) { return i < l ? ld(kc, i * krow + x) : 0.f; },
+            [&](int x, int j) { return j < l ? ld(kc, j * krow + x) : 0.f; }, stage);
+        tile_epi(acc, [&](int i, int j, float a) {
+            sM[i * GDR_LD + j] = (j < i && i < l) ? s_beta[i] * a * expf(s_gam[i] - s_gam[j]) : 0.f;
+        });
+    }
+    __syncthreads();
+    // T = (I+M)^-1, column c by thread c: T_ic = delta_ic - sum_{c <= j < i} M_ij T_jc.
+    if (tid < GDR_C) {
+        const int c = tid;
+        for (int i = 0; i < GDR_C; ++i) {
+            float t;
+            if (i < c) t = 0.f;
+            else if (i == c) t = 1.f;
+            else {
+                t = 0.f;
+                for (int j = c; j < i; ++j) t -= sM[i * GDR_LD + j] * sT[j * GDR_LD + c];
+            }
+            sT[i * GDR_LD + c] = t;
+        }
+    }
+    __syncthreads();
+    if (t_ws) {
+        for (int e = tid; e < GDR_C * GDR_C; e += GDR_NT)
+            t_ws[cb * (GDR_C * GDR_C) + e] = sT[(e >> 6) * GDR_LD + (e & 63)];
+    }
+    // W = T diag(beta e^gam) K, U = T diag(beta) V.
+    for (int j0 = 0; j0 < dk; j0 += 64) {
+        float acc[4][4];
+        tile_zero(acc);
+        tile_mma<true, false>(
+            acc, GDR_C, [&](int i, int m) { return sT[i * GDR_LD + m]; },
+            [&](int m, int x) { return (m < l && j0 + x < dk) ? s_bge[m] * ld(kc, m * krow + j0 + x) : 0.f; },
+            stage);
+        tile_epi(acc, [&](int i, int x, float a) {
+            if (j0 + x < dk) w_ws[(cb * GDR_C + i) * dk + j0 + x] = a;
+        });
+    }
+    for (int j0 = 0; j0 < dv; j0 += 64) {
+        float acc[4][4];
+        tile_zero(acc);
+        tile_mma<true, false>(
+            acc, GDR_C, [&](int i, int m) { return sT[i * GDR_LD + m]; },
+            [&](int m, int x) { return (m < l && j0 + x < dv) ? s_beta[m] * ld(vc, m * vrow + j0 + x) : 0.f; },
+            stage);
+        tile_epi(acc, [&](int i, int x, float a) {
+            if (j0 + x < dv) u_ws[(cb * GDR_C + i) * dv + j0 + x] = a;
+        });
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sequential scans over the chunks of one (sequence, value head, V tile of BV columns).
+// Thread layout: 4 consecutive columns per thread, TPR = BV/4 threads per row.
+
+template <int BV>
+struct ScanLayout {
+    static constexpr int TPR = BV / 4;
+    static constexpr int RP = GDR_NT / TPR;  // rows per pass
+    static constexpr int RPT = GDR_C / RP;   // rows per thread in a 64-row matrix
+};
+
+template <typename TQ, int BV>
+__device__ void gdr_scan_fwd(const TQ* __restrict__ k, const float* __restrict__ gam_ws,
+                             const float* __restrict__ w_ws, const float* __restrict__ u_ws,
+                             const i64* __restrict__ seq_ch, const i64* __restrict__ ch_t0,
+                             const int* __restrict__ ch_len, int hk_n, int hv_n, int dk, int dv,
+                             const float* __restrict__ h0, float* __restrict__ h_ws,
+                             float* __restrict__ d_ws, float* __restrict__ fin) {
+    typedef ScanLayout<BV> Lay;
+    const int nvt = dv / BV;
+    const i64 b = blockIdx.x;
+    const int vt = (int)(b % nvt);
+    const int hv = (int)((b / nvt) % hv_n);
+    const i64 n = b / ((i64)nvt * hv_n);
+    const int kh = hv / (hv_n / hk_n);
+    const int tid = threadIdx.x;
+    const int ldw = dk + 1;
+    float* sS = gdr_smem;              // [dk][BV]
+    float* sW = sS + dk * BV;          // [64][dk+1]
+    float* sK = sW + GDR_C * ldw;      // [64][dk+1], K scaled by e^(gam_L - gam)
+    float* sD = sK + GDR_C * ldw;      // [64][BV]
+    float* s_gam = sD + GDR_C * BV;    // [64]
+    float* s_ed = s_gam + GDR_C;       // [64]
+    const int c4 = (tid % Lay::TPR) * 4, r0 = tid / Lay::TPR;
+    const i64 col0 = (i64)vt * BV;
+    const i64 st_base = (n * hv_n + hv) * (i64)dk * dv;
+    const i64 krow = (i64)hk_n * dk;
+
+    for (int e = tid; e < dk * BV; e += GDR_NT) {
+        int kk = e / BV, cc = e % BV;
+        sS[e] = h0 ? h0[st_base + (i64)kk * dv + col0 + cc] : 0.f;
+    }
+    const i64 c_beg = seq_ch[n], c_end = seq_ch[n + 1];
+    for (i64 c = c_beg; c < c_end; ++c) {
+        const i64 cb = c * hv_n + hv;
+        const int l = ch_len[c];
+        const TQ* kc = k + ch_t0[c] * krow + (i64)kh * dk;
+        __syncthreads();  // previous chunk done with sS/sW/sK/sD
+        if (tid < GDR_C) s_gam[tid] = gam_ws[cb * GDR_C + tid];
+        if (h_ws) {
+            for (int e = tid; e < dk * BV; e += GDR_NT) {
+                int kk = e / BV, cc = e % BV;
+                h_ws[cb * (i64)dk * dv + (i64)kk * dv + col0 + cc] = sS[e];
+            }
+        }
+        for (int e = tid; e < GDR_C * dk; e += GDR_NT) {
+            int i = e / dk, x = e % dk;
+            sW[i * ldw + x] = w_ws[(cb * GDR_C + i) * dk + x];
+        }
+        __syncthreads();
+        if (tid < GDR_C) s_ed[tid] = tid < l ? expf(s_gam[l - 1] - s_gam[tid]) : 0.f;
+        __syncthreads();
+        for (int e = tid; e < GDR_C * dk; e += GDR_NT) {
+            int i = e / dk, x = e % dk;
+            sK[i * ldw + x] = i < l ? s_ed[i] * ld(kc, i * krow + x) : 0.f;
+        }
+        // D = U - W S (64 x BV).
+        {
+            float acc[Lay::RPT][4];
+#pragma unroll
+            for (int m = 0; m < Lay::RPT; ++m)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) acc[m][q] = 0.f;
+            for (int kk = 0; kk < dk; ++kk) {
+                float4 s4 = *reinterpret_cast<const float4*>(&sS[kk * BV + c4]);
+#pragma unroll
+                for (int m = 0; m < Lay::RPT; ++m) {
+                    float w = sW[(r0 + m * Lay::RP) * ldw + kk];
+                    acc[m][0] = fmaf(w, s4.x, acc[m][0]);
+                    acc[m][1] = fmaf(w, s4.y, acc[m][1]);
+                    acc[m][2] = fmaf(w, s4.z, acc[m][2]);
+                    acc[m][3] = fmaf(w, s4.w, acc[m][3]);
+                }
+            }
+#pragma unroll
+            for (int m = 0; m < Lay::RPT; ++m) {
+                int i = r0 + m * Lay::RP;
+                const float* ur = u_ws + (cb * GDR_C + i) * dv + col0 + c4;
+                float* dr = d_ws + (cb * GDR_C + i) * dv + col0 + c4;
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    float d = ur[q] - acc[m][q];
+                    sD[i * BV + c4 + q] = d;
+                    dr[q] = d;
+                }
+            }
+        }
+        __syncthreads();
+        // S = e^gam_L S + Kd^T D.
+        {
+            const float egl = expf(s_gam[l - 1]);
+            for (int kk = r0; kk < dk; kk += Lay::RP) {
+                float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+                for (int i = 0; i < GDR_C; ++i) {
+                    float kd = sK[i * ldw + kk];
+                    float4 d4 = *reinterpret_cast<const float4*>(&sD[i * BV + c4]);
+                    a0 = fmaf(kd, d4.x, a0);
+                    a1 = fmaf(kd, d4.y, a1);
+                    a2 = fmaf(kd, d4.z, a2);
+                    a3 = fmaf(kd, d4.w, a3);
+                }
+                float* s = &sS[kk * BV + c4];
+                s[0] = egl * s[0] + a0;
+                s[1] = egl * s[1] + a1;
+                s[2] = egl * s[2] + a2;
+                s[3] = egl * s[3] + a3;
+            }
+        }
+    }
+    __syncthreads();
+    if (fin) {
+        for (int e = tid; e < dk * BV; e += GDR_NT) {
+            int kk = e / BV, cc = e % BV;
+            fin[st_base + (i64)kk * dv + col0 + cc] = sS[e];
+        }
+    }
+}
+
+// dS walks the chunks in reverse. On entry to chunk c, dS is the gradient w.r.t. the state at
+// the chunk's end: stored as dh[c]; dD = dD_loc + Kd dS; dS <- e^gam_L dS + scale Qg^T dO - W^T dD.
+template <typename TQ, typename T, int BV>
+__device__ void gdr_scan_bwd(const TQ* __restrict__ q, const TQ* __restrict__ k, const T* __restrict__ d_o,
+                             const float* __restrict__ gam_ws, const float* __restrict__ w_ws,
+                             const i64* __restrict__ seq_ch, const i64* __restrict__ ch_t0,
+                             const int* __restrict__ ch_len, int hk_n, int hv_n, int dk, int dv, float scale,
+                             const float* __restrict__ dht, float* __restrict__ dh_ws,
+                             float* __restrict__ dd_ws, float* __restrict__ dh0) {
+    typedef ScanLayout<BV> Lay;
+    const int nvt = dv / BV;
+    const i64 b = blockIdx.x;
+    const int vt = (int)(b % nvt);
+    const int hv = (int)((b / nvt) % hv_n);
+    const i64 n = b / ((i64)nvt * hv_n);
+    const int kh = hv / (hv_n / hk_n);
+    const int tid = threadIdx.x;
+    const int ldw = dk + 1;
+    float* sS = gdr_smem;              // dS [dk][BV]
+    float* sA = sS + dk * BV;          // [64][dk+1]: Kd, then scale e^gam Q
+    float* sW = sA + GDR_C * ldw;      // [64][dk+1]
+    float* sD = sW + GDR_C * ldw;      // dD [64][BV]
+    float* sO = sD + GDR_C * BV;       // dO [64][BV]
+    float* s_gam = sO + GDR_C * BV;
+    float* s_ed = s_gam + GDR_C;
+    float* s_eg = s_ed + GDR_C;
+    const int c4 = (tid % Lay::TPR) * 4, r0 = tid / Lay::TPR;
+    const i64 col0 = (i64)vt * BV;
+    const i64 st_base = (n * hv_n + hv) * (i64)dk * dv;
+    const i64 krow = (i64)hk_n * dk, vrow = (i64)hv_n * dv;
+
+    for (int e = tid; e < dk * BV; e += GDR_NT) {
+        int kk = e / BV, cc = e % BV;
+        sS[e] = dht ? dht[st_base + (i64)kk * dv + col0 + cc] : 0.f;
+    }
+    const i64 c_beg = seq_ch[n], c_end = seq_ch[n + 1];
+    for (i64 c = c_end - 1; c >= c_beg; --c) {
+        const i64 cb = c * hv_n + hv;
+        const int l = ch_len[c];
+        const i64 t0 = ch_t0[c];
+        const TQ* kc = k + t0 * krow + (i64)kh * dk;
+        const TQ* qc = q + t0 * krow + (i64)kh * dk;
+        const T* oc = d_o + t0 * vrow + (i64)hv * dv + col0;
+        __syncthreads();
+        if (tid < GDR_C) s_gam[tid] = gam_ws[cb * GDR_C + tid];
+        for (int e = tid; e < dk * BV; e += GDR_NT) {
+            int kk = e / BV, cc = e % BV;
+            dh_ws[cb * (i64)dk * dv + (i64)kk * dv + col0 + cc] = sS[e];
+        }
+        for (int e = tid; e < GDR_C * BV; e += GDR_NT) {
+            int i = e / BV, cc = e % BV;
+            sO[e] = i < l ? ld(oc, i * vrow + cc) : 0.f;
+        }
+        __syncthreads();
+        if (tid < GDR_C) {
+            s_ed[tid] = tid < l ? expf(s_gam[l - 1] - s_gam[tid]) : 0.f;
+            s_eg[tid] = tid < l ? expf(s_gam[tid]) : 0.f;
+        }
+        __syncthreads();
+        for (int e = tid; e < GDR_C * dk; e += GDR_NT) {
+            int i = e / dk, x = e % dk;
+            sA[i * ldw + x] = i < l ? s_ed[i] * ld(kc, i * krow + x) : 0.f;
+            sW[i * ldw + x] = w_ws[(cb * GDR_C + i) * dk + x];
+        }
+        __syncthreads();
+        // dD = dD_loc + Kd dS.
+        {
+            float acc[Lay::RPT][4];
+#pragma unroll
+            for (int m = 0; m < Lay::RPT; ++m)
+#pragma unroll
+                for (int qq = 0; qq < 4; ++qq) acc[m][qq] = 0.f;
+            for (int kk = 0; kk < dk; ++kk) {
+                float4 s4 = *reinterpret_cast<const float4*>(&sS[kk * BV + c4]);
+#pragma unroll
+                for (int m = 0; m < Lay::RPT; ++m) {
+                    float a = sA[(r0 + m * Lay::RP) * ldw + kk];
+                    acc[m][0] = fmaf(a, s4.x, acc[m][0]);
+                    acc[m][1] = fmaf(a, s4.y, acc[m][1]);
+                    acc[m][2] = fmaf(a, s4.z, acc[m][2]);
+                    acc[m][3] = fmaf(a, s4.w, acc[m][3]);
+                }
+            }
+#pragma unroll
+            for (int m = 0; m < Lay::RPT; ++m) {
+                int i = r0 + m * Lay::RP;
+                float* dr = dd_ws + (cb * GDR_C + i) * dv + col0 + c4;
+#pragma unroll
+                for (int qq = 0; qq < 4; ++qq) {
+                    float d = acc[m][qq] + dr[qq];
+                    sD[i * BV + c4 + qq] = d;
+                    dr[qq] = d;
+                }
+            }
+        }
+        __syncthreads();
+        for (int e = tid; e < GDR_C * dk; e += GDR_NT) {
+            int i = e / dk, x = e % dk;
+            sA[i * ldw + x] = i < l ? scale * s_eg[i] * ld(qc, i * krow + x) : 0.f;
+        }
+        __syncthreads();
+        // dS = e^gam_L dS + Qs^T dO - W^T dD.
+        {
+            const float egl = expf(s_gam[l - 1]);
+            for (int kk = r0; kk < dk; kk += Lay::RP) {
+                float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+                for (int i = 0; i < GDR_C; ++i) {
+                    float qv = sA[i * ldw + kk], wv = sW[i * ldw + kk];
+                    float4 o4 = *reinterpret_cast<const float4*>(&sO[i * BV + c4]);
+                    float4 d4 = *reinterpret_cast<const float4*>(&sD[i * BV + c4]);
+                    a0 = fmaf(qv, o4.x, a0) - wv * d4.x;
+                    a1 = fmaf(qv, o4.y, a1) - wv * d4.y;
+                    a2 = fmaf(qv, o4.z, a2) - wv * d4.z;
+                    a3 = fmaf(qv, o4.w, a3) - wv * d4.w;
+                }
+                float* s = &sS[kk * BV + c4];
+                s[0] = egl * s[0] + a0;
+                s[1] = egl * s[1] + a1;
+                s[2] = egl * s[2] + a2;
+                s[3] = egl * s[3] + a3;
+            }
+        }
+    }
+    __syncthreads();
+    if (dh0) {
+        for (int e = tid; e < dk * BV; e += GDR_NT) {
+            int kk = e / BV, cc = e % BV;
+            dh0[st_base + (i64)kk * dv + col0 + cc] = sS[e];
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A = lower_incl(Q K^T * Gamma) of a chunk into sA (64 x 64).
+template <typename TQ>
+__device__ __forceinline__ void chunk_qk(const TQ* qc, const TQ* kc, i64 krow, int dk, int l, const float* s_gam,
+                                        float* sA, float* stage) {
+    float acc[4][4];
+    tile_zero(acc);
+    tile_mma<true, true>(
+        acc, dk, [&](int i, int x) { return i < l ? ld(qc, i * krow + x) : 0.f; },
+        [&](int x, int j) { return j < l ? ld(kc, j * krow + x) : 0.f; }, stage);
+    tile_epi(acc, [&](int i, int j, float a) {
+        sA[i * GDR_LD + j] = (j <= i && i < l) ? a * expf(s_gam[i] - s_gam[j]) : 0.f;
+    });
+}
+
+// O = scale (diag(e^gam) Q h[c] + A D).
+template <typename TQ, typename T>
+__device__ void gdr_output(const TQ* __restrict__ q, const TQ* __restrict__ k, const float* __restrict__ gam_ws,
+                           const float* __restrict__ h_ws, const float* __restrict__ d_ws,
+                           const i64* __restrict__ ch_t0, const int* __restrict__ ch_len, int hk_n, int hv_n,
+                           int dk, int dv, float scale, T* __restrict__ o) {
+    ChunkGeo G = chunk_geo(ch_t0, ch_len, hv_n, hv_n / hk_n);
+    const int l = G.l;
+    const i64 cb = G.c * hv_n + G.hv;
+    float* stage = gdr_smem;
+    float* sA = stage + GDR_STAGE;
+    float* s_gam = sA + GDR_MAT;
+    float* s_eg = s_gam + GDR_C;
+    const i64 krow = (i64)hk_n * dk, vrow = (i64)hv_n * dv;
+    const TQ* qc = q + G.t0 * krow + (i64)G.kh * dk;
+    const TQ* kc = k + G.t0 * krow + (i64)G.kh * dk;
+    T* oc = o + G.t0 * vrow + (i64)G.hv * dv;
+    const float* hc = h_ws + cb * (i64)dk * dv;
+    const float* dc = d_ws + cb * GDR_C * (i64)dv;
+    load_gam(gam_ws, cb * GDR_C, l, s_gam, s_eg, nullptr);
+    chunk_qk(qc, kc, krow, dk, l, s_gam, sA, stage);
+    __syncthreads();
+    for (int j0 = 0; j0 < dv; j0 += 64) {
+        float acc[4][4];
+        tile_zero(acc);
+        tile_mma<true, false>(
+            acc, dk, [&](int i, int x) { return i < l ? s_eg[i] * ld(qc, i * krow + x) : 0.f; },
+            [&](int x, int j) { return j0 + j < dv ? hc[(i64)x * dv + j0 + j] : 0.f; }, stage);
+        tile_mma<true, false>(
+            acc, GDR_C, [&](int i, int m) { return sA[i * GDR_LD + m]; },
+            [&](int m, int j) { return j0 + j < dv ? dc[(i64)m * dv + j0 + j] : 0.f; }, stage);
+        tile_epi(acc, [&](int i, int j, float a) {
+            if (i < l && j0 + j < dv) st(oc, i * vrow + j0 + j, scale * a);
+        });
+    }
+}
+
+// dD_loc = scale A^T dO (written to dd_ws; gdr_scan_bwd adds Kd dS).
+template <typename TQ, typename T>
+__device__ void gdr_dd_local(const TQ* __restrict__ q, const TQ* __restrict__ k, const T* __restrict__ d_o,
+                             const float* __restrict__ gam_ws, const i64* __restrict__ ch_t0,
+                             const int* __restrict__ ch_len, int hk_n, int hv_n, int dk, int dv, float scale,
+                             float* __restrict__ dd_ws) {
+    ChunkGeo G = chunk_geo(ch_t0, ch_len, hv_n, hv_n / hk_n);
+    const int l = G.l;
+    const i64 cb = G.c * hv_n + G.hv;
+    float* stage = gdr_smem;
+    float* sA = stage + GDR_STAGE;
+    float* s_gam = sA + GDR_MAT;
+    float* s_eg = s_gam + GDR_C;
+    const i64 krow = (i64)hk_n * dk, vrow = (i64)hv_n * dv;
+    const TQ* qc = q + G.t0 * krow + (i64)G.kh * dk;
+    const TQ* kc = k + G.t0 * krow + (i64)G.kh * dk;
+    const T* oc = d_o + G.t0 * vrow + (i64)G.hv * dv;
+    load_gam(gam_ws, cb * GDR_C, l, s_gam, s_eg, nullptr);
+    chunk_qk(qc, kc, krow, dk, l, s_gam, sA, stage);
+    __syncthreads();
+    for (int j0 = 0; j0 < dv; j0 += 64) {
+        float acc[4][4];
+        tile_zero(acc);
+        tile_mma<true, false>(
+            acc, GDR_C, [&](int m, int i) { return sA[i * GDR_LD + m]; },
+            [&](int i, int j) { return (i < l && j0 + j < dv) ? ld(oc, i * vrow + j0 + j) : 0.f; }, stage);
+        tile_epi(acc, [&](int m, int j, float a) {
+            if (j0 + j < dv) dd_ws[(cb * GDR_C + m) * dv + j0 + j] = scale * a;
+        });
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Every gradient of one chunk except the state recursion (done by the scans), following
+// cpu.rs chunk_backward. Inputs: s0 = h[c] (start state), ds = dh[c] (gradient of the end state),
+// D, dD (complete), T, gam. W's workspace is reused for dW, U's for dVb.
+template <typename TQ, typename T>
+__device__ void gdr_grad(const TQ* __restrict__ q, const TQ* __restrict__ k, const T* __restrict__ v,
+                         const T* __restrict__ beta, const T* __restrict__ d_o, const float* __restrict__ gam_ws,
+                         const float* __restrict__ t_ws, const float* __restrict__ h_ws,
+                         const float* __restrict__ dh_ws, const float* __restrict__ d_ws,
+                         const float* __restrict__ dd_ws, float* __restrict__ dw_ws, float* __restrict__ dvb_ws,
+                         float* __restrict__ dkb_ws, const i64* __restrict__ ch_t0, const int* __restrict__ ch_len,
+                         int hk_n, int hv_n, int dk, int dv, float scale, float* __restrict__ dq_part,
+                         float* __restrict__ dk_part, T* __restrict__ dv_out, float* __restrict__ dg,
+                         T* __restrict__ dbeta) {
+    ChunkGeo G = chunk_geo(ch_t0, ch_len, hv_n, hv_n / hk_n);
+    const int l = G.l, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const i64 cb = G.c * hv_n + G.hv;
+    float* stage = gdr_smem;
+    float* sT = stage + GDR_STAGE;
+    float* sA = sT + GDR_MAT;    // A, then dT
+    float* sP = sA + GDR_MAT;    // K K^T
+    float* sE = sP + GDR_MAT;    // dA * A, then T^T dT, then dP (symmetric)
+    float* sG = sE + GDR_MAT;    // dA * Gamma, then dM
+    float* s_gam = sG + GDR_MAT;
+    float* s_eg = s_gam + GDR_C;
+    float* s_ed = s_eg + GDR_C;
+    float* s_beta = s_ed + GDR_C;
+    float* s_dgam = s_beta + GDR_C;
+    float* s_db = s_dgam + GDR_C;
+    float* s_tmp = s_db + GDR_C;
+    float* s_red = s_tmp + GDR_C;  // 32 floats for block_sum
+    const i64 krow = (i64)hk_n * dk, vrow = (i64)hv_n * dv;
+    const i64 prow = (i64)hv_n * dk;  // row stride of the fp32 partials [tokens, Hv, Dk]
+    const TQ* qc = q + G.t0 * krow + (i64)G.kh * dk;
+    const TQ* kc = k + G.t0 * krow + (i64)G.kh * dk;
+    const T* vc = v + G.t0 * vrow + (i64)G.hv * dv;
+    const T* oc = d_o + G.t0 * vrow + (i64)G.hv * dv;
+    float* dqc = dq_part + G.t0 * prow + (i64)G.hv * dk;
+    float* dkc = dk_part + G.t0 * prow + (i64)G.hv * dk;
+    const float* s0 = h_ws + cb * (i64)dk * dv;
+    const float* ds = dh_ws + cb * (i64)dk * dv;
+    const float* Dm = d_ws + cb * GDR_C * (i64)dv;
+    const float* dD = dd_ws + cb * GDR_C * (i64)dv;
+    float* dW = dw_ws + cb * GDR_C * (i64)dk;
+    float* dVb = dvb_ws + cb * GDR_C * (i64)dv;
+    float* dKb = dkb_ws + cb * GDR_C * (i64)dk;
+
+    load_gam(gam_ws, cb * GDR_C, l, s_gam, s_eg, s_ed);
+    if (tid < GDR_C) {
+        s_beta[tid] = tid < l ? ld(beta, (G.t0 + tid) * hv_n + G.hv) : 0.f;
+        s_dgam[tid] = 0.f;
+        s_db[tid] = 0.f;
+    }
+    for (int e = tid; e < GDR_C * GDR_C; e += GDR_NT)
+        sT[(e >> 6) * GDR_LD + (e & 63)] = t_ws[cb * (GDR_C * GDR_C) + e];
+    const float gl = s_gam[l - 1];
+    const float egl = expf(gl);
+    auto gamma = [&](int i, int j) { return expf(s_gam[i] - s_gam[j]); };
+    auto kld = [&](int i, int x) { return i < l ? ld(kc, i * krow + x) : 0.f; };
+    auto qld = [&](int i, int x) { return i < l ? ld(qc, i * krow + x) : 0.f; };
+
+    // A and P = K K^T.
+    chunk_qk(qc, kc, krow, dk, l, s_gam, sA, stage);
+    {
+        float acc[4][4];
+        tile_zero(acc);
+        tile_mma<true, true>(acc, dk, kld, [&](int x, int j) { return kld(j, x); }, stage);
+        tile_epi(acc, [&](int i, int j, float a) { sP[i * GDR_LD + j] = a; });
+    }
+    __syncthreads();
+    // dA = scale dO D^T (j <= i): E = dA * A (for dgam), G = dA * Gamma.
+    {
+        float acc[4][4];
+        tile_zero(acc);
+        tile_mma<true, true>(
+            acc, dv, [&](int i, int c) { return i < l ? ld(oc, i * vrow + c) : 0.f; },
+            [&](int c, int j) { return Dm[(i64)j * dv + c]; }, stage);
+        tile_epi(acc, [&](int i, int j, float a) {
+            bool in = j <= i && i < l;
+            float x = scale * a;
+            sE[i * GDR_LD + j] = in ? x * sA[i * GDR_LD + j] : 0.f;
+            sG[i * GDR_LD + j] = in ? x * gamma(i, j) : 0.f;
+        });
+    }
+    __syncthreads();
+    if (tid < GDR_C) {
+        float rs = 0.f, cs = 0.f;
+        for (int j = 0; j < GDR_C; ++j) rs += sE[tid * GDR_LD + j];
+        for (int i = 0; i < GDR_C; ++i) cs += sE[i * GDR_LD + tid];
+        s_dgam[tid] += rs - cs;
+    }
+    // dq = e^gam (scale dO S0^T) ; dgam_i += <dq_i, q_i> ; dq += G K.
+    for (int j0 = 0; j0 < dk; j0 += 64) {
+        float acc[4][4];
+        tile_zero(acc);
+        tile_mma<true, true>(
+            acc, dv, [&](int i, int c) { return i < l ? ld(oc, i * vrow + c) : 0.f; },
+            [&](int c, int x) { return j0 + x < dk ? s0[(i64)(j0 + x) * dv + c] : 0.f; }, stage);
+        tile_epi(acc, [&](int i, int x, float a) {
+            if (i < l && j0 + x < dk) dqc[i * prow + j0 + x] = s_eg[i] * (scale * a);
+        });
+    }
+    __syncthreads();
+    for (int i = warp; i < l; i += GDR_NT / 32) {
+        float s = warp_row_dot(dk, [&](int x) { return dqc[i * prow + x] * ld(qc, i * krow + x); });
+        if (lane == 0) s_dgam[i] += s;
+    }
+    for (int j0 = 0; j0 < dk; j0 += 64) {
+        float acc[4][4];
+        tile_zero(acc);
+        tile_mma<true, false>(
+            acc, GDR_C, [&](int i, int j) { return sG[i * GDR_LD + j]; },
+            [&](int j, int x) { return j0 + x < dk ? kld(j, j0 + x) : 0.f; }, stage);
+        tile_epi(acc, [&](int i, int x, float a) {
+            if (i < l && j0 + x < dk) dqc[i * prow + j0 + x] += a;
+        });
+    }
+    // dk = e^(gam_L - gam) (D dS^T) ; t_i = <dk_i, k_i>: dgam_L += sum t, dgam_i -= t_i ;
+    // dgam_L += e^gam_L <S0, dS> ; dk += G^T Q.
+    for (int j0 = 0; j0 < dk; j0 += 64) {
+        float acc[4][4];
+        tile_zero(acc);
+        tile_mma<true, true>(
+            acc, dv, [&](int i, int c) { return Dm[(i64)i * dv + c]; },
+            [&](int c, int x) { return j0 + x < dk ? ds[(i64)(j0 + x) * dv + c] : 0.f; }, stage);
+        tile_epi(acc, [&](int i, int x, float a) {
+            if (i < l && j0 + x < dk) dkc[i * prow + j0 + x] = s_ed[i] * a;
+        });
+    }
+    __syncthreads();
+    for (int i = warp; i < GDR_C; i += GDR_NT / 32) {
+        float s = i < l ? warp_row_dot(dk, [&](int x) { return dkc[i * prow + x] * ld(kc, i * krow + x); }) : 0.f;
+        if (lane == 0) s_tmp[i] = s;
+    }
+    float sds;
+    {
+        float p = 0.f;
+        const i64 nn = (i64)dk * dv;
+        for (i64 e = tid; e < nn; e += GDR_NT) p += s0[e] * ds[e];
+        sds = block_sum(p, s_red);  // synchronizes
+    }
+    if (tid < GDR_C) {
+        float d = s_dgam[tid] - s_tmp[tid];
+        if (tid == l - 1) {
+            float t = 0.f;
+            for (int i = 0; i < GDR_C; ++i) t += s_tmp[i];
+            d += egl * sds + t;
+        }
+        s_dgam[tid] = d;
+    }
+    for (int j0 = 0; j0 < dk; j0 += 64) {
+        float acc[4][4];
+        tile_zero(acc);
+        tile_mma<true, false>(
+            acc, GDR_C, [&](int j, int i) { return sG[i * GDR_LD + j]; },
+            [&](int i, int x) { return j0 + x < dk ? qld(i, j0 + x) : 0.f; }, stage);
+        tile_epi(acc, [&](int j, int x, float a) {
+            if (j < l && j0 + x < dk) dkc[j * prow + j0 + x] += a;
+        });
+    }
+    // dW = -dD S0^T.
+    for (int j0 = 0; j0 < dk; j0 += 64) {
+        float acc[4][4];
+        tile_zero(acc);
+        tile_mma<true, true>(
+            acc, dv, [&](int i, int c) { return dD[(i64)i * dv + c]; },
+            [&](int c, int x) { return j0 + x < dk ? s0[(i64)(j0 + x) * dv + c] : 0.f; }, stage);
+        tile_epi(acc, [&](int i, int x, float a) {
+            if (j0 + x < dk) dW[(i64)i * dk + j0 + x] = -a;
+        });
+    }
+    __syncthreads();
+    // dT = dD Vb^T + dW Kb^T (into sA).
+    {
+        float acc[4][4];
+        tile_zero(acc);
+        tile_mma<true, true>(
+            acc, dv, [&](int i, int c) { return dD[(i64)i * dv + c]; },
+            [&](int c, int j) { return j < l ? s_beta[j] * ld(vc, j * vrow + c) : 0.f; }, stage);
+        tile_mma<true, true>(
+            acc, dk, [&](int i, int x) { return dW[(i64)i * dk + x]; },
+            [&](int x, int j) { return j < l ? (s_beta[j] * s_eg[j]) * ld(kc, j * krow + x) : 0.f; }, stage);
+        tile_epi(acc, [&](int i, int j, float a) { sA[i * GDR_LD + j] = a; });
+    }
+    // dVb = T^T dD ; dKb = T^T dW.
+    for (int j0 = 0; j0 < dv; j0 += 64) {
+        float acc[4][4];
+        tile_zero(acc);
+        tile_mma<true, false>(
+            acc, GDR_C, [&](int m, int i) { return sT[i * GDR_LD + m]; },
+            [&](int i, int c) { return j0 + c < dv ? dD[(i64)i * dv + j0 + c] : 0.f; }, stage);
+        tile_epi(acc, [&](int m, int c, float a) {
+            if (j0 + c < dv) dVb[(i64)m * dv + j0 + c] = a;
+        });
+    }
+    for (int j0 = 0; j0 < dk; j0 += 64) {
+        float acc[4][4];
+        tile_zero(acc);
+        tile_mma<true, false>(
+            acc, GDR_C, [&](int m, int i) { return sT[i * GDR_LD + m]; },
+            [&](int i, int x) { return j0 + x < dk ? dW[(i64)i * dk + j0 + x] : 0.f; }, stage);
+        tile_epi(acc, [&](int m, int x, float a) {
+            if (j0 + x < dk) dKb[(i64)m * dk + j0 + x] = a;
+        });
+    }
+    __syncthreads();
+    // v: dv = beta dVb, dbeta += <dVb, v>. Kb: dk += beta e^gam dKb, d = <dKb, k>,
+    // dbeta += e^gam d, dgam += beta e^gam d.
+    for (int i = warp; i < l; i += GDR_NT / 32) {
+        float sv = warp_row_dot(dv, [&](int c) { return dVb[(i64)i * dv + c] * ld(vc, i * vrow + c); });
+        float sk = warp_row_dot(dk, [&](int x) { return dKb[(i64)i * dk + x] * ld(kc, i * krow + x); });
+        const float b = s_beta[i], bge = b * s_eg[i];
+        for (int c = lane; c < dv; c += 32) st(dv_out, (G.t0 + i) * vrow + (i64)G.hv * dv + c, b * dVb[(i64)i * dv + c]);
+        for (int x = lane; x < dk; x += 32) dkc[i * prow + x] += bge * dKb[(i64)i * dk + x];
+        if (lane == 0) {
+            s_db[i] += sv + s_eg[i] * sk;
+            s_dgam[i] += bge * sk;
+        }
+    }
+    __syncthreads();
+    // dM = -T^T dT T^T: tmp = T^T dT (into sE), dM = -(tmp T^T) (into sG).
+    {
+        float acc[4][4];
+        tile_zero(acc);
+        tile_mma<true, false>(
+            acc, GDR_C, [&](int m, int i) { return sT[i * GDR_LD + m]; },
+            [&](int i, int n) { return sA[i * GDR_LD + n]; }, stage);
+        tile_epi(acc, [&](int m, int n, float a) { sE[m * GDR_LD + n] = a; });
+    }
+    __syncthreads();
+    {
+        float acc[4][4];
+        tile_zero(acc);
+        tile_mma<true, true>(
+            acc, GDR_C, [&](int m, int p) { return sE[m * GDR_LD + p]; },
+            [&](int p, int n) { return sT[n * GDR_LD + p]; }, stage);
+        tile_epi(acc, [&](int m, int n, float a) { sG[m * GDR_LD + n] = -a; });
+    }
+    __syncthreads();
+    // M_ij = beta_i P_ij Gamma_ij (j < i): dbeta_i += sum_j dM_ij P_ij Gamma_ij ;
+    // f = dM_ij beta_i P_ij Gamma_ij: dgam_i += f, dgam_j -= f ; dP_ij = dM_ij beta_i Gamma_ij.
+    if (tid < GDR_C) {
+        const int i = tid;
+        float db = 0.f, fr = 0.f, fc = 0.f;
+        if (i < l) {
+            for (int j = 0; j < i; ++j) {
+                float x = sG[i * GDR_LD + j];
+                float pg = sP[i * GDR_LD + j] * gamma(i, j);
+                db += x * pg;
+                fr += x * s_beta[i] * pg;
+            }
+            for (int m = i + 1; m < l; ++m) {
+                fc += sG[m * GDR_LD + i] * s_beta[m] * (sP[m * GDR_LD + i] * gamma(m, i));
+            }
+        }
+        s_db[i] += db;
+        s_dgam[i] += fr - fc;
+    }
+    for (int e = tid; e < GDR_C * GDR_C; e += GDR_NT) {
+        int i = e >> 6, j = e & 63;
+        float d = 0.f;
+        if (j < i && i < l) d = sG[i * GDR_LD + j] * s_beta[i] * gamma(i, j);
+        else if (i < j && j < l) d = sG[j * GDR_LD + i] * s_beta[j] * gamma(j, i);
+        sE[i * GDR_LD + j] = d;
+    }
+    __syncthreads();
+    // dk += dP_sym K.
+    for (int j0 = 0; j0 < dk; j0 += 64) {
+        float acc[4][4];
+        tile_zero(acc);
+        tile_mma<true, false>(
+            acc, GDR_C, [&](int i, int j) { return sE[i * GDR_LD + j]; },
+            [&](int j, int x) { return j0 + x < dk ? kld(j, j0 + x) : 0.f; }, stage);
+        tile_epi(acc, [&](int i, int x, float a) {
+            if (i < l && j0 + x < dk) dkc[i * prow + j0 + x] += a;
+        });
+    }
+    // gam = cumsum(g): dg_j = sum_{i >= j} dgam_i.
+    if (tid == 0) {
+        float acc = 0.f;
+        for (int i = l - 1; i >= 0; --i) {
+            acc += s_dgam[i];
+            dg[(G.t0 + i) * hv_n + G.hv] = acc;
+        }
+    }
+    if (tid < l) st(dbeta, (G.t0 + tid) * hv_n + G.hv, s_db[tid]);
+}
+
+// dq, dk [tokens, Hk, Dk]: the sum over the GVA group of the per-value-head partials (in head
+// order), through the l2 norm when it is in the kernel (y = x rstd recomputed in fp32 from the
+// raw input). One warp per (token, key head) row; rows at or after `used` get 0.
+template <typename T>
+__device__ void gdr_reduce_qk(const T* __restrict__ q, const T* __restrict__ k, const float* __restrict__ dq_part,
+                              const float* __restrict__ dk_part, i64 tokens, i64 used, int hk_n, int hv_n, int dk,
+                              int l2norm, T* __restrict__ dq, T* __restrict__ dk_out) {
+    i64 row = (i64)blockIdx.x * (GDR_NT / 32) + (threadIdx.x >> 5);
+    if (row >= tokens * hk_n) return;
+    const int lane = threadIdx.x & 31;
+    const i64 t = row / hk_n;
+    const int kh = (int)(row % hk_n);
+    const int ratio = hv_n / hk_n;
+    for (int which = 0; which < 2; ++which) {
+        const T* x = which == 0 ? q : k;
+        const float* part = which == 0 ? dq_part : dk_part;
+        T* out = which == 0 ? dq : dk_out;
+        float dy[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            int c = lane + 32 * u;
+            float s = 0.f;
+            if (c < dk && t < used) {
+                for (int j = 0; j < ratio; ++j) s += part[(t * hv_n + (i64)kh * ratio + j) * dk + c];
+            }
+            dy[u] = s;
+        }
+        if (l2norm && t < used) {
+            float ss = 0.f;
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                int c = lane + 32 * u;
+                if (c < dk) { float xv = ld(x, row * dk + c); ss += xv * xv; }
+            }
+            float rstd = 1.f / sqrtf(warp_sum(ss) + 1e-6f);
+            float d = 0.f;
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                int c = lane + 32 * u;
+                if (c < dk) d += dy[u] * (ld(x, row * dk + c) * rstd);
+            }
+            d = warp_sum(d);
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                int c = lane + 32 * u;
+                if (c < dk) dy[u] = rstd * (dy[u] - (ld(x, row * dk + c) * rstd) * d);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            int c = lane + 32 * u;
+            if (c < dk) st(out, row * dk + c, dy[u]);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points, one per storage type (f32: verification; bf16: training).
+
+// Entry points. Storage suffixes: f32 (all f32: verification), bf16 (all bf16), bf16n (bf16
+// storage with the l2-normalized q, k kept in fp32: the in-kernel norm does not round them).
+
+#define GDR_ROW_ENTRIES(T, S)                                                                           \
+    extern "C" __global__ void __launch_bounds__(GDR_NT) gdr_l2norm_##S(const T* x, float* y, i64 rows,  \
+                                                                        int d) {                        \
+        gdr_l2norm<T, float>(x, y, rows, d);                                                            \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(GDR_NT)                                                \
+        gdr_reduce_qk_##S(const T* q, const T* k, const float* dq_part, const float* dk_part,           \
+                          i64 tokens, i64 used, int hk, int hv, int dk, int l2norm, T* dq, T* dk_out) { \
+        gdr_reduce_qk<T>(q, k, dq_part, dk_part, tokens, used, hk, hv, dk, l2norm, dq, dk_out);         \
+    }
+
+#define GDR_ENTRIES(TQ, T, S)                                                                           \
+    extern "C" __global__ void __launch_bounds__(GDR_NT)                                                \
+        gdr_prep_##S(const TQ* k, const T* v, const float* g, const T* beta, const i64* ch_t0,          \
+                     const int* ch_len, int hk, int hv, int dk, int dv, float* gam_ws, float* t_ws,     \
+                     float* w_ws, float* u_ws) {                                                        \
+        gdr_prep<TQ, T>(k, v, g, beta, ch_t0, ch_len, hk, hv, dk, dv, gam_ws, t_ws, w_ws, u_ws);        \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(GDR_NT)                                                \
+        gdr_scan_fwd16_##S(const TQ* k, const float* gam_ws, const float* w_ws, const float* u_ws,      \
+                           const i64* seq_ch, const i64* ch_t0, const int* ch_len, int hk, int hv,      \
+                           int dk, int dv, const float* h0, float* h_ws, float* d_ws, float* fin) {     \
+        gdr_scan_fwd<TQ, 16>(k, gam_ws, w_ws, u_ws, seq_ch, ch_t0, ch_len, hk, hv, dk, dv, h0, h_ws,    \
+                             d_ws, fin);                                                                \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(GDR_NT)                                                \
+        gdr_scan_fwd32_##S(const TQ* k, const float* gam_ws, const float* w_ws, const float* u_ws,      \
+                           const i64* seq_ch, const i64* ch_t0, const int* ch_len, int hk, int hv,      \
+                           int dk, int dv, const float* h0, float* h_ws, float* d_ws, float* fin) {     \
+        gdr_scan_fwd<TQ, 32>(k, gam_ws, w_ws, u_ws, seq_ch, ch_t0, ch_len, hk, hv, dk, dv, h0, h_ws,    \
+                             d_ws, fin);                                                                \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(GDR_NT)                                                \
+        gdr_output_##S(const TQ* q, const TQ* k, const float* gam_ws, const float* h_ws,                \
+                       const float* d_ws, const i64* ch_t0, const int* ch_len, int hk, int hv, int dk,  \
+                       int dv, float scale, T* o) {                                                     \
+        gdr_output<TQ, T>(q, k, gam_ws, h_ws, d_ws, ch_t0, ch_len, hk, hv, dk, dv, scale, o);           \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(GDR_NT)                                                \
+        gdr_dd_local_##S(const TQ* q, const TQ* k, const T* d_o, const float* gam_ws, const i64* ch_t0, \
+                         const int* ch_len, int hk, int hv, int dk, int dv, float scale, float* dd_ws) { \
+        gdr_dd_local<TQ, T>(q, k, d_o, gam_ws, ch_t0, ch_len, hk, hv, dk, dv, scale, dd_ws);            \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(GDR_NT)                                                \
+        gdr_scan_bwd16_##S(const TQ* q, const TQ* k, const T* d_o, const float* gam_ws,                 \
+                           const float* w_ws, const i64* seq_ch, const i64* ch_t0, const int* ch_len,   \
+                           int hk, int hv, int dk, int dv, float scale, const float* dht, float* dh_ws, \
+                           float* dd_ws, float* dh0) {                                                  \
+        gdr_scan_bwd<TQ, T, 16>(q, k, d_o, gam_ws, w_ws, seq_ch, ch_t0, ch_len, hk, hv, dk, dv, scale,  \
+                                dht, dh_ws, dd_ws, dh0);                                                \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(GDR_NT)                                                \
+        gdr_scan_bwd32_##S(const TQ* q, const TQ* k, const T* d_o, const float* gam_ws,                 \
+                           const float* w_ws, const i64* seq_ch, const i64* ch_t0, const int* ch_len,   \
+                           int hk, int hv, int dk, int dv, float scale, const float* dht, float* dh_ws, \
+                           float* dd_ws, float* dh0) {                                                  \
+        gdr_scan_bwd<TQ, T, 32>(q, k, d_o, gam_ws, w_ws, seq_ch, ch_t0, ch_len, hk, hv, dk, dv, scale,  \
+                                dht, dh_ws, dd_ws, dh0);                                                \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(GDR_NT, 2)                                             \
+        gdr_grad_##S(const TQ* q, const TQ* k, const T* v, const T* beta, const T* d_o,                 \
+                     const float* gam_ws, const float* t_ws, const float* h_ws, const float* dh_ws,     \
+                     const float* d_ws, const float* dd_ws, float* dw_ws, float* dvb_ws, float* dkb_ws, \
+                     const i64* ch_t0, const int* ch_len, int hk, int hv, int dk, int dv, float scale,  \
+                     float* dq_part, float* dk_part, T* dv_out, float* dg, T* dbeta) {                  \
+        gdr_grad<TQ, T>(q, k, v, beta, d_o, gam_ws, t_ws, h_ws, dh_ws, d_ws, dd_ws, dw_ws, dvb_ws,      \
+                        dkb_ws, ch_t0, ch_len, hk, hv, dk, dv, scale, dq_part, dk_part, dv_out, dg,     \
+                        dbeta);                                                                         \
+    }
+
+GDR_ROW_ENTRIES(float, f32)
+GDR_ROW_ENTRIES(bf16_t, bf16)
+GDR_ENTRIES(float, float, f32)
+GDR_ENTRIES(bf16_t, bf16_t, bf16)
+GDR_ENTRIES(float, bf16_t, bf16n)

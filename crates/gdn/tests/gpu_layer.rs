@@ -1,0 +1,210 @@
+//! Both the whole GDN layer's paths on a GPU against the CPU layer, memory accounting against the
+//! allocator, recompute parity and run-to-run determinism. Run on the device machine with
+//! `--include-ignored`.
+
+use gdn::device::cuda::{self, DType};
+use gdn::{Device, GatedDeltaNet, GdnConfig, Normalization, RecomputeGranularity, Seqs, Tensor};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn cfg(norm: Normalization) -> GdnConfig {
+    GdnConfig {
+        hidden_size: 256,
+        linear_num_key_heads: 2,
+        linear_num_value_heads: 4,
+        linear_key_head_dim: 64,
+        linear_value_head_dim: 64,
+        normalization: norm,
+        conv_bias: true,
+        ..GdnConfig::default()
+    }
+}
+
+fn randt(rng: &mut ChaCha8Rng, shape: &[usize]) -> Tensor {
+    let n = shape.iter().product();
+    Tensor::from_vec(shape, (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect()).unwrap()
+}
+
+/// max |a - b| / max |b|
+fn rel(a: &[f32], b: &[f32]) -> f64 {
+    let m = b
+        .iter()
+        .fold(0.0f64, |m, x| m.max(x.abs() as f64))
+        .max(1e-30);
+    a.iter()
+        .zip(b)
+        .fold(0.0f64, |e, (x, y)| e.max((*x as f64 - *y as f64).abs()))
+        / m
+}
+
+/// RMS(a - b) / RMS(b), FLA's metric.
+fn rms_rel(a: &[f32], b: &[f32]) -> f64 {
+    let d: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let r: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (d / r.max(1e-300)).sqrt()
+}
+
+fn run(
+    l: &GatedDeltaNet,
+    x: &Tensor,
+    dy: &Tensor,
+    seqs: Option<&Seqs>,
+) -> (Tensor, Tensor, gdn::Grads) {
+    let (y, saved) = match seqs {
+        Some(s) => l.forward_packed(x, s).unwrap(),
+        None => l.forward(x).unwrap(),
+    };
+    let (dx, g) = l.backward(saved, dy).unwrap();
+    (y, dx, g)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_layer_matches_cpu_layer_f32_and_bf16() {
+    for norm in [Normalization::RMSNorm, Normalization::LayerNorm] {
+        let c = cfg(norm);
+        let cpu = GatedDeltaNet::new(&c, 1).unwrap();
+        let mut rng = ChaCha8Rng::seed_from_u64(2);
+        let x = randt(&mut rng, &[2, 300, 256]);
+        let dy = randt(&mut rng, &[2, 300, 256]);
+        let (y0, dx0, g0) = run(&cpu, &x, &dy, None);
+        for (dtype, tol) in [(DType::F32, 1e-4), (DType::Bf16, 2e-2)] {
+            let gpu = cpu.clone().to_device(Device::Cuda(0), dtype).unwrap();
+            let (y, dx, g) = run(&gpu, &x, &dy, None);
+            let mut worst = vec![("y", rms_rel(y.data(), y0.data()), rel(y.data(), y0.data()))];
+            worst.push((
+                "dx",
+                rms_rel(dx.data(), dx0.data()),
+                rel(dx.data(), dx0.data()),
+            ));
+            for (name, t) in g0.iter() {
+                let gg = g.get(name).unwrap();
+                worst.push((name, rms_rel(gg.data(), t.data()), rel(gg.data(), t.data())));
+            }
+            for (name, rms, mx) in &worst {
+                eprintln!("{norm:?} {dtype:?} {name:<28} rms rel {rms:.2e}  max rel {mx:.2e}");
+            }
+            for (name, rms, _) in &worst {
+                assert!(
+                    *rms <= tol,
+                    "{norm:?} {dtype:?} {name}: RMS rel err {rms} > {tol}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_packed_sequences_match_cpu() {
+    let c = cfg(Normalization::RMSNorm);
+    let cpu = GatedDeltaNet::new(&c, 3).unwrap();
+    let gpu = cpu.clone().to_device(Device::Cuda(0), DType::F32).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let seqs = Seqs::packed(&[0, 0, 1, 64, 129, 129, 200], 205).unwrap();
+    let x = randt(&mut rng, &[1, 205, 256]);
+    let dy = randt(&mut rng, &[1, 205, 256]);
+    let (y0, dx0, g0) = run(&cpu, &x, &dy, Some(&seqs));
+    let (y, dx, g) = run(&gpu, &x, &dy, Some(&seqs));
+    assert!(rel(y.data(), y0.data()) < 1e-4);
+    assert!(rel(dx.data(), dx0.data()) < 1e-4);
+    for (name, t) in g0.iter() {
+        assert!(rel(g.get(name).unwrap().data(), t.data()) < 1e-4, "{name}");
+    }
+    assert!(
+        y.data()[200 * 256..].iter().all(|&v| v == 0.0),
+        "padding rows output"
+    );
+    assert!(
+        dx.data()[200 * 256..].iter().all(|&v| v == 0.0),
+        "padding rows dx"
+    );
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.data().iter().map(|v| v.to_bits()).collect()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_recompute_is_bitwise_and_runs_are_reproducible() {
+    let base = cfg(Normalization::RMSNorm);
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let x = randt(&mut rng, &[2, 200, 256]);
+    let dy = randt(&mut rng, &[2, 200, 256]);
+    let l0 = GatedDeltaNet::new(&base, 6)
+        .unwrap()
+        .to_device(Device::Cuda(0), DType::Bf16)
+        .unwrap();
+    let (y0, dx0, g0) = run(&l0, &x, &dy, None);
+    let (y1, dx1, g1) = run(&l0, &x, &dy, None);
+    assert_eq!(bits(&y0), bits(&y1), "run to run: y");
+    assert_eq!(bits(&dx0), bits(&dx1), "run to run: dx");
+    for (name, t) in g0.iter() {
+        assert_eq!(bits(t), bits(g1.get(name).unwrap()), "run to run: {name}");
+    }
+    for mods in [
+        vec!["gdn_norm_out"],
+        vec!["gdn_prep", "gdn_norm_out"],
+        vec!["gdn"],
+    ] {
+        let c = GdnConfig {
+            recompute_granularity: Some(RecomputeGranularity::Selective),
+            recompute_modules: Some(mods.iter().map(|s| s.to_string()).collect()),
+            ..base.clone()
+        };
+        let l = GatedDeltaNet::with_params(&c, l0.params().clone())
+            .unwrap()
+            .to_device(Device::Cuda(0), DType::Bf16)
+            .unwrap();
+        let (y, dx, g) = run(&l, &x, &dy, None);
+        assert_eq!(bits(&y0), bits(&y), "{mods:?}: y");
+        assert_eq!(bits(&dx0), bits(&dx), "{mods:?}: dx");
+        for (name, t) in g0.iter() {
+            assert_eq!(bits(t), bits(g.get(name).unwrap()), "{mods:?}: {name}");
+        }
+    }
+}
+
+/// `Saved::bytes()` equals the allocator's live bytes kept across forward (the output is copied
+/// to the host and freed on the device; the parameters are resident before forward starts).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn saved_bytes_equal_allocator_live_bytes() {
+    let gpu = cuda::gpu(0).unwrap();
+    for (mods, dtype) in [
+        (vec![], DType::Bf16),
+        (vec!["gdn_norm_out"], DType::Bf16),
+        (vec!["gdn_prep"], DType::F32),
+    ] {
+        let c = GdnConfig {
+            recompute_granularity: (!mods.is_empty()).then_some(RecomputeGranularity::Selective),
+            recompute_modules: Some(mods.iter().map(|s| s.to_string()).collect()),
+            ..GdnConfig::qwen3_next()
+        };
+        let l = GatedDeltaNet::new(&c, 7)
+            .unwrap()
+            .to_device(Device::Cuda(0), dtype)
+            .unwrap();
+        let mut rng = ChaCha8Rng::seed_from_u64(8);
+        let x = randt(&mut rng, &[1, 1024, 2048]);
+        let _ = l.forward_inference(&x).unwrap(); // parameters uploaded, kernels compiled
+        gpu.sync().unwrap();
+        let before = gpu.live_bytes();
+        gpu.reset_peak();
+        let (_y, saved) = l.forward(&x).unwrap();
+        gpu.sync().unwrap();
+        let kept = gpu.live_bytes() - before;
+        let peak = gpu.peak_bytes() - before;
+        eprintln!(
+            "{mods:?} {dtype:?}: Saved::bytes {} = {:.1} KB/token; allocator kept {} ; forward peak {:.1} KB/token",
+            saved.bytes(),
+            saved.bytes() as f64 / 1024.0 / 1024.0,
+            kept,
+            peak as f64 / 1024.0 / 1024.0
+        );
+        assert_eq!(kept, saved.bytes(), "{mods:?} {dtype:?}");
+        drop(saved);
+        assert_eq!(gpu.live_bytes(), before);
+    }
+}
