@@ -119,7 +119,8 @@ fn panel(area: &Area, p: &Panel, x_max: f64) -> Result<()> {
         area.draw(&PathElement::new(vec![(x, y0), (x, y1)], GRID))
             .map_err(err)?;
         let s = label(t, 1.0);
-        text(area, &s, x - text_width(&s) / 2, y1 + 8, &black)?;
+        let lx = (x - text_width(&s) / 2).min(w - text_width(&s) - 2);
+        text(area, &s, lx, y1 + 8, &black)?;
     }
     // axes
     area.draw(&PathElement::new(vec![(x0, y0), (x0, y1), (x1, y1)], black))
@@ -168,7 +169,7 @@ fn panel(area: &Area, p: &Panel, x_max: f64) -> Result<()> {
     // legend, top right
     let names = [("train", TRAIN), ("held-out", EVAL)];
     let width: i32 = names.iter().map(|(n, _)| 30 + text_width(n) + 20).sum();
-    let mut x = x1 - width + 20;
+    let mut x = (x1 - width + 20).max(x0 + text_width(p.title) + 24);
     for (name, color) in names {
         area.draw(&PathElement::new(
             vec![(x, 10 + 4 * SCALE), (x + 24, 10 + 4 * SCALE)],
