@@ -219,6 +219,7 @@ struct Progress {
     bar: Option<ProgressBar>,
     total: u64,
     last_eval: Option<LossStats>,
+    last_train: Option<Metric>,
 }
 
 impl Progress {
@@ -240,6 +241,7 @@ impl Progress {
             bar,
             total,
             last_eval: None,
+            last_train: None,
         }
     }
 
@@ -256,18 +258,26 @@ impl Progress {
         }
     }
 
-    fn train(&self, m: &Metric, eta: Duration) {
+    /// The bar's message: the last training metrics and the last held-out accuracy.
+    fn message(&self) -> String {
         let eval = self.last_eval.map_or(String::new(), |e| {
             format!(" | held-out acc {:.1}%", 100.0 * e.accuracy())
         });
-        let msg = format!(
-            "loss {:.4} acc {:.1}%{eval} | {} tok/s",
-            m.loss,
-            100.0 * m.accuracy,
-            human_rate(m.tokens_per_s.unwrap_or(0.0))
-        );
+        match &self.last_train {
+            Some(m) => format!(
+                "loss {:.4} acc {:.1}%{eval} | {} tok/s",
+                m.loss,
+                100.0 * m.accuracy,
+                human_rate(m.tokens_per_s.unwrap_or(0.0))
+            ),
+            None => eval.trim_start_matches(" | ").to_string(),
+        }
+    }
+
+    fn train(&mut self, m: &Metric, eta: Duration) {
+        self.last_train = Some(m.clone());
         match &self.bar {
-            Some(b) => b.set_message(msg),
+            Some(b) => b.set_message(self.message()),
             None => eprintln!(
                 "step {:>w$}/{}  loss {:.4}  acc {:6.2}%  lr {:.2e}  grad norm {:.3}  {} tok/s  eta {}",
                 m.step,
@@ -285,6 +295,9 @@ impl Progress {
 
     fn eval(&mut self, step: u64, e: LossStats) {
         self.last_eval = Some(e);
+        if let Some(b) = &self.bar {
+            b.set_message(self.message());
+        }
         self.println(&format!(
             "eval at step {step}: held-out loss {:.4}, accuracy {:.2}% ({} targets)",
             e.loss(),
