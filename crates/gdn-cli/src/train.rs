@@ -316,8 +316,9 @@ impl Progress {
 /// Run `gdn train`.
 pub fn run(args: TrainArgs) -> Result<()> {
     let device: Device = args.device.parse()?;
-    if device != Device::Cpu {
-        bail!("--device {device}: CUDA not available in this build (use --device cpu)");
+    if let Device::Cuda(i) = device {
+        // Fail before creating the run directory when no GPU can be used.
+        gdn::device::cuda::gpu(i)?;
     }
     let started = Instant::now();
 
@@ -374,6 +375,11 @@ pub fn run(args: TrainArgs) -> Result<()> {
             Trainer::new(&cfg)?
         }
     };
+    if device != Device::Cpu {
+        // The GDN layers run there in bf16 storage (fp32 accumulation and master weights); the
+        // embedding, MLPs and head stay on the CPU.
+        trainer.gdn_layers_to_device(device, gdn::device::cuda::DType::Bf16)?;
+    }
     let ckdir = dir.join("checkpoints");
     std::fs::create_dir_all(&ckdir)
         .with_context(|| format!("creating the run directory {}", ckdir.display()))?;

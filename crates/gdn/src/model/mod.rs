@@ -261,6 +261,21 @@ impl Model {
         }
     }
 
+    /// Run the GDN layers on `device` with `dtype` activation storage (bf16 or f32 on a GPU);
+    /// the embedding, MLPs and head stay on the CPU, so each block's layer input and output
+    /// cross to the device and back.
+    pub fn gdn_layers_to_device(
+        &mut self,
+        device: crate::Device,
+        dtype: crate::device::cuda::DType,
+    ) -> Result<()> {
+        self.layers = std::mem::take(&mut self.layers)
+            .into_iter()
+            .map(|l| l.to_device(device, dtype))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(())
+    }
+
     /// Visit every parameter mutably in [`param_specs`] order (for optimizers; shapes must not
     /// change).
     pub fn for_each_param_mut(&mut self, mut f: impl FnMut(&str, &mut Tensor)) {

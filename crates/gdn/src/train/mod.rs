@@ -74,6 +74,15 @@ impl Trainer {
         })
     }
 
+    /// Run the model's GDN layers on `device` (see [`Model::gdn_layers_to_device`]).
+    pub fn gdn_layers_to_device(
+        &mut self,
+        device: crate::Device,
+        dtype: crate::device::cuda::DType,
+    ) -> Result<()> {
+        self.model.gdn_layers_to_device(device, dtype)
+    }
+
     /// Continue the run of `cfg` from the checkpoint at `path` (refused if it was written for
     /// another model config or another data seed, or is corrupt).
     pub fn resume(cfg: &RunConfig, path: &Path) -> Result<Self> {

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# On the device machine: run every GPU test (ignored on CI) and the GPU benchmarks built by
+# scripts/gpu-build.sh, write full logs under $OUT, and print a short table last.
+#   usage: bash scripts/gpu-check.sh [tests|bench|all]   (default all)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+export GDN_KERNEL_CACHE=/tmp/gdn-kernels
+OUT=${OUT:-/tmp/gdn-out}
+mkdir -p "$OUT"
+what=${1:-all}
+table=""
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+if [ "$what" = all ] || [ "$what" = tests ]; then
+    for t in .gpu/test-*; do
+        name=$(basename "$t")
+        start=$(date +%s.%N)
+        "$t" --include-ignored --test-threads=1 > "$OUT/$name.log" 2>&1
+        rc=$?
+        secs=$(echo "$(date +%s.%N) - $start" | bc)
+        res=$(grep -E "^test result" "$OUT/$name.log" | tail -1)
+        table+=$(printf '%-22s rc=%-3s %6.1fs  %s' "$name" "$rc" "$secs" "$res")$'\n'
+        grep -E "panicked|FAILED" "$OUT/$name.log" | head -5
+    done
+fi
+if [ "$what" = all ] || [ "$what" = bench ]; then
+    for b in .gpu/bench_*; do
+        [ -x "$b" ] || continue
+        "$b" > "$OUT/$(basename "$b").log" 2>&1
+        table+="$(basename "$b"): rc=$?"$'\n'
+        tail -25 "$OUT/$(basename "$b").log"
+    done
+    if [ -d .whl ]; then
+        python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+        PYTHONUNBUFFERED=1 python3 .gpu/fla_anchor.py > "$OUT/fla_anchor.log" 2>&1
+        table+="fla_anchor: rc=$?"$'\n'
+        tail -15 "$OUT/fla_anchor.log"
+    fi
+fi
+echo "================ summary"
+printf '%s' "$table"
