@@ -10,9 +10,14 @@
 //! is written by one thread, each reduction has a fixed order, so two runs give the same bits.
 //! The dq / dk sums over a GVA group go through per-value-head fp32 partials reduced in head order.
 //!
-//! Pipeline (see the .cu file's header): forward = [l2norm] prep, scan, output; backward =
-//! [l2norm] prep, scan (recomputes the chunk-start states), dD_loc, reverse scan, per-chunk
-//! gradients, GVA reduction (through the l2norm).
+//! Pipeline (see the .cu file's header): forward = (l2norm,) prep, scan, output; backward =
+//! (l2norm,) prep, scan (recomputes the chunk-start states), dD_loc, reverse scan, per-chunk
+//! gradients, GVA reduction (through the l2norm). With the in-kernel norm, the normalized q and k
+//! are kept in fp32 whatever the storage type (`*_bf16n` kernels).
+//!
+//! Workspace (fp32, per chunk of 64 tokens and value head): chunk-start states `h` (and their
+//! gradients `dh` in backward) `Dk * Dv` each, `T` `64 * 64`, `W`, `U`, `D`, `dD` `64 * D`; about
+//! 7.5 GiB at 32768 tokens x 32 value heads, Dk = Dv = 128, for forward + backward.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -467,7 +472,7 @@ fn scan_fwd(
     let h = ws(gpu, chh * s.dk * s.dv)?;
     let d = ws(gpu, chh * C * s.dv)?;
     let bv = scan_bv(gpu, seqs.count(), s);
-    let smem = (s.dk * bv + 2 * C * (s.dk + 1) + C * bv + 2 * C) * 4;
+    let smem = (s.dk * bv + 2 * C * (s.dk + 4) + C * bv + C) * 4;
     launch(
         gpu,
         &format!("gdr_scan_fwd{bv}_{ks}"),
@@ -661,7 +666,7 @@ pub fn backward_cuda(
         None => None,
     };
     let bv = scan_bv(gpu, n_seq, s);
-    let smem_s = (s.dk * bv + 2 * C * (s.dk + 1) + 2 * C * bv + 3 * C) * 4;
+    let smem_s = (s.dk * bv + 2 * C * (s.dk + 4) + 2 * C * bv + C) * 4;
     launch(
         gpu,
         &format!("gdr_scan_bwd{bv}_{ks}"),

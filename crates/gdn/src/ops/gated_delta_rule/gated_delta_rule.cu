@@ -11,8 +11,10 @@
 // Kernels (all launches 256 threads; grids are flat over x so no axis limit is hit):
 //   gdr_l2norm     rows of q / k normalized in the kernel (x * rsqrt(sum x^2 + 1e-6)), kept fp32
 //   gdr_prep       per (chunk, value head): gam, M, T (forward substitution), W, U
-//   gdr_scan_fwd   per (sequence, value head, V tile): walks the chunks, D = U - W S, stores the
-//                  chunk-start states h[c] and D, updates S; final state
+//   gdr_scan_fwd   per (sequence, value head, V tile of 16 or 32 columns): walks the chunks,
+//                  D = U - W S, stores the chunk-start states h[c] and D, updates S; final state.
+//                  A chunk's global reads are all issued at its start (16-byte loads, 16 in
+//                  flight per thread): the scans are latency-bound
 //   gdr_output     per (chunk, value head): O
 //   gdr_dd_local   per (chunk, value head): dD = scale A^T dO (the intra-chunk part)
 //   gdr_scan_bwd   per (sequence, value head, V tile), chunks in reverse: dh[c] (gradient of the
@@ -252,6 +254,70 @@ struct ScanLayout {
     static constexpr int RPT = GDR_C / RP;   // rows per thread in a 64-row matrix
 };
 
+// Four consecutive values (index a multiple of 4, so the access is aligned) as fp32.
+__device__ __forceinline__ float4 ld4(const float* p, i64 i) { return *reinterpret_cast<const float4*>(p + i); }
+__device__ __forceinline__ float4 ld4(const bf16_t* p, i64 i) {
+    uint2 u = *reinterpret_cast<const uint2*>(p + i);
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                       __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
+
+// Two 64-row matrices of n (a multiple of 4) values per row from global memory (row strides ra,
+// rb; rows >= la / lb read as zero) into shared memory (row stride ld, a multiple of 4), with up
+// to 16 16-byte loads per thread in flight before the first store.
+template <typename TA, typename TB>
+__device__ __forceinline__ void load_rows2(float* da, const TA* sa, i64 ra, int la, float* db, const TB* sb,
+                                           i64 rb, int lb, int ld, int n) {
+    const int n4 = n >> 2;
+    const int total = GDR_C * n4;
+    const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int e0 = threadIdx.x; e0 < total; e0 += GDR_NT * 8) {
+        float4 a[8], b[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            int e = e0 + u * GDR_NT;
+            int i = e / n4, x = (e - i * n4) * 4;
+            a[u] = (e < total && i < la) ? ld4(sa, i * ra + x) : z;
+            b[u] = (e < total && i < lb) ? ld4(sb, i * rb + x) : z;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            int e = e0 + u * GDR_NT;
+            if (e < total) {
+                int i = e / n4, x = (e - i * n4) * 4;
+                *reinterpret_cast<float4*>(da + i * ld + x) = a[u];
+                *reinterpret_cast<float4*>(db + i * ld + x) = b[u];
+            }
+        }
+    }
+}
+
+template <typename TA>
+__device__ __forceinline__ void load_rows1(float* da, const TA* sa, i64 ra, int la, int ld, int n) {
+    const int n4 = n >> 2;
+    const int total = GDR_C * n4;
+    const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int e0 = threadIdx.x; e0 < total; e0 += GDR_NT * 8) {
+        float4 a[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            int e = e0 + u * GDR_NT;
+            int i = e / n4, x = (e - i * n4) * 4;
+            a[u] = (e < total && i < la) ? ld4(sa, i * ra + x) : z;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            int e = e0 + u * GDR_NT;
+            if (e < total) {
+                int i = e / n4, x = (e - i * n4) * 4;
+                *reinterpret_cast<float4*>(da + i * ld + x) = a[u];
+            }
+        }
+    }
+}
+
+// Forward scan. Per chunk: h[c] = S; D = U - W S (stored); S = e^gam_L S + K^T (e^(gam_L-gam) D).
+// All global reads of a chunk (gam, W, K, this thread's U) are issued together at its start.
 template <typename TQ, int BV>
 __device__ void gdr_scan_fwd(const TQ* __restrict__ k, const float* __restrict__ gam_ws,
                              const float* __restrict__ w_ws, const float* __restrict__ u_ws,
@@ -267,13 +333,12 @@ __device__ void gdr_scan_fwd(const TQ* __restrict__ k, const float* __restrict__
     const i64 n = b / ((i64)nvt * hv_n);
     const int kh = hv / (hv_n / hk_n);
     const int tid = threadIdx.x;
-    const int ldw = dk + 1;
+    const int ldw = dk + 4;
     float* sS = gdr_smem;              // [dk][BV]
-    float* sW = sS + dk * BV;          // [64][dk+1]
-    float* sK = sW + GDR_C * ldw;      // [64][dk+1], K scaled by e^(gam_L - gam)
-    float* sD = sK + GDR_C * ldw;      // [64][BV]
+    float* sW = sS + dk * BV;          // [64][dk+4]
+    float* sK = sW + GDR_C * ldw;      // [64][dk+4]
+    float* sD = sK + GDR_C * ldw;      // [64][BV]: e^(gam_L - gam_i) D_i
     float* s_gam = sD + GDR_C * BV;    // [64]
-    float* s_ed = s_gam + GDR_C;       // [64]
     const int c4 = (tid % Lay::TPR) * 4, r0 = tid / Lay::TPR;
     const i64 col0 = (i64)vt * BV;
     const i64 st_base = (n * hv_n + hv) * (i64)dk * dv;
@@ -288,25 +353,21 @@ __device__ void gdr_scan_fwd(const TQ* __restrict__ k, const float* __restrict__
         const i64 cb = c * hv_n + hv;
         const int l = ch_len[c];
         const TQ* kc = k + ch_t0[c] * krow + (i64)kh * dk;
-        __syncthreads();  // previous chunk done with sS/sW/sK/sD
+        __syncthreads();  // previous chunk done with sS/sW/sK/sD/s_gam
         if (tid < GDR_C) s_gam[tid] = gam_ws[cb * GDR_C + tid];
+        float4 u4[Lay::RPT];
+#pragma unroll
+        for (int m = 0; m < Lay::RPT; ++m)
+            u4[m] = ld4(u_ws, (cb * GDR_C + r0 + m * Lay::RP) * dv + col0 + c4);
         if (h_ws) {
             for (int e = tid; e < dk * BV; e += GDR_NT) {
                 int kk = e / BV, cc = e % BV;
                 h_ws[cb * (i64)dk * dv + (i64)kk * dv + col0 + cc] = sS[e];
             }
         }
-        for (int e = tid; e < GDR_C * dk; e += GDR_NT) {
-            int i = e / dk, x = e % dk;
-            sW[i * ldw + x] = w_ws[(cb * GDR_C + i) * dk + x];
-        }
+        load_rows2(sW, w_ws + cb * GDR_C * dk, (i64)dk, GDR_C, sK, kc, krow, l, ldw, dk);
         __syncthreads();
-        if (tid < GDR_C) s_ed[tid] = tid < l ? expf(s_gam[l - 1] - s_gam[tid]) : 0.f;
-        __syncthreads();
-        for (int e = tid; e < GDR_C * dk; e += GDR_NT) {
-            int i = e / dk, x = e % dk;
-            sK[i * ldw + x] = i < l ? s_ed[i] * ld(kc, i * krow + x) : 0.f;
-        }
+        const float gl = s_gam[l - 1];
         // D = U - W S (64 x BV).
         {
             float acc[Lay::RPT][4];
@@ -328,29 +389,27 @@ __device__ void gdr_scan_fwd(const TQ* __restrict__ k, const float* __restrict__
 #pragma unroll
             for (int m = 0; m < Lay::RPT; ++m) {
                 int i = r0 + m * Lay::RP;
-                const float* ur = u_ws + (cb * GDR_C + i) * dv + col0 + c4;
-                float* dr = d_ws + (cb * GDR_C + i) * dv + col0 + c4;
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    float d = ur[q] - acc[m][q];
-                    sD[i * BV + c4 + q] = d;
-                    dr[q] = d;
-                }
+                float ed = i < l ? expf(gl - s_gam[i]) : 0.f;
+                float4 d = make_float4(u4[m].x - acc[m][0], u4[m].y - acc[m][1], u4[m].z - acc[m][2],
+                                       u4[m].w - acc[m][3]);
+                *reinterpret_cast<float4*>(d_ws + (cb * GDR_C + i) * dv + col0 + c4) = d;
+                *reinterpret_cast<float4*>(&sD[i * BV + c4]) =
+                    make_float4(ed * d.x, ed * d.y, ed * d.z, ed * d.w);
             }
         }
         __syncthreads();
-        // S = e^gam_L S + Kd^T D.
+        // S = e^gam_L S + K^T sD.
         {
-            const float egl = expf(s_gam[l - 1]);
+            const float egl = expf(gl);
             for (int kk = r0; kk < dk; kk += Lay::RP) {
                 float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
                 for (int i = 0; i < GDR_C; ++i) {
-                    float kd = sK[i * ldw + kk];
+                    float kv = sK[i * ldw + kk];
                     float4 d4 = *reinterpret_cast<const float4*>(&sD[i * BV + c4]);
-                    a0 = fmaf(kd, d4.x, a0);
-                    a1 = fmaf(kd, d4.y, a1);
-                    a2 = fmaf(kd, d4.z, a2);
-                    a3 = fmaf(kd, d4.w, a3);
+                    a0 = fmaf(kv, d4.x, a0);
+                    a1 = fmaf(kv, d4.y, a1);
+                    a2 = fmaf(kv, d4.z, a2);
+                    a3 = fmaf(kv, d4.w, a3);
                 }
                 float* s = &sS[kk * BV + c4];
                 s[0] = egl * s[0] + a0;
@@ -370,7 +429,8 @@ __device__ void gdr_scan_fwd(const TQ* __restrict__ k, const float* __restrict__
 }
 
 // dS walks the chunks in reverse. On entry to chunk c, dS is the gradient w.r.t. the state at
-// the chunk's end: stored as dh[c]; dD = dD_loc + Kd dS; dS <- e^gam_L dS + scale Qg^T dO - W^T dD.
+// the chunk's end: stored as dh[c]; dD = dD_loc + e^(gam_L - gam) K dS;
+// dS <- e^gam_L dS + Q^T (scale e^gam dO) - W^T dD.
 template <typename TQ, typename T, int BV>
 __device__ void gdr_scan_bwd(const TQ* __restrict__ q, const TQ* __restrict__ k, const T* __restrict__ d_o,
                              const float* __restrict__ gam_ws, const float* __restrict__ w_ws,
@@ -386,19 +446,18 @@ __device__ void gdr_scan_bwd(const TQ* __restrict__ q, const TQ* __restrict__ k,
     const i64 n = b / ((i64)nvt * hv_n);
     const int kh = hv / (hv_n / hk_n);
     const int tid = threadIdx.x;
-    const int ldw = dk + 1;
+    const int ldw = dk + 4;
     float* sS = gdr_smem;              // dS [dk][BV]
-    float* sA = sS + dk * BV;          // [64][dk+1]: Kd, then scale e^gam Q
-    float* sW = sA + GDR_C * ldw;      // [64][dk+1]
+    float* sA = sS + dk * BV;          // [64][dk+4]: K, then Q
+    float* sW = sA + GDR_C * ldw;      // [64][dk+4]
     float* sD = sW + GDR_C * ldw;      // dD [64][BV]
-    float* sO = sD + GDR_C * BV;       // dO [64][BV]
+    float* sO = sD + GDR_C * BV;       // scale e^gam dO [64][BV]
     float* s_gam = sO + GDR_C * BV;
-    float* s_ed = s_gam + GDR_C;
-    float* s_eg = s_ed + GDR_C;
     const int c4 = (tid % Lay::TPR) * 4, r0 = tid / Lay::TPR;
     const i64 col0 = (i64)vt * BV;
     const i64 st_base = (n * hv_n + hv) * (i64)dk * dv;
     const i64 krow = (i64)hk_n * dk, vrow = (i64)hv_n * dv;
+    const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
 
     for (int e = tid; e < dk * BV; e += GDR_NT) {
         int kk = e / BV, cc = e % BV;
@@ -414,27 +473,21 @@ __device__ void gdr_scan_bwd(const TQ* __restrict__ q, const TQ* __restrict__ k,
         const T* oc = d_o + t0 * vrow + (i64)hv * dv + col0;
         __syncthreads();
         if (tid < GDR_C) s_gam[tid] = gam_ws[cb * GDR_C + tid];
+        float4 o4[Lay::RPT], dl4[Lay::RPT];
+#pragma unroll
+        for (int m = 0; m < Lay::RPT; ++m) {
+            int i = r0 + m * Lay::RP;
+            o4[m] = i < l ? ld4(oc, i * vrow + c4) : z;
+            dl4[m] = ld4(dd_ws, (cb * GDR_C + i) * dv + col0 + c4);
+        }
         for (int e = tid; e < dk * BV; e += GDR_NT) {
             int kk = e / BV, cc = e % BV;
             dh_ws[cb * (i64)dk * dv + (i64)kk * dv + col0 + cc] = sS[e];
         }
-        for (int e = tid; e < GDR_C * BV; e += GDR_NT) {
-            int i = e / BV, cc = e % BV;
-            sO[e] = i < l ? ld(oc, i * vrow + cc) : 0.f;
-        }
+        load_rows2(sA, kc, krow, l, sW, w_ws + cb * GDR_C * dk, (i64)dk, GDR_C, ldw, dk);
         __syncthreads();
-        if (tid < GDR_C) {
-            s_ed[tid] = tid < l ? expf(s_gam[l - 1] - s_gam[tid]) : 0.f;
-            s_eg[tid] = tid < l ? expf(s_gam[tid]) : 0.f;
-        }
-        __syncthreads();
-        for (int e = tid; e < GDR_C * dk; e += GDR_NT) {
-            int i = e / dk, x = e % dk;
-            sA[i * ldw + x] = i < l ? s_ed[i] * ld(kc, i * krow + x) : 0.f;
-            sW[i * ldw + x] = w_ws[(cb * GDR_C + i) * dk + x];
-        }
-        __syncthreads();
-        // dD = dD_loc + Kd dS.
+        const float gl = s_gam[l - 1];
+        // dD = dD_loc + e^(gam_L - gam) K dS ; sO = scale e^gam dO.
         {
             float acc[Lay::RPT][4];
 #pragma unroll
@@ -455,34 +508,32 @@ __device__ void gdr_scan_bwd(const TQ* __restrict__ q, const TQ* __restrict__ k,
 #pragma unroll
             for (int m = 0; m < Lay::RPT; ++m) {
                 int i = r0 + m * Lay::RP;
-                float* dr = dd_ws + (cb * GDR_C + i) * dv + col0 + c4;
-#pragma unroll
-                for (int qq = 0; qq < 4; ++qq) {
-                    float d = acc[m][qq] + dr[qq];
-                    sD[i * BV + c4 + qq] = d;
-                    dr[qq] = d;
-                }
+                float ed = i < l ? expf(gl - s_gam[i]) : 0.f;
+                float so = i < l ? scale * expf(s_gam[i]) : 0.f;
+                float4 d = make_float4(dl4[m].x + ed * acc[m][0], dl4[m].y + ed * acc[m][1],
+                                       dl4[m].z + ed * acc[m][2], dl4[m].w + ed * acc[m][3]);
+                *reinterpret_cast<float4*>(&sD[i * BV + c4]) = d;
+                *reinterpret_cast<float4*>(dd_ws + (cb * GDR_C + i) * dv + col0 + c4) = d;
+                *reinterpret_cast<float4*>(&sO[i * BV + c4]) =
+                    make_float4(so * o4[m].x, so * o4[m].y, so * o4[m].z, so * o4[m].w);
             }
         }
         __syncthreads();
-        for (int e = tid; e < GDR_C * dk; e += GDR_NT) {
-            int i = e / dk, x = e % dk;
-            sA[i * ldw + x] = i < l ? scale * s_eg[i] * ld(qc, i * krow + x) : 0.f;
-        }
+        load_rows1(sA, qc, krow, l, ldw, dk);
         __syncthreads();
-        // dS = e^gam_L dS + Qs^T dO - W^T dD.
+        // dS = e^gam_L dS + Q^T sO - W^T dD.
         {
-            const float egl = expf(s_gam[l - 1]);
+            const float egl = expf(gl);
             for (int kk = r0; kk < dk; kk += Lay::RP) {
                 float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
                 for (int i = 0; i < GDR_C; ++i) {
                     float qv = sA[i * ldw + kk], wv = sW[i * ldw + kk];
-                    float4 o4 = *reinterpret_cast<const float4*>(&sO[i * BV + c4]);
+                    float4 o = *reinterpret_cast<const float4*>(&sO[i * BV + c4]);
                     float4 d4 = *reinterpret_cast<const float4*>(&sD[i * BV + c4]);
-                    a0 = fmaf(qv, o4.x, a0) - wv * d4.x;
-                    a1 = fmaf(qv, o4.y, a1) - wv * d4.y;
-                    a2 = fmaf(qv, o4.z, a2) - wv * d4.z;
-                    a3 = fmaf(qv, o4.w, a3) - wv * d4.w;
+                    a0 = fmaf(qv, o.x, a0) - wv * d4.x;
+                    a1 = fmaf(qv, o.y, a1) - wv * d4.y;
+                    a2 = fmaf(qv, o.z, a2) - wv * d4.z;
+                    a3 = fmaf(qv, o.w, a3) - wv * d4.w;
                 }
                 float* s = &sS[kk * BV + c4];
                 s[0] = egl * s[0] + a0;

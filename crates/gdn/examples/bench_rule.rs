@@ -1,0 +1,212 @@
+//! Times the CUDA gated delta rule (bf16 storage, Dk = Dv = 128, in-kernel l2norm, FLA's inputs:
+//! g = logsigmoid(randn), beta = rand) at FLA's anchor cases: forward, and forward + backward, with
+//! CUDA events, median of 10 after 2 warm-up runs. Prints the arithmetic and byte floors next to
+//! our times and FLA's (measured on the same H200, `/work/shared/GPU.md`).
+//!
+//! `cargo run --release --example bench_rule` on a machine with a CUDA GPU.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
+use gdn::ops::gated_delta_rule::cuda::{backward_cuda, forward_cuda, profile_start, profile_take};
+use gdn::ops::gated_delta_rule::{RuleOpts, RuleShape, CHUNK};
+use gdn::Seqs;
+use rayon::prelude::*;
+
+/// FLA 0.6.0 on the H200 (bf16, K = V = 128, median of 10): (fwd ms, fwd+bwd ms).
+const CASES: &[(usize, usize, usize, usize, f64, f64)] = &[
+    // B, T, Hk, Hv, FLA fwd, FLA fwd+bwd
+    (1, 32768, 16, 32, 2.50, 9.40),
+    (4, 8192, 16, 32, 2.30, 9.27),
+    (8, 4096, 16, 16, 1.25, 5.00),
+    (16, 2048, 16, 16, 1.45, 4.54),
+];
+
+/// Measured ceilings of the H200 (GPU.md): bf16 dense matmul, and device copy bandwidth.
+const BF16_FLOPS: f64 = 750e12;
+const FP32_FLOPS: f64 = 67e12;
+const COPY_BPS: f64 = 4.13e12;
+
+/// Deterministic pseudo-random normals (splitmix64 + Box-Muller), generated in parallel.
+fn normals(n: usize, seed: u64) -> Vec<f32> {
+    (0..n)
+        .into_par_iter()
+        .map(|i| {
+            let mix = |mut z: u64| {
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+                z ^ (z >> 31)
+            };
+            let a = mix(seed.wrapping_mul(0x9e3779b97f4a7c15) ^ (2 * i as u64));
+            let b = mix(a ^ 0x5851f42d4c957f2d);
+            let u1 = ((a >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+            let u2 = (b >> 11) as f64 / (1u64 << 53) as f64;
+            ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
+        })
+        .collect()
+}
+
+fn median(mut x: Vec<f32>) -> f64 {
+    x.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    x[x.len() / 2] as f64
+}
+
+/// Keep freed device memory in the pool (like PyTorch's caching allocator) so the timed runs do
+/// not measure the driver growing and trimming the pool.
+fn keep_pool(gpu: &Gpu) {
+    let ctx = gpu.stream().context();
+    // SAFETY: plain driver calls on the current device's default pool.
+    unsafe {
+        let mut pool = std::mem::MaybeUninit::uninit();
+        if sys::cuDeviceGetDefaultMemPool(pool.as_mut_ptr(), ctx.cu_device())
+            == sys::CUresult::CUDA_SUCCESS
+        {
+            let mut v: u64 = u64::MAX;
+            let _ = sys::cuMemPoolSetAttribute(
+                pool.assume_init(),
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                &mut v as *mut u64 as *mut std::ffi::c_void,
+            );
+        }
+    }
+}
+
+fn time_ms(gpu: &Arc<Gpu>, reps: usize, mut f: impl FnMut()) -> f64 {
+    let st = gpu.stream();
+    let ctx = st.context();
+    for _ in 0..2 {
+        f();
+    }
+    gpu.sync().unwrap();
+    let mut t = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let a = ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .unwrap();
+        let b = ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .unwrap();
+        a.record(st).unwrap();
+        f();
+        b.record(st).unwrap();
+        t.push(a.elapsed_ms(&b).unwrap());
+    }
+    median(t)
+}
+
+fn main() {
+    let gpu = cuda::gpu(0).expect("a CUDA GPU");
+    keep_pool(&gpu);
+    println!("{gpu:?}");
+    let (dk, dv) = (128usize, 128usize);
+    let (c, k, v) = (CHUNK as f64, dk as f64, dv as f64);
+    // MACs per token per value head (reference/fla-gated-delta-rule.md 7.5), as FLOPs.
+    let fwd_flop = 2.0 * (3.0 * c * k + 2.0 * c * v + 3.0 * k * v);
+    let bwd_flop = 2.0 * (9.0 * c * k + 5.0 * c * v + 8.0 * k * v + 2.0 * c * c);
+    println!(
+        "bench-rule | case | ours fwd ms | FLA fwd ms | ours/FLA | ours fwd+bwd ms | FLA fwd+bwd ms | ours/FLA | floor fwd bf16-MMA/fp32-core/bytes ms | floor fwd+bwd bf16-MMA/fp32-core/bytes ms"
+    );
+    for &(b, t, hk, hv, fla_f, fla_fb) in CASES {
+        let tokens = b * t;
+        let seqs = Seqs::uniform(b, t);
+        let shape = RuleShape { hk, hv, dk, dv };
+        let opts = RuleOpts {
+            scale: 1.0 / (dk as f32).sqrt(),
+            l2norm_in_kernel: true,
+        };
+        let up = |x: &[f32]| DBuf::upload(&gpu, x, DType::Bf16).unwrap();
+        let q = up(&normals(tokens * hk * dk, 1));
+        let kk = up(&normals(tokens * hk * dk, 2));
+        let vv = up(&normals(tokens * hv * dv, 3));
+        let g_host: Vec<f32> = normals(tokens * hv, 4)
+            .into_iter()
+            .map(|z| -((-z).exp().ln_1p()))
+            .collect();
+        let g: GBuf<f32> = gpu.upload(&g_host).unwrap();
+        let beta_host: Vec<f32> = normals(tokens * hv, 5)
+            .into_iter()
+            .map(|z| 0.5 * (1.0 + libm_erf(z / std::f32::consts::SQRT_2)))
+            .collect();
+        let beta = up(&beta_host);
+        let d_o = up(&normals(tokens * hv * dv, 6));
+        let fwd = || {
+            let r = forward_cuda(
+                &gpu, &q, &kk, &vv, &g, &beta, &seqs, shape, opts, None, false,
+            )
+            .unwrap();
+            drop(r);
+        };
+        let t_f = time_ms(&gpu, 10, fwd);
+        let t_fb = time_ms(&gpu, 10, || {
+            let (o, _) = forward_cuda(
+                &gpu, &q, &kk, &vv, &g, &beta, &seqs, shape, opts, None, false,
+            )
+            .unwrap();
+            let gr = backward_cuda(
+                &gpu, &q, &kk, &vv, &g, &beta, &seqs, shape, opts, None, &d_o, None,
+            )
+            .unwrap();
+            drop((o, gr));
+        });
+        let th = (tokens * hv) as f64;
+        // Bytes: forward reads q, k, v, g, beta and writes o; backward also reads d_o and
+        // writes dq, dk, dv, dg, dbeta (bf16 storage, g / dg fp32).
+        let qk_b = 2.0 * (tokens * hk * dk * 2) as f64;
+        let v_b = (tokens * hv * dv * 2) as f64;
+        let gb_b = (tokens * hv * (4 + 2)) as f64;
+        let fwd_bytes = qk_b + 2.0 * v_b + gb_b;
+        let bwd_bytes = 2.0 * qk_b + 3.0 * v_b + 2.0 * gb_b;
+        let fl_f = fwd_flop * th;
+        let fl_fb = (fwd_flop + bwd_flop) * th;
+        println!(
+            "bench-rule | B{b} T{t} {hk}/{hv} | {t_f:.2} | {fla_f:.2} | {:.2} | {t_fb:.2} | {fla_fb:.2} | {:.2} | {:.3}/{:.2}/{:.3} | {:.3}/{:.2}/{:.3}",
+            t_f / fla_f,
+            t_fb / fla_fb,
+            fl_f / BF16_FLOPS * 1e3,
+            fl_f / FP32_FLOPS * 1e3,
+            fwd_bytes / COPY_BPS * 1e3,
+            fl_fb / BF16_FLOPS * 1e3,
+            fl_fb / FP32_FLOPS * 1e3,
+            (fwd_bytes + bwd_bytes) / COPY_BPS * 1e3,
+        );
+        println!(
+            "bench-rule-mem | B{b} T{t} {hk}/{hv} | peak device bytes {:.2} GiB",
+            gpu.peak_bytes() as f64 / (1u64 << 30) as f64
+        );
+        gpu.reset_peak();
+        // One more forward + backward with every kernel timed on its own.
+        profile_start();
+        let (o, _) = forward_cuda(
+            &gpu, &q, &kk, &vv, &g, &beta, &seqs, shape, opts, None, false,
+        )
+        .unwrap();
+        let gr = backward_cuda(
+            &gpu, &q, &kk, &vv, &g, &beta, &seqs, shape, opts, None, &d_o, None,
+        )
+        .unwrap();
+        drop((o, gr));
+        let prof = profile_take();
+        let line: Vec<String> = prof
+            .iter()
+            .map(|(n, ms, c)| format!("{n}={ms:.2}ms/{c}"))
+            .collect();
+        println!(
+            "bench-rule-kernels | B{b} T{t} {hk}/{hv} | {}",
+            line.join(" ")
+        );
+    }
+}
+
+/// erf (Abramowitz-Stegun 7.1.26, |error| < 1.5e-7): enough for sigmoid-like test inputs.
+fn libm_erf(x: f32) -> f32 {
+    let s = x.signum();
+    let x = x.abs() as f64;
+    let t = 1.0 / (1.0 + 0.3275911 * x);
+    let y = 1.0
+        - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t
+            + 0.254829592)
+            * t
+            * (-x * x).exp();
+    s * y as f32
+}

@@ -1,0 +1,665 @@
+//! The CUDA chunked gated delta rule against the CPU op (f32 storage) and the f64 recurrence
+//! (bf16 storage), with poisoned outputs and workspaces, exact-zero padding rows, bitwise
+//! reproducibility and input errors. Run on the device machine with `--include-ignored
+//! --nocapture`: every check prints one line (`gdr-check ...`) before the asserts.
+
+use std::sync::Arc;
+
+use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
+use gdn::ops::gated_delta_rule::cuda::{backward_cuda, forward_cuda, set_poison};
+use gdn::ops::gated_delta_rule::reference::{self, RefInputs};
+use gdn::ops::gated_delta_rule::{self as gdr, RuleOpts, RuleShape};
+use gdn::Seqs;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal};
+
+struct Case {
+    name: String,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    g: Vec<f32>,
+    beta: Vec<f32>,
+    h0: Option<Vec<f32>>,
+    d_o: Vec<f32>,
+    dht: Option<Vec<f32>>,
+    seqs: Seqs,
+    shape: RuleShape,
+    opts: RuleOpts,
+}
+
+fn normal(rng: &mut ChaCha8Rng, n: usize, s: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            let z: f64 = StandardNormal.sample(rng);
+            s * z as f32
+        })
+        .collect()
+}
+
+fn bf16r(x: &mut [f32]) {
+    for a in x {
+        *a = half::bf16::from_f32(*a).to_f32();
+    }
+}
+
+/// Decay of g: `Uniform(decay)` is g in (-decay, 0]; `LogSigmoid` is FLA's test input
+/// `logsigmoid(randn)`.
+#[derive(Clone, Copy)]
+enum Decay {
+    Uniform(f32),
+    LogSigmoid,
+}
+
+/// Random inputs. Without the in-kernel norm, q and k rows are unit-norm (as in the layer). With
+/// `bf16`, every input is rounded to bf16 first, so the references see exactly what the GPU sees.
+#[allow(clippy::too_many_arguments)]
+fn case(
+    name: &str,
+    seqs: Seqs,
+    shape: RuleShape,
+    norm_in_kernel: bool,
+    with_states: bool,
+    decay: Decay,
+    seed: u64,
+    bf16: bool,
+) -> Case {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let n = seqs.tokens();
+    let (hk, hv, dk, dv) = (shape.hk, shape.hv, shape.dk, shape.dv);
+    let mut q = normal(&mut rng, n * hk * dk, 1.0);
+    let mut k = normal(&mut rng, n * hk * dk, 1.0);
+    if !norm_in_kernel {
+        for x in [&mut q, &mut k] {
+            for r in x.chunks_mut(dk) {
+                let s = 1.0 / r.iter().map(|a| a * a).sum::<f32>().sqrt();
+                r.iter_mut().for_each(|a| *a *= s);
+            }
+        }
+    }
+    let mut v = normal(&mut rng, n * hv * dv, 1.0);
+    let g = (0..n * hv)
+        .map(|_| match decay {
+            Decay::Uniform(d) => -d * rng.gen::<f32>(),
+            Decay::LogSigmoid => {
+                let z: f64 = StandardNormal.sample(&mut rng);
+                -((-z).exp().ln_1p()) as f32
+            }
+        })
+        .collect();
+    let mut beta: Vec<f32> = (0..n * hv).map(|_| rng.gen::<f32>()).collect();
+    let st = seqs.count() * hv * dk * dv;
+    let h0 = with_states.then(|| normal(&mut ChaCha8Rng::seed_from_u64(seed + 1), st, 0.5));
+    let mut d_o = normal(&mut rng, n * hv * dv, 1.0);
+    let dht = with_states.then(|| normal(&mut ChaCha8Rng::seed_from_u64(seed + 2), st, 0.5));
+    if bf16 {
+        for x in [&mut q, &mut k, &mut v, &mut beta, &mut d_o] {
+            bf16r(x);
+        }
+    }
+    Case {
+        name: name.to_string(),
+        q,
+        k,
+        v,
+        g,
+        beta,
+        h0,
+        d_o,
+        dht,
+        seqs,
+        shape,
+        opts: RuleOpts {
+            scale: 1.0 / (dk as f32).sqrt(),
+            l2norm_in_kernel: norm_in_kernel,
+        },
+    }
+}
+
+/// Everything one GPU forward + backward returns, downloaded as f32.
+#[derive(PartialEq)]
+struct Out {
+    o: Vec<f32>,
+    fin: Vec<f32>,
+    dq: Vec<f32>,
+    dk: Vec<f32>,
+    dv: Vec<f32>,
+    dg: Vec<f32>,
+    dbeta: Vec<f32>,
+    dh0: Option<Vec<f32>>,
+}
+
+impl Out {
+    fn fields(&self) -> Vec<(&'static str, &Vec<f32>)> {
+        let mut f = vec![
+            ("o", &self.o),
+            ("final_state", &self.fin),
+            ("dq", &self.dq),
+            ("dk", &self.dk),
+            ("dv", &self.dv),
+            ("dg", &self.dg),
+            ("dbeta", &self.dbeta),
+        ];
+        if let Some(d) = &self.dh0 {
+            f.push(("dh0", d));
+        }
+        f
+    }
+    fn bits(&self) -> Vec<u32> {
+        self.fields()
+            .iter()
+            .flat_map(|(_, x)| x.iter().map(|a| a.to_bits()))
+            .collect()
+    }
+}
+
+fn gpu() -> Arc<Gpu> {
+    set_poison(true);
+    cuda::gpu(0).expect("a CUDA GPU")
+}
+
+fn run_gpu(gpu: &Arc<Gpu>, c: &Case, dt: DType) -> Out {
+    let up = |x: &[f32]| DBuf::upload(gpu, x, dt).unwrap();
+    let up32 = |x: &[f32]| -> GBuf<f32> { gpu.upload(x).unwrap() };
+    let (q, k, v, beta, d_o) = (up(&c.q), up(&c.k), up(&c.v), up(&c.beta), up(&c.d_o));
+    let g = up32(&c.g);
+    let h0 = c.h0.as_deref().map(up32);
+    let dht = c.dht.as_deref().map(up32);
+    let (o, fin) = forward_cuda(
+        gpu,
+        &q,
+        &k,
+        &v,
+        &g,
+        &beta,
+        &c.seqs,
+        c.shape,
+        c.opts,
+        h0.as_ref(),
+        true,
+    )
+    .unwrap();
+    let gr = backward_cuda(
+        gpu,
+        &q,
+        &k,
+        &v,
+        &g,
+        &beta,
+        &c.seqs,
+        c.shape,
+        c.opts,
+        h0.as_ref(),
+        &d_o,
+        dht.as_ref(),
+    )
+    .unwrap();
+    assert_eq!(o.dtype(), dt);
+    assert_eq!(gr.dq.dtype(), dt);
+    assert_eq!(gr.dh0.is_some(), c.h0.is_some());
+    Out {
+        o: o.download().unwrap(),
+        fin: gpu.download(fin.as_ref().unwrap()).unwrap(),
+        dq: gr.dq.download().unwrap(),
+        dk: gr.dk.download().unwrap(),
+        dv: gr.dv.download().unwrap(),
+        dg: gpu.download(&gr.dg).unwrap(),
+        dbeta: gr.dbeta.download().unwrap(),
+        dh0: gr.dh0.as_ref().map(|d| gpu.download(d).unwrap()),
+    }
+}
+
+/// The CPU op (f32), same outputs.
+fn run_cpu(c: &Case) -> Out {
+    let (o, fin) = gdr::forward(
+        &c.q,
+        &c.k,
+        &c.v,
+        &c.g,
+        &c.beta,
+        &c.seqs,
+        c.shape,
+        c.opts,
+        c.h0.as_deref(),
+        true,
+    )
+    .unwrap();
+    let gr = gdr::backward(
+        &c.q,
+        &c.k,
+        &c.v,
+        &c.g,
+        &c.beta,
+        &c.seqs,
+        c.shape,
+        c.opts,
+        c.h0.as_deref(),
+        &c.d_o,
+        c.dht.as_deref(),
+    )
+    .unwrap();
+    Out {
+        o,
+        fin: fin.unwrap(),
+        dq: gr.dq,
+        dk: gr.dk,
+        dv: gr.dv,
+        dg: gr.dg,
+        dbeta: gr.dbeta,
+        dh0: gr.dh0,
+    }
+}
+
+/// The f64 recurrence, same outputs (as f64).
+fn run_ref(c: &Case) -> Vec<(&'static str, Vec<f64>)> {
+    let f = |x: &[f32]| x.iter().map(|&a| a as f64).collect::<Vec<f64>>();
+    let (q, k, v, g, beta, d_o) = (f(&c.q), f(&c.k), f(&c.v), f(&c.g), f(&c.beta), f(&c.d_o));
+    let h0 = c.h0.as_deref().map(f);
+    let dht = c.dht.as_deref().map(f);
+    let inp = RefInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        g: &g,
+        beta: &beta,
+        cu: c.seqs.cu(),
+        tokens: c.seqs.tokens(),
+        shape: c.shape,
+        scale: c.opts.scale as f64,
+        l2norm_in_kernel: c.opts.l2norm_in_kernel,
+        h0: h0.as_deref(),
+    };
+    let (o, fin) = reference::forward(&inp);
+    let gr = reference::backward(&inp, &d_o, dht.as_deref());
+    let mut out = vec![
+        ("o", o),
+        ("final_state", fin),
+        ("dq", gr.dq),
+        ("dk", gr.dk),
+        ("dv", gr.dv),
+        ("dg", gr.dg),
+        ("dbeta", gr.dbeta),
+    ];
+    if c.h0.is_some() {
+        out.push(("dh0", gr.dh0));
+    }
+    out
+}
+
+/// max |a - b| / max |b|.
+fn max_rel(a: &[f32], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let m = b.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-30);
+    a.iter()
+        .zip(b)
+        .fold(0.0f64, |e, (x, y)| e.max((*x as f64 - y).abs()))
+        / m
+}
+
+/// FLA's `get_err_ratio`: RMS(ref - x) / RMS(ref).
+fn rms_rel(a: &[f32], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let d: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - y).powi(2)).sum();
+    let r: f64 = b.iter().map(|y| y * y).sum();
+    (d / r.max(1e-300)).sqrt()
+}
+
+/// Every element finite (poisoned buffers are NaN where unwritten) and padding rows exactly 0.
+fn check_written(c: &Case, out: &Out, fails: &mut Vec<String>) {
+    let used = c.seqs.used();
+    let s = c.shape;
+    let width = |name: &str| match name {
+        "o" | "dv" => Some(s.hv * s.dv),
+        "dq" | "dk" => Some(s.hk * s.dk),
+        "dg" | "dbeta" => Some(s.hv),
+        _ => None,
+    };
+    for (name, x) in out.fields() {
+        if let Some(i) = x.iter().position(|a| !a.is_finite()) {
+            fails.push(format!(
+                "{}: {name}[{i}] = {} (unwritten or non-finite)",
+                c.name, x[i]
+            ));
+        }
+        if let Some(w) = width(name) {
+            if x[used * w..].iter().any(|&a| a != 0.0) {
+                fails.push(format!("{}: {name} padding rows are not zero", c.name));
+            }
+        }
+    }
+}
+
+/// GPU f32 against the CPU op (max-norm relative error <= tol) and, for information, the f64
+/// recurrence.
+fn check_f32(gpu: &Arc<Gpu>, c: &Case, tol: f64, fails: &mut Vec<String>) {
+    let out = run_gpu(gpu, c, DType::F32);
+    check_written(c, &out, fails);
+    let cpu = run_cpu(c);
+    let rf = run_ref(c);
+    let mut line = format!("gdr-check f32-vs-cpu {:<34}", c.name);
+    let mut line_ref = format!("gdr-check f32-vs-f64 {:<34}", c.name);
+    for ((name, x), ((_, y), (_, r))) in out
+        .fields()
+        .into_iter()
+        .zip(cpu.fields().into_iter().zip(&rf))
+    {
+        let y64: Vec<f64> = y.iter().map(|&a| a as f64).collect();
+        let e = max_rel(x, &y64);
+        let er = max_rel(x, r);
+        let ec = max_rel(y, r);
+        line += &format!(" {name}={e:.1e}");
+        line_ref += &format!(" {name}={er:.1e}(cpu {ec:.1e})");
+        if e.is_nan() || e > tol {
+            fails.push(format!(
+                "{}: f32 {name} vs CPU: {e:.3e} > {tol:.0e}",
+                c.name
+            ));
+        }
+    }
+    println!("{line}");
+    println!("{line_ref}");
+}
+
+/// GPU bf16 against the f64 recurrence on the same (bf16-rounded) inputs, FLA's metric.
+fn check_bf16(gpu: &Arc<Gpu>, c: &Case, fails: &mut Vec<String>) {
+    let out = run_gpu(gpu, c, DType::Bf16);
+    check_written(c, &out, fails);
+    let rf = run_ref(c);
+    let mut line = format!("gdr-check bf16-vs-f64 {:<33}", c.name);
+    for ((name, x), (_, r)) in out.fields().into_iter().zip(&rf) {
+        let e = rms_rel(x, r);
+        let tol = match name {
+            "dg" | "dbeta" => 0.02,
+            _ => 0.005,
+        };
+        line += &format!(" {name}={e:.2e}");
+        if e.is_nan() || e > tol {
+            fails.push(format!("{}: bf16 {name}: RMS rel {e:.3e} > {tol}", c.name));
+        }
+    }
+    println!("{line}");
+}
+
+fn finish(fails: Vec<String>) {
+    assert!(fails.is_empty(), "failures:\n{}", fails.join("\n"));
+}
+
+fn sh(hk: usize, hv: usize, dk: usize, dv: usize) -> RuleShape {
+    RuleShape { hk, hv, dk, dv }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn f32_matches_cpu_op() {
+    let gpu = gpu();
+    let mut fails = Vec::new();
+    let packed = || Seqs::packed(&[0, 0, 1, 64, 128, 193, 193, 260], 265).unwrap();
+    let u = Decay::Uniform(0.5);
+    let cases = vec![
+        case(
+            "T1 1/1 d16",
+            Seqs::uniform(1, 1),
+            sh(1, 1, 16, 16),
+            false,
+            false,
+            u,
+            1,
+            false,
+        ),
+        case(
+            "T65 2/2 d64x32",
+            Seqs::uniform(1, 65),
+            sh(2, 2, 64, 32),
+            false,
+            true,
+            u,
+            2,
+            false,
+        ),
+        case(
+            "B2 T130 1/4 d48x80 norm",
+            Seqs::uniform(2, 130),
+            sh(1, 4, 48, 80),
+            true,
+            true,
+            u,
+            3,
+            false,
+        ),
+        case(
+            "T200 2/4 d128 norm",
+            Seqs::uniform(1, 200),
+            sh(2, 4, 128, 128),
+            true,
+            true,
+            Decay::LogSigmoid,
+            4,
+            false,
+        ),
+        case(
+            "T1000 1/2 d128",
+            Seqs::uniform(1, 1000),
+            sh(1, 2, 128, 128),
+            false,
+            true,
+            Decay::LogSigmoid,
+            5,
+            false,
+        ),
+        case(
+            "T130 1/1 d256 norm",
+            Seqs::uniform(1, 130),
+            sh(1, 1, 256, 256),
+            true,
+            true,
+            u,
+            6,
+            false,
+        ),
+        case(
+            "T150 strong decay 20",
+            Seqs::uniform(1, 150),
+            sh(1, 2, 32, 32),
+            false,
+            true,
+            Decay::Uniform(20.0),
+            7,
+            false,
+        ),
+        case(
+            "T150 zero decay",
+            Seqs::uniform(1, 150),
+            sh(1, 2, 32, 32),
+            false,
+            true,
+            Decay::Uniform(0.0),
+            8,
+            false,
+        ),
+        case(
+            "packed+pad 1/2 d64 norm",
+            packed(),
+            sh(1, 2, 64, 64),
+            true,
+            true,
+            u,
+            9,
+            false,
+        ),
+        // 34 sequences x 2 heads x 4 tiles of 32 columns: the scans' 32-wide V tiles
+        case(
+            "B34 T70 1/2 d128 norm (BV32)",
+            Seqs::uniform(34, 70),
+            sh(1, 2, 128, 128),
+            true,
+            true,
+            u,
+            10,
+            false,
+        ),
+    ];
+    for c in &cases {
+        check_f32(&gpu, c, 1e-5, &mut fails);
+    }
+    finish(fails);
+}
+
+fn bf16_lengths(t: usize) {
+    let gpu = gpu();
+    let mut fails = Vec::new();
+    for (i, &(hk, hv)) in [(2usize, 2usize), (1, 2), (1, 4)].iter().enumerate() {
+        let c = case(
+            &format!("T{t} {hk}/{hv} d128 norm"),
+            Seqs::uniform(1, t),
+            sh(hk, hv, 128, 128),
+            true,
+            false,
+            Decay::LogSigmoid,
+            100 + t as u64 * 10 + i as u64,
+            true,
+        );
+        check_bf16(&gpu, &c, &mut fails);
+    }
+    finish(fails);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bf16_t1() {
+    bf16_lengths(1);
+}
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bf16_t63() {
+    bf16_lengths(63);
+}
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bf16_t64() {
+    bf16_lengths(64);
+}
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bf16_t65() {
+    bf16_lengths(65);
+}
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bf16_t1000() {
+    bf16_lengths(1000);
+}
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bf16_t4096() {
+    bf16_lengths(4096);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bf16_dk_ne_dv_packed_states() {
+    let gpu = gpu();
+    let mut fails = Vec::new();
+    let c = case(
+        "T300 1/2 dk64 dv128 states",
+        Seqs::uniform(1, 300),
+        sh(1, 2, 64, 128),
+        true,
+        true,
+        Decay::LogSigmoid,
+        31,
+        true,
+    );
+    check_bf16(&gpu, &c, &mut fails);
+    // empty, length 1, 63, 64, 65 and 507 sequences, then 5 padding rows
+    let cu = [0u64, 0, 1, 64, 128, 193, 193, 700];
+    let c = case(
+        "packed+pad 1/2 d128 states",
+        Seqs::packed(&cu, 705).unwrap(),
+        sh(1, 2, 128, 128),
+        true,
+        true,
+        Decay::LogSigmoid,
+        32,
+        true,
+    );
+    check_bf16(&gpu, &c, &mut fails);
+    let c = case(
+        "B34 T70 1/2 d128 (BV32)",
+        Seqs::uniform(34, 70),
+        sh(1, 2, 128, 128),
+        true,
+        true,
+        Decay::LogSigmoid,
+        33,
+        true,
+    );
+    check_bf16(&gpu, &c, &mut fails);
+    finish(fails);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn two_runs_are_bitwise_identical() {
+    let gpu = gpu();
+    let cu = [0u64, 0, 1, 300, 1000];
+    for (dt, bf) in [(DType::Bf16, true), (DType::F32, false)] {
+        let c = case(
+            "bitwise",
+            Seqs::packed(&cu, 1003).unwrap(),
+            sh(2, 4, 128, 128),
+            true,
+            true,
+            Decay::LogSigmoid,
+            41,
+            bf,
+        );
+        let a = run_gpu(&gpu, &c, dt);
+        let b = run_gpu(&gpu, &c, dt);
+        let same = a.bits() == b.bits();
+        println!("gdr-check bitwise {dt:?}: identical={same}");
+        assert!(same, "{dt:?}: two runs differ");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bad_inputs_are_errors() {
+    let gpu = gpu();
+    let seqs = Seqs::uniform(1, 10);
+    let good = sh(1, 2, 32, 32);
+    let opts = RuleOpts {
+        scale: 0.2,
+        l2norm_in_kernel: false,
+    };
+    let mk = |n: usize, dt| DBuf::upload(&gpu, &vec![0.1f32; n], dt).unwrap();
+    let g: GBuf<f32> = gpu.upload(&[-0.1f32; 20]).unwrap();
+    let run = |s: RuleShape, q: &DBuf, k: &DBuf, v: &DBuf, b: &DBuf| {
+        forward_cuda(&gpu, q, k, v, &g, b, &seqs, s, opts, None, false).map(|_| ())
+    };
+    let (q, k, v, b) = (
+        mk(10 * 32, DType::Bf16),
+        mk(10 * 32, DType::Bf16),
+        mk(20 * 32, DType::Bf16),
+        mk(20, DType::Bf16),
+    );
+    assert!(run(good, &q, &k, &v, &b).is_ok());
+    let e = run(good, &q, &k, &v, &mk(20, DType::F32)).unwrap_err();
+    println!("gdr-check error dtype: {e}");
+    let e = run(good, &q, &mk(10 * 31, DType::Bf16), &v, &b).unwrap_err();
+    println!("gdr-check error length: {e}");
+    // Dk = 24 is not a multiple of 16; Dv = 272 is over 256.
+    let e = run(
+        sh(1, 2, 24, 32),
+        &mk(240, DType::Bf16),
+        &mk(240, DType::Bf16),
+        &v,
+        &b,
+    )
+    .unwrap_err();
+    println!("gdr-check error dk: {e}");
+    let e = run(sh(1, 2, 32, 272), &q, &k, &mk(20 * 272, DType::Bf16), &b).unwrap_err();
+    println!("gdr-check error dv: {e}");
+    let e = run(sh(2, 3, 16, 32), &q, &k, &v, &b).unwrap_err();
+    println!("gdr-check error heads: {e}");
+}
