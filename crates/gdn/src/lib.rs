@@ -16,12 +16,12 @@ pub mod model;
 pub mod ops;
 pub mod seqs;
 pub mod tensor;
-pub mod train;
 #[doc(hidden)]
 pub mod testutil;
+pub mod train;
 
-pub use device::Device;
 pub use config::{GdnConfig, Normalization, Recompute, RecomputeGranularity, Variant};
+pub use device::Device;
 pub use error::{GdnError, Result};
 pub use layer::{GatedDeltaNet, GatedDeltaNet2, Grads, Params, Saved};
 pub use seqs::Seqs;

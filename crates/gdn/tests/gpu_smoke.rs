@@ -30,12 +30,21 @@ fn axpy_and_bf16_round_trip_and_byte_counters() {
     let mut zd = gpu.uninit::<f32>(n).unwrap();
     let f = gpu.function("smoke", "bf16_round_trip").unwrap();
     let mut b = gpu.stream().launch_builder(&f);
-    let DBuf::Bf16(bb) = &mut bd else { unreachable!() };
-    b.arg(&xd.slice).arg(&mut bb.slice).arg(&mut zd.slice).arg(&nn);
+    let DBuf::Bf16(bb) = &mut bd else {
+        unreachable!()
+    };
+    b.arg(&xd.slice)
+        .arg(&mut bb.slice)
+        .arg(&mut zd.slice)
+        .arg(&nn);
     unsafe { b.launch(LaunchConfig::for_num_elems(n as u32)) }.unwrap();
     let z = gpu.download(&zd).unwrap();
     for i in 0..n {
-        assert_eq!(z[i], half::bf16::from_f32(x[i]).to_f32(), "bf16 rounding at {i}");
+        assert_eq!(
+            z[i],
+            half::bf16::from_f32(x[i]).to_f32(),
+            "bf16 rounding at {i}"
+        );
     }
     let peak = gpu.peak_bytes();
     drop((xd, yd, bd, zd));

@@ -20,13 +20,24 @@ fn every_kernel_compiles_for_sm90a() {
     for (name, _) in kernels::MODULES {
         for arch in ["sm_90a", "sm_80"] {
             match cuda::compile(name, arch) {
-                Ok(ptx) => assert!(ptx.to_src().contains(".entry"), "{name} for {arch}: no kernel entry in the PTX"),
+                Ok(ptx) => assert!(
+                    ptx.to_src().contains(".entry"),
+                    "{name} for {arch}: no kernel entry in the PTX"
+                ),
                 Err(e) => failures.push(format!("{e}")),
             }
         }
     }
-    assert!(failures.is_empty(), "kernels failed to compile:\n{}", failures.join("\n"));
-    eprintln!("compiled {} kernel files with NVRTC {}", kernels::MODULES.len(), cuda::nvrtc_version());
+    assert!(
+        failures.is_empty(),
+        "kernels failed to compile:\n{}",
+        failures.join("\n")
+    );
+    eprintln!(
+        "compiled {} kernel files with NVRTC {}",
+        kernels::MODULES.len(),
+        cuda::nvrtc_version()
+    );
 }
 
 #[test]
@@ -34,6 +45,9 @@ fn a_kernel_that_does_not_compile_is_reported() {
     if !cuda::nvrtc_present() {
         return;
     }
-    let bad = cudarc::nvrtc::compile_ptx_with_opts("extern \"C\" __global__ void f() { undefined_thing(); }", cuda::nvrtc_options("sm_90a"));
+    let bad = cudarc::nvrtc::compile_ptx_with_opts(
+        "extern \"C\" __global__ void f() { undefined_thing(); }",
+        cuda::nvrtc_options("sm_90a"),
+    );
     assert!(bad.is_err());
 }

@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits,
+};
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
 use super::kernels;
@@ -34,7 +36,9 @@ pub fn device_count() -> usize {
     if !driver_present() {
         return 0;
     }
-    CudaContext::device_count().map(|n| n.max(0) as usize).unwrap_or(0)
+    CudaContext::device_count()
+        .map(|n| n.max(0) as usize)
+        .unwrap_or(0)
 }
 
 /// One GPU: context, stream, compiled kernels, byte counters.
@@ -74,7 +78,9 @@ static GPUS: OnceLock<Mutex<HashMap<usize, Arc<Gpu>>>> = OnceLock::new();
 /// The GPU with this ordinal (created on first use).
 pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
     let map = GPUS.get_or_init(|| Mutex::new(HashMap::new()));
-    let mut m = map.lock().map_err(|_| GdnError::Device("GPU registry poisoned".into()))?;
+    let mut m = map
+        .lock()
+        .map_err(|_| GdnError::Device("GPU registry poisoned".into()))?;
     if let Some(g) = m.get(&ordinal) {
         return Ok(g.clone());
     }
@@ -85,15 +91,20 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
     }
     if !nvrtc_present() {
         return Err(GdnError::Device(
-            "NVRTC (libnvrtc.so.13) was not found; put CUDA 13's lib directory on LD_LIBRARY_PATH".into(),
+            "NVRTC (libnvrtc.so.13) was not found; put CUDA 13's lib directory on LD_LIBRARY_PATH"
+                .into(),
         ));
     }
     let n = device_count();
     if ordinal >= n {
-        return Err(GdnError::Device(format!("cuda:{ordinal} requested but {n} CUDA device(s) found")));
+        return Err(GdnError::Device(format!(
+            "cuda:{ordinal} requested but {n} CUDA device(s) found"
+        )));
     }
     let ctx = CudaContext::new(ordinal).map_err(|e| dev_err("creating the CUDA context", e))?;
-    let (maj, min) = ctx.compute_capability().map_err(|e| dev_err("compute capability", e))?;
+    let (maj, min) = ctx
+        .compute_capability()
+        .map_err(|e| dev_err("compute capability", e))?;
     let name = ctx.name().unwrap_or_else(|_| "unknown".into());
     let stream = ctx.default_stream();
     let g = Arc::new(Gpu {
@@ -186,7 +197,10 @@ impl DBuf {
         Ok(match dtype {
             DType::F32 => DBuf::F32(gpu.upload(host)?),
             DType::Bf16 => {
-                let h: Vec<u16> = host.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect();
+                let h: Vec<u16> = host
+                    .iter()
+                    .map(|&x| half::bf16::from_f32(x).to_bits())
+                    .collect();
                 DBuf::Bf16(gpu.upload(&h)?)
             }
         })
@@ -209,9 +223,12 @@ impl DBuf {
     pub fn download(&self) -> Result<Vec<f32>> {
         match self {
             DBuf::F32(b) => b.gpu().download(b),
-            DBuf::Bf16(b) => {
-                Ok(b.gpu().download(b)?.into_iter().map(|x| half::bf16::from_bits(x).to_f32()).collect())
-            }
+            DBuf::Bf16(b) => Ok(b
+                .gpu()
+                .download(b)?
+                .into_iter()
+                .map(|x| half::bf16::from_bits(x).to_f32())
+                .collect()),
         }
     }
     /// The GPU it lives on.
@@ -260,9 +277,15 @@ impl Gpu {
 
     /// A zeroed buffer of `n` elements.
     pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(self: &Arc<Self>, n: usize) -> Result<GBuf<T>> {
-        let slice = self.stream.alloc_zeros::<T>(n).map_err(|e| dev_err("cudaMalloc", e))?;
+        let slice = self
+            .stream
+            .alloc_zeros::<T>(n)
+            .map_err(|e| dev_err("cudaMalloc", e))?;
         self.count(n * std::mem::size_of::<T>());
-        Ok(GBuf { slice, gpu: self.clone() })
+        Ok(GBuf {
+            slice,
+            gpu: self.clone(),
+        })
     }
 
     /// An uninitialized buffer of `n` elements (every element must be written before it is read).
@@ -270,41 +293,61 @@ impl Gpu {
         // SAFETY: callers write every element before reading (tests poison and check this).
         let slice = unsafe { self.stream.alloc::<T>(n) }.map_err(|e| dev_err("cudaMalloc", e))?;
         self.count(n * std::mem::size_of::<T>());
-        Ok(GBuf { slice, gpu: self.clone() })
+        Ok(GBuf {
+            slice,
+            gpu: self.clone(),
+        })
     }
 
     /// Copy host data to a new device buffer.
     pub fn upload<T: DeviceRepr>(self: &Arc<Self>, host: &[T]) -> Result<GBuf<T>> {
-        let slice = self.stream.clone_htod(host).map_err(|e| dev_err("host-to-device copy", e))?;
+        let slice = self
+            .stream
+            .clone_htod(host)
+            .map_err(|e| dev_err("host-to-device copy", e))?;
         self.count(std::mem::size_of_val(host));
-        Ok(GBuf { slice, gpu: self.clone() })
+        Ok(GBuf {
+            slice,
+            gpu: self.clone(),
+        })
     }
 
     /// Copy a device buffer to the host (synchronizes the stream).
     pub fn download<T: DeviceRepr + Default + Clone>(&self, buf: &GBuf<T>) -> Result<Vec<T>> {
-        self.stream.clone_dtoh(&buf.slice).map_err(|e| dev_err("device-to-host copy", e))
+        self.stream
+            .clone_dtoh(&buf.slice)
+            .map_err(|e| dev_err("device-to-host copy", e))
     }
 
     /// Wait for all queued work; surfaces asynchronous kernel errors.
     pub fn sync(&self) -> Result<()> {
-        self.stream.synchronize().map_err(|e| dev_err("stream synchronize", e))
+        self.stream
+            .synchronize()
+            .map_err(|e| dev_err("stream synchronize", e))
     }
 
     /// The kernel `func` of kernel source `module` (compiled on first use, cached on disk).
     pub fn function(&self, module: &'static str, func: &str) -> Result<CudaFunction> {
         let m = {
-            let mut mods = self.modules.lock().map_err(|_| GdnError::Device("module cache poisoned".into()))?;
+            let mut mods = self
+                .modules
+                .lock()
+                .map_err(|_| GdnError::Device("module cache poisoned".into()))?;
             match mods.get(module) {
                 Some(m) => m.clone(),
                 None => {
                     let ptx = compile_cached(module, self.arch)?;
-                    let m = self.ctx.load_module(ptx).map_err(|e| dev_err(&format!("loading kernels {module}"), e))?;
+                    let m = self
+                        .ctx
+                        .load_module(ptx)
+                        .map_err(|e| dev_err(&format!("loading kernels {module}"), e))?;
                     mods.insert(module, m.clone());
                     m
                 }
             }
         };
-        m.load_function(func).map_err(|e| dev_err(&format!("kernel {module}::{func}"), e))
+        m.load_function(func)
+            .map_err(|e| dev_err(&format!("kernel {module}::{func}"), e))
     }
 }
 
@@ -352,7 +395,9 @@ impl Gpu {
     /// This GPU's cuBLASLt handle and workspace (created on first use), with the GPU's context
     /// made current on the calling thread. Errors if cuBLASLt cannot be loaded.
     pub fn blaslt(&self) -> Result<&BlasLt> {
-        self.ctx.bind_to_thread().map_err(|e| dev_err("binding the CUDA context", e))?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| dev_err("binding the CUDA context", e))?;
         if let Some(b) = self.blaslt.get() {
             return Ok(b);
         }
@@ -361,7 +406,8 @@ impl Gpu {
                 "cuBLASLt (libcublasLt.so.13) was not found; put CUDA 13's lib directory on LD_LIBRARY_PATH".into(),
             ));
         }
-        let handle = cudarc::cublaslt::result::create_handle().map_err(|e| dev_err("cublasLtCreate", e))?;
+        let handle =
+            cudarc::cublaslt::result::create_handle().map_err(|e| dev_err("cublasLtCreate", e))?;
         // SAFETY: the workspace is scratch for cuBLASLt only; nothing reads it.
         let workspace = match unsafe { self.stream.alloc::<u8>(BLASLT_WORKSPACE_BYTES) } {
             Ok(w) => w,
@@ -416,15 +462,18 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
 /// the CI test that compiles every kernel.
 pub fn compile(module: &str, arch: &'static str) -> Result<Ptx> {
     if !nvrtc_present() {
-        return Err(GdnError::Device("NVRTC (libnvrtc.so.13) was not found".into()));
+        return Err(GdnError::Device(
+            "NVRTC (libnvrtc.so.13) was not found".into(),
+        ));
     }
     let src = kernels::source(module)?;
     let mut opts = nvrtc_options(arch);
     opts.name = Some(format!("{module}.cu"));
     cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map_err(|e| match e {
-        cudarc::nvrtc::CompileError::CompileError { log, .. } => {
-            GdnError::Device(format!("NVRTC failed on {module}.cu for {arch}:\n{}", log.to_string_lossy()))
-        }
+        cudarc::nvrtc::CompileError::CompileError { log, .. } => GdnError::Device(format!(
+            "NVRTC failed on {module}.cu for {arch}:\n{}",
+            log.to_string_lossy()
+        )),
         e => dev_err(&format!("NVRTC on {module}.cu"), e),
     })
 }
@@ -448,7 +497,12 @@ fn compile_cached(module: &'static str, arch: &'static str) -> Result<Ptx> {
     let src = kernels::source(module)?;
     let opts = format!("{:?}", nvrtc_options(arch).options);
     let ver = nvrtc_version();
-    let key = fnv1a(&[src.as_bytes(), opts.as_bytes(), arch.as_bytes(), ver.as_bytes()]);
+    let key = fnv1a(&[
+        src.as_bytes(),
+        opts.as_bytes(),
+        arch.as_bytes(),
+        ver.as_bytes(),
+    ]);
     let path = cache_dir().join(format!("{module}-{arch}-{key:016x}.ptx"));
     if let Ok(text) = std::fs::read_to_string(&path) {
         return Ok(Ptx::from_src(text));
