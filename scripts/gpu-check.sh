@@ -14,12 +14,12 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 if [ "$what" = all ] || [ "$what" = tests ]; then
     for t in .gpu/test-*; do
         name=$(basename "$t")
-        start=$(date +%s.%N)
-        "$t" --include-ignored --test-threads=1 > "$OUT/$name.log" 2>&1
+        start=$(date +%s%N)
+        "$t" --include-ignored --test-threads=1 --nocapture > "$OUT/$name.log" 2>&1
         rc=$?
-        secs=$(echo "$(date +%s.%N) - $start" | bc)
+        ms=$((($(date +%s%N) - start) / 1000000))
         res=$(grep -E "^test result" "$OUT/$name.log" | tail -1)
-        table+=$(printf '%-22s rc=%-3s %6.1fs  %s' "$name" "$rc" "$secs" "$res")$'\n'
+        table+=$(printf '%-22s rc=%-3s %7d ms  %s' "$name" "$rc" "$ms" "$res")$'\n'
         grep -E "panicked|FAILED" "$OUT/$name.log" | head -5
     done
 fi

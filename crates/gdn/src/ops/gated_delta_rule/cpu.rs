@@ -25,22 +25,22 @@ use crate::ops::l2norm::cpu::{l2norm_row, l2norm_row_backward};
 use crate::seqs::Seqs;
 
 /// q and k rows of one (sequence, key head), contiguous `[len, Dk]`, normalized if asked.
-struct QkRows {
-    q: Vec<f32>,
-    k: Vec<f32>,
+pub(crate) struct QkRows {
+    pub(crate) q: Vec<f32>,
+    pub(crate) k: Vec<f32>,
     /// Raw rows and inverse norms, kept when the norm is done in the kernel (for backward).
-    raw: Option<RawQk>,
+    pub(crate) raw: Option<RawQk>,
 }
 
 /// Raw q, k rows `[len, Dk]` and their inverse L2 norms `[len]`.
-struct RawQk {
-    q: Vec<f32>,
-    k: Vec<f32>,
-    q_rstd: Vec<f32>,
-    k_rstd: Vec<f32>,
+pub(crate) struct RawQk {
+    pub(crate) q: Vec<f32>,
+    pub(crate) k: Vec<f32>,
+    pub(crate) q_rstd: Vec<f32>,
+    pub(crate) k_rstd: Vec<f32>,
 }
 
-fn load_qk(
+pub(crate) fn load_qk(
     q: &[f32],
     k: &[f32],
     r: std::ops::Range<usize>,
@@ -85,7 +85,15 @@ fn load_qk(
 }
 
 /// Rows `[c0, c0+l)` of value head `j` of a `[tokens, H, D]` buffer, sequence starting at `t0`.
-fn load_rows(x: &[f32], t0: usize, c0: usize, l: usize, j: usize, h: usize, d: usize) -> Vec<f32> {
+pub(crate) fn load_rows(
+    x: &[f32],
+    t0: usize,
+    c0: usize,
+    l: usize,
+    j: usize,
+    h: usize,
+    d: usize,
+) -> Vec<f32> {
     let mut out = Vec::with_capacity(l * d);
     for i in 0..l {
         let o = ((t0 + c0 + i) * h + j) * d;
@@ -110,7 +118,7 @@ struct ChunkPrep {
     w: Vec<f32>,
 }
 
-fn mm(c: &mut [f32], ldc: usize, a: MatRef, b: MatRef, acc: bool, scale: f32) {
+pub(crate) fn mm(c: &mut [f32], ldc: usize, a: MatRef, b: MatRef, acc: bool, scale: f32) {
     matmul(c, ldc, a, b, acc, scale, false);
 }
 
@@ -266,7 +274,7 @@ fn chunk_state_update(s: &mut [f32], kc: &[f32], p: &ChunkPrep, d: &[f32], dk: u
     );
 }
 
-fn tasks(seqs: &Seqs, s: RuleShape) -> Vec<(usize, usize)> {
+pub(crate) fn tasks(seqs: &Seqs, s: RuleShape) -> Vec<(usize, usize)> {
     (0..seqs.count())
         .flat_map(|n| (0..s.hk).map(move |kh| (n, kh)))
         .collect()
@@ -609,7 +617,7 @@ fn chunk_backward(
     ds.copy_from_slice(&ds0);
 }
 
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 

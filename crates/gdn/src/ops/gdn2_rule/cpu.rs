@@ -56,8 +56,9 @@
 use rayon::prelude::*;
 
 use super::{Gdn2Grads, RuleOpts, RuleShape, CHUNK};
-use crate::ops::gemm::{matmul, MatRef};
-use crate::ops::l2norm::cpu::{l2norm_row, l2norm_row_backward};
+use crate::ops::gated_delta_rule::cpu::{dot, load_qk, load_rows, mm, tasks, QkRows};
+use crate::ops::gemm::MatRef;
+use crate::ops::l2norm::cpu::l2norm_row_backward;
 use crate::seqs::Seqs;
 
 /// Rows per sub-chunk of the stable decayed products (see the module docs).
@@ -73,80 +74,6 @@ pub(crate) struct Inputs<'a> {
     pub w: &'a [f32],
 }
 
-/// Raw q and k rows `[len, Dk]` and their inverse norms `[len]`.
-struct RawQk {
-    q: Vec<f32>,
-    k: Vec<f32>,
-    q_rstd: Vec<f32>,
-    k_rstd: Vec<f32>,
-}
-
-/// q and k rows of one (sequence, key head), contiguous `[len, Dk]`, normalized if asked.
-struct QkRows {
-    q: Vec<f32>,
-    k: Vec<f32>,
-    /// Raw rows and inverse norms, kept when the norm is done in the kernel (for backward).
-    raw: Option<RawQk>,
-}
-
-fn load_qk(
-    q: &[f32],
-    k: &[f32],
-    r: std::ops::Range<usize>,
-    kh: usize,
-    s: RuleShape,
-    norm: bool,
-) -> QkRows {
-    let len = r.len();
-    let (dk, hk) = (s.dk, s.hk);
-    let mut qr = Vec::with_capacity(len * dk);
-    let mut kr = Vec::with_capacity(len * dk);
-    for t in r {
-        let o = (t * hk + kh) * dk;
-        qr.extend_from_slice(&q[o..o + dk]);
-        kr.extend_from_slice(&k[o..o + dk]);
-    }
-    if !norm {
-        return QkRows {
-            q: qr,
-            k: kr,
-            raw: None,
-        };
-    }
-    let mut qn = vec![0.0; len * dk];
-    let mut kn = vec![0.0; len * dk];
-    let mut qrs = vec![0.0; len];
-    let mut krs = vec![0.0; len];
-    for i in 0..len {
-        qrs[i] = l2norm_row(&qr[i * dk..(i + 1) * dk], &mut qn[i * dk..(i + 1) * dk]);
-        krs[i] = l2norm_row(&kr[i * dk..(i + 1) * dk], &mut kn[i * dk..(i + 1) * dk]);
-    }
-    QkRows {
-        q: qn,
-        k: kn,
-        raw: Some(RawQk {
-            q: qr,
-            k: kr,
-            q_rstd: qrs,
-            k_rstd: krs,
-        }),
-    }
-}
-
-/// Rows `[c0, c0+l)` of head `j` of a `[tokens, H, D]` buffer, sequence starting at `t0`.
-fn load_rows(x: &[f32], t0: usize, c0: usize, l: usize, j: usize, h: usize, d: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(l * d);
-    for i in 0..l {
-        let o = ((t0 + c0 + i) * h + j) * d;
-        out.extend_from_slice(&x[o..o + d]);
-    }
-    out
-}
-
-fn mm(c: &mut [f32], ldc: usize, a: MatRef, b: MatRef, acc: bool, scale: f32) {
-    matmul(c, ldc, a, b, acc, scale, false);
-}
-
 /// Row-major `[rows, cols]` matrix view of a contiguous buffer.
 fn rm(x: &[f32], rows: usize, cols: usize) -> MatRef<'_> {
     MatRef::rm(x, rows, cols, cols)
@@ -155,10 +82,6 @@ fn rm(x: &[f32], rows: usize, cols: usize) -> MatRef<'_> {
 /// `x * y` elementwise.
 fn hadamard(x: &[f32], y: &[f32]) -> Vec<f32> {
     x.iter().zip(y).map(|(a, b)| a * b).collect()
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 /// Sub-chunk `J`'s rows `[s, e)` of a chunk of `l` rows.
@@ -599,12 +522,6 @@ fn chunk_state_update(s: &mut [f32], kc: &[f32], p: &ChunkPrep, d: &[f32], dk: u
     }
     let kd = hadamard(kc, &p.dc.ed);
     mm(s, dv, rm(&kd, l, dk).t(), rm(d, l, dv), true, 1.0);
-}
-
-fn tasks(seqs: &Seqs, s: RuleShape) -> Vec<(usize, usize)> {
-    (0..seqs.count())
-        .flat_map(|n| (0..s.hk).map(move |kh| (n, kh)))
-        .collect()
 }
 
 /// Chunk `c0..c0+l` inputs of value head `j` of the sequence starting at `t0`.
