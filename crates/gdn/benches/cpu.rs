@@ -43,6 +43,31 @@ fn bench_layer(c: &mut Criterion) {
         b.iter(|| layer.forward_inference(&x).unwrap())
     });
 
+    // The same tokens packed as 64 sequences of T/64 (cu_seqlens), against one sequence above.
+    let seqs64 = Seqs::uniform(64, t / 64);
+    g.bench_function(format!("layer_fwd_bwd_packed_64_seqs_T{t}"), |b| {
+        b.iter(|| {
+            let (y, saved) = layer.forward_packed(&x, &seqs64).unwrap();
+            let (dx, _) = layer.backward(saved, &dy).unwrap();
+            (y, dx)
+        })
+    });
+    // GDN2 at the same shape.
+    let cfg2 = GdnConfig {
+        variant: gdn::Variant::Gdn2,
+        ..cfg.clone()
+    };
+    let layer2 = GatedDeltaNet::new(&cfg2, 0).unwrap();
+    g.bench_function(
+        format!("gdn2_layer_fwd_bwd_h1024_hk8_hv16_d128_T{t}"),
+        |b| {
+            b.iter(|| {
+                let (y, saved) = layer2.forward(&x).unwrap();
+                let (dx, _) = layer2.backward(saved, &dy).unwrap();
+                (y, dx)
+            })
+        },
+    );
     let s = RuleShape {
         hk: 8,
         hv: 16,

@@ -134,6 +134,10 @@ fn fd_check(cfg: &GdnConfig, b: usize, t: usize, tol: f64) {
         fd[i] = (lp - lm) / (2.0 * eps);
     }
     let e = max_rel(dx.data(), &fd);
+    eprintln!(
+        "layer FD {:?} {:?}: dx rel err {e:.2e}",
+        cfg.variant, cfg.normalization
+    );
     assert!(e < tol, "dx: rel err {e}");
     // Parameter gradients are judged relative to at least 1% of the input gradient's scale.
     let floor = 1e-2 * fd.iter().fold(0.0f64, |m, x| m.max(x.abs()));
@@ -154,6 +158,10 @@ fn fd_check(cfg: &GdnConfig, b: usize, t: usize, tol: f64) {
             .get(name)
             .unwrap_or_else(|| panic!("no gradient for {name}"));
         let e = max_rel_floor(g.data(), &fd, floor);
+        eprintln!(
+            "layer FD {:?} {:?}: {name} rel err {e:.2e}",
+            cfg.variant, cfg.normalization
+        );
         assert!(
             e < tol,
             "{name}: rel err {e} (cfg {:?} {:?}) ours {:?} fd {:?}",

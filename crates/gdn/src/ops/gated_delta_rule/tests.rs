@@ -176,6 +176,13 @@ fn check(c: &Case, tol: f64) -> f64 {
         errs.push(("dh0", rel(d, &gr_ref.dh0)));
     }
     let worst = errs.iter().fold(0.0f64, |m, e| m.max(e.1));
+    let shown: Vec<String> = errs.iter().map(|(n, e)| format!("{n} {e:.1e}")).collect();
+    eprintln!(
+        "rule vs f64 recurrence {:?} cu {:?}: {}",
+        c.shape,
+        &c.seqs.cu()[..c.seqs.cu().len().min(8)],
+        shown.join(", ")
+    );
     assert!(
         worst <= tol,
         "errors {errs:?} exceed {tol} for shape {:?} seqs {:?}",
