@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 mkdir -p .gpu
 rm -f .gpu/test-* .gpu/gdn .gpu/bench_*
 json=$(cargo test --release -p gdn --no-run --message-format=json 2>/dev/null)
-for t in gpu_smoke gpu_ops gpu_rule gpu_layer; do
+for t in gpu_smoke gpu_ops gpu_rule gpu_rule2 gpu_layer; do
     exe=$(echo "$json" | grep "\"name\":\"$t\"" | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | tail -1)
     if [ -n "$exe" ]; then cp "$exe" ".gpu/test-$t"; fi
 done

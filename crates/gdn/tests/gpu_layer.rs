@@ -208,3 +208,45 @@ fn saved_bytes_equal_allocator_live_bytes() {
         assert_eq!(gpu.live_bytes(), before);
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gdn2_gpu_layer_matches_cpu_layer_f32_and_bf16() {
+    let c = GdnConfig {
+        variant: gdn::Variant::Gdn2,
+        ..cfg(Normalization::RMSNorm)
+    };
+    let cpu = GatedDeltaNet::new(&c, 5).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(6);
+    let seqs = Seqs::packed(&[0, 0, 1, 64, 150, 150, 200], 205).unwrap();
+    let x = randt(&mut rng, &[1, 205, 256]);
+    let dy = randt(&mut rng, &[1, 205, 256]);
+    let (y0, dx0, g0) = run(&cpu, &x, &dy, Some(&seqs));
+    for (dtype, tol) in [(DType::F32, 1e-4), (DType::Bf16, 2e-2)] {
+        let gpu = cpu.clone().to_device(Device::Cuda(0), dtype).unwrap();
+        let (y, dx, g) = run(&gpu, &x, &dy, Some(&seqs));
+        let mut worst = vec![("y", rms_rel(y.data(), y0.data()), rel(y.data(), y0.data()))];
+        worst.push((
+            "dx",
+            rms_rel(dx.data(), dx0.data()),
+            rel(dx.data(), dx0.data()),
+        ));
+        for (name, t) in g0.iter() {
+            let gg = g.get(name).unwrap();
+            worst.push((name, rms_rel(gg.data(), t.data()), rel(gg.data(), t.data())));
+        }
+        for (name, rms, mx) in &worst {
+            eprintln!("gdn2 {dtype:?} {name:<28} rms rel {rms:.2e}  max rel {mx:.2e}");
+        }
+        for (name, rms, _) in &worst {
+            assert!(
+                *rms <= tol,
+                "gdn2 {dtype:?} {name}: RMS rel err {rms} > {tol}"
+            );
+        }
+        assert!(
+            y.data()[200 * 256..].iter().all(|&v| v == 0.0),
+            "gdn2 {dtype:?}: padding rows output"
+        );
+    }
+}

@@ -15,6 +15,7 @@ pub const MODULES: &[(&str, &str)] = &[
         "gated_delta_rule",
         include_str!("../ops/gated_delta_rule/gated_delta_rule.cu"),
     ),
+    ("gdn2_rule", include_str!("../ops/gdn2_rule/gdn2_rule.cu")),
     ("norm", include_str!("../ops/norm/norm.cu")),
     ("linear", include_str!("../ops/linear/linear.cu")),
     ("conv1d", include_str!("../ops/conv1d/conv1d.cu")),

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use crate::config::Normalization;
 use crate::device::cuda::{DBuf, GBuf, Gpu};
@@ -472,17 +472,8 @@ pub fn rule_bwd(
     }
 }
 
-fn host_only<'a>(a: &'a Act, what: &str) -> Result<&'a [f32]> {
-    match a {
-        Act::Host(v) => Ok(v),
-        Act::Dev(_) => Err(GdnError::Device(format!(
-            "{what} has no CUDA implementation yet (GDN2 runs on the CPU)"
-        ))),
-    }
-}
-
 /// GDN2 gates from in_proj's `f`, `b`, `w` sections: the per-key-channel decay (fp32) and the
-/// sigmoids of the erase and write gates (CPU only for now).
+/// sigmoids of the erase and write gates.
 pub fn gates2_fwd(
     f: &Act,
     b: &Act,
@@ -493,21 +484,25 @@ pub fn gates2_fwd(
     a_log: P,
     dt: P,
 ) -> Result<(F32s, Act, Act)> {
-    let (f, b, w) = (
-        host_only(f, "GDN2 gates")?,
-        host_only(b, "GDN2 gates")?,
-        host_only(w, "GDN2 gates")?,
-    );
-    let (al, d) = (
-        host(Some(a_log), "gates2")?.unwrap_or_default(),
-        host(Some(dt), "gates2")?.unwrap_or_default(),
-    );
-    let g = gates::gates2_forward(f, rows, hk, dk, al, d)?;
-    Ok((
-        F32s::Host(g),
-        Act::Host(gates::sigmoid_forward(b)),
-        Act::Host(gates::sigmoid_forward(w)),
-    ))
+    match (f, b, w, a_log, dt) {
+        (Act::Host(f), Act::Host(b), Act::Host(w), P::Host(al), P::Host(d)) => {
+            let g = gates::gates2_forward(f, rows, hk, dk, al, d)?;
+            Ok((
+                F32s::Host(g),
+                Act::Host(gates::sigmoid_forward(b)),
+                Act::Host(gates::sigmoid_forward(w)),
+            ))
+        }
+        (Act::Dev(f), Act::Dev(b), Act::Dev(w), P::Dev(al), P::Dev(d)) => {
+            let g = gates::cuda::gates2_forward(f, rows, hk, dk, al, d)?;
+            Ok((
+                F32s::Dev(g),
+                Act::Dev(gates::cuda::sigmoid_forward(b)?),
+                Act::Dev(gates::cuda::sigmoid_forward(w)?),
+            ))
+        }
+        _ => Err(mixed("gates2")),
+    }
 }
 
 /// Backward of the GDN2 decay: (df, dA_log, ddt_bias).
@@ -521,32 +516,260 @@ pub fn gates2_bwd(
     dt: P,
     dg: &F32s,
 ) -> Result<(Act, F32s, F32s)> {
-    let f = host_only(f, "GDN2 gates")?;
-    let (al, d) = (
-        host(Some(a_log), "gates2")?.unwrap_or_default(),
-        host(Some(dt), "gates2")?.unwrap_or_default(),
-    );
-    let F32s::Host(dg) = dg else {
-        return Err(mixed("gates2 backward"));
-    };
-    let (df, dal, ddt) = gates::gates2_backward(f, rows, hk, dk, al, d, dg)?;
-    Ok((Act::Host(df), F32s::Host(dal), F32s::Host(ddt)))
+    match (f, a_log, dt, dg) {
+        (Act::Host(f), P::Host(al), P::Host(d), F32s::Host(dg)) => {
+            let (df, dal, ddt) = gates::gates2_backward(f, rows, hk, dk, al, d, dg)?;
+            Ok((Act::Host(df), F32s::Host(dal), F32s::Host(ddt)))
+        }
+        (Act::Dev(f), P::Dev(al), P::Dev(d), F32s::Dev(dg)) => {
+            let (df, dal, ddt) = gates::cuda::gates2_backward(f, rows, hk, dk, al, d, dg)?;
+            Ok((Act::Dev(df), F32s::Dev(dal), F32s::Dev(ddt)))
+        }
+        _ => Err(mixed("gates2 backward")),
+    }
 }
 
 /// `dx = dy * y * (1 - y)` from a sigmoid's output.
 pub fn sigmoid_bwd(y: &Act, dy: &Act) -> Result<Act> {
-    let (y, dy) = (host_only(y, "sigmoid")?, host_only(dy, "sigmoid")?);
-    if y.len() != dy.len() {
-        return Err(GdnError::Invalid(format!(
-            "sigmoid backward: {} values vs {}",
-            y.len(),
-            dy.len()
-        )));
+    match (y, dy) {
+        (Act::Host(y), Act::Host(dy)) => {
+            if y.len() != dy.len() {
+                return Err(GdnError::Invalid(format!(
+                    "sigmoid backward: {} values vs {}",
+                    y.len(),
+                    dy.len()
+                )));
+            }
+            Ok(Act::Host(gates::sigmoid_backward(y, dy)))
+        }
+        (Act::Dev(y), Act::Dev(dy)) => Ok(Act::Dev(gates::cuda::sigmoid_backward(y, dy)?)),
+        _ => Err(mixed("sigmoid backward")),
     }
-    Ok(Act::Host(gates::sigmoid_backward(y, dy)))
 }
 
-/// GDN2 rule forward (CPU only for now).
+/// Repeat key-head rows `[n, Hk, D]` to value heads `[n, Hv, D]` (value head j reads key head
+/// j / (Hv/Hk)).
+fn repeat_heads_host(x: &[f32], n: usize, hk: usize, hv: usize, d: usize) -> Vec<f32> {
+    let r = hv / hk;
+    let mut out = Vec::with_capacity(n * hv * d);
+    for t in 0..n {
+        for j in 0..hv {
+            let o = (t * hk + j / r) * d;
+            out.extend_from_slice(&x[o..o + d]);
+        }
+    }
+    out
+}
+
+/// Sum value-head rows `[n, Hv, D]` back to key heads `[n, Hk, D]`, the group in head order.
+fn sum_heads_host(x: &[f32], n: usize, hk: usize, hv: usize, d: usize) -> Vec<f32> {
+    let r = hv / hk;
+    let mut out = vec![0.0f32; n * hk * d];
+    for t in 0..n {
+        for j in 0..hv {
+            let (src, dst) = ((t * hv + j) * d, (t * hk + j / r) * d);
+            for c in 0..d {
+                out[dst + c] += x[src + c];
+            }
+        }
+    }
+    out
+}
+
+/// Launch `layer::{name}_{sfx}` (repeat_heads / sum_heads) from `src` into `out` (`out_len`
+/// elements).
+#[allow(clippy::too_many_arguments)]
+fn launch_heads<T: DeviceRepr>(
+    gpu: &Arc<Gpu>,
+    name: &str,
+    sfx: &str,
+    src: &CudaSlice<T>,
+    out: &mut CudaSlice<T>,
+    out_len: usize,
+    n: usize,
+    hk: usize,
+    hv: usize,
+    d: usize,
+) -> Result<()> {
+    if out_len == 0 {
+        return Ok(());
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (out_len.div_ceil(256) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (n, hk, hv, d) = (n as i64, hk as i32, hv as i32, d as i32);
+    let f = gpu.function("layer", &format!("{name}_{sfx}"))?;
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(src).arg(out).arg(&n).arg(&hk).arg(&hv).arg(&d);
+    // SAFETY: argument types match the kernel's signature; src holds n * Hk|Hv * d values
+    // (checked by the callers) and out holds out_len.
+    unsafe { b.launch(cfg) }.map_err(|e| GdnError::Device(format!("{name} launch: {e:?}")))?;
+    Ok(())
+}
+
+/// Repeat or sum heads of a device buffer into a new one of `out_len` elements.
+fn heads_dev(
+    name: &str,
+    x: &DBuf,
+    out_len: usize,
+    n: usize,
+    hk: usize,
+    hv: usize,
+    d: usize,
+) -> Result<DBuf> {
+    let gpu = x.gpu().clone();
+    let mut out = DBuf::uninit(&gpu, out_len, x.dtype())?;
+    match (x, &mut out) {
+        (DBuf::F32(s), DBuf::F32(o)) => launch_heads(
+            &gpu,
+            name,
+            "f32",
+            &s.slice,
+            &mut o.slice,
+            out_len,
+            n,
+            hk,
+            hv,
+            d,
+        )?,
+        (DBuf::Bf16(s), DBuf::Bf16(o)) => launch_heads(
+            &gpu,
+            name,
+            "bf16",
+            &s.slice,
+            &mut o.slice,
+            out_len,
+            n,
+            hk,
+            hv,
+            d,
+        )?,
+        _ => return Err(GdnError::Device(format!("{name}: storage types differ"))),
+    }
+    Ok(out)
+}
+
+/// Repeat or sum heads of a device fp32 buffer into a new one of `out_len` elements.
+fn heads_g(
+    name: &str,
+    x: &GBuf<f32>,
+    out_len: usize,
+    n: usize,
+    hk: usize,
+    hv: usize,
+    d: usize,
+) -> Result<GBuf<f32>> {
+    let gpu = x.gpu().clone();
+    let mut out = gpu.uninit::<f32>(out_len)?;
+    launch_heads(
+        &gpu,
+        name,
+        "f32",
+        &x.slice,
+        &mut out.slice,
+        out_len,
+        n,
+        hk,
+        hv,
+        d,
+    )?;
+    Ok(out)
+}
+
+fn heads_len(what: &str, got: usize, want: usize) -> Result<()> {
+    if got != want {
+        return Err(GdnError::Invalid(format!(
+            "{what}: expected {want} values, got {got}"
+        )));
+    }
+    Ok(())
+}
+
+/// [`repeat_heads_host`] on either side (activations).
+pub fn repeat_heads(x: &Act, n: usize, hk: usize, hv: usize, d: usize) -> Result<Act> {
+    heads_len("repeat_heads", x_len(x), n * hk * d)?;
+    match x {
+        Act::Host(x) => Ok(Act::Host(repeat_heads_host(x, n, hk, hv, d))),
+        Act::Dev(x) => Ok(Act::Dev(heads_dev(
+            "repeat_heads",
+            x,
+            n * hv * d,
+            n,
+            hk,
+            hv,
+            d,
+        )?)),
+    }
+}
+
+/// [`sum_heads_host`] on either side (activations; fp32 sums).
+pub fn sum_heads(x: &Act, n: usize, hk: usize, hv: usize, d: usize) -> Result<Act> {
+    heads_len("sum_heads", x_len(x), n * hv * d)?;
+    match x {
+        Act::Host(x) => Ok(Act::Host(sum_heads_host(x, n, hk, hv, d))),
+        Act::Dev(x) => Ok(Act::Dev(heads_dev(
+            "sum_heads",
+            x,
+            n * hk * d,
+            n,
+            hk,
+            hv,
+            d,
+        )?)),
+    }
+}
+
+fn x_len(x: &Act) -> usize {
+    match x {
+        Act::Host(v) => v.len(),
+        Act::Dev(d) => d.len(),
+    }
+}
+
+fn f_len(x: &F32s) -> usize {
+    match x {
+        F32s::Host(v) => v.len(),
+        F32s::Dev(d) => d.len(),
+    }
+}
+
+/// [`repeat_heads`] of an fp32 buffer (the GDN2 decay).
+pub fn repeat_heads_f32s(x: &F32s, n: usize, hk: usize, hv: usize, d: usize) -> Result<F32s> {
+    heads_len("repeat_heads", f_len(x), n * hk * d)?;
+    match x {
+        F32s::Host(v) => Ok(F32s::Host(repeat_heads_host(v, n, hk, hv, d))),
+        F32s::Dev(g) => Ok(F32s::Dev(heads_g(
+            "repeat_heads",
+            g,
+            n * hv * d,
+            n,
+            hk,
+            hv,
+            d,
+        )?)),
+    }
+}
+
+/// [`sum_heads`] of an fp32 buffer (the GDN2 decay's gradient).
+pub fn sum_heads_f32s(x: &F32s, n: usize, hk: usize, hv: usize, d: usize) -> Result<F32s> {
+    heads_len("sum_heads", f_len(x), n * hv * d)?;
+    match x {
+        F32s::Host(v) => Ok(F32s::Host(sum_heads_host(v, n, hk, hv, d))),
+        F32s::Dev(g) => Ok(F32s::Dev(heads_g(
+            "sum_heads",
+            g,
+            n * hk * d,
+            n,
+            hk,
+            hv,
+            d,
+        )?)),
+    }
+}
+
+/// GDN2 rule forward.
 #[allow(clippy::too_many_arguments)]
 pub fn rule2_fwd(
     q: &Act,
@@ -561,35 +784,38 @@ pub fn rule2_fwd(
     h0: Option<&F32s>,
     want_final: bool,
 ) -> Result<(Act, Option<F32s>)> {
-    let h = |a| host_only(a, "the GDN2 rule");
-    let F32s::Host(g) = g else {
-        return Err(mixed("GDN2 rule"));
-    };
-    let h0 = match h0 {
-        None => None,
-        Some(F32s::Host(x)) => Some(x.as_slice()),
-        Some(_) => return Err(mixed("GDN2 rule")),
-    };
-    let (out, fin) = gdn2_rule::forward(
-        h(q)?,
-        h(k)?,
-        h(v)?,
-        g,
-        h(b)?,
-        h(w)?,
-        seqs,
-        s,
-        o,
-        h0,
-        want_final,
-    )?;
-    Ok((Act::Host(out), fin.map(F32s::Host)))
+    match (q, k, v, g, b, w) {
+        (Act::Host(q), Act::Host(k), Act::Host(v), F32s::Host(g), Act::Host(b), Act::Host(w)) => {
+            let (out, fin) =
+                gdn2_rule::forward(q, k, v, g, b, w, seqs, s, o, host_f32(h0)?, want_final)?;
+            Ok((Act::Host(out), fin.map(F32s::Host)))
+        }
+        (Act::Dev(q), Act::Dev(k), Act::Dev(v), F32s::Dev(g), Act::Dev(b), Act::Dev(w)) => {
+            let gpu = q.gpu().clone();
+            let (out, fin) = gdn2_rule::cuda::forward_cuda(
+                &gpu,
+                q,
+                k,
+                v,
+                g,
+                b,
+                w,
+                seqs,
+                s,
+                o,
+                dev_f32(h0)?,
+                want_final,
+            )?;
+            Ok((Act::Dev(out), fin.map(F32s::Dev)))
+        }
+        _ => Err(mixed("GDN2 rule")),
+    }
 }
 
 /// Gradients of the GDN2 rule: dq, dk, dv, dg, db, dw, dh0.
 pub type Rule2Bwd = (Act, Act, Act, F32s, Act, Act, Option<F32s>);
 
-/// GDN2 rule backward (CPU only for now).
+/// GDN2 rule backward.
 #[allow(clippy::too_many_arguments)]
 pub fn rule2_bwd(
     q: &Act,
@@ -605,33 +831,77 @@ pub fn rule2_bwd(
     d_o: &Act,
     d_final: Option<&F32s>,
 ) -> Result<Rule2Bwd> {
-    let h = |a| host_only(a, "the GDN2 rule");
-    let F32s::Host(g) = g else {
-        return Err(mixed("GDN2 rule"));
-    };
-    let r = gdn2_rule::backward(
-        h(q)?,
-        h(k)?,
-        h(v)?,
-        g,
-        h(b)?,
-        h(w)?,
-        seqs,
-        s,
-        o,
-        host_f32(h0)?,
-        h(d_o)?,
-        host_f32(d_final)?,
-    )?;
-    Ok((
-        Act::Host(r.dq),
-        Act::Host(r.dk),
-        Act::Host(r.dv),
-        F32s::Host(r.dg),
-        Act::Host(r.db),
-        Act::Host(r.dw),
-        r.dh0.map(F32s::Host),
-    ))
+    match (q, k, v, g, b, w, d_o) {
+        (
+            Act::Host(q),
+            Act::Host(k),
+            Act::Host(v),
+            F32s::Host(g),
+            Act::Host(b),
+            Act::Host(w),
+            Act::Host(d_o),
+        ) => {
+            let r = gdn2_rule::backward(
+                q,
+                k,
+                v,
+                g,
+                b,
+                w,
+                seqs,
+                s,
+                o,
+                host_f32(h0)?,
+                d_o,
+                host_f32(d_final)?,
+            )?;
+            Ok((
+                Act::Host(r.dq),
+                Act::Host(r.dk),
+                Act::Host(r.dv),
+                F32s::Host(r.dg),
+                Act::Host(r.db),
+                Act::Host(r.dw),
+                r.dh0.map(F32s::Host),
+            ))
+        }
+        (
+            Act::Dev(q),
+            Act::Dev(k),
+            Act::Dev(v),
+            F32s::Dev(g),
+            Act::Dev(b),
+            Act::Dev(w),
+            Act::Dev(d_o),
+        ) => {
+            let gpu = q.gpu().clone();
+            let r = gdn2_rule::cuda::backward_cuda(
+                &gpu,
+                q,
+                k,
+                v,
+                g,
+                b,
+                w,
+                seqs,
+                s,
+                o,
+                dev_f32(h0)?,
+                d_o,
+                dev_f32(d_final)?,
+            )?;
+            Ok((
+                Act::Dev(r.dq),
+                Act::Dev(r.dk),
+                Act::Dev(r.dv),
+                F32s::Dev(r.dg),
+                Act::Dev(r.db),
+                Act::Dev(r.dw),
+                r.dh0.map(F32s::Dev),
+            ))
+        }
+        _ => Err(mixed("GDN2 rule backward")),
+    }
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -202,44 +202,6 @@ impl RuleInputs {
     }
 }
 
-/// Repeat key-head rows `[n, Hk, D]` to value heads `[n, Hv, D]` (value head j reads key head
-/// j / (Hv/Hk)).
-fn repeat_heads(x: &[f32], n: usize, hk: usize, hv: usize, d: usize) -> Vec<f32> {
-    let r = hv / hk;
-    let mut out = Vec::with_capacity(n * hv * d);
-    for t in 0..n {
-        for j in 0..hv {
-            let o = (t * hk + j / r) * d;
-            out.extend_from_slice(&x[o..o + d]);
-        }
-    }
-    out
-}
-
-/// Sum value-head rows `[n, Hv, D]` back to key heads `[n, Hk, D]`, the group in head order.
-fn sum_heads(x: &[f32], n: usize, hk: usize, hv: usize, d: usize) -> Vec<f32> {
-    let r = hv / hk;
-    let mut out = vec![0.0f32; n * hk * d];
-    for t in 0..n {
-        for j in 0..hv {
-            let (src, dst) = ((t * hv + j) * d, (t * hk + j / r) * d);
-            for c in 0..d {
-                out[dst + c] += x[src + c];
-            }
-        }
-    }
-    out
-}
-
-fn host_vec<'a>(a: &'a Act, what: &str) -> Result<&'a [f32]> {
-    match a {
-        Act::Host(v) => Ok(v),
-        Act::Dev(_) => Err(GdnError::Device(format!(
-            "{what} has no CUDA implementation yet (GDN2 runs on the CPU)"
-        ))),
-    }
-}
-
 impl GatedDeltaNet {
     /// A layer with Megatron's initialization from `seed`, on the CPU. Validates `cfg`.
     pub fn new(cfg: &GdnConfig, seed: u64) -> Result<Self> {
@@ -637,14 +599,9 @@ impl GatedDeltaNet {
                     p.get("A_log"),
                     p.get("dt_bias"),
                 )?;
-                let F32s::Host(gk) = &g_key else {
-                    return Err(GdnError::Device(
-                        "GDN2 has no CUDA implementation yet".into(),
-                    ));
-                };
                 Gates::Gdn2 {
-                    g: F32s::Host(repeat_heads(gk, n, hk, hv, dk)),
-                    b: Act::Host(repeat_heads(host_vec(&b_key, "GDN2 gates")?, n, hk, hv, dk)),
+                    g: exec::repeat_heads_f32s(&g_key, n, hk, hv, dk)?,
+                    b: exec::repeat_heads(&b_key, n, hk, hv, dk)?,
                     w,
                     b_key,
                 }
@@ -836,11 +793,8 @@ impl GatedDeltaNet {
                 let (dq, dkk, dvv, dg, db, dw, dh0) =
                     exec::rule2_bwd(r.qn(), r.kn(), &r.v, g, b, w, seqs, s, o, h0, &d_o, d_final)?;
                 // The key-channel gates were repeated to the value heads: sum their gradients back.
-                let F32s::Host(dgv) = &dg else {
-                    return Err(GdnError::Device("GDN2 on a GPU".into()));
-                };
-                let dg_key = F32s::Host(sum_heads(dgv, n, hk, hv, dk));
-                let db_key = Act::Host(sum_heads(host_vec(&db, "GDN2")?, n, hk, hv, dk));
+                let dg_key = exec::sum_heads_f32s(&dg, n, hk, hv, dk)?;
+                let db_key = exec::sum_heads(&db, n, hk, hv, dk)?;
                 let (df, d_alog, d_dt) =
                     exec::gates2_bwd(&gi[0], n, hk, dk, p.get("A_log"), p.get("dt_bias"), &dg_key)?;
                 set("A_log", &[hk], d_alog)?;

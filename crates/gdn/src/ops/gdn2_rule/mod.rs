@@ -26,6 +26,7 @@
 //! at or after `seqs.used()` (padding) get zero output and zero gradient.
 
 pub(crate) mod cpu;
+pub mod cuda;
 #[doc(hidden)]
 pub mod reference;
 #[cfg(test)]

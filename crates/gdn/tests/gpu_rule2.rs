@@ -1,0 +1,528 @@
+//! The CUDA GDN2 rule against the CPU op (f32 storage) and the f64 recurrence (bf16 storage),
+//! with poisoned outputs and workspaces, exact-zero padding rows (packed sequences with empty and
+//! length-1 ones) and bitwise reproducibility. Run on the device machine with
+//! `--include-ignored --nocapture`: every check prints one line (`gdn2-check ...`).
+
+use std::sync::Arc;
+
+use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
+use gdn::ops::gdn2_rule::cuda::{backward_cuda, forward_cuda, set_poison};
+use gdn::ops::gdn2_rule::reference::{self, RefInputs};
+use gdn::ops::gdn2_rule::{self as g2, RuleOpts, RuleShape};
+use gdn::Seqs;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal};
+
+struct Case {
+    name: String,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    g: Vec<f32>,
+    b: Vec<f32>,
+    w: Vec<f32>,
+    h0: Option<Vec<f32>>,
+    d_o: Vec<f32>,
+    dht: Option<Vec<f32>>,
+    seqs: Seqs,
+    shape: RuleShape,
+    opts: RuleOpts,
+}
+
+fn normal(rng: &mut ChaCha8Rng, n: usize, s: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            let z: f64 = StandardNormal.sample(rng);
+            s * z as f32
+        })
+        .collect()
+}
+
+fn bf16r(x: &mut [f32]) {
+    for a in x {
+        *a = half::bf16::from_f32(*a).to_f32();
+    }
+}
+
+/// Random inputs: g = logsigmoid(randn) per key channel, b and w in (0, 1). Without the in-kernel
+/// norm, q and k rows are unit-norm. With `bf16`, every input is rounded to bf16 first.
+fn case(
+    name: &str,
+    seqs: Seqs,
+    shape: RuleShape,
+    norm_in_kernel: bool,
+    with_states: bool,
+    seed: u64,
+    bf16: bool,
+) -> Case {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let n = seqs.tokens();
+    let (hk, hv, dk, dv) = (shape.hk, shape.hv, shape.dk, shape.dv);
+    let mut q = normal(&mut rng, n * hk * dk, 1.0);
+    let mut k = normal(&mut rng, n * hk * dk, 1.0);
+    if !norm_in_kernel {
+        for x in [&mut q, &mut k] {
+            for r in x.chunks_mut(dk) {
+                let s = 1.0 / r.iter().map(|a| a * a).sum::<f32>().sqrt();
+                r.iter_mut().for_each(|a| *a *= s);
+            }
+        }
+    }
+    let mut v = normal(&mut rng, n * hv * dv, 1.0);
+    let g: Vec<f32> = (0..n * hv * dk)
+        .map(|_| {
+            let z: f64 = StandardNormal.sample(&mut rng);
+            -((-z).exp().ln_1p()) as f32
+        })
+        .collect();
+    let mut b: Vec<f32> = (0..n * hv * dk)
+        .map(|_| rng.gen_range(0.0f32..1.0))
+        .collect();
+    let mut w: Vec<f32> = (0..n * hv * dv)
+        .map(|_| rng.gen_range(0.0f32..1.0))
+        .collect();
+    let mut d_o = normal(&mut rng, n * hv * dv, 1.0);
+    let st = seqs.count() * hv * dk * dv;
+    let h0 = with_states.then(|| normal(&mut rng, st, 0.5));
+    let dht = with_states.then(|| normal(&mut rng, st, 0.5));
+    if bf16 {
+        for x in [&mut q, &mut k, &mut v, &mut b, &mut w, &mut d_o] {
+            bf16r(x);
+        }
+    }
+    Case {
+        name: name.to_string(),
+        q,
+        k,
+        v,
+        g,
+        b,
+        w,
+        h0,
+        d_o,
+        dht,
+        seqs,
+        shape,
+        opts: RuleOpts {
+            scale: 1.0 / (dk as f32).sqrt(),
+            l2norm_in_kernel: norm_in_kernel,
+        },
+    }
+}
+
+struct Out {
+    o: Vec<f32>,
+    fin: Vec<f32>,
+    dq: Vec<f32>,
+    dk: Vec<f32>,
+    dv: Vec<f32>,
+    dg: Vec<f32>,
+    db: Vec<f32>,
+    dw: Vec<f32>,
+    dh0: Option<Vec<f32>>,
+}
+
+impl Out {
+    fn fields(&self) -> Vec<(&'static str, &[f32])> {
+        let mut f: Vec<(&'static str, &[f32])> = vec![
+            ("o", &self.o),
+            ("final_state", &self.fin),
+            ("dq", &self.dq),
+            ("dk", &self.dk),
+            ("dv", &self.dv),
+            ("dg", &self.dg),
+            ("db", &self.db),
+            ("dw", &self.dw),
+        ];
+        if let Some(d) = &self.dh0 {
+            f.push(("dh0", d));
+        }
+        f
+    }
+    fn bits(&self) -> Vec<u32> {
+        self.fields()
+            .iter()
+            .flat_map(|(_, x)| x.iter().map(|a| a.to_bits()))
+            .collect()
+    }
+}
+
+fn gpu() -> Arc<Gpu> {
+    set_poison(true);
+    cuda::gpu(0).expect("a CUDA GPU")
+}
+
+fn run_gpu(gpu: &Arc<Gpu>, c: &Case, dt: DType) -> Out {
+    let up = |x: &[f32]| DBuf::upload(gpu, x, dt).unwrap();
+    let up32 = |x: &[f32]| -> GBuf<f32> { gpu.upload(x).unwrap() };
+    let (q, k, v, b, w, d_o) = (up(&c.q), up(&c.k), up(&c.v), up(&c.b), up(&c.w), up(&c.d_o));
+    let g = up32(&c.g);
+    let h0 = c.h0.as_deref().map(up32);
+    let dht = c.dht.as_deref().map(up32);
+    let (o, fin) = forward_cuda(
+        gpu,
+        &q,
+        &k,
+        &v,
+        &g,
+        &b,
+        &w,
+        &c.seqs,
+        c.shape,
+        c.opts,
+        h0.as_ref(),
+        true,
+    )
+    .unwrap();
+    let gr = backward_cuda(
+        gpu,
+        &q,
+        &k,
+        &v,
+        &g,
+        &b,
+        &w,
+        &c.seqs,
+        c.shape,
+        c.opts,
+        h0.as_ref(),
+        &d_o,
+        dht.as_ref(),
+    )
+    .unwrap();
+    assert_eq!(o.dtype(), dt);
+    assert_eq!(gr.dq.dtype(), dt);
+    assert_eq!(gr.dh0.is_some(), c.h0.is_some());
+    Out {
+        o: o.download().unwrap(),
+        fin: gpu.download(fin.as_ref().unwrap()).unwrap(),
+        dq: gr.dq.download().unwrap(),
+        dk: gr.dk.download().unwrap(),
+        dv: gr.dv.download().unwrap(),
+        dg: gpu.download(&gr.dg).unwrap(),
+        db: gr.db.download().unwrap(),
+        dw: gr.dw.download().unwrap(),
+        dh0: gr.dh0.as_ref().map(|d| gpu.download(d).unwrap()),
+    }
+}
+
+fn run_cpu(c: &Case) -> Out {
+    let (o, fin) = g2::forward(
+        &c.q,
+        &c.k,
+        &c.v,
+        &c.g,
+        &c.b,
+        &c.w,
+        &c.seqs,
+        c.shape,
+        c.opts,
+        c.h0.as_deref(),
+        true,
+    )
+    .unwrap();
+    let gr = g2::backward(
+        &c.q,
+        &c.k,
+        &c.v,
+        &c.g,
+        &c.b,
+        &c.w,
+        &c.seqs,
+        c.shape,
+        c.opts,
+        c.h0.as_deref(),
+        &c.d_o,
+        c.dht.as_deref(),
+    )
+    .unwrap();
+    Out {
+        o,
+        fin: fin.unwrap(),
+        dq: gr.dq,
+        dk: gr.dk,
+        dv: gr.dv,
+        dg: gr.dg,
+        db: gr.db,
+        dw: gr.dw,
+        dh0: gr.dh0,
+    }
+}
+
+fn run_ref(c: &Case) -> Vec<(&'static str, Vec<f64>)> {
+    let f = |x: &[f32]| x.iter().map(|&a| a as f64).collect::<Vec<f64>>();
+    let (q, k, v, g, b, w, d_o) = (
+        f(&c.q),
+        f(&c.k),
+        f(&c.v),
+        f(&c.g),
+        f(&c.b),
+        f(&c.w),
+        f(&c.d_o),
+    );
+    let h0 = c.h0.as_deref().map(f);
+    let dht = c.dht.as_deref().map(f);
+    let inp = RefInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        g: &g,
+        b: &b,
+        w: &w,
+        cu: c.seqs.cu(),
+        tokens: c.seqs.tokens(),
+        shape: c.shape,
+        scale: c.opts.scale as f64,
+        l2norm_in_kernel: c.opts.l2norm_in_kernel,
+        h0: h0.as_deref(),
+    };
+    let (o, fin) = reference::forward(&inp);
+    let gr = reference::backward(&inp, &d_o, dht.as_deref());
+    let mut out = vec![
+        ("o", o),
+        ("final_state", fin),
+        ("dq", gr.dq),
+        ("dk", gr.dk),
+        ("dv", gr.dv),
+        ("dg", gr.dg),
+        ("db", gr.db),
+        ("dw", gr.dw),
+    ];
+    if c.h0.is_some() {
+        out.push(("dh0", gr.dh0));
+    }
+    out
+}
+
+/// max |a - b| / max |b|.
+fn max_rel(a: &[f32], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let m = b.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-30);
+    a.iter()
+        .zip(b)
+        .fold(0.0f64, |e, (x, y)| e.max((*x as f64 - y).abs()))
+        / m
+}
+
+/// FLA's `get_err_ratio`: RMS(ref - x) / RMS(ref).
+fn rms_rel(a: &[f32], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let d: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - y).powi(2)).sum();
+    let r: f64 = b.iter().map(|y| y * y).sum();
+    (d / r.max(1e-300)).sqrt()
+}
+
+/// Every element finite (poisoned buffers are NaN where unwritten) and padding rows exactly 0.
+fn check_written(c: &Case, out: &Out, fails: &mut Vec<String>) {
+    let used = c.seqs.used();
+    let s = c.shape;
+    let width = |name: &str| match name {
+        "o" | "dv" | "dw" => Some(s.hv * s.dv),
+        "dq" | "dk" => Some(s.hk * s.dk),
+        "dg" | "db" => Some(s.hv * s.dk),
+        _ => None,
+    };
+    for (name, x) in out.fields() {
+        if let Some(i) = x.iter().position(|a| !a.is_finite()) {
+            fails.push(format!(
+                "{}: {name}[{i}] = {} (unwritten or non-finite)",
+                c.name, x[i]
+            ));
+        }
+        if let Some(w) = width(name) {
+            if x[used * w..].iter().any(|&a| a != 0.0) {
+                fails.push(format!("{}: {name} padding rows are not zero", c.name));
+            }
+        }
+    }
+}
+
+fn check_f32(gpu: &Arc<Gpu>, c: &Case, tol: f64, fails: &mut Vec<String>) {
+    let out = run_gpu(gpu, c, DType::F32);
+    check_written(c, &out, fails);
+    let cpu = run_cpu(c);
+    let rf = run_ref(c);
+    let mut line = format!("gdn2-check f32-vs-cpu {:<30}", c.name);
+    let mut line_ref = format!("gdn2-check f32-vs-f64 {:<30}", c.name);
+    for ((name, x), ((_, y), (_, r))) in out
+        .fields()
+        .into_iter()
+        .zip(cpu.fields().into_iter().zip(&rf))
+    {
+        let y64: Vec<f64> = y.iter().map(|&a| a as f64).collect();
+        let e = max_rel(x, &y64);
+        let er = max_rel(x, r);
+        let ec = max_rel(y, r);
+        line += &format!(" {name}={e:.1e}");
+        line_ref += &format!(" {name}={er:.1e}(cpu {ec:.1e})");
+        if e.is_nan() || e > tol {
+            fails.push(format!(
+                "{}: f32 {name} vs CPU: {e:.3e} > {tol:.0e}",
+                c.name
+            ));
+        }
+    }
+    println!("{line}");
+    println!("{line_ref}");
+}
+
+fn check_bf16(gpu: &Arc<Gpu>, c: &Case, fails: &mut Vec<String>) {
+    let out = run_gpu(gpu, c, DType::Bf16);
+    check_written(c, &out, fails);
+    let rf = run_ref(c);
+    let mut line = format!("gdn2-check bf16-vs-f64 {:<29}", c.name);
+    for ((name, x), (_, r)) in out.fields().into_iter().zip(&rf) {
+        let e = rms_rel(x, r);
+        let tol = match name {
+            "dg" | "db" | "dw" => 0.02,
+            _ => 0.005,
+        };
+        line += &format!(" {name}={e:.2e}");
+        if e.is_nan() || e > tol {
+            fails.push(format!("{}: bf16 {name}: RMS rel {e:.3e} > {tol}", c.name));
+        }
+    }
+    println!("{line}");
+}
+
+fn finish(fails: Vec<String>) {
+    assert!(fails.is_empty(), "failures:\n{}", fails.join("\n"));
+}
+
+fn sh(hk: usize, hv: usize, dk: usize, dv: usize) -> RuleShape {
+    RuleShape { hk, hv, dk, dv }
+}
+
+fn packed() -> Seqs {
+    Seqs::packed(&[0, 0, 1, 64, 128, 193, 193, 260], 265).unwrap()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gdn2_f32_matches_cpu_op() {
+    let gpu = gpu();
+    let mut fails = Vec::new();
+    let cases = vec![
+        case(
+            "T1 1/1 d16",
+            Seqs::uniform(1, 1),
+            sh(1, 1, 16, 16),
+            false,
+            false,
+            1,
+            false,
+        ),
+        case(
+            "T65 2/2 d64x48",
+            Seqs::uniform(1, 65),
+            sh(2, 2, 64, 48),
+            false,
+            true,
+            2,
+            false,
+        ),
+        case(
+            "T200 1/2 d32x64 norm",
+            Seqs::uniform(2, 200),
+            sh(1, 2, 32, 64),
+            true,
+            true,
+            3,
+            false,
+        ),
+        case(
+            "packed 2/4 d64 norm",
+            packed(),
+            sh(2, 4, 64, 64),
+            true,
+            true,
+            4,
+            false,
+        ),
+        case(
+            "T130 1/1 d128 norm",
+            Seqs::uniform(1, 130),
+            sh(1, 1, 128, 128),
+            true,
+            false,
+            5,
+            false,
+        ),
+    ];
+    for c in &cases {
+        check_f32(&gpu, c, 1e-5, &mut fails);
+    }
+    finish(fails);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gdn2_bf16_matches_f64_reference() {
+    let gpu = gpu();
+    let mut fails = Vec::new();
+    let cases = vec![
+        case(
+            "T1 1/1 d16",
+            Seqs::uniform(1, 1),
+            sh(1, 1, 16, 16),
+            true,
+            false,
+            11,
+            true,
+        ),
+        case(
+            "T300 2/4 d64 norm",
+            Seqs::uniform(1, 300),
+            sh(2, 4, 64, 64),
+            true,
+            true,
+            12,
+            true,
+        ),
+        case(
+            "packed 1/2 d128 norm",
+            packed(),
+            sh(1, 2, 128, 128),
+            true,
+            true,
+            13,
+            true,
+        ),
+        case(
+            "packed 2/2 d32x48",
+            packed(),
+            sh(2, 2, 32, 48),
+            false,
+            true,
+            14,
+            true,
+        ),
+    ];
+    for c in &cases {
+        check_bf16(&gpu, c, &mut fails);
+    }
+    finish(fails);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gdn2_two_runs_are_bitwise_identical() {
+    let gpu = gpu();
+    for (dt, bf) in [(DType::Bf16, true), (DType::F32, false)] {
+        let c = case(
+            "bitwise",
+            Seqs::packed(&[0, 0, 1, 100, 300], 303).unwrap(),
+            sh(2, 4, 64, 64),
+            true,
+            true,
+            41,
+            bf,
+        );
+        let a = run_gpu(&gpu, &c, dt);
+        let b = run_gpu(&gpu, &c, dt);
+        let same = a.bits() == b.bits();
+        println!("gdn2-check bitwise {dt:?}: identical={same}");
+        assert!(same, "{dt:?}: two runs differ");
+    }
+}
