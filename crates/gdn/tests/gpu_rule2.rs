@@ -351,7 +351,13 @@ fn check_f32(gpu: &Arc<Gpu>, c: &Case, tol: f64, fails: &mut Vec<String>) {
         .zip(cpu.fields().into_iter().zip(&rf))
     {
         let y64: Vec<f64> = y.iter().map(|&a| a as f64).collect();
-        let e = max_rel(x, &y64);
+        // A field whose exact value is zero everywhere (dg at T = 1 without an initial state) has
+        // no scale: the CPU op leaves rounding noise there, so check it against zero absolutely.
+        let e = if r.iter().all(|&a| a == 0.0) {
+            x.iter().fold(0.0f64, |m, &a| m.max(a.abs() as f64))
+        } else {
+            max_rel(x, &y64)
+        };
         let er = max_rel(x, r);
         let ec = max_rel(y, r);
         line += &format!(" {name}={e:.1e}");
