@@ -50,30 +50,30 @@ pub struct CudaRuleGrads {
 }
 
 /// One kernel argument.
-enum Arg {
+pub(crate) enum Arg {
     Ptr(u64),
     I32(i32),
     I64(i64),
     F32(f32),
 }
 
-fn ptr<T: DeviceRepr>(b: &GBuf<T>, s: &Arc<CudaStream>) -> Arg {
+pub(crate) fn ptr<T: DeviceRepr>(b: &GBuf<T>, s: &Arc<CudaStream>) -> Arg {
     let (p, _sync) = b.slice.device_ptr(s);
     Arg::Ptr(p)
 }
 
-fn dptr(b: &DBuf, s: &Arc<CudaStream>) -> Arg {
+pub(crate) fn dptr(b: &DBuf, s: &Arc<CudaStream>) -> Arg {
     match b {
         DBuf::F32(x) => ptr(x, s),
         DBuf::Bf16(x) => ptr(x, s),
     }
 }
 
-fn optr(b: Option<&GBuf<f32>>, s: &Arc<CudaStream>) -> Arg {
+pub(crate) fn optr(b: Option<&GBuf<f32>>, s: &Arc<CudaStream>) -> Arg {
     b.map_or(Arg::Ptr(0), |b| ptr(b, s))
 }
 
-fn i32_arg(x: usize) -> Arg {
+pub(crate) fn i32_arg(x: usize) -> Arg {
     Arg::I32(x as i32)
 }
 
@@ -83,6 +83,19 @@ fn dev_err(what: &str, e: impl std::fmt::Debug) -> GdnError {
 
 /// Launch `name_<dtype>` on a flat grid of `blocks` blocks of 256 threads.
 fn launch(gpu: &Gpu, name: &str, blocks: usize, smem_bytes: usize, args: &[Arg]) -> Result<()> {
+    launch_in(gpu, MODULE, name, blocks, smem_bytes, args)
+}
+
+/// Launch `module::name` on a flat grid of `blocks` blocks of 256 threads with `smem_bytes` of
+/// dynamic shared memory (timed when profiling is on).
+pub(crate) fn launch_in(
+    gpu: &Gpu,
+    module: &'static str,
+    name: &str,
+    blocks: usize,
+    smem_bytes: usize,
+    args: &[Arg],
+) -> Result<()> {
     if blocks == 0 {
         return Ok(());
     }
@@ -91,7 +104,7 @@ fn launch(gpu: &Gpu, name: &str, blocks: usize, smem_bytes: usize, args: &[Arg])
             "gated delta rule: {name} needs {blocks} blocks, more than a grid holds"
         )));
     }
-    let f = gpu.function(MODULE, name)?;
+    let f = gpu.function(module, name)?;
     if smem_bytes > 48 * 1024 {
         f.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -123,8 +136,8 @@ fn launch(gpu: &Gpu, name: &str, blocks: usize, smem_bytes: usize, args: &[Arg])
     } else {
         None
     };
-    // SAFETY: argument lists match the kernels' signatures in gated_delta_rule.cu; every buffer
-    // is sized by the callers below for the indices the kernels touch.
+    // SAFETY: argument lists match the kernels' signatures in gated_delta_rule.cu and
+    // gdn2_rule.cu; every buffer is sized by the callers for the indices the kernels touch.
     unsafe { b.launch(cfg) }.map_err(|e| dev_err(&format!("launching {name}"), e))?;
     if let Some(t0) = t0 {
         let t1 = ev(gpu.stream())?;
@@ -168,7 +181,7 @@ pub fn profile_take() -> Vec<(String, f64, usize)> {
         .unwrap_or_default()
 }
 
-fn sfx(d: DType) -> &'static str {
+pub(crate) fn sfx(d: DType) -> &'static str {
     match d {
         DType::F32 => "f32",
         DType::Bf16 => "bf16",

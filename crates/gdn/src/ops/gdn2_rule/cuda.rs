@@ -18,11 +18,12 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{DevicePtr, DeviceRepr};
 
 use super::{RuleOpts, RuleShape};
 use crate::device::cuda::{DBuf, DType, GBuf, Gpu};
 use crate::error::{GdnError, Result};
+use crate::ops::gated_delta_rule::cuda::{dptr, i32_arg, launch_in, optr, ptr, sfx, Arg};
 use crate::seqs::Seqs;
 
 const MODULE: &str = "gdn2_rule";
@@ -48,74 +49,14 @@ pub struct CudaGdn2Grads {
     pub dh0: Option<GBuf<f32>>,
 }
 
-enum Arg {
-    Ptr(u64),
-    I32(i32),
-    I64(i64),
-    F32(f32),
-}
-
-fn ptr<T: DeviceRepr>(b: &GBuf<T>, s: &Arc<CudaStream>) -> Arg {
-    let (p, _sync) = b.slice.device_ptr(s);
-    Arg::Ptr(p)
-}
-
-fn dptr(b: &DBuf, s: &Arc<CudaStream>) -> Arg {
-    match b {
-        DBuf::F32(x) => ptr(x, s),
-        DBuf::Bf16(x) => ptr(x, s),
-    }
-}
-
-fn optr(b: Option<&GBuf<f32>>, s: &Arc<CudaStream>) -> Arg {
-    b.map_or(Arg::Ptr(0), |b| ptr(b, s))
-}
-
-fn i32_arg(x: usize) -> Arg {
-    Arg::I32(x as i32)
-}
-
 fn dev_err(what: &str, e: impl std::fmt::Debug) -> GdnError {
     GdnError::Device(format!("gdn2 rule: {what}: {e:?}"))
 }
 
-/// Launch `module::name` on a flat grid of `blocks` blocks of 256 threads.
+/// Launch `module::name` on a flat grid of `blocks` blocks of 256 threads (no dynamic shared
+/// memory), through the GDN rule's launcher.
 fn launch(gpu: &Gpu, module: &'static str, name: &str, blocks: usize, args: &[Arg]) -> Result<()> {
-    if blocks == 0 {
-        return Ok(());
-    }
-    if blocks > i32::MAX as usize {
-        return Err(GdnError::Invalid(format!(
-            "gdn2 rule: {name} needs {blocks} blocks, more than a grid holds"
-        )));
-    }
-    let f = gpu.function(module, name)?;
-    let mut b = gpu.stream().launch_builder(&f);
-    for a in args {
-        match a {
-            Arg::Ptr(p) => b.arg(p),
-            Arg::I32(x) => b.arg(x),
-            Arg::I64(x) => b.arg(x),
-            Arg::F32(x) => b.arg(x),
-        };
-    }
-    let cfg = LaunchConfig {
-        grid_dim: (blocks as u32, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: argument lists match the kernels' signatures in gdn2_rule.cu (and
-    // gated_delta_rule.cu); every buffer is sized by the callers below for the indices the kernels
-    // touch.
-    unsafe { b.launch(cfg) }.map_err(|e| dev_err(&format!("launching {name}"), e))?;
-    Ok(())
-}
-
-fn sfx(d: DType) -> &'static str {
-    match d {
-        DType::F32 => "f32",
-        DType::Bf16 => "bf16",
-    }
+    launch_in(gpu, module, name, blocks, 0, args)
 }
 
 /// Suffix of the rule kernels: the storage type, "bf16n" for bf16 with the in-kernel norm (the
