@@ -436,3 +436,40 @@ fn hundreds_of_short_sequences() {
     let yr = reference::forward(&cfg, &RefParams::from_params(l.params()), &xf, seqs.cu());
     assert!(max_rel(y.data(), &yr) < 1e-5);
 }
+
+/// Inference forward keeps nothing and ignores recompute settings: its output is bitwise the
+/// training forward's, for every setting.
+#[test]
+fn inference_forward_matches_training_forward_under_every_setting() {
+    let mut rng = ChaCha8Rng::seed_from_u64(51);
+    let x = Tensor::from_vec(&[2, 70, 8], randn(&mut rng, 2 * 70 * 8, 1.0)).unwrap();
+    for v in [Variant::Gdn, Variant::Gdn2] {
+        let base = GdnConfig {
+            variant: v,
+            ..tiny(Normalization::RMSNorm, false, 2)
+        };
+        let l0 = layer(&base, 52);
+        let (y_train, _) = l0.forward(&x).unwrap();
+        for (gran, mods) in [
+            (None, vec![]),
+            (
+                Some(RecomputeGranularity::Selective),
+                vec!["gdn_norm_out", "gdn_prep"],
+            ),
+            (Some(RecomputeGranularity::Selective), vec!["gdn"]),
+            (Some(RecomputeGranularity::Full), vec![]),
+        ] {
+            let cfg = GdnConfig {
+                recompute_granularity: gran,
+                recompute_modules: Some(mods.iter().map(|s| s.to_string()).collect()),
+                ..base.clone()
+            };
+            let l = GatedDeltaNet::with_params(&cfg, l0.params().clone()).unwrap();
+            assert_eq!(
+                bits(&l.forward_inference(&x).unwrap()),
+                bits(&y_train),
+                "{v:?} {mods:?}"
+            );
+        }
+    }
+}
