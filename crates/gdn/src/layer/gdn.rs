@@ -712,9 +712,10 @@ impl GatedDeltaNet {
             c.layernorm_epsilon,
             c.layernorm_zero_centered_gamma,
         );
-        let mut grads = Params::zeros_like_config(c);
+        // Gradients arrive bottom to top; they are put in the parameters' order at the end.
+        let mut grads: Vec<(String, Tensor)> = Vec::new();
         let mut set = |name: &str, shape: &[usize], g: F32s| -> Result<()> {
-            grads.set(name, Tensor::from_vec(shape, g.into_host()?)?);
+            grads.push((name.to_string(), Tensor::from_vec(shape, g.into_host()?)?));
             Ok(())
         };
         let mut prof = Prof::new(self.gpu()?);
@@ -880,6 +881,16 @@ impl GatedDeltaNet {
         }
         prof.mark("bwd in_proj (GEMMs + norm)");
         prof.report();
+        let order = super::param_specs(c);
+        let pos = |n: &str| {
+            order
+                .iter()
+                .position(|(p, _)| *p == n)
+                .unwrap_or(usize::MAX)
+        };
+        grads.sort_by_key(|(n, _)| pos(n));
+        let grads = Params::from_entries(grads);
+        grads.check_against(c, "gradients")?;
         Ok((dx, grads, dh0))
     }
 }
