@@ -280,11 +280,11 @@ pub(crate) fn tasks(seqs: &Seqs, s: RuleShape) -> Vec<(usize, usize)> {
         .collect()
 }
 
-struct FwdOut {
+pub(crate) struct FwdOut {
     /// Per value head of the group: `[len, Dv]`.
-    o: Vec<Vec<f32>>,
+    pub(crate) o: Vec<Vec<f32>>,
     /// Per value head of the group: final state `[Dk, Dv]`.
-    state: Vec<Vec<f32>>,
+    pub(crate) state: Vec<Vec<f32>>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -343,6 +343,20 @@ pub(crate) fn forward(
         })
         .collect();
 
+    assemble_forward(seqs, s, outs, output_final_state)
+}
+
+/// Scatter the per-task outputs of a forward (in `tasks` order) into `o` `[tokens, Hv, Dv]` and,
+/// if asked, the final states `[N, Hv, Dk, Dv]`. Padding rows stay zero.
+pub(crate) fn assemble_forward(
+    seqs: &Seqs,
+    s: RuleShape,
+    outs: Vec<FwdOut>,
+    output_final_state: bool,
+) -> (Vec<f32>, Option<Vec<f32>>) {
+    let (dv, hv) = (s.dv, s.hv);
+    let r = hv / s.hk;
+    let st = s.dk * dv;
     let mut o = vec![0.0f32; seqs.tokens() * hv * dv];
     let mut fin = output_final_state.then(|| vec![0.0f32; seqs.count() * hv * st]);
     for (&(n, kh), out) in tasks(seqs, s).iter().zip(outs) {

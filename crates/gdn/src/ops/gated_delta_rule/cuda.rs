@@ -88,6 +88,48 @@ fn launch(gpu: &Gpu, name: &str, blocks: usize, smem_bytes: usize, args: &[Arg])
 
 /// Launch `module::name` on a flat grid of `blocks` blocks of 256 threads with `smem_bytes` of
 /// dynamic shared memory (timed when profiling is on).
+/// Backward's extra inputs: `d_o` `[tokens, Hv, Dv]` in the inputs' storage type and the
+/// optional gradient of the final states `[N, Hv, Dk, Dv]`, all on `gpu` (shared by both rules).
+pub(crate) fn check_backward_grads(
+    what: &str,
+    gpu: &Arc<Gpu>,
+    dt: DType,
+    seqs: &Seqs,
+    s: RuleShape,
+    d_o: &DBuf,
+    d_final_state: Option<&GBuf<f32>>,
+) -> Result<()> {
+    let (tokens, n_seq) = (seqs.tokens(), seqs.count());
+    if d_o.dtype() != dt {
+        return Err(GdnError::Invalid(format!(
+            "{what} (CUDA): d_o is {:?} but q is {dt:?}",
+            d_o.dtype()
+        )));
+    }
+    if d_o.len() != tokens * s.hv * s.dv {
+        return Err(GdnError::Invalid(format!(
+            "d_o: expected {} values, got {}",
+            tokens * s.hv * s.dv,
+            d_o.len()
+        )));
+    }
+    if let Some(d) = d_final_state {
+        let want = n_seq * s.hv * s.dk * s.dv;
+        if d.len() != want {
+            return Err(GdnError::Invalid(format!(
+                "d_final_state: expected {want} values, got {}",
+                d.len()
+            )));
+        }
+    }
+    if !Arc::ptr_eq(d_o.gpu(), gpu) || d_final_state.is_some_and(|d| !Arc::ptr_eq(d.gpu(), gpu)) {
+        return Err(GdnError::Invalid(format!(
+            "{what} (CUDA): every input must live on the GPU the op runs on"
+        )));
+    }
+    Ok(())
+}
+
 pub(crate) fn launch_in(
     gpu: &Gpu,
     module: &'static str,
@@ -607,33 +649,7 @@ pub fn backward_cuda(
     let s = shape;
     let dt = check(gpu, q, k, v, g, beta, seqs, s, initial_state)?;
     let (tokens, n_seq) = (seqs.tokens(), seqs.count());
-    if d_o.dtype() != dt {
-        return Err(GdnError::Invalid(format!(
-            "gated delta rule (CUDA): d_o is {:?} but q is {dt:?}",
-            d_o.dtype()
-        )));
-    }
-    if d_o.len() != tokens * s.hv * s.dv {
-        return Err(GdnError::Invalid(format!(
-            "d_o: expected {} values, got {}",
-            tokens * s.hv * s.dv,
-            d_o.len()
-        )));
-    }
-    if let Some(d) = d_final_state {
-        let want = n_seq * s.hv * s.dk * s.dv;
-        if d.len() != want {
-            return Err(GdnError::Invalid(format!(
-                "d_final_state: expected {want} values, got {}",
-                d.len()
-            )));
-        }
-    }
-    if !Arc::ptr_eq(d_o.gpu(), gpu) || d_final_state.is_some_and(|d| !Arc::ptr_eq(d.gpu(), gpu)) {
-        return Err(GdnError::Invalid(
-            "gated delta rule (CUDA): every input must live on the GPU the op runs on".into(),
-        ));
-    }
+    check_backward_grads("gated delta rule", gpu, dt, seqs, s, d_o, d_final_state)?;
     let st = gpu.stream();
     let sf = sfx(dt);
     let ch = Chunks::new(gpu, seqs)?;

@@ -56,7 +56,9 @@
 use rayon::prelude::*;
 
 use super::{Gdn2Grads, RuleOpts, RuleShape, CHUNK};
-use crate::ops::gated_delta_rule::cpu::{dot, load_qk, load_rows, mm, tasks, QkRows};
+use crate::ops::gated_delta_rule::cpu::{
+    assemble_forward, dot, load_qk, load_rows, mm, tasks, FwdOut, QkRows,
+};
 use crate::ops::gemm::MatRef;
 use crate::ops::l2norm::cpu::l2norm_row_backward;
 use crate::seqs::Seqs;
@@ -553,13 +555,6 @@ fn initial(h0: Option<&[f32]>, n: usize, j: usize, hv: usize, st: usize) -> Vec<
     }
 }
 
-struct FwdOut {
-    /// Per value head of the group: `[len, Dv]`.
-    o: Vec<Vec<f32>>,
-    /// Per value head of the group: final state `[Dk, Dv]`.
-    state: Vec<Vec<f32>>,
-}
-
 pub(crate) fn forward(
     x: &Inputs,
     seqs: &Seqs,
@@ -604,22 +599,7 @@ pub(crate) fn forward(
         })
         .collect();
 
-    let mut o = vec![0.0f32; seqs.tokens() * hv * dv];
-    let mut fin = output_final_state.then(|| vec![0.0f32; seqs.count() * hv * st]);
-    for (&(n, kh), out) in tasks(seqs, s).iter().zip(outs) {
-        let t0 = seqs.range(n).start;
-        for (jj, (oj, sj)) in out.o.into_iter().zip(out.state).enumerate() {
-            let j = kh * r + jj;
-            for (i, row) in oj.chunks_exact(dv).enumerate() {
-                let dst = ((t0 + i) * hv + j) * dv;
-                o[dst..dst + dv].copy_from_slice(row);
-            }
-            if let Some(f) = fin.as_mut() {
-                f[(n * hv + j) * st..(n * hv + j + 1) * st].copy_from_slice(&sj);
-            }
-        }
-    }
-    (o, fin)
+    assemble_forward(seqs, s, outs, output_final_state)
 }
 
 /// Per-chunk values kept from the recompute pass of backward.

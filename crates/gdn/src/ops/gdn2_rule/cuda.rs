@@ -23,7 +23,9 @@ use cudarc::driver::{DevicePtr, DeviceRepr};
 use super::{RuleOpts, RuleShape};
 use crate::device::cuda::{DBuf, DType, GBuf, Gpu};
 use crate::error::{GdnError, Result};
-use crate::ops::gated_delta_rule::cuda::{dptr, i32_arg, launch_in, optr, ptr, sfx, Arg};
+use crate::ops::gated_delta_rule::cuda::{
+    check_backward_grads, dptr, i32_arg, launch_in, optr, ptr, sfx, Arg,
+};
 use crate::seqs::Seqs;
 
 const MODULE: &str = "gdn2_rule";
@@ -333,33 +335,7 @@ pub fn backward_cuda(
     let s = shape;
     let dt = check(gpu, q, k, v, g, b, w, seqs, s, initial_state)?;
     let (tokens, n_seq) = (seqs.tokens(), seqs.count());
-    if d_o.dtype() != dt {
-        return Err(GdnError::Invalid(format!(
-            "gdn2 rule (CUDA): d_o is {:?} but q is {dt:?}",
-            d_o.dtype()
-        )));
-    }
-    if d_o.len() != tokens * s.hv * s.dv {
-        return Err(GdnError::Invalid(format!(
-            "d_o: expected {} values, got {}",
-            tokens * s.hv * s.dv,
-            d_o.len()
-        )));
-    }
-    if let Some(d) = d_final_state {
-        let want = n_seq * s.hv * s.dk * s.dv;
-        if d.len() != want {
-            return Err(GdnError::Invalid(format!(
-                "d_final_state: expected {want} values, got {}",
-                d.len()
-            )));
-        }
-    }
-    if !Arc::ptr_eq(d_o.gpu(), gpu) || d_final_state.is_some_and(|d| !Arc::ptr_eq(d.gpu(), gpu)) {
-        return Err(GdnError::Invalid(
-            "gdn2 rule (CUDA): every input must live on the GPU the op runs on".into(),
-        ));
-    }
+    check_backward_grads("gdn2 rule", gpu, dt, seqs, s, d_o, d_final_state)?;
     let st = gpu.stream();
     let (cu, chf, chunks) = tables(gpu, seqs)?;
     let norm = if opts.l2norm_in_kernel {
