@@ -456,7 +456,7 @@ struct Prep {
 
 const C: usize = CHUNK;
 /// Floats of shared memory of the block GEMM staging and of one padded 64x64 matrix.
-const STAGE_F: usize = 2 * 32 * 65;
+const STAGE_F: usize = 2 * 64 * (32 + 4);
 const MAT_F: usize = 64 * 65;
 
 #[allow(clippy::too_many_arguments)]

@@ -29,20 +29,30 @@
 
 #define GDR_C 64
 #define GDR_NT 256
-// Staging tiles of the block GEMM: KT reduction rows of 64 (+1 pad) floats, for A and B.
+// Staging tiles of the block GEMM: KT reduction rows of 64 (+1 pad) floats, for A and B (the
+// tensor-core path lays them out differently in the same space: see tile_mma).
 #define GDR_KT 32
 #define GDR_LD 65
-#define GDR_STAGE (2 * GDR_KT * GDR_LD)
+#define GDR_STAGE (2 * GDR_C * (GDR_KT + 4))
 #define GDR_MAT (GDR_C * GDR_LD)
 
 typedef long long i64;
 
 extern __shared__ __align__(16) float gdr_smem[];
 
+// Whether the chunk-parallel GEMMs of a storage type run on tensor cores: bf16 storage uses TF32
+// mma (operands rounded to 10 mantissa bits, fp32 accumulation); f32 storage, which exists to
+// verify against the CPU op, keeps exact fp32 FMAs.
+template <typename T> __device__ constexpr bool tc_of() { return sizeof(T) == 2; }
+
 // ---------------------------------------------------------------------------------------------
-// Block GEMM on one 64x64 output tile: acc[m][n] (row ty + 16 m, column tx + 16 n) +=
-// sum_k fa(row, k) * fb(k, col) for k < kdim. fa / fb return the operands (masking is theirs).
-// AKF / BKF: whether k is the fastest-varying index of the operand in memory (coalescing).
+// Block GEMM on one 64x64 output tile: acc += sum_k fa(row, k) * fb(k, col) for k < kdim.
+// fa / fb return the operands (masking is theirs). AKF / BKF: whether k is the fastest-varying
+// index of the operand in memory (coalescing). Which 16 elements of the tile a thread holds in
+// acc depends on TC; only tile_epi interprets acc.
+//   TC false: fp32 FMAs, element (ty + 16 m, tx + 16 n) in acc[m][n].
+//   TC true: mma.sync m16n8k8 TF32; warp w owns rows 16 (w & 3) .. +16 and columns
+//            32 (w >> 2) .. +32 (four 16x8 tiles); acc[nt][c] is C-fragment element c of tile nt.
 
 __device__ __forceinline__ void tile_zero(float (&acc)[4][4]) {
 #pragma unroll
@@ -51,46 +61,116 @@ __device__ __forceinline__ void tile_zero(float (&acc)[4][4]) {
         for (int n = 0; n < 4; ++n) acc[m][n] = 0.f;
 }
 
-template <bool AKF, bool BKF, class FA, class FB>
+__device__ __forceinline__ float to_tf32(float x) {
+    unsigned u;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(x));
+    return __uint_as_float(u);
+}
+
+template <bool TC, bool AKF, bool BKF, class FA, class FB>
 __device__ __forceinline__ void tile_mma(float (&acc)[4][4], int kdim, FA fa, FB fb, float* stage) {
+    const int tid = threadIdx.x;
+    if (!TC) {
+        float* sa = stage;
+        float* sb = stage + GDR_KT * GDR_LD;
+        const int tx = tid & 15, ty = tid >> 4;
+        for (int k0 = 0; k0 < kdim; k0 += GDR_KT) {
+#pragma unroll
+            for (int r = 0; r < (GDR_KT * GDR_C) / GDR_NT; ++r) {
+                int e = tid + r * GDR_NT;
+                int i, k;
+                if (AKF) { k = e % GDR_KT; i = e / GDR_KT; } else { i = e & 63; k = e >> 6; }
+                sa[k * GDR_LD + i] = (k0 + k < kdim) ? fa(i, k0 + k) : 0.f;
+                int j, kb;
+                if (BKF) { kb = e % GDR_KT; j = e / GDR_KT; } else { j = e & 63; kb = e >> 6; }
+                sb[kb * GDR_LD + j] = (k0 + kb < kdim) ? fb(k0 + kb, j) : 0.f;
+            }
+            __syncthreads();
+#pragma unroll 8
+            for (int k = 0; k < GDR_KT; ++k) {
+                float a[4], b[4];
+#pragma unroll
+                for (int m = 0; m < 4; ++m) a[m] = sa[k * GDR_LD + ty + 16 * m];
+#pragma unroll
+                for (int n = 0; n < 4; ++n) b[n] = sb[k * GDR_LD + tx + 16 * n];
+#pragma unroll
+                for (int m = 0; m < 4; ++m)
+#pragma unroll
+                    for (int n = 0; n < 4; ++n) acc[m][n] = fmaf(a[m], b[n], acc[m][n]);
+            }
+            __syncthreads();
+        }
+        return;
+    }
+    // Tensor cores. A is staged row-major [64][KT + 4] (bank-conflict-free fragment reads); B is
+    // staged [64 cols][KT + 4] when k is its fastest index, else [KT][64 + 8] (both conflict-free
+    // for the stores of their layout and for the fragment reads). Operands are rounded to TF32
+    // when staged.
+    constexpr int LA = GDR_KT + 4, LBT = GDR_KT + 4, LBK = GDR_C + 8;
     float* sa = stage;
-    float* sb = stage + GDR_KT * GDR_LD;
-    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    float* sb = stage + GDR_C * LA;
+    const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int r0 = 16 * (warp & 3), c0 = 32 * (warp >> 2);
     for (int k0 = 0; k0 < kdim; k0 += GDR_KT) {
 #pragma unroll
         for (int r = 0; r < (GDR_KT * GDR_C) / GDR_NT; ++r) {
             int e = tid + r * GDR_NT;
             int i, k;
             if (AKF) { k = e % GDR_KT; i = e / GDR_KT; } else { i = e & 63; k = e >> 6; }
-            sa[k * GDR_LD + i] = (k0 + k < kdim) ? fa(i, k0 + k) : 0.f;
+            sa[i * LA + k] = to_tf32((k0 + k < kdim) ? fa(i, k0 + k) : 0.f);
             int j, kb;
-            if (BKF) { kb = e % GDR_KT; j = e / GDR_KT; } else { j = e & 63; kb = e >> 6; }
-            sb[kb * GDR_LD + j] = (k0 + kb < kdim) ? fb(k0 + kb, j) : 0.f;
+            if (BKF) {
+                kb = e % GDR_KT; j = e / GDR_KT;
+                sb[j * LBT + kb] = to_tf32((k0 + kb < kdim) ? fb(k0 + kb, j) : 0.f);
+            } else {
+                j = e & 63; kb = e >> 6;
+                sb[kb * LBK + j] = to_tf32((k0 + kb < kdim) ? fb(k0 + kb, j) : 0.f);
+            }
         }
         __syncthreads();
-#pragma unroll 8
-        for (int k = 0; k < GDR_KT; ++k) {
-            float a[4], b[4];
 #pragma unroll
-            for (int m = 0; m < 4; ++m) a[m] = sa[k * GDR_LD + ty + 16 * m];
+        for (int kk = 0; kk < GDR_KT; kk += 8) {
+            const float* pa = sa + (r0 + g) * LA + kk + t;
+            unsigned a0 = __float_as_uint(pa[0]), a1 = __float_as_uint(pa[8 * LA]);
+            unsigned a2 = __float_as_uint(pa[4]), a3 = __float_as_uint(pa[8 * LA + 4]);
 #pragma unroll
-            for (int n = 0; n < 4; ++n) b[n] = sb[k * GDR_LD + tx + 16 * n];
-#pragma unroll
-            for (int m = 0; m < 4; ++m)
-#pragma unroll
-                for (int n = 0; n < 4; ++n) acc[m][n] = fmaf(a[m], b[n], acc[m][n]);
+            for (int nt = 0; nt < 4; ++nt) {
+                const int col = c0 + 8 * nt + g;
+                unsigned b0, b1;
+                if (BKF) {
+                    b0 = __float_as_uint(sb[col * LBT + kk + t]);
+                    b1 = __float_as_uint(sb[col * LBT + kk + t + 4]);
+                } else {
+                    b0 = __float_as_uint(sb[(kk + t) * LBK + col]);
+                    b1 = __float_as_uint(sb[(kk + t + 4) * LBK + col]);
+                }
+                asm volatile(
+                    "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                    "{%8,%9}, {%0,%1,%2,%3};"
+                    : "+f"(acc[nt][0]), "+f"(acc[nt][1]), "+f"(acc[nt][2]), "+f"(acc[nt][3])
+                    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+            }
         }
         __syncthreads();
     }
 }
 
-template <class F>
+template <bool TC, class F>
 __device__ __forceinline__ void tile_epi(const float (&acc)[4][4], F f) {
-    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    if (!TC) {
+        const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
 #pragma unroll
-    for (int m = 0; m < 4; ++m)
+        for (int m = 0; m < 4; ++m)
 #pragma unroll
-        for (int n = 0; n < 4; ++n) f(ty + 16 * m, tx + 16 * n, acc[m][n]);
+            for (int n = 0; n < 4; ++n) f(ty + 16 * m, tx + 16 * n, acc[m][n]);
+        return;
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int r0 = 16 * (warp & 3) + g, c0 = 32 * (warp >> 2) + 2 * t;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) f(r0 + 8 * (c >> 1), c0 + 8 * nt + (c & 1), acc[nt][c]);
 }
 
 // Sum over a warp's lanes of f(x) for x = lane, lane + 32, ... < n (fixed order).
@@ -158,6 +238,7 @@ __device__ void gdr_prep(const TQ* __restrict__ k, const T* __restrict__ v, cons
                          const int* __restrict__ ch_len, int hk_n, int hv_n, int dk, int dv,
                          float* __restrict__ gam_ws, float* __restrict__ t_ws, float* __restrict__ w_ws,
                          float* __restrict__ u_ws) {
+    constexpr bool TC = tc_of<T>();
     const int ratio = hv_n / hk_n;
     ChunkGeo G = chunk_geo(ch_t0, ch_len, hv_n, ratio);
     const int l = G.l, tid = threadIdx.x;
@@ -191,10 +272,10 @@ __device__ void gdr_prep(const TQ* __restrict__ k, const T* __restrict__ v, cons
     {
         float acc[4][4];
         tile_zero(acc);
-        tile_mma<true, true>(
+        tile_mma<TC, true, true>(
             acc, dk, [&](int i, int x) { return i < l ? ld(kc, i * krow + x) : 0.f; },
             [&](int x, int j) { return j < l ? ld(kc, j * krow + x) : 0.f; }, stage);
-        tile_epi(acc, [&](int i, int j, float a) {
+        tile_epi<TC>(acc, [&](int i, int j, float a) {
             sM[i * GDR_LD + j] = (j < i && i < l) ? s_beta[i] * a * expf(s_gam[i] - s_gam[j]) : 0.f;
         });
     }
@@ -222,22 +303,22 @@ __device__ void gdr_prep(const TQ* __restrict__ k, const T* __restrict__ v, cons
     for (int j0 = 0; j0 < dk; j0 += 64) {
         float acc[4][4];
         tile_zero(acc);
-        tile_mma<true, false>(
+        tile_mma<TC, true, false>(
             acc, GDR_C, [&](int i, int m) { return sT[i * GDR_LD + m]; },
             [&](int m, int x) { return (m < l && j0 + x < dk) ? s_bge[m] * ld(kc, m * krow + j0 + x) : 0.f; },
             stage);
-        tile_epi(acc, [&](int i, int x, float a) {
+        tile_epi<TC>(acc, [&](int i, int x, float a) {
             if (j0 + x < dk) w_ws[(cb * GDR_C + i) * dk + j0 + x] = a;
         });
     }
     for (int j0 = 0; j0 < dv; j0 += 64) {
         float acc[4][4];
         tile_zero(acc);
-        tile_mma<true, false>(
+        tile_mma<TC, true, false>(
             acc, GDR_C, [&](int i, int m) { return sT[i * GDR_LD + m]; },
             [&](int m, int x) { return (m < l && j0 + x < dv) ? s_beta[m] * ld(vc, m * vrow + j0 + x) : 0.f; },
             stage);
-        tile_epi(acc, [&](int i, int x, float a) {
+        tile_epi<TC>(acc, [&](int i, int x, float a) {
             if (j0 + x < dv) u_ws[(cb * GDR_C + i) * dv + j0 + x] = a;
         });
     }
@@ -554,15 +635,15 @@ __device__ void gdr_scan_bwd(const TQ* __restrict__ q, const TQ* __restrict__ k,
 
 // ---------------------------------------------------------------------------------------------
 // A = lower_incl(Q K^T * Gamma) of a chunk into sA (64 x 64).
-template <typename TQ>
+template <bool TC, typename TQ>
 __device__ __forceinline__ void chunk_qk(const TQ* qc, const TQ* kc, i64 krow, int dk, int l, const float* s_gam,
                                         float* sA, float* stage) {
     float acc[4][4];
     tile_zero(acc);
-    tile_mma<true, true>(
+    tile_mma<TC, true, true>(
         acc, dk, [&](int i, int x) { return i < l ? ld(qc, i * krow + x) : 0.f; },
         [&](int x, int j) { return j < l ? ld(kc, j * krow + x) : 0.f; }, stage);
-    tile_epi(acc, [&](int i, int j, float a) {
+    tile_epi<TC>(acc, [&](int i, int j, float a) {
         sA[i * GDR_LD + j] = (j <= i && i < l) ? a * expf(s_gam[i] - s_gam[j]) : 0.f;
     });
 }
@@ -573,6 +654,7 @@ __device__ void gdr_output(const TQ* __restrict__ q, const TQ* __restrict__ k, c
                            const float* __restrict__ h_ws, const float* __restrict__ d_ws,
                            const i64* __restrict__ ch_t0, const int* __restrict__ ch_len, int hk_n, int hv_n,
                            int dk, int dv, float scale, T* __restrict__ o) {
+    constexpr bool TC = tc_of<T>();
     ChunkGeo G = chunk_geo(ch_t0, ch_len, hv_n, hv_n / hk_n);
     const int l = G.l;
     const i64 cb = G.c * hv_n + G.hv;
@@ -587,18 +669,18 @@ __device__ void gdr_output(const TQ* __restrict__ q, const TQ* __restrict__ k, c
     const float* hc = h_ws + cb * (i64)dk * dv;
     const float* dc = d_ws + cb * GDR_C * (i64)dv;
     load_gam(gam_ws, cb * GDR_C, l, s_gam, s_eg, nullptr);
-    chunk_qk(qc, kc, krow, dk, l, s_gam, sA, stage);
+    chunk_qk<TC>(qc, kc, krow, dk, l, s_gam, sA, stage);
     __syncthreads();
     for (int j0 = 0; j0 < dv; j0 += 64) {
         float acc[4][4];
         tile_zero(acc);
-        tile_mma<true, false>(
+        tile_mma<TC, true, false>(
             acc, dk, [&](int i, int x) { return i < l ? s_eg[i] * ld(qc, i * krow + x) : 0.f; },
             [&](int x, int j) { return j0 + j < dv ? hc[(i64)x * dv + j0 + j] : 0.f; }, stage);
-        tile_mma<true, false>(
+        tile_mma<TC, true, false>(
             acc, GDR_C, [&](int i, int m) { return sA[i * GDR_LD + m]; },
             [&](int m, int j) { return j0 + j < dv ? dc[(i64)m * dv + j0 + j] : 0.f; }, stage);
-        tile_epi(acc, [&](int i, int j, float a) {
+        tile_epi<TC>(acc, [&](int i, int j, float a) {
             if (i < l && j0 + j < dv) st(oc, i * vrow + j0 + j, scale * a);
         });
     }
@@ -610,6 +692,7 @@ __device__ void gdr_dd_local(const TQ* __restrict__ q, const TQ* __restrict__ k,
                              const float* __restrict__ gam_ws, const i64* __restrict__ ch_t0,
                              const int* __restrict__ ch_len, int hk_n, int hv_n, int dk, int dv, float scale,
                              float* __restrict__ dd_ws) {
+    constexpr bool TC = tc_of<T>();
     ChunkGeo G = chunk_geo(ch_t0, ch_len, hv_n, hv_n / hk_n);
     const int l = G.l;
     const i64 cb = G.c * hv_n + G.hv;
@@ -622,15 +705,15 @@ __device__ void gdr_dd_local(const TQ* __restrict__ q, const TQ* __restrict__ k,
     const TQ* kc = k + G.t0 * krow + (i64)G.kh * dk;
     const T* oc = d_o + G.t0 * vrow + (i64)G.hv * dv;
     load_gam(gam_ws, cb * GDR_C, l, s_gam, s_eg, nullptr);
-    chunk_qk(qc, kc, krow, dk, l, s_gam, sA, stage);
+    chunk_qk<TC>(qc, kc, krow, dk, l, s_gam, sA, stage);
     __syncthreads();
     for (int j0 = 0; j0 < dv; j0 += 64) {
         float acc[4][4];
         tile_zero(acc);
-        tile_mma<true, false>(
+        tile_mma<TC, true, false>(
             acc, GDR_C, [&](int m, int i) { return sA[i * GDR_LD + m]; },
             [&](int i, int j) { return (i < l && j0 + j < dv) ? ld(oc, i * vrow + j0 + j) : 0.f; }, stage);
-        tile_epi(acc, [&](int m, int j, float a) {
+        tile_epi<TC>(acc, [&](int m, int j, float a) {
             if (j0 + j < dv) dd_ws[(cb * GDR_C + m) * dv + j0 + j] = scale * a;
         });
     }
@@ -650,6 +733,7 @@ __device__ void gdr_grad(const TQ* __restrict__ q, const TQ* __restrict__ k, con
                          int hk_n, int hv_n, int dk, int dv, float scale, float* __restrict__ dq_part,
                          float* __restrict__ dk_part, T* __restrict__ dv_out, float* __restrict__ dg,
                          T* __restrict__ dbeta) {
+    constexpr bool TC = tc_of<T>();
     ChunkGeo G = chunk_geo(ch_t0, ch_len, hv_n, hv_n / hk_n);
     const int l = G.l, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const i64 cb = G.c * hv_n + G.hv;
@@ -698,22 +782,22 @@ __device__ void gdr_grad(const TQ* __restrict__ q, const TQ* __restrict__ k, con
     auto qld = [&](int i, int x) { return i < l ? ld(qc, i * krow + x) : 0.f; };
 
     // A and P = K K^T.
-    chunk_qk(qc, kc, krow, dk, l, s_gam, sA, stage);
+    chunk_qk<TC>(qc, kc, krow, dk, l, s_gam, sA, stage);
     {
         float acc[4][4];
         tile_zero(acc);
-        tile_mma<true, true>(acc, dk, kld, [&](int x, int j) { return kld(j, x); }, stage);
-        tile_epi(acc, [&](int i, int j, float a) { sP[i * GDR_LD + j] = a; });
+        tile_mma<TC, true, true>(acc, dk, kld, [&](int x, int j) { return kld(j, x); }, stage);
+        tile_epi<TC>(acc, [&](int i, int j, float a) { sP[i * GDR_LD + j] = a; });
     }
     __syncthreads();
     // dA = scale dO D^T (j <= i): E = dA * A (for dgam), G = dA * Gamma.
     {
         float acc[4][4];
         tile_zero(acc);
-        tile_mma<true, true>(
+        tile_mma<TC, true, true>(
             acc, dv, [&](int i, int c) { return i < l ? ld(oc, i * vrow + c) : 0.f; },
             [&](int c, int j) { return Dm[(i64)j * dv + c]; }, stage);
-        tile_epi(acc, [&](int i, int j, float a) {
+        tile_epi<TC>(acc, [&](int i, int j, float a) {
             bool in = j <= i && i < l;
             float x = scale * a;
             sE[i * GDR_LD + j] = in ? x * sA[i * GDR_LD + j] : 0.f;
@@ -731,10 +815,10 @@ __device__ void gdr_grad(const TQ* __restrict__ q, const TQ* __restrict__ k, con
     for (int j0 = 0; j0 < dk; j0 += 64) {
         float acc[4][4];
         tile_zero(acc);
-        tile_mma<true, true>(
+        tile_mma<TC, true, true>(
             acc, dv, [&](int i, int c) { return i < l ? ld(oc, i * vrow + c) : 0.f; },
             [&](int c, int x) { return j0 + x < dk ? s0[(i64)(j0 + x) * dv + c] : 0.f; }, stage);
-        tile_epi(acc, [&](int i, int x, float a) {
+        tile_epi<TC>(acc, [&](int i, int x, float a) {
             if (i < l && j0 + x < dk) dqc[i * prow + j0 + x] = s_eg[i] * (scale * a);
         });
     }
@@ -746,10 +830,10 @@ __device__ void gdr_grad(const TQ* __restrict__ q, const TQ* __restrict__ k, con
     for (int j0 = 0; j0 < dk; j0 += 64) {
         float acc[4][4];
         tile_zero(acc);
-        tile_mma<true, false>(
+        tile_mma<TC, true, false>(
             acc, GDR_C, [&](int i, int j) { return sG[i * GDR_LD + j]; },
             [&](int j, int x) { return j0 + x < dk ? kld(j, j0 + x) : 0.f; }, stage);
-        tile_epi(acc, [&](int i, int x, float a) {
+        tile_epi<TC>(acc, [&](int i, int x, float a) {
             if (i < l && j0 + x < dk) dqc[i * prow + j0 + x] += a;
         });
     }
@@ -758,10 +842,10 @@ __device__ void gdr_grad(const TQ* __restrict__ q, const TQ* __restrict__ k, con
     for (int j0 = 0; j0 < dk; j0 += 64) {
         float acc[4][4];
         tile_zero(acc);
-        tile_mma<true, true>(
+        tile_mma<TC, true, true>(
             acc, dv, [&](int i, int c) { return Dm[(i64)i * dv + c]; },
             [&](int c, int x) { return j0 + x < dk ? ds[(i64)(j0 + x) * dv + c] : 0.f; }, stage);
-        tile_epi(acc, [&](int i, int x, float a) {
+        tile_epi<TC>(acc, [&](int i, int x, float a) {
             if (i < l && j0 + x < dk) dkc[i * prow + j0 + x] = s_ed[i] * a;
         });
     }
@@ -789,10 +873,10 @@ __device__ void gdr_grad(const TQ* __restrict__ q, const TQ* __restrict__ k, con
     for (int j0 = 0; j0 < dk; j0 += 64) {
         float acc[4][4];
         tile_zero(acc);
-        tile_mma<true, false>(
+        tile_mma<TC, true, false>(
             acc, GDR_C, [&](int j, int i) { return sG[i * GDR_LD + j]; },
             [&](int i, int x) { return j0 + x < dk ? qld(i, j0 + x) : 0.f; }, stage);
-        tile_epi(acc, [&](int j, int x, float a) {
+        tile_epi<TC>(acc, [&](int j, int x, float a) {
             if (j < l && j0 + x < dk) dkc[j * prow + j0 + x] += a;
         });
     }
@@ -800,10 +884,10 @@ __device__ void gdr_grad(const TQ* __restrict__ q, const TQ* __restrict__ k, con
     for (int j0 = 0; j0 < dk; j0 += 64) {
         float acc[4][4];
         tile_zero(acc);
-        tile_mma<true, true>(
+        tile_mma<TC, true, true>(
             acc, dv, [&](int i, int c) { return dD[(i64)i * dv + c]; },
             [&](int c, int x) { return j0 + x < dk ? s0[(i64)(j0 + x) * dv + c] : 0.f; }, stage);
-        tile_epi(acc, [&](int i, int x, float a) {
+        tile_epi<TC>(acc, [&](int i, int x, float a) {
             if (j0 + x < dk) dW[(i64)i * dk + j0 + x] = -a;
         });
     }
@@ -812,32 +896,32 @@ __device__ void gdr_grad(const TQ* __restrict__ q, const TQ* __restrict__ k, con
     {
         float acc[4][4];
         tile_zero(acc);
-        tile_mma<true, true>(
+        tile_mma<TC, true, true>(
             acc, dv, [&](int i, int c) { return dD[(i64)i * dv + c]; },
             [&](int c, int j) { return j < l ? s_beta[j] * ld(vc, j * vrow + c) : 0.f; }, stage);
-        tile_mma<true, true>(
+        tile_mma<TC, true, true>(
             acc, dk, [&](int i, int x) { return dW[(i64)i * dk + x]; },
             [&](int x, int j) { return j < l ? (s_beta[j] * s_eg[j]) * ld(kc, j * krow + x) : 0.f; }, stage);
-        tile_epi(acc, [&](int i, int j, float a) { sA[i * GDR_LD + j] = a; });
+        tile_epi<TC>(acc, [&](int i, int j, float a) { sA[i * GDR_LD + j] = a; });
     }
     // dVb = T^T dD ; dKb = T^T dW.
     for (int j0 = 0; j0 < dv; j0 += 64) {
         float acc[4][4];
         tile_zero(acc);
-        tile_mma<true, false>(
+        tile_mma<TC, true, false>(
             acc, GDR_C, [&](int m, int i) { return sT[i * GDR_LD + m]; },
             [&](int i, int c) { return j0 + c < dv ? dD[(i64)i * dv + j0 + c] : 0.f; }, stage);
-        tile_epi(acc, [&](int m, int c, float a) {
+        tile_epi<TC>(acc, [&](int m, int c, float a) {
             if (j0 + c < dv) dVb[(i64)m * dv + j0 + c] = a;
         });
     }
     for (int j0 = 0; j0 < dk; j0 += 64) {
         float acc[4][4];
         tile_zero(acc);
-        tile_mma<true, false>(
+        tile_mma<TC, true, false>(
             acc, GDR_C, [&](int m, int i) { return sT[i * GDR_LD + m]; },
             [&](int i, int x) { return j0 + x < dk ? dW[(i64)i * dk + j0 + x] : 0.f; }, stage);
-        tile_epi(acc, [&](int m, int x, float a) {
+        tile_epi<TC>(acc, [&](int m, int x, float a) {
             if (j0 + x < dk) dKb[(i64)m * dk + j0 + x] = a;
         });
     }
@@ -860,19 +944,19 @@ __device__ void gdr_grad(const TQ* __restrict__ q, const TQ* __restrict__ k, con
     {
         float acc[4][4];
         tile_zero(acc);
-        tile_mma<true, false>(
+        tile_mma<TC, true, false>(
             acc, GDR_C, [&](int m, int i) { return sT[i * GDR_LD + m]; },
             [&](int i, int n) { return sA[i * GDR_LD + n]; }, stage);
-        tile_epi(acc, [&](int m, int n, float a) { sE[m * GDR_LD + n] = a; });
+        tile_epi<TC>(acc, [&](int m, int n, float a) { sE[m * GDR_LD + n] = a; });
     }
     __syncthreads();
     {
         float acc[4][4];
         tile_zero(acc);
-        tile_mma<true, true>(
+        tile_mma<TC, true, true>(
             acc, GDR_C, [&](int m, int p) { return sE[m * GDR_LD + p]; },
             [&](int p, int n) { return sT[n * GDR_LD + p]; }, stage);
-        tile_epi(acc, [&](int m, int n, float a) { sG[m * GDR_LD + n] = -a; });
+        tile_epi<TC>(acc, [&](int m, int n, float a) { sG[m * GDR_LD + n] = -a; });
     }
     __syncthreads();
     // M_ij = beta_i P_ij Gamma_ij (j < i): dbeta_i += sum_j dM_ij P_ij Gamma_ij ;
@@ -906,10 +990,10 @@ __device__ void gdr_grad(const TQ* __restrict__ q, const TQ* __restrict__ k, con
     for (int j0 = 0; j0 < dk; j0 += 64) {
         float acc[4][4];
         tile_zero(acc);
-        tile_mma<true, false>(
+        tile_mma<TC, true, false>(
             acc, GDR_C, [&](int i, int j) { return sE[i * GDR_LD + j]; },
             [&](int j, int x) { return j0 + x < dk ? kld(j, j0 + x) : 0.f; }, stage);
-        tile_epi(acc, [&](int i, int x, float a) {
+        tile_epi<TC>(acc, [&](int i, int x, float a) {
             if (i < l && j0 + x < dk) dkc[i * prow + j0 + x] += a;
         });
     }
