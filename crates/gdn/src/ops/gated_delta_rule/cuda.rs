@@ -527,7 +527,7 @@ fn scan_fwd(
     let h = ws(gpu, chh * s.dk * s.dv)?;
     let d = ws(gpu, chh * C * s.dv)?;
     let bv = scan_bv(gpu, seqs.count(), s);
-    let smem = (s.dk * bv + 2 * C * (s.dk + 4) + C * bv + C) * 4;
+    let smem = (s.dk * (bv + 8) + 2 * C * (s.dk + 4) + C * (bv + 8) + C) * 4;
     launch(
         gpu,
         &format!("gdr_scan_fwd{bv}_{ks}"),
@@ -695,7 +695,7 @@ pub fn backward_cuda(
         None => None,
     };
     let bv = scan_bv(gpu, n_seq, s);
-    let smem_s = (s.dk * bv + 2 * C * (s.dk + 4) + 2 * C * bv + C) * 4;
+    let smem_s = (s.dk * (bv + 8) + 2 * C * (s.dk + 4) + 2 * C * (bv + 8) + C) * 4;
     launch(
         gpu,
         &format!("gdr_scan_bwd{bv}_{ks}"),

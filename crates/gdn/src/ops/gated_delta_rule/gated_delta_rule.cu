@@ -67,6 +67,36 @@ __device__ __forceinline__ float to_tf32(float x) {
     return __uint_as_float(u);
 }
 
+__device__ __forceinline__ unsigned tf32u(float x) { return __float_as_uint(to_tf32(x)); }
+
+// c += a b on one m16n8k8 TF32 tile (PTX fragment layouts; g = lane / 4, t = lane % 4):
+// a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4); b0 (t, g), b1 (t + 4, g);
+// c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1).
+__device__ __forceinline__ void mma_tf32(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                         unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// A fragment (16 x 8, rounded to TF32) of a row-major matrix in shared memory: p points at
+// element (g, t) of the tile, ld is the row stride.
+struct FragA {
+    unsigned a0, a1, a2, a3;
+};
+__device__ __forceinline__ FragA frag_a_rows(const float* p, int ld) {
+    return {tf32u(p[0]), tf32u(p[8 * ld]), tf32u(p[4]), tf32u(p[8 * ld + 4])};
+}
+// The same for the transpose of a row-major matrix: p points at stored element (t, g).
+__device__ __forceinline__ FragA frag_a_cols(const float* p, int ld) {
+    return {tf32u(p[0]), tf32u(p[8]), tf32u(p[4 * ld]), tf32u(p[4 * ld + 8])};
+}
+__device__ __forceinline__ void mma_tf32(float (&c)[4], FragA a, unsigned b0, unsigned b1) {
+    mma_tf32(c, a.a0, a.a1, a.a2, a.a3, b0, b1);
+}
+
 template <bool TC, bool AKF, bool BKF, class FA, class FB>
 __device__ __forceinline__ void tile_mma(float (&acc)[4][4], int kdim, FA fa, FB fb, float* stage) {
     const int tid = threadIdx.x;
@@ -144,11 +174,7 @@ __device__ __forceinline__ void tile_mma(float (&acc)[4][4], int kdim, FA fa, FB
                     b0 = __float_as_uint(sb[(kk + t) * LBK + col]);
                     b1 = __float_as_uint(sb[(kk + t + 4) * LBK + col]);
                 }
-                asm volatile(
-                    "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                    "{%8,%9}, {%0,%1,%2,%3};"
-                    : "+f"(acc[nt][0]), "+f"(acc[nt][1]), "+f"(acc[nt][2]), "+f"(acc[nt][3])
-                    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+                mma_tf32(acc[nt], a0, a1, a2, a3, b0, b1);
             }
         }
         __syncthreads();
@@ -399,7 +425,9 @@ __device__ __forceinline__ void load_rows1(float* da, const TA* sa, i64 ra, int 
 
 // Forward scan. Per chunk: h[c] = S; D = U - W S (stored); S = e^gam_L S + K^T (e^(gam_L-gam) D).
 // All global reads of a chunk (gam, W, K, this thread's U) are issued together at its start.
-template <typename TQ, int BV>
+// S (fp32) stays in shared memory. TC (bf16 storage): both products on tensor cores (TF32
+// operands, fp32 accumulation; S itself is never rounded); else fp32 FMAs.
+template <typename TQ, typename T, int BV>
 __device__ void gdr_scan_fwd(const TQ* __restrict__ k, const float* __restrict__ gam_ws,
                              const float* __restrict__ w_ws, const float* __restrict__ u_ws,
                              const i64* __restrict__ seq_ch, const i64* __restrict__ ch_t0,
@@ -407,6 +435,9 @@ __device__ void gdr_scan_fwd(const TQ* __restrict__ k, const float* __restrict__
                              const float* __restrict__ h0, float* __restrict__ h_ws,
                              float* __restrict__ d_ws, float* __restrict__ fin) {
     typedef ScanLayout<BV> Lay;
+    constexpr bool TC = tc_of<T>();
+    constexpr int LDS = BV + 8;        // row stride of sS and sD (conflict-free mma B fragments)
+    constexpr int NCT = BV / 16;       // TC: column tiles per warp of D = U - W S
     const int nvt = dv / BV;
     const i64 b = blockIdx.x;
     const int vt = (int)(b % nvt);
@@ -414,20 +445,22 @@ __device__ void gdr_scan_fwd(const TQ* __restrict__ k, const float* __restrict__
     const i64 n = b / ((i64)nvt * hv_n);
     const int kh = hv / (hv_n / hk_n);
     const int tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int ldw = dk + 4;
-    float* sS = gdr_smem;              // [dk][BV]
-    float* sW = sS + dk * BV;          // [64][dk+4]
+    float* sS = gdr_smem;              // [dk][LDS]
+    float* sW = sS + dk * LDS;         // [64][dk+4]
     float* sK = sW + GDR_C * ldw;      // [64][dk+4]
-    float* sD = sK + GDR_C * ldw;      // [64][BV]: e^(gam_L - gam_i) D_i
-    float* s_gam = sD + GDR_C * BV;    // [64]
+    float* sD = sK + GDR_C * ldw;      // [64][LDS]: e^(gam_L - gam_i) D_i
+    float* s_gam = sD + GDR_C * LDS;   // [64]
     const int c4 = (tid % Lay::TPR) * 4, r0 = tid / Lay::TPR;
+    const int rt = warp & 3, ct0 = (warp >> 2) * NCT;  // TC: this warp's tiles of D
     const i64 col0 = (i64)vt * BV;
     const i64 st_base = (n * hv_n + hv) * (i64)dk * dv;
     const i64 krow = (i64)hk_n * dk;
 
     for (int e = tid; e < dk * BV; e += GDR_NT) {
         int kk = e / BV, cc = e % BV;
-        sS[e] = h0 ? h0[st_base + (i64)kk * dv + col0 + cc] : 0.f;
+        sS[kk * LDS + cc] = h0 ? h0[st_base + (i64)kk * dv + col0 + cc] : 0.f;
     }
     const i64 c_beg = seq_ch[n], c_end = seq_ch[n + 1];
     for (i64 c = c_beg; c < c_end; ++c) {
@@ -436,28 +469,58 @@ __device__ void gdr_scan_fwd(const TQ* __restrict__ k, const float* __restrict__
         const TQ* kc = k + ch_t0[c] * krow + (i64)kh * dk;
         __syncthreads();  // previous chunk done with sS/sW/sK/sD/s_gam
         if (tid < GDR_C) s_gam[tid] = gam_ws[cb * GDR_C + tid];
-        float4 u4[Lay::RPT];
+        float4 u4[TC ? 1 : Lay::RPT];
+        float2 u2[TC ? NCT : 1][2];
+        if (TC) {
 #pragma unroll
-        for (int m = 0; m < Lay::RPT; ++m)
-            u4[m] = ld4(u_ws, (cb * GDR_C + r0 + m * Lay::RP) * dv + col0 + c4);
+            for (int nt = 0; nt < NCT; ++nt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    u2[nt][h] = *reinterpret_cast<const float2*>(
+                        u_ws + (cb * GDR_C + 16 * rt + g + 8 * h) * dv + col0 + 8 * (ct0 + nt) + 2 * t);
+        } else {
+#pragma unroll
+            for (int m = 0; m < Lay::RPT; ++m)
+                u4[m] = ld4(u_ws, (cb * GDR_C + r0 + m * Lay::RP) * dv + col0 + c4);
+        }
         if (h_ws) {
             for (int e = tid; e < dk * BV; e += GDR_NT) {
                 int kk = e / BV, cc = e % BV;
-                h_ws[cb * (i64)dk * dv + (i64)kk * dv + col0 + cc] = sS[e];
+                h_ws[cb * (i64)dk * dv + (i64)kk * dv + col0 + cc] = sS[kk * LDS + cc];
             }
         }
         load_rows2(sW, w_ws + cb * GDR_C * dk, (i64)dk, GDR_C, sK, kc, krow, l, ldw, dk);
         __syncthreads();
         const float gl = s_gam[l - 1];
         // D = U - W S (64 x BV).
-        {
+        if (TC) {
+            float acc[NCT][4] = {};
+            for (int k0 = 0; k0 < dk; k0 += 8) {
+                FragA fa = frag_a_rows(sW + (16 * rt + g) * ldw + k0 + t, ldw);
+#pragma unroll
+                for (int nt = 0; nt < NCT; ++nt) {
+                    const float* pb = sS + (k0 + t) * LDS + 8 * (ct0 + nt) + g;
+                    mma_tf32(acc[nt], fa, tf32u(pb[0]), tf32u(pb[4 * LDS]));
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < NCT; ++nt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    int i = 16 * rt + g + 8 * h, cc = 8 * (ct0 + nt) + 2 * t;
+                    float ed = i < l ? expf(gl - s_gam[i]) : 0.f;
+                    float2 d = make_float2(u2[nt][h].x - acc[nt][2 * h], u2[nt][h].y - acc[nt][2 * h + 1]);
+                    *reinterpret_cast<float2*>(d_ws + (cb * GDR_C + i) * dv + col0 + cc) = d;
+                    *reinterpret_cast<float2*>(&sD[i * LDS + cc]) = make_float2(ed * d.x, ed * d.y);
+                }
+        } else {
             float acc[Lay::RPT][4];
 #pragma unroll
             for (int m = 0; m < Lay::RPT; ++m)
 #pragma unroll
                 for (int q = 0; q < 4; ++q) acc[m][q] = 0.f;
             for (int kk = 0; kk < dk; ++kk) {
-                float4 s4 = *reinterpret_cast<const float4*>(&sS[kk * BV + c4]);
+                float4 s4 = *reinterpret_cast<const float4*>(&sS[kk * LDS + c4]);
 #pragma unroll
                 for (int m = 0; m < Lay::RPT; ++m) {
                     float w = sW[(r0 + m * Lay::RP) * ldw + kk];
@@ -474,29 +537,49 @@ __device__ void gdr_scan_fwd(const TQ* __restrict__ k, const float* __restrict__
                 float4 d = make_float4(u4[m].x - acc[m][0], u4[m].y - acc[m][1], u4[m].z - acc[m][2],
                                        u4[m].w - acc[m][3]);
                 *reinterpret_cast<float4*>(d_ws + (cb * GDR_C + i) * dv + col0 + c4) = d;
-                *reinterpret_cast<float4*>(&sD[i * BV + c4]) =
+                *reinterpret_cast<float4*>(&sD[i * LDS + c4]) =
                     make_float4(ed * d.x, ed * d.y, ed * d.z, ed * d.w);
             }
         }
         __syncthreads();
         // S = e^gam_L S + K^T sD.
-        {
-            const float egl = expf(gl);
+        const float egl = expf(gl);
+        if (TC) {
+            for (int rt2 = warp; rt2 < dk / 16; rt2 += GDR_NT / 32) {
+                float acc[BV / 8][4] = {};
+#pragma unroll
+                for (int k0 = 0; k0 < GDR_C; k0 += 8) {
+                    FragA fa = frag_a_cols(sK + (k0 + t) * ldw + 16 * rt2 + g, ldw);
+#pragma unroll
+                    for (int nt = 0; nt < BV / 8; ++nt) {
+                        const float* pb = sD + (k0 + t) * LDS + 8 * nt + g;
+                        mma_tf32(acc[nt], fa, tf32u(pb[0]), tf32u(pb[4 * LDS]));
+                    }
+                }
+#pragma unroll
+                for (int nt = 0; nt < BV / 8; ++nt)
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        float* sp = &sS[(16 * rt2 + g + 8 * (q >> 1)) * LDS + 8 * nt + 2 * t + (q & 1)];
+                        *sp = egl * *sp + acc[nt][q];
+                    }
+            }
+        } else {
             for (int kk = r0; kk < dk; kk += Lay::RP) {
                 float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
                 for (int i = 0; i < GDR_C; ++i) {
                     float kv = sK[i * ldw + kk];
-                    float4 d4 = *reinterpret_cast<const float4*>(&sD[i * BV + c4]);
+                    float4 d4 = *reinterpret_cast<const float4*>(&sD[i * LDS + c4]);
                     a0 = fmaf(kv, d4.x, a0);
                     a1 = fmaf(kv, d4.y, a1);
                     a2 = fmaf(kv, d4.z, a2);
                     a3 = fmaf(kv, d4.w, a3);
                 }
-                float* s = &sS[kk * BV + c4];
-                s[0] = egl * s[0] + a0;
-                s[1] = egl * s[1] + a1;
-                s[2] = egl * s[2] + a2;
-                s[3] = egl * s[3] + a3;
+                float* sp = &sS[kk * LDS + c4];
+                sp[0] = egl * sp[0] + a0;
+                sp[1] = egl * sp[1] + a1;
+                sp[2] = egl * sp[2] + a2;
+                sp[3] = egl * sp[3] + a3;
             }
         }
     }
@@ -504,14 +587,14 @@ __device__ void gdr_scan_fwd(const TQ* __restrict__ k, const float* __restrict__
     if (fin) {
         for (int e = tid; e < dk * BV; e += GDR_NT) {
             int kk = e / BV, cc = e % BV;
-            fin[st_base + (i64)kk * dv + col0 + cc] = sS[e];
+            fin[st_base + (i64)kk * dv + col0 + cc] = sS[kk * LDS + cc];
         }
     }
 }
 
 // dS walks the chunks in reverse. On entry to chunk c, dS is the gradient w.r.t. the state at
 // the chunk's end: stored as dh[c]; dD = dD_loc + e^(gam_L - gam) K dS;
-// dS <- e^gam_L dS + Q^T (scale e^gam dO) - W^T dD.
+// dS <- e^gam_L dS + Q^T (scale e^gam dO) - W^T dD. TC as in gdr_scan_fwd.
 template <typename TQ, typename T, int BV>
 __device__ void gdr_scan_bwd(const TQ* __restrict__ q, const TQ* __restrict__ k, const T* __restrict__ d_o,
                              const float* __restrict__ gam_ws, const float* __restrict__ w_ws,
@@ -520,6 +603,9 @@ __device__ void gdr_scan_bwd(const TQ* __restrict__ q, const TQ* __restrict__ k,
                              const float* __restrict__ dht, float* __restrict__ dh_ws,
                              float* __restrict__ dd_ws, float* __restrict__ dh0) {
     typedef ScanLayout<BV> Lay;
+    constexpr bool TC = tc_of<T>();
+    constexpr int LDS = BV + 8;
+    constexpr int NCT = BV / 16;
     const int nvt = dv / BV;
     const i64 b = blockIdx.x;
     const int vt = (int)(b % nvt);
@@ -527,14 +613,16 @@ __device__ void gdr_scan_bwd(const TQ* __restrict__ q, const TQ* __restrict__ k,
     const i64 n = b / ((i64)nvt * hv_n);
     const int kh = hv / (hv_n / hk_n);
     const int tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int ldw = dk + 4;
-    float* sS = gdr_smem;              // dS [dk][BV]
-    float* sA = sS + dk * BV;          // [64][dk+4]: K, then Q
+    float* sS = gdr_smem;              // dS [dk][LDS]
+    float* sA = sS + dk * LDS;         // [64][dk+4]: K, then Q
     float* sW = sA + GDR_C * ldw;      // [64][dk+4]
-    float* sD = sW + GDR_C * ldw;      // dD [64][BV]
-    float* sO = sD + GDR_C * BV;       // scale e^gam dO [64][BV]
-    float* s_gam = sO + GDR_C * BV;
+    float* sD = sW + GDR_C * ldw;      // dD [64][LDS]
+    float* sO = sD + GDR_C * LDS;      // scale e^gam dO [64][LDS]
+    float* s_gam = sO + GDR_C * LDS;
     const int c4 = (tid % Lay::TPR) * 4, r0 = tid / Lay::TPR;
+    const int rt = warp & 3, ct0 = (warp >> 2) * NCT;
     const i64 col0 = (i64)vt * BV;
     const i64 st_base = (n * hv_n + hv) * (i64)dk * dv;
     const i64 krow = (i64)hk_n * dk, vrow = (i64)hv_n * dv;
@@ -542,7 +630,7 @@ __device__ void gdr_scan_bwd(const TQ* __restrict__ q, const TQ* __restrict__ k,
 
     for (int e = tid; e < dk * BV; e += GDR_NT) {
         int kk = e / BV, cc = e % BV;
-        sS[e] = dht ? dht[st_base + (i64)kk * dv + col0 + cc] : 0.f;
+        sS[kk * LDS + cc] = dht ? dht[st_base + (i64)kk * dv + col0 + cc] : 0.f;
     }
     const i64 c_beg = seq_ch[n], c_end = seq_ch[n + 1];
     for (i64 c = c_end - 1; c >= c_beg; --c) {
@@ -554,29 +642,65 @@ __device__ void gdr_scan_bwd(const TQ* __restrict__ q, const TQ* __restrict__ k,
         const T* oc = d_o + t0 * vrow + (i64)hv * dv + col0;
         __syncthreads();
         if (tid < GDR_C) s_gam[tid] = gam_ws[cb * GDR_C + tid];
-        float4 o4[Lay::RPT], dl4[Lay::RPT];
+        float4 o4[TC ? 1 : Lay::RPT], dl4[TC ? 1 : Lay::RPT];
+        float2 dl2[TC ? NCT : 1][2];
+        if (TC) {
 #pragma unroll
-        for (int m = 0; m < Lay::RPT; ++m) {
-            int i = r0 + m * Lay::RP;
-            o4[m] = i < l ? ld4(oc, i * vrow + c4) : z;
-            dl4[m] = ld4(dd_ws, (cb * GDR_C + i) * dv + col0 + c4);
+            for (int nt = 0; nt < NCT; ++nt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    dl2[nt][h] = *reinterpret_cast<const float2*>(
+                        dd_ws + (cb * GDR_C + 16 * rt + g + 8 * h) * dv + col0 + 8 * (ct0 + nt) + 2 * t);
+        } else {
+#pragma unroll
+            for (int m = 0; m < Lay::RPT; ++m) {
+                int i = r0 + m * Lay::RP;
+                o4[m] = i < l ? ld4(oc, i * vrow + c4) : z;
+                dl4[m] = ld4(dd_ws, (cb * GDR_C + i) * dv + col0 + c4);
+            }
         }
         for (int e = tid; e < dk * BV; e += GDR_NT) {
             int kk = e / BV, cc = e % BV;
-            dh_ws[cb * (i64)dk * dv + (i64)kk * dv + col0 + cc] = sS[e];
+            dh_ws[cb * (i64)dk * dv + (i64)kk * dv + col0 + cc] = sS[kk * LDS + cc];
         }
         load_rows2(sA, kc, krow, l, sW, w_ws + cb * GDR_C * dk, (i64)dk, GDR_C, ldw, dk);
         __syncthreads();
         const float gl = s_gam[l - 1];
         // dD = dD_loc + e^(gam_L - gam) K dS ; sO = scale e^gam dO.
-        {
+        if (TC) {
+            for (int e = tid; e < GDR_C * (BV / 4); e += GDR_NT) {
+                int i = e / (BV / 4), cc = (e % (BV / 4)) * 4;
+                float so = i < l ? scale * expf(s_gam[i]) : 0.f;
+                float4 o = i < l ? ld4(oc, i * vrow + cc) : z;
+                *reinterpret_cast<float4*>(&sO[i * LDS + cc]) = make_float4(so * o.x, so * o.y, so * o.z, so * o.w);
+            }
+            float acc[NCT][4] = {};
+            for (int k0 = 0; k0 < dk; k0 += 8) {
+                FragA fa = frag_a_rows(sA + (16 * rt + g) * ldw + k0 + t, ldw);
+#pragma unroll
+                for (int nt = 0; nt < NCT; ++nt) {
+                    const float* pb = sS + (k0 + t) * LDS + 8 * (ct0 + nt) + g;
+                    mma_tf32(acc[nt], fa, tf32u(pb[0]), tf32u(pb[4 * LDS]));
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < NCT; ++nt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    int i = 16 * rt + g + 8 * h, cc = 8 * (ct0 + nt) + 2 * t;
+                    float ed = i < l ? expf(gl - s_gam[i]) : 0.f;
+                    float2 d = make_float2(dl2[nt][h].x + ed * acc[nt][2 * h], dl2[nt][h].y + ed * acc[nt][2 * h + 1]);
+                    *reinterpret_cast<float2*>(&sD[i * LDS + cc]) = d;
+                    *reinterpret_cast<float2*>(dd_ws + (cb * GDR_C + i) * dv + col0 + cc) = d;
+                }
+        } else {
             float acc[Lay::RPT][4];
 #pragma unroll
             for (int m = 0; m < Lay::RPT; ++m)
 #pragma unroll
                 for (int qq = 0; qq < 4; ++qq) acc[m][qq] = 0.f;
             for (int kk = 0; kk < dk; ++kk) {
-                float4 s4 = *reinterpret_cast<const float4*>(&sS[kk * BV + c4]);
+                float4 s4 = *reinterpret_cast<const float4*>(&sS[kk * LDS + c4]);
 #pragma unroll
                 for (int m = 0; m < Lay::RPT; ++m) {
                     float a = sA[(r0 + m * Lay::RP) * ldw + kk];
@@ -593,9 +717,9 @@ __device__ void gdr_scan_bwd(const TQ* __restrict__ q, const TQ* __restrict__ k,
                 float so = i < l ? scale * expf(s_gam[i]) : 0.f;
                 float4 d = make_float4(dl4[m].x + ed * acc[m][0], dl4[m].y + ed * acc[m][1],
                                        dl4[m].z + ed * acc[m][2], dl4[m].w + ed * acc[m][3]);
-                *reinterpret_cast<float4*>(&sD[i * BV + c4]) = d;
+                *reinterpret_cast<float4*>(&sD[i * LDS + c4]) = d;
                 *reinterpret_cast<float4*>(dd_ws + (cb * GDR_C + i) * dv + col0 + c4) = d;
-                *reinterpret_cast<float4*>(&sO[i * BV + c4]) =
+                *reinterpret_cast<float4*>(&sO[i * LDS + c4]) =
                     make_float4(so * o4[m].x, so * o4[m].y, so * o4[m].z, so * o4[m].w);
             }
         }
@@ -603,24 +727,47 @@ __device__ void gdr_scan_bwd(const TQ* __restrict__ q, const TQ* __restrict__ k,
         load_rows1(sA, qc, krow, l, ldw, dk);
         __syncthreads();
         // dS = e^gam_L dS + Q^T sO - W^T dD.
-        {
-            const float egl = expf(gl);
+        const float egl = expf(gl);
+        if (TC) {
+            for (int rt2 = warp; rt2 < dk / 16; rt2 += GDR_NT / 32) {
+                float aq[BV / 8][4] = {}, aw[BV / 8][4] = {};
+#pragma unroll
+                for (int k0 = 0; k0 < GDR_C; k0 += 8) {
+                    FragA fq = frag_a_cols(sA + (k0 + t) * ldw + 16 * rt2 + g, ldw);
+                    FragA fw = frag_a_cols(sW + (k0 + t) * ldw + 16 * rt2 + g, ldw);
+#pragma unroll
+                    for (int nt = 0; nt < BV / 8; ++nt) {
+                        const float* po = sO + (k0 + t) * LDS + 8 * nt + g;
+                        const float* pd = sD + (k0 + t) * LDS + 8 * nt + g;
+                        mma_tf32(aq[nt], fq, tf32u(po[0]), tf32u(po[4 * LDS]));
+                        mma_tf32(aw[nt], fw, tf32u(pd[0]), tf32u(pd[4 * LDS]));
+                    }
+                }
+#pragma unroll
+                for (int nt = 0; nt < BV / 8; ++nt)
+#pragma unroll
+                    for (int qq = 0; qq < 4; ++qq) {
+                        float* sp = &sS[(16 * rt2 + g + 8 * (qq >> 1)) * LDS + 8 * nt + 2 * t + (qq & 1)];
+                        *sp = egl * *sp + (aq[nt][qq] - aw[nt][qq]);
+                    }
+            }
+        } else {
             for (int kk = r0; kk < dk; kk += Lay::RP) {
                 float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
                 for (int i = 0; i < GDR_C; ++i) {
                     float qv = sA[i * ldw + kk], wv = sW[i * ldw + kk];
-                    float4 o = *reinterpret_cast<const float4*>(&sO[i * BV + c4]);
-                    float4 d4 = *reinterpret_cast<const float4*>(&sD[i * BV + c4]);
+                    float4 o = *reinterpret_cast<const float4*>(&sO[i * LDS + c4]);
+                    float4 d4 = *reinterpret_cast<const float4*>(&sD[i * LDS + c4]);
                     a0 = fmaf(qv, o.x, a0) - wv * d4.x;
                     a1 = fmaf(qv, o.y, a1) - wv * d4.y;
                     a2 = fmaf(qv, o.z, a2) - wv * d4.z;
                     a3 = fmaf(qv, o.w, a3) - wv * d4.w;
                 }
-                float* s = &sS[kk * BV + c4];
-                s[0] = egl * s[0] + a0;
-                s[1] = egl * s[1] + a1;
-                s[2] = egl * s[2] + a2;
-                s[3] = egl * s[3] + a3;
+                float* sp = &sS[kk * LDS + c4];
+                sp[0] = egl * sp[0] + a0;
+                sp[1] = egl * sp[1] + a1;
+                sp[2] = egl * sp[2] + a2;
+                sp[3] = egl * sp[3] + a3;
             }
         }
     }
@@ -628,7 +775,7 @@ __device__ void gdr_scan_bwd(const TQ* __restrict__ q, const TQ* __restrict__ k,
     if (dh0) {
         for (int e = tid; e < dk * BV; e += GDR_NT) {
             int kk = e / BV, cc = e % BV;
-            dh0[st_base + (i64)kk * dv + col0 + cc] = sS[e];
+            dh0[st_base + (i64)kk * dv + col0 + cc] = sS[kk * LDS + cc];
         }
     }
 }
@@ -1092,14 +1239,14 @@ __device__ void gdr_reduce_qk(const T* __restrict__ q, const T* __restrict__ k, 
         gdr_scan_fwd16_##S(const TQ* k, const float* gam_ws, const float* w_ws, const float* u_ws,      \
                            const i64* seq_ch, const i64* ch_t0, const int* ch_len, int hk, int hv,      \
                            int dk, int dv, const float* h0, float* h_ws, float* d_ws, float* fin) {     \
-        gdr_scan_fwd<TQ, 16>(k, gam_ws, w_ws, u_ws, seq_ch, ch_t0, ch_len, hk, hv, dk, dv, h0, h_ws,    \
+        gdr_scan_fwd<TQ, T, 16>(k, gam_ws, w_ws, u_ws, seq_ch, ch_t0, ch_len, hk, hv, dk, dv, h0, h_ws,    \
                              d_ws, fin);                                                                \
     }                                                                                                   \
     extern "C" __global__ void __launch_bounds__(GDR_NT)                                                \
         gdr_scan_fwd32_##S(const TQ* k, const float* gam_ws, const float* w_ws, const float* u_ws,      \
                            const i64* seq_ch, const i64* ch_t0, const int* ch_len, int hk, int hv,      \
                            int dk, int dv, const float* h0, float* h_ws, float* d_ws, float* fin) {     \
-        gdr_scan_fwd<TQ, 32>(k, gam_ws, w_ws, u_ws, seq_ch, ch_t0, ch_len, hk, hv, dk, dv, h0, h_ws,    \
+        gdr_scan_fwd<TQ, T, 32>(k, gam_ws, w_ws, u_ws, seq_ch, ch_t0, ch_len, hk, hv, dk, dv, h0, h_ws,    \
                              d_ws, fin);                                                                \
     }                                                                                                   \
     extern "C" __global__ void __launch_bounds__(GDR_NT)                                                \
