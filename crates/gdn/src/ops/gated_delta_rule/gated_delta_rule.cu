@@ -306,10 +306,16 @@ __device__ void gdr_prep(const TQ* __restrict__ k, const T* __restrict__ v, cons
         });
     }
     __syncthreads();
-    // T = (I+M)^-1, column c by thread c: T_ic = delta_ic - sum_{c <= j < i} M_ij T_jc.
+    // T = (I+M)^-1 by 16 x 16 blocks (short dependency chains): the diagonal blocks by forward
+    // substitution (column c by thread c), then the blocks below the diagonal block-row by
+    // block-row, T_ab = -T_aa X_ab with X_ab = sum_{b <= k < a} M_ak T_kb.
+    for (int e = tid; e < GDR_C * GDR_C; e += GDR_NT) {
+        int i = e >> 6, c = e & 63;
+        if ((c >> 4) > (i >> 4)) sT[i * GDR_LD + c] = 0.f;
+    }
     if (tid < GDR_C) {
-        const int c = tid;
-        for (int i = 0; i < GDR_C; ++i) {
+        const int c = tid, b0 = tid & ~15;
+        for (int i = b0; i < b0 + 16; ++i) {
             float t;
             if (i < c) t = 0.f;
             else if (i == c) t = 1.f;
@@ -321,6 +327,23 @@ __device__ void gdr_prep(const TQ* __restrict__ k, const T* __restrict__ v, cons
         }
     }
     __syncthreads();
+    float* sX = stage;  // X_ab for b < a: [b][16][16]
+    for (int a = 1; a < 4; ++a) {
+        for (int e = tid; e < a * 256; e += GDR_NT) {
+            int b = e >> 8, i = 16 * a + ((e >> 4) & 15), col = 16 * b + (e & 15);
+            float x = 0.f;
+            for (int j = 16 * b; j < 16 * a; ++j) x += sM[i * GDR_LD + j] * sT[j * GDR_LD + col];
+            sX[e] = x;
+        }
+        __syncthreads();
+        for (int e = tid; e < a * 256; e += GDR_NT) {
+            int b = e >> 8, i = 16 * a + ((e >> 4) & 15), col = 16 * b + (e & 15);
+            float y = 0.f;
+            for (int j = 0; j < 16; ++j) y -= sT[i * GDR_LD + 16 * a + j] * sX[(b << 8) + (j << 4) + (e & 15)];
+            sT[i * GDR_LD + col] = y;
+        }
+        __syncthreads();
+    }
     if (t_ws) {
         for (int e = tid; e < GDR_C * GDR_C; e += GDR_NT)
             t_ws[cb * (GDR_C * GDR_C) + e] = sT[(e >> 6) * GDR_LD + (e & 63)];
