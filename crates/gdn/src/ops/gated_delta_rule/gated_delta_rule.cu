@@ -1,4 +1,6 @@
-// The chunked gated delta rule (GDN), forward and backward, fp32 math on CUDA cores.
+// The chunked gated delta rule (GDN), forward and backward. f32 storage: fp32 FMAs throughout
+// (the verification path). bf16 storage: the products run on tensor cores (mma.sync TF32,
+// fp32 accumulation; states and workspaces stay fp32), see tile_mma and the scans.
 //
 // Same algorithm and notation as cpu.rs (chunk C = 64 rows, `gam` = cumsum of g inside the
 // chunk, Gamma_ij = exp(gam_i - gam_j), `l` = valid rows of the chunk, L = l - 1):
