@@ -448,6 +448,53 @@ __device__ __forceinline__ void load_rows1(float* da, const TA* sa, i64 ra, int 
     }
 }
 
+// X = A S for the scans: A [64][ldw] (rows of a chunk) times the state tile S [dk][BV + 8] in
+// shared memory. TC: warp w holds the 16 x 8 tiles (row tile w % 4, column tiles
+// (w / 4) * BV/16 ...) of X as mma C fragments; else thread (r0, c4) holds rows r0 + m RP,
+// columns c4 .. c4 + 3.
+template <int BV>
+__device__ __forceinline__ void scan_rows_tc(float (&acc)[BV / 16][4], const float* a, int ldw, const float* s,
+                                             int dk) {
+    constexpr int LDS = BV + 8, NCT = BV / 16;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int rt = warp & 3, ct0 = (warp >> 2) * NCT;
+#pragma unroll
+    for (int nt = 0; nt < NCT; ++nt)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[nt][q] = 0.f;
+    for (int k0 = 0; k0 < dk; k0 += 8) {
+        FragA fa = frag_a_rows(a + (16 * rt + g) * ldw + k0 + t, ldw);
+#pragma unroll
+        for (int nt = 0; nt < NCT; ++nt) {
+            const float* pb = s + (k0 + t) * LDS + 8 * (ct0 + nt) + g;
+            mma_tf32(acc[nt], fa, tf32u(pb[0]), tf32u(pb[4 * LDS]));
+        }
+    }
+}
+
+template <int BV>
+__device__ __forceinline__ void scan_rows_fma(float (&acc)[ScanLayout<BV>::RPT][4], const float* a, int ldw,
+                                              const float* s, int dk) {
+    typedef ScanLayout<BV> Lay;
+    constexpr int LDS = BV + 8;
+    const int c4 = (threadIdx.x % Lay::TPR) * 4, r0 = threadIdx.x / Lay::TPR;
+#pragma unroll
+    for (int m = 0; m < Lay::RPT; ++m)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[m][q] = 0.f;
+    for (int kk = 0; kk < dk; ++kk) {
+        float4 s4 = *reinterpret_cast<const float4*>(&s[kk * LDS + c4]);
+#pragma unroll
+        for (int m = 0; m < Lay::RPT; ++m) {
+            float w = a[(r0 + m * Lay::RP) * ldw + kk];
+            acc[m][0] = fmaf(w, s4.x, acc[m][0]);
+            acc[m][1] = fmaf(w, s4.y, acc[m][1]);
+            acc[m][2] = fmaf(w, s4.z, acc[m][2]);
+            acc[m][3] = fmaf(w, s4.w, acc[m][3]);
+        }
+    }
+}
+
 // Forward scan. Per chunk: h[c] = S; D = U - W S (stored); S = e^gam_L S + K^T (e^(gam_L-gam) D).
 // All global reads of a chunk (gam, W, K, this thread's U) are issued together at its start.
 // S (fp32) stays in shared memory. TC (bf16 storage): both products on tensor cores (TF32
@@ -519,15 +566,8 @@ __device__ void gdr_scan_fwd(const TQ* __restrict__ k, const float* __restrict__
         const float gl = s_gam[l - 1];
         // D = U - W S (64 x BV).
         if (TC) {
-            float acc[NCT][4] = {};
-            for (int k0 = 0; k0 < dk; k0 += 8) {
-                FragA fa = frag_a_rows(sW + (16 * rt + g) * ldw + k0 + t, ldw);
-#pragma unroll
-                for (int nt = 0; nt < NCT; ++nt) {
-                    const float* pb = sS + (k0 + t) * LDS + 8 * (ct0 + nt) + g;
-                    mma_tf32(acc[nt], fa, tf32u(pb[0]), tf32u(pb[4 * LDS]));
-                }
-            }
+            float acc[NCT][4];
+            scan_rows_tc<BV>(acc, sW, ldw, sS, dk);
 #pragma unroll
             for (int nt = 0; nt < NCT; ++nt)
 #pragma unroll
@@ -540,21 +580,7 @@ __device__ void gdr_scan_fwd(const TQ* __restrict__ k, const float* __restrict__
                 }
         } else {
             float acc[Lay::RPT][4];
-#pragma unroll
-            for (int m = 0; m < Lay::RPT; ++m)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) acc[m][q] = 0.f;
-            for (int kk = 0; kk < dk; ++kk) {
-                float4 s4 = *reinterpret_cast<const float4*>(&sS[kk * LDS + c4]);
-#pragma unroll
-                for (int m = 0; m < Lay::RPT; ++m) {
-                    float w = sW[(r0 + m * Lay::RP) * ldw + kk];
-                    acc[m][0] = fmaf(w, s4.x, acc[m][0]);
-                    acc[m][1] = fmaf(w, s4.y, acc[m][1]);
-                    acc[m][2] = fmaf(w, s4.z, acc[m][2]);
-                    acc[m][3] = fmaf(w, s4.w, acc[m][3]);
-                }
-            }
+            scan_rows_fma<BV>(acc, sW, ldw, sS, dk);
 #pragma unroll
             for (int m = 0; m < Lay::RPT; ++m) {
                 int i = r0 + m * Lay::RP;
@@ -699,15 +725,8 @@ __device__ void gdr_scan_bwd(const TQ* __restrict__ q, const TQ* __restrict__ k,
                 float4 o = i < l ? ld4(oc, i * vrow + cc) : z;
                 *reinterpret_cast<float4*>(&sO[i * LDS + cc]) = make_float4(so * o.x, so * o.y, so * o.z, so * o.w);
             }
-            float acc[NCT][4] = {};
-            for (int k0 = 0; k0 < dk; k0 += 8) {
-                FragA fa = frag_a_rows(sA + (16 * rt + g) * ldw + k0 + t, ldw);
-#pragma unroll
-                for (int nt = 0; nt < NCT; ++nt) {
-                    const float* pb = sS + (k0 + t) * LDS + 8 * (ct0 + nt) + g;
-                    mma_tf32(acc[nt], fa, tf32u(pb[0]), tf32u(pb[4 * LDS]));
-                }
-            }
+            float acc[NCT][4];
+            scan_rows_tc<BV>(acc, sA, ldw, sS, dk);
 #pragma unroll
             for (int nt = 0; nt < NCT; ++nt)
 #pragma unroll
@@ -720,21 +739,7 @@ __device__ void gdr_scan_bwd(const TQ* __restrict__ q, const TQ* __restrict__ k,
                 }
         } else {
             float acc[Lay::RPT][4];
-#pragma unroll
-            for (int m = 0; m < Lay::RPT; ++m)
-#pragma unroll
-                for (int qq = 0; qq < 4; ++qq) acc[m][qq] = 0.f;
-            for (int kk = 0; kk < dk; ++kk) {
-                float4 s4 = *reinterpret_cast<const float4*>(&sS[kk * LDS + c4]);
-#pragma unroll
-                for (int m = 0; m < Lay::RPT; ++m) {
-                    float a = sA[(r0 + m * Lay::RP) * ldw + kk];
-                    acc[m][0] = fmaf(a, s4.x, acc[m][0]);
-                    acc[m][1] = fmaf(a, s4.y, acc[m][1]);
-                    acc[m][2] = fmaf(a, s4.z, acc[m][2]);
-                    acc[m][3] = fmaf(a, s4.w, acc[m][3]);
-                }
-            }
+            scan_rows_fma<BV>(acc, sA, ldw, sS, dk);
 #pragma unroll
             for (int m = 0; m < Lay::RPT; ++m) {
                 int i = r0 + m * Lay::RP;
