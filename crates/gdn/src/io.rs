@@ -59,14 +59,14 @@ pub enum AnyTensor {
     Int(IntTensor),
 }
 
-fn file_err(path: &Path, msg: impl Into<String>) -> GdnError {
+pub(crate) fn file_err(path: &Path, msg: impl Into<String>) -> GdnError {
     GdnError::File {
         path: path.display().to_string(),
         msg: msg.into(),
     }
 }
 
-fn io_err(path: &Path, source: std::io::Error) -> GdnError {
+pub(crate) fn io_err(path: &Path, source: std::io::Error) -> GdnError {
     GdnError::Io {
         path: path.display().to_string(),
         source,
@@ -248,6 +248,19 @@ fn temp_path(path: &Path) -> PathBuf {
 /// goes to `<path>.tmp-<pid>` first and is renamed over `path` only when complete. On any error
 /// the temporary file is removed and `path` is left as it was. Names must be unique.
 pub fn write_tensors(path: &Path, tensors: &[(&str, &Tensor)]) -> Result<()> {
+    write_tensors_with_meta(
+        path,
+        tensors,
+        [("format".to_string(), "pt".to_string())].into(),
+    )
+}
+
+/// [`write_tensors`] with the file's metadata given (checkpoints add their own keys).
+pub(crate) fn write_tensors_with_meta(
+    path: &Path,
+    tensors: &[(&str, &Tensor)],
+    meta: HashMap<String, String>,
+) -> Result<()> {
     let mut seen = std::collections::HashSet::new();
     for (n, _) in tensors {
         if !seen.insert(*n) {
@@ -260,7 +273,6 @@ pub fn write_tensors(path: &Path, tensors: &[(&str, &Tensor)]) -> Result<()> {
     let tmp = temp_path(path);
     let result = (|| -> Result<()> {
         let views = tensors.iter().map(|(n, t)| (*n, F32View(t)));
-        let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
         safetensors::serialize_to_file(views, &Some(meta), &tmp).map_err(|e| match e {
             SafeTensorError::IoError(io) => io_err(&tmp, io),
             e => file_err(path, format!("cannot serialize: {e:?}")),

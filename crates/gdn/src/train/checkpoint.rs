@@ -10,13 +10,13 @@
 //! is not a `gdn train` checkpoint, a different model config, or a missing, misshapen or extra
 //! tensor is an error that says which.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use safetensors::tensor::{Dtype, SafeTensors, View};
+use safetensors::tensor::SafeTensors;
 
-use crate::error::{GdnError, Result};
+use crate::error::Result;
+use crate::io::{file_err, io_err};
 use crate::layer::Params;
 use crate::model::ModelConfig;
 use crate::tensor::Tensor;
@@ -51,37 +51,6 @@ pub struct Checkpoint {
     pub exp_avg: Params,
     /// AdamW's second moments, by parameter name.
     pub exp_avg_sq: Params,
-}
-
-struct F32View<'a>(&'a Tensor);
-
-impl View for F32View<'_> {
-    fn dtype(&self) -> Dtype {
-        Dtype::F32
-    }
-    fn shape(&self) -> &[usize] {
-        self.0.shape()
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Owned(self.0.data().iter().flat_map(|x| x.to_le_bytes()).collect())
-    }
-    fn data_len(&self) -> usize {
-        self.0.bytes()
-    }
-}
-
-fn file_err(path: &Path, msg: impl Into<String>) -> GdnError {
-    GdnError::File {
-        path: path.display().to_string(),
-        msg: msg.into(),
-    }
-}
-
-fn io_err(path: &Path, e: std::io::Error) -> GdnError {
-    GdnError::Io {
-        path: path.display().to_string(),
-        source: e,
-    }
 }
 
 /// File name of the checkpoint of `step`.
@@ -142,27 +111,8 @@ impl Checkpoint {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect();
-        let mut name = path
-            .file_name()
-            .map(|s| s.to_os_string())
-            .ok_or_else(|| file_err(path, "not a file path"))?;
-        name.push(format!(".tmp-{}", std::process::id()));
-        let tmp = path.with_file_name(name);
-        let result = (|| -> Result<()> {
-            let views = items.iter().map(|(n, t)| (n.as_str(), F32View(t)));
-            safetensors::serialize_to_file(views, &Some(meta), &tmp).map_err(|e| match e {
-                safetensors::SafeTensorError::IoError(io) => io_err(&tmp, io),
-                e => file_err(path, format!("cannot serialize: {e:?}")),
-            })?;
-            std::fs::File::open(&tmp)
-                .and_then(|f| f.sync_all())
-                .map_err(|e| io_err(&tmp, e))?;
-            std::fs::rename(&tmp, path).map_err(|e| io_err(path, e))
-        })();
-        if result.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        result
+        let items: Vec<(&str, &Tensor)> = items.iter().map(|(n, t)| (n.as_str(), *t)).collect();
+        crate::io::write_tensors_with_meta(path, &items, meta)
     }
 
     /// Read and check a checkpoint written for `expected` (the model config of this run).
