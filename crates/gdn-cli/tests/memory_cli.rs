@@ -2,7 +2,9 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::process::{Command, Output};
+
+mod common;
+use common::{expect_fail, gdn, ok};
 
 /// Every row `gdn memory` prints, in order.
 const SETTINGS: &[&str] = &[
@@ -45,26 +47,6 @@ fn config_file(use_qk_l2norm: bool) -> PathBuf {
     let p = d.join("config.toml");
     std::fs::write(&p, config_text(use_qk_l2norm)).unwrap();
     p
-}
-
-fn gdn(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gdn"))
-        .args(args)
-        .output()
-        .expect("run gdn")
-}
-
-fn ok(o: &Output) -> String {
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "gdn memory failed:\n{err}");
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn expect_fail(o: &Output, needle: &str) {
-    let e = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success(), "expected failure; stderr:\n{e}");
-    assert!(!e.contains("panicked"), "panicked:\n{e}");
-    assert!(e.contains(needle), "stderr lacks {needle:?}:\n{e}");
 }
 
 /// One table row: the columns after the name.
@@ -273,16 +255,16 @@ fn bad_arguments_are_clear_errors() {
     if !gdn::device::cuda::driver_present() {
         expect_fail(
             &gdn(&["memory", "--config", c, "--device", "cuda"]),
-            "CUDA driver",
+            &["CUDA driver"],
         );
     }
-    expect_fail(&gdn(&["memory", "--variant", "gdn3"]), "--variant");
-    expect_fail(&gdn(&["memory", "--device", "tpu"]), "--device");
-    expect_fail(&gdn(&["memory", "--tokens", "0"]), "--tokens");
-    expect_fail(&gdn(&["memory", "--reps", "3"]), "--time");
-    expect_fail(&gdn(&["memory", "--time", "--reps", "0"]), "--reps");
+    expect_fail(&gdn(&["memory", "--variant", "gdn3"]), &["--variant"]);
+    expect_fail(&gdn(&["memory", "--device", "tpu"]), &["--device"]);
+    expect_fail(&gdn(&["memory", "--tokens", "0"]), &["--tokens"]);
+    expect_fail(&gdn(&["memory", "--reps", "3"]), &["--time"]);
+    expect_fail(&gdn(&["memory", "--time", "--reps", "0"]), &["--reps"]);
     expect_fail(
         &gdn(&["memory", "--config", "/nonexistent/gdn.toml"]),
-        "/nonexistent/gdn.toml",
+        &["/nonexistent/gdn.toml"],
     );
 }

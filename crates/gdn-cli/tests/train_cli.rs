@@ -1,8 +1,10 @@
 //! End-to-end tests of `gdn train`: a tiny run with every output, resume through the binary
 //! (bitwise equal to a straight run), and the errors a user can hit.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+
+mod common;
+use common::{expect_fail, gdn, ok, tmpdir};
 
 use gdn::io::read_tensors;
 use gdn::train::RunConfig;
@@ -32,46 +34,6 @@ log_interval = 2
 eval_interval = 4
 save_interval = 4
 "#;
-
-/// A fresh empty directory under the system temp dir.
-fn tmpdir(tag: &str) -> PathBuf {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "gdn-train-cli-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn gdn(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gdn"))
-        .args(args)
-        .output()
-        .expect("run gdn")
-}
-
-fn ok(o: &Output) -> String {
-    let (out, err) = (
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr),
-    );
-    assert!(o.status.success(), "gdn failed:\n{out}\n{err}");
-    out.into_owned()
-}
-
-/// Expect a clean failure: non-zero exit, no panic, and every needle in stderr.
-fn fail(o: &Output, needles: &[&str]) {
-    let e = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success(), "expected failure; stderr:\n{e}");
-    assert!(!e.contains("panicked"), "panicked:\n{e}");
-    for n in needles {
-        assert!(e.contains(n), "stderr lacks {n:?}:\n{e}");
-    }
-}
 
 fn write_tiny(dir: &Path) -> String {
     let p = dir.join("run.toml");
@@ -170,7 +132,7 @@ fn tiny_run_writes_everything() {
     let back = RunConfig::from_toml_file(&run.join("config.toml")).unwrap();
     assert_eq!(back, RunConfig::from_toml_str(TINY).unwrap());
     // a second run into the same directory is refused
-    fail(
+    expect_fail(
         &gdn(&["train", "--config", &cfg, "--out", &s(&run)]),
         &["already holds a run", "--resume"],
     );
@@ -242,7 +204,7 @@ fn resume_refuses_corrupt_and_foreign_checkpoints() {
     let ck = run.join("checkpoints/step-00000004.safetensors");
     let good = std::fs::read(&ck).unwrap();
     std::fs::write(&ck, &good[..good.len() / 2]).unwrap();
-    fail(
+    expect_fail(
         &gdn(&["train", "--resume", &s(&run)]),
         &["step-00000004.safetensors", "not a usable checkpoint"],
     );
@@ -252,14 +214,14 @@ fn resume_refuses_corrupt_and_foreign_checkpoints() {
         .unwrap()
         .replace("hidden_size = 16", "hidden_size = 24");
     std::fs::write(run.join("config.toml"), edited).unwrap();
-    fail(
+    expect_fail(
         &gdn(&["train", "--resume", &s(&run)]),
         &[
             "different model",
             "hidden_size = 16 in the checkpoint, 24 in this run",
         ],
     );
-    fail(
+    expect_fail(
         &gdn(&["train", "--resume", &s(&d.join("nothing"))]),
         &["no config.toml"],
     );
@@ -291,7 +253,7 @@ fn text_data_device_and_config_errors() {
     assert!(out.contains("done: 3 steps"), "{out}");
 
     if !gdn::device::cuda::driver_present() {
-        fail(
+        expect_fail(
             &gdn(&["train", "--device", "cuda", "--out", &s(&d.join("c"))]),
             &["CUDA driver"],
         );
@@ -300,17 +262,17 @@ fn text_data_device_and_config_errors() {
             "no run directory when the device is unusable"
         );
     }
-    fail(
+    expect_fail(
         &gdn(&["train", "--device", "tpu", "--out", &s(&d.join("c"))]),
         &["unknown device"],
     );
     let bad = d.join("bad.toml");
     std::fs::write(&bad, "[model]\nhiden_size = 3\n").unwrap();
-    fail(
+    expect_fail(
         &gdn(&["train", "--config", &s(&bad), "--out", &s(&d.join("c"))]),
         &["hiden_size", "bad.toml"],
     );
-    fail(
+    expect_fail(
         &gdn(&[
             "train",
             "--data",

@@ -1,0 +1,55 @@
+//! Helpers shared by the end-to-end tests of the `gdn` binary.
+#![allow(dead_code)] // each test file uses its own subset
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// A fresh empty directory under the system temp dir.
+pub fn tmpdir(tag: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "gdn-cli-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Run the `gdn` binary built for these tests.
+pub fn gdn(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gdn"))
+        .args(args)
+        .output()
+        .expect("run gdn")
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Expect success; returns stdout (the failure message shows stdout and stderr).
+pub fn ok(o: &Output) -> String {
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "gdn failed:\n{out}\n{}", stderr(o));
+    out
+}
+
+/// Expect a clean failure: non-zero exit, no panic, and every needle in stderr. Returns stderr.
+pub fn expect_fail(o: &Output, needles: &[&str]) -> String {
+    let e = stderr(o);
+    assert!(
+        !o.status.success(),
+        "expected failure, got success; stderr:\n{e}"
+    );
+    assert!(
+        !e.contains("panicked"),
+        "panicked instead of an error:\n{e}"
+    );
+    for n in needles {
+        assert!(e.contains(n), "stderr lacks {n:?}:\n{e}");
+    }
+    e
+}
