@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 mod common;
-use common::{expect_fail, gdn, ok};
+use common::{expect_fail, gdn, ok, tmpdir};
 
 /// Every row `gdn memory` prints, in order.
 const SETTINGS: &[&str] = &[
@@ -35,15 +35,7 @@ fn config_text(use_qk_l2norm: bool) -> String {
 
 /// A config file with the small layer, in a fresh temp dir.
 fn config_file(use_qk_l2norm: bool) -> PathBuf {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "gdn-memory-cli-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
+    let d = tmpdir("memory");
     let p = d.join("config.toml");
     std::fs::write(&p, config_text(use_qk_l2norm)).unwrap();
     p
