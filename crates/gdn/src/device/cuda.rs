@@ -60,6 +60,18 @@ impl std::fmt::Debug for Gpu {
     }
 }
 
+/// The kernels need compute capability 8.0 or newer (bf16 storage, TF32 `mma.sync`): an older
+/// GPU is refused when it is opened, with its name, instead of failing at the first kernel load.
+pub fn check_capability(ordinal: usize, name: &str, major: i32, minor: i32) -> Result<()> {
+    if major < 8 {
+        return Err(GdnError::Device(format!(
+            "cuda:{ordinal} ({name}) has compute capability {major}.{minor}; gdn's CUDA kernels need \
+             8.0 or newer (Ampere, Ada, Hopper, Blackwell). Use --device cpu"
+        )));
+    }
+    Ok(())
+}
+
 /// NVRTC `--gpu-architecture` for a compute capability. Hopper gets `sm_90a` (wgmma, setmaxnreg).
 pub fn arch_for(major: i32, minor: i32) -> &'static str {
     match (major, minor) {
@@ -106,6 +118,7 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
         .compute_capability()
         .map_err(|e| dev_err("compute capability", e))?;
     let name = ctx.name().unwrap_or_else(|_| "unknown".into());
+    check_capability(ordinal, &name, maj, min)?;
     let stream = ctx.default_stream();
     let g = Arc::new(Gpu {
         ordinal,
@@ -518,4 +531,31 @@ fn compile_cached(module: &'static str, arch: &'static str) -> Result<Ptx> {
         }
     }
     Ok(ptx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pre_ampere_gpus_are_refused_with_their_name() {
+        let e = check_capability(1, "Tesla V100-SXM2-32GB", 7, 0).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, GdnError::Device(_)), "{e:?}");
+        for needle in ["cuda:1", "Tesla V100-SXM2-32GB", "7.0", "8.0 or newer"] {
+            assert!(msg.contains(needle), "{msg} lacks {needle}");
+        }
+        assert!(check_capability(0, "T4", 7, 5).is_err());
+        for (maj, min) in [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)] {
+            assert!(check_capability(0, "gpu", maj, min).is_ok(), "{maj}.{min}");
+        }
+    }
+
+    #[test]
+    fn arch_per_capability() {
+        assert_eq!(arch_for(9, 0), "sm_90a");
+        assert_eq!(arch_for(8, 6), "sm_86");
+        // an unlisted newer capability gets sm_80 code, which the driver JIT-compiles forward
+        assert_eq!(arch_for(8, 7), "sm_80");
+    }
 }
