@@ -18,7 +18,7 @@ use crate::config::{GdnConfig, Normalization, Variant};
 use crate::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use crate::device::Device;
 use crate::error::{GdnError, Result};
-use crate::layer::exec::{self, Act, F32s, P};
+use crate::layer::exec::{self, Act, F32s, Stats, P};
 use crate::layer::saved::Acts;
 use crate::layer::{Grads, Params, Saved};
 use crate::ops::gated_delta_rule::{RuleOpts, RuleShape};
@@ -457,66 +457,21 @@ impl GatedDeltaNet {
         let c = &self.cfg;
         let p = self.view()?;
         let n = seqs.tokens();
-        let (h, hv, dv) = (
-            c.hidden_size,
-            c.linear_num_value_heads,
-            c.linear_value_head_dim,
-        );
-        let (vd, cd, pd) = (c.v_dim(), c.conv_dim(), c.in_proj_dim());
-        let (kind, eps, zc) = (
-            c.normalization,
-            c.layernorm_epsilon,
-            c.layernorm_zero_centered_gamma,
-        );
         let mut prof = Prof::new(self.gpu()?);
 
-        // 1. Fused pre-norm + in_proj -> [q | k | v | z | gate sections].
-        let (xn, in_stats) = exec::norm_fwd(
-            x,
-            n,
-            h,
-            p.get("in_proj.layer_norm_weight"),
-            p.opt("in_proj.layer_norm_bias"),
-            kind,
-            eps,
-            zc,
-        )?;
-        let proj = exec::linear_fwd(&xn, n, h, p.get("in_proj.weight"), pd)?;
-        drop(xn);
-        prof.mark("fwd in_proj (norm + GEMM)");
-        // 2. Split.
-        let qkv_pre = exec::take_cols(&proj, pd, 0, cd)?;
-        let z = exec::take_cols(&proj, pd, cd, vd)?;
-        let mut gate_in = Vec::new();
-        let mut off = cd + vd;
-        for w in self.gate_sections() {
-            gate_in.push(exec::take_cols(&proj, pd, off, w)?);
-            off += w;
-        }
-        drop(proj);
+        // 1-2. Fused pre-norm + in_proj -> [q | k | v | z | gate sections], split.
+        let (qkv_pre, z, gate_in, in_stats) = self.in_proj_split(&p, x, n)?;
+        prof.mark("fwd in_proj (norm + GEMM) + split");
         // 3-5. conv + SiLU, q/k L2 norm, gates.
         let r = self.prep(&p, &qkv_pre, &gate_in, seqs)?;
-        prof.mark("fwd split + conv + l2norm + gates");
+        prof.mark("fwd conv + l2norm + gates");
         // 6. The rule.
         let (o, final_state) = self.rule_forward(&r, seqs, h0, want_final)?;
         prof.mark("fwd gated delta rule");
         // Keep the rule's inputs (Megatron keeps these), unless `gdn_prep` rebuilds them.
         let rule_in = (!c.recompute().prep).then_some(r);
-        // 7. Gated norm: norm(o) * silu(z) (norm first, then gate), one [Dv] weight for all heads.
-        let (norm_out, o_stats) = exec::gated_norm_fwd(
-            &o,
-            &z,
-            n * hv,
-            dv,
-            p.get("out_norm.weight"),
-            p.opt("out_norm.bias"),
-            kind,
-            eps,
-            zc,
-        )?;
-        prof.mark("fwd gated norm");
-        // 8. out_proj.
-        let y = exec::linear_fwd(&norm_out, n, vd, p.get("out_proj.weight"), h)?;
+        // 7-8. Gated norm, out_proj.
+        let (y, norm_out, o_stats) = self.out_proj(&p, &o, &z, n, &mut prof)?;
         prof.mark("fwd out_proj");
         prof.report();
         Ok(Forward {
@@ -535,6 +490,67 @@ impl GatedDeltaNet {
         })
     }
 
+    /// Fused pre-norm + in_proj over `n` rows, split into the pre-conv `[q | k | v]`, `z` and
+    /// the gate sections; also the norm's statistics.
+    fn in_proj_split(
+        &self,
+        p: &ParamView,
+        x: &Act,
+        n: usize,
+    ) -> Result<(Act, Act, Vec<Act>, Stats)> {
+        let c = &self.cfg;
+        let (vd, cd, pd) = (c.v_dim(), c.conv_dim(), c.in_proj_dim());
+        let (xn, in_stats) = exec::norm_fwd(
+            x,
+            n,
+            c.hidden_size,
+            p.get("in_proj.layer_norm_weight"),
+            p.opt("in_proj.layer_norm_bias"),
+            c.normalization,
+            c.layernorm_epsilon,
+            c.layernorm_zero_centered_gamma,
+        )?;
+        let proj = exec::linear_fwd(&xn, n, c.hidden_size, p.get("in_proj.weight"), pd)?;
+        drop(xn);
+        let qkv_pre = exec::take_cols(&proj, pd, 0, cd)?;
+        let z = exec::take_cols(&proj, pd, cd, vd)?;
+        let mut gate_in = Vec::new();
+        let mut off = cd + vd;
+        for w in self.gate_sections() {
+            gate_in.push(exec::take_cols(&proj, pd, off, w)?);
+            off += w;
+        }
+        Ok((qkv_pre, z, gate_in, in_stats))
+    }
+
+    /// Gated norm `norm(o) * silu(z)` (norm first, then gate; one `[Dv]` weight for all heads)
+    /// and out_proj over `n` rows: `y`, the norm's output and its statistics.
+    fn out_proj(
+        &self,
+        p: &ParamView,
+        o: &Act,
+        z: &Act,
+        n: usize,
+        prof: &mut Prof,
+    ) -> Result<(Act, Act, Stats)> {
+        let c = &self.cfg;
+        let (hv, dv, vd) = (c.linear_num_value_heads, c.linear_value_head_dim, c.v_dim());
+        let (norm_out, o_stats) = exec::gated_norm_fwd(
+            o,
+            z,
+            n * hv,
+            dv,
+            p.get("out_norm.weight"),
+            p.opt("out_norm.bias"),
+            c.normalization,
+            c.layernorm_epsilon,
+            c.layernorm_zero_centered_gamma,
+        )?;
+        prof.mark("fwd gated norm");
+        let y = exec::linear_fwd(&norm_out, n, vd, p.get("out_proj.weight"), c.hidden_size)?;
+        Ok((y, norm_out, o_stats))
+    }
+
     /// conv + SiLU, q/k L2 norm and gates: the rule's inputs from in_proj's sections. Forward
     /// runs it once; backward reruns it when `gdn_prep` dropped its results (same kernels, same
     /// inputs, so the same bits).
@@ -546,14 +562,7 @@ impl GatedDeltaNet {
         seqs: &Seqs,
     ) -> Result<RuleInputs> {
         let c = &self.cfg;
-        let n = seqs.tokens();
-        let (hk, hv, dk) = (
-            c.linear_num_key_heads,
-            c.linear_num_value_heads,
-            c.linear_key_head_dim,
-        );
-        let (qk, vd, cd) = (c.qk_dim(), c.v_dim(), c.conv_dim());
-        let w = c.linear_conv_kernel_dim;
+        let (n, cd, w) = (seqs.tokens(), c.conv_dim(), c.linear_conv_kernel_dim);
         let qkv = exec::conv_fwd(
             qkv_pre,
             cd,
@@ -562,6 +571,25 @@ impl GatedDeltaNet {
             p.opt("conv1d.bias"),
             seqs,
         )?;
+        self.prep_after_conv(p, qkv, gate_in, n)
+    }
+
+    /// q/k L2 norm and gates from the conv's output `qkv` `[n, conv_dim]` (the rest of
+    /// [`prep`](Self::prep)).
+    fn prep_after_conv(
+        &self,
+        p: &ParamView,
+        qkv: Act,
+        gate_in: &[Act],
+        n: usize,
+    ) -> Result<RuleInputs> {
+        let c = &self.cfg;
+        let (hk, hv, dk) = (
+            c.linear_num_key_heads,
+            c.linear_num_value_heads,
+            c.linear_key_head_dim,
+        );
+        let (qk, vd, cd) = (c.qk_dim(), c.v_dim(), c.conv_dim());
         let q = exec::take_cols(&qkv, cd, 0, qk)?;
         let k = exec::take_cols(&qkv, cd, qk, qk)?;
         let v = exec::take_cols(&qkv, cd, 2 * qk, vd)?;
