@@ -23,6 +23,6 @@ pub mod train;
 pub use config::{GdnConfig, Normalization, Recompute, RecomputeGranularity, Variant};
 pub use device::Device;
 pub use error::{GdnError, Result};
-pub use layer::{GatedDeltaNet, GatedDeltaNet2, Grads, Params, Saved};
+pub use layer::{GatedDeltaNet, GatedDeltaNet2, Grads, InferenceCache, Params, Saved};
 pub use seqs::Seqs;
 pub use tensor::Tensor;

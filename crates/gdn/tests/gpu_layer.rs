@@ -250,3 +250,44 @@ fn gdn2_gpu_layer_matches_cpu_layer_f32_and_bf16() {
         );
     }
 }
+
+/// Prefill + decode on the GPU against the same on the CPU (written after the last GPU run of
+/// its session: the device time was spent; the next `scripts/gpu-check.sh` runs it).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_prefill_and_decode_match_cpu() {
+    let c = cfg(Normalization::RMSNorm);
+    let cpu = GatedDeltaNet::new(&c, 5).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(6);
+    let cu = [0u64, 0, 1, 130, 200];
+    let x = randt(&mut rng, &[200, 256]);
+    let seqs = Seqs::packed(&cu, 200).unwrap();
+    let steps: Vec<Tensor> = (0..5).map(|_| randt(&mut rng, &[4, 256])).collect();
+    let run_all = |l: &GatedDeltaNet| {
+        let (y, mut cache) = l.prefill(&x, &seqs).unwrap();
+        let ys: Vec<Tensor> = steps
+            .iter()
+            .map(|s| l.decode(s, &mut cache).unwrap())
+            .collect();
+        (y, ys, cache)
+    };
+    let (y0, ys0, c0) = run_all(&cpu);
+    for (dtype, tol) in [(DType::F32, 1e-4), (DType::Bf16, 2e-2)] {
+        let gpu = cpu.clone().to_device(Device::Cuda(0), dtype).unwrap();
+        let (y, ys, cache) = run_all(&gpu);
+        let mut errs = vec![("prefill y", rms_rel(y.data(), y0.data()))];
+        for (i, (a, b)) in ys.iter().zip(&ys0).enumerate() {
+            assert_eq!(a.shape(), &[4, 256]);
+            errs.push((
+                ["step 1", "step 2", "step 3", "step 4", "step 5"][i],
+                rms_rel(a.data(), b.data()),
+            ));
+        }
+        errs.push(("cache.conv", rms_rel(cache.conv.data(), c0.conv.data())));
+        errs.push(("cache.state", rms_rel(cache.state.data(), c0.state.data())));
+        for (what, e) in errs {
+            println!("decode {dtype:?} {what:<12} rms rel {e:.2e}");
+            assert!(e < tol, "{dtype:?} {what}: {e}");
+        }
+    }
+}

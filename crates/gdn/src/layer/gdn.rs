@@ -12,6 +12,9 @@
 //! ```
 
 use std::ops::Deref;
+
+mod infer;
+pub use infer::InferenceCache;
 use std::sync::{Arc, OnceLock};
 
 use crate::config::{GdnConfig, Normalization, Variant};
@@ -322,6 +325,19 @@ impl GatedDeltaNet {
         seqs: &Seqs,
         initial_state: Option<&Tensor>,
     ) -> Result<(Tensor, Tensor, Saved)> {
+        self.check_rows(x, seqs)?;
+        let st = self.state_shape(seqs);
+        if let Some(h0) = initial_state {
+            h0.expect_shape("initial_state", &st)?;
+        }
+        let (y, fin, saved) = self.forward_seqs(x, seqs.clone(), initial_state, true)?;
+        let fin = fin.ok_or_else(|| GdnError::Invalid("final state was not produced".into()))?;
+        Ok((y, Tensor::from_vec(&st, fin)?, saved))
+    }
+
+    /// `x` is `[B, T, hidden]` with `seqs = Seqs::uniform(B, T)`, or packed (`[1, T, hidden]` or
+    /// `[T, hidden]`) with as many rows as `seqs` describes.
+    fn check_rows(&self, x: &Tensor, seqs: &Seqs) -> Result<()> {
         let rows = match x.shape() {
             &[b, t, h] if h == self.cfg.hidden_size => b * t,
             &[t, h] if h == self.cfg.hidden_size => t,
@@ -349,13 +365,7 @@ impl GatedDeltaNet {
                 "batch 1 ([1, T, hidden] or [T, hidden]) for packed sequences, as Megatron's THD format",
             ));
         }
-        let st = self.state_shape(seqs);
-        if let Some(h0) = initial_state {
-            h0.expect_shape("initial_state", &st)?;
-        }
-        let (y, fin, saved) = self.forward_seqs(x, seqs.clone(), initial_state, true)?;
-        let fin = fin.ok_or_else(|| GdnError::Invalid("final state was not produced".into()))?;
-        Ok((y, Tensor::from_vec(&st, fin)?, saved))
+        Ok(())
     }
 
     /// Inference forward: keeps nothing for backward (recompute settings do not apply).

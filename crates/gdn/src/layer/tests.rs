@@ -5,6 +5,7 @@ use rand_distr::{Distribution, StandardNormal};
 use super::reference::{self, RefParams};
 use super::*;
 use crate::config::{GdnConfig, Normalization, RecomputeGranularity, Variant};
+use crate::error::GdnError;
 use crate::seqs::Seqs;
 use crate::tensor::Tensor;
 
@@ -472,4 +473,175 @@ fn inference_forward_matches_training_forward_under_every_setting() {
             );
         }
     }
+}
+
+/// Offsets of consecutive sequences of the given lengths.
+fn cu_of(lens: &[usize]) -> Vec<u64> {
+    let mut cu = vec![0u64];
+    for &l in lens {
+        cu.push(cu.last().unwrap() + l as u64);
+    }
+    cu
+}
+
+/// Prefill over packed prompts (empty, shorter than the conv window, across a chunk boundary),
+/// then `steps` decode steps: every output against the f64 layer over the whole sequences and
+/// against the chunked f32 forward; the cache's states against the forward's final states.
+fn check_prefill_decode(cfg: &GdnConfig, seed: u64) {
+    let l = layer(cfg, seed);
+    let h = cfg.hidden_size;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed + 1);
+    let (prompt_lens, steps) = ([0usize, 1, 5, 70], 6);
+    let n = prompt_lens.len();
+    let full_lens: Vec<usize> = prompt_lens.iter().map(|p| p + steps).collect();
+    let full: Vec<Vec<f32>> = full_lens
+        .iter()
+        .map(|&t| randn(&mut rng, t * h, 1.0))
+        .collect();
+    let prompts: Vec<f32> = (0..n)
+        .flat_map(|i| full[i][..prompt_lens[i] * h].to_vec())
+        .collect();
+    let (cu_p, cu_f) = (cu_of(&prompt_lens), cu_of(&full_lens));
+    let tp = prompts.len() / h;
+    let seqs_p = Seqs::packed(&cu_p, tp).unwrap();
+    let (yp, mut cache) = l
+        .prefill(&Tensor::from_vec(&[tp, h], prompts).unwrap(), &seqs_p)
+        .unwrap();
+    assert_eq!(cache.sequences(), n);
+    let tf = cu_f[n] as usize;
+    let mut ours = vec![f32::NAN; tf * h];
+    for i in 0..n {
+        let (src, dst) = (cu_p[i] as usize * h, cu_f[i] as usize * h);
+        ours[dst..dst + prompt_lens[i] * h]
+            .copy_from_slice(&yp.data()[src..src + prompt_lens[i] * h]);
+    }
+    for s in 0..steps {
+        let xs: Vec<f32> = (0..n)
+            .flat_map(|i| full[i][(prompt_lens[i] + s) * h..(prompt_lens[i] + s + 1) * h].to_vec())
+            .collect();
+        let ys = l
+            .decode(&Tensor::from_vec(&[n, h], xs).unwrap(), &mut cache)
+            .unwrap();
+        assert_eq!(ys.shape(), &[n, h]);
+        for i in 0..n {
+            let dst = (cu_f[i] as usize + prompt_lens[i] + s) * h;
+            ours[dst..dst + h].copy_from_slice(&ys.data()[i * h..(i + 1) * h]);
+        }
+    }
+    let xf: Vec<f32> = full.concat();
+    let yr = reference::forward(
+        cfg,
+        &RefParams::from_params(l.params()),
+        &crate::testutil::to_f64(&xf),
+        &cu_f.iter().map(|&c| c as usize).collect::<Vec<_>>(),
+    );
+    let e = max_rel(&ours, &yr);
+    eprintln!(
+        "prefill + decode vs f64 layer ({:?}, ratio {}, W {}): {e:.2e}",
+        cfg.variant, cfg.linear_num_value_heads, cfg.linear_conv_kernel_dim
+    );
+    assert!(e < 2e-5, "{cfg:?}: prefill + decode vs f64 layer: {e}");
+    let seqs_f = Seqs::packed(&cu_f, tf).unwrap();
+    let (yf, fin, _) = l
+        .forward_with_state(&Tensor::from_vec(&[tf, h], xf).unwrap(), &seqs_f, None)
+        .unwrap();
+    let e = max_rel(&ours, &crate::testutil::to_f64(yf.data()));
+    assert!(e < 2e-5, "prefill + decode vs chunked forward: {e}");
+    let e = max_rel(cache.state.data(), &crate::testutil::to_f64(fin.data()));
+    assert!(e < 2e-5, "decoded state vs forward's final state: {e}");
+}
+
+#[test]
+fn prefill_then_decode_matches_the_f64_layer() {
+    check_prefill_decode(&tiny(Normalization::RMSNorm, false, 2), 11);
+    let mut c = tiny(Normalization::LayerNorm, true, 1);
+    c.use_qk_l2norm_in_kernel = true;
+    check_prefill_decode(&c, 12);
+    let mut c = tiny(Normalization::RMSNorm, false, 4);
+    c.linear_conv_kernel_dim = 1;
+    check_prefill_decode(&c, 13);
+    check_prefill_decode(&tiny2(Normalization::RMSNorm, false, 2), 14);
+}
+
+#[test]
+fn prefill_returns_the_training_forward_and_its_states_bitwise() {
+    let cfg = tiny(Normalization::RMSNorm, false, 2);
+    let l = layer(&cfg, 21);
+    let mut rng = ChaCha8Rng::seed_from_u64(22);
+    let cu = cu_of(&[3, 0, 66, 2]);
+    let t = cu[4] as usize;
+    let x = Tensor::from_vec(&[t, 8], randn(&mut rng, t * 8, 1.0)).unwrap();
+    let seqs = Seqs::packed(&cu, t).unwrap();
+    let (y, cache) = l.prefill(&x, &seqs).unwrap();
+    let (y0, fin, _) = l.forward_with_state(&x, &seqs, None).unwrap();
+    assert_eq!(bits(&y), bits(&y0));
+    assert_eq!(bits(&cache.state), bits(&fin));
+    // conv rows: the last W - 1 = 2 tokens' in_proj q/k/v rows, zeros before a sequence's start
+    let cd = cfg.conv_dim();
+    assert_eq!(cache.conv.shape(), &[4, 2, cd]);
+    let row = |i: usize, j: usize| &cache.conv.data()[(i * 2 + j) * cd..(i * 2 + j + 1) * cd];
+    assert!(
+        row(1, 0).iter().chain(row(1, 1)).all(|&v| v == 0.0),
+        "empty sequence"
+    );
+    assert!(row(0, 0).iter().any(|&v| v != 0.0) && row(3, 0).iter().any(|&v| v != 0.0));
+    // the same as decoding each prompt token by token from an empty cache
+    let st = cache.state.shape()[1..].iter().product::<usize>();
+    for (i, len) in [3usize, 0, 66, 2].into_iter().enumerate() {
+        let mut c1 = l.empty_cache(1);
+        for tok in cu[i] as usize..cu[i] as usize + len {
+            let xs = x.data()[tok * 8..(tok + 1) * 8].to_vec();
+            l.decode(&Tensor::from_vec(&[1, 8], xs).unwrap(), &mut c1)
+                .unwrap();
+        }
+        let e = max_rel(
+            c1.conv.data(),
+            &crate::testutil::to_f64(row_pair(&cache, i, cd)),
+        );
+        assert!(
+            e < 1e-6,
+            "sequence {i}: conv rows decoded vs prefilled: {e}"
+        );
+        let want = &cache.state.data()[i * st..(i + 1) * st];
+        let e = max_rel_floor(c1.state.data(), &crate::testutil::to_f64(want), 1e-6);
+        assert!(e < 2e-5, "sequence {i}: state decoded vs prefilled: {e}");
+    }
+}
+
+/// Sequence `i`'s two cached conv rows.
+fn row_pair(cache: &InferenceCache, i: usize, cd: usize) -> &[f32] {
+    &cache.conv.data()[i * 2 * cd..(i + 1) * 2 * cd]
+}
+
+#[test]
+fn decode_errors_leave_the_cache_unchanged() {
+    let cfg = tiny(Normalization::RMSNorm, false, 2);
+    let l = layer(&cfg, 31);
+    let mut cache = l.empty_cache(2);
+    cache.state.data_mut()[0] = 0.5;
+    let before = cache.clone();
+    let bad = [
+        (Tensor::zeros(&[2, 7]), "x"),
+        (Tensor::zeros(&[2, 2, 8]), "x"),
+        (Tensor::zeros(&[3, 8]), "cache.state"),
+    ];
+    for (x, needle) in bad {
+        let e = l.decode(&x, &mut cache).unwrap_err();
+        assert!(matches!(e, GdnError::Shape { .. }), "{e:?}");
+        assert!(e.to_string().contains(needle), "{e}");
+        assert_eq!(cache, before);
+    }
+    let mut wrong = before.clone();
+    wrong.conv = Tensor::zeros(&[2, 1, cfg.conv_dim()]);
+    let e = l.decode(&Tensor::zeros(&[2, 8]), &mut wrong).unwrap_err();
+    assert!(e.to_string().contains("cache.conv"), "{e}");
+    // prefill checks its rows as the training forward does
+    let e = l
+        .prefill(
+            &Tensor::zeros(&[5, 8]),
+            &Seqs::packed(&[0, 2, 4], 4).unwrap(),
+        )
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(e, GdnError::CuSeqlens(_)), "{e:?}");
 }

@@ -1,0 +1,135 @@
+//! Inference with cached states. [`GatedDeltaNet::prefill`] runs the chunked forward over the
+//! prompts (keeping nothing for backward) and returns, per sequence, what decoding needs: the
+//! pre-conv `[q | k | v]` rows of the last `W - 1` tokens and the recurrent state.
+//! [`GatedDeltaNet::decode`] then advances every sequence by one token with the same ops: the
+//! conv runs over each sequence's window (the cached rows, then the new token's row), the rule
+//! runs one token per sequence from the cached state.
+
+use super::*;
+
+/// What decoding needs of each of `N` sequences (f32, on the host):
+/// - `conv` `[N, W - 1, conv_dim]`: the pre-conv `[q | k | v]` rows (in_proj's output) of the
+///   sequence's last `W - 1` tokens, oldest first; zero rows before the sequence's start;
+/// - `state` `[N, Hv, Dk, Dv]`: the recurrent state after the last token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InferenceCache {
+    pub conv: Tensor,
+    pub state: Tensor,
+}
+
+impl InferenceCache {
+    /// Number of sequences.
+    pub fn sequences(&self) -> usize {
+        self.state.shape()[0]
+    }
+}
+
+impl GatedDeltaNet {
+    /// Prefill: the forward over prompts `x` (`[B, T, hidden]` with `seqs = Seqs::uniform(B, T)`,
+    /// or packed `[1, T, hidden]` / `[T, hidden]` with `cu_seqlens` boundaries in `seqs`, as in
+    /// [`forward_with_state`](Self::forward_with_state)), keeping nothing for backward. Returns
+    /// `y` (the same values as the training forward) and each sequence's cache. Empty sequences
+    /// get an empty cache (zero rows, zero state): decoding them starts a sequence.
+    pub fn prefill(&self, x: &Tensor, seqs: &Seqs) -> Result<(Tensor, InferenceCache)> {
+        self.check_rows(x, seqs)?;
+        let c = &self.cfg;
+        let (cd, w) = (c.conv_dim(), c.linear_conv_kernel_dim);
+        let xa = self.act(x.data())?;
+        let f = self.run_forward(&xa, seqs, None, true)?;
+        let y = Tensor::from_vec(x.shape(), f.y.into_host()?)?;
+        let fin = f
+            .final_state
+            .ok_or_else(|| GdnError::Invalid("final state was not produced".into()))?;
+        let state = Tensor::from_vec(&self.state_shape(seqs), fin.into_host()?)?;
+        let qkv_pre = f.acts.qkv_pre.into_host()?;
+        let n = seqs.count();
+        let mut conv = vec![0.0f32; n * (w - 1) * cd];
+        for i in 0..n {
+            let r = seqs.range(i);
+            for j in 0..w - 1 {
+                // window row j holds token end - (W - 1) + j
+                if let Some(t) = (r.end + j).checked_sub(w - 1).filter(|&t| t >= r.start) {
+                    let dst = (i * (w - 1) + j) * cd;
+                    conv[dst..dst + cd].copy_from_slice(&qkv_pre[t * cd..(t + 1) * cd]);
+                }
+            }
+        }
+        let conv = Tensor::from_vec(&[n, w - 1, cd], conv)?;
+        Ok((y, InferenceCache { conv, state }))
+    }
+
+    /// An empty cache for `n` sequences (zero conv rows, zero states): decoding from it is the
+    /// forward from each sequence's start.
+    pub fn empty_cache(&self, n: usize) -> InferenceCache {
+        let c = &self.cfg;
+        InferenceCache {
+            conv: Tensor::zeros(&[n, c.linear_conv_kernel_dim - 1, c.conv_dim()]),
+            state: Tensor::zeros(&self.state_shape(&Seqs::uniform(n, 1))),
+        }
+    }
+
+    /// Decode one token for each cached sequence: `x` `[N, hidden]` or `[N, 1, hidden]` (row i
+    /// continues sequence i of `cache`); returns `y` of the same shape and advances `cache`. On
+    /// an error the cache is left as it was.
+    pub fn decode(&self, x: &Tensor, cache: &mut InferenceCache) -> Result<Tensor> {
+        let c = &self.cfg;
+        let (h, cd, w) = (c.hidden_size, c.conv_dim(), c.linear_conv_kernel_dim);
+        let n = match x.shape() {
+            &[n, hh] | &[n, 1, hh] if hh == h => n,
+            s => return Err(GdnError::shape("x", s, format!("[N, {h}] or [N, 1, {h}]"))),
+        };
+        cache
+            .state
+            .expect_shape("cache.state", &self.state_shape(&Seqs::uniform(n, 1)))?;
+        cache.conv.expect_shape("cache.conv", &[n, w - 1, cd])?;
+        if n == 0 {
+            return Ok(x.clone());
+        }
+        let p = self.view()?;
+        let mut prof = Prof::new(self.gpu()?);
+        let (qkv_pre, z, gate_in, _) = self.in_proj_split(&p, &self.act(x.data())?, n)?;
+        // conv + SiLU over each sequence's window; keep the window's last row.
+        let cur = qkv_pre.into_host()?;
+        let mut win = vec![0.0f32; n * w * cd];
+        for i in 0..n {
+            let dst = i * w * cd;
+            win[dst..dst + (w - 1) * cd]
+                .copy_from_slice(&cache.conv.data()[i * (w - 1) * cd..(i + 1) * (w - 1) * cd]);
+            win[dst + (w - 1) * cd..dst + w * cd].copy_from_slice(&cur[i * cd..(i + 1) * cd]);
+        }
+        let conv_out = exec::conv_fwd(
+            &self.act(&win)?,
+            cd,
+            p.get("conv1d.weight"),
+            w,
+            p.opt("conv1d.bias"),
+            &Seqs::uniform(n, w),
+        )?
+        .into_host()?;
+        let last: Vec<f32> = (0..n)
+            .flat_map(|i| {
+                conv_out[(i * w + w - 1) * cd..(i + 1) * w * cd]
+                    .iter()
+                    .copied()
+            })
+            .collect();
+        let r = self.prep_after_conv(&p, self.act(&last)?, &gate_in, n)?;
+        let h0 = self.f32s(cache.state.data())?;
+        let (o, fin) = self.rule_forward(&r, &Seqs::uniform(n, 1), Some(&h0), true)?;
+        let (y, _, _) = self.out_proj(&p, &o, &z, n, &mut prof)?;
+        let y = Tensor::from_vec(x.shape(), y.into_host()?)?;
+        let fin = fin.ok_or_else(|| GdnError::Invalid("final state was not produced".into()))?;
+        // Advance the cache only now that everything succeeded.
+        let state = Tensor::from_vec(cache.state.shape(), fin.into_host()?)?;
+        let mut conv = vec![0.0f32; n * (w - 1) * cd];
+        for i in 0..n {
+            // the window's rows 1 .. W, i.e. drop the oldest
+            let src = (i * w + 1) * cd;
+            conv[i * (w - 1) * cd..(i + 1) * (w - 1) * cd]
+                .copy_from_slice(&win[src..src + (w - 1) * cd]);
+        }
+        cache.conv = Tensor::from_vec(&[n, w - 1, cd], conv)?;
+        cache.state = state;
+        Ok(y)
+    }
+}
