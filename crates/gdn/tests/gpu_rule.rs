@@ -663,3 +663,57 @@ fn bad_inputs_are_errors() {
     let e = run(sh(2, 3, 16, 32), &q, &k, &v, &b).unwrap_err();
     println!("gdr-check error heads: {e}");
 }
+
+/// The tensor-core paths (bf16 storage) at head sizes other than 64 / 128: Dk / Dv not a
+/// multiple of the 32-deep staging slice (48, 80: the V tile is 16 wide), the smallest (16) and
+/// the largest (256) allowed, both scan tile widths, with states and caller-side normalization.
+/// Written after the last GPU run of its session (device time spent); the next
+/// `scripts/gpu-check.sh` runs it.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bf16_head_sizes() {
+    let gpu = gpu();
+    let mut fails = Vec::new();
+    let shapes = [
+        (
+            "T200 1/2 d48x80 states",
+            Seqs::uniform(1, 200),
+            sh(1, 2, 48, 80),
+            true,
+        ),
+        (
+            "T130 2/2 d16x16",
+            Seqs::uniform(2, 130),
+            sh(2, 2, 16, 16),
+            false,
+        ),
+        (
+            "T150 1/2 d256x256 states",
+            Seqs::uniform(1, 150),
+            sh(1, 2, 256, 256),
+            true,
+        ),
+        (
+            "B34 T70 1/4 d32x96 (BV32)",
+            Seqs::uniform(34, 70),
+            sh(1, 4, 32, 96),
+            false,
+        ),
+    ];
+    for (i, (name, seqs, shape, states)) in shapes.into_iter().enumerate() {
+        for in_kernel in [true, false] {
+            let c = case(
+                &format!("{name} {}", if in_kernel { "norm" } else { "caller" }),
+                seqs.clone(),
+                shape,
+                in_kernel,
+                states,
+                Decay::LogSigmoid,
+                700 + i as u64,
+                true,
+            );
+            check_bf16(&gpu, &c, &mut fails);
+        }
+    }
+    finish(fails);
+}
