@@ -251,11 +251,11 @@ fn gdn2_gpu_layer_matches_cpu_layer_f32_and_bf16() {
     }
 }
 
-/// Prefill + decode on the GPU against the same on the CPU (written after the last GPU run of
+/// Prefill + extend + decode on the GPU against the same on the CPU (written after the last GPU run of
 /// its session: the device time was spent; the next `scripts/gpu-check.sh` runs it).
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn gpu_prefill_and_decode_match_cpu() {
+fn gpu_prefill_extend_and_decode_match_cpu() {
     let c = cfg(Normalization::RMSNorm);
     let cpu = GatedDeltaNet::new(&c, 5).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(6);
@@ -263,8 +263,12 @@ fn gpu_prefill_and_decode_match_cpu() {
     let x = randt(&mut rng, &[200, 256]);
     let seqs = Seqs::packed(&cu, 200).unwrap();
     let steps: Vec<Tensor> = (0..5).map(|_| randt(&mut rng, &[4, 256])).collect();
+    let more = randt(&mut rng, &[80, 256]);
+    let more_seqs = Seqs::packed(&[0, 3, 3, 73, 80], 80).unwrap();
     let run_all = |l: &GatedDeltaNet| {
         let (y, mut cache) = l.prefill(&x, &seqs).unwrap();
+        let y2 = l.extend(&more, &more_seqs, &mut cache).unwrap();
+        let y = Tensor::from_vec(&[280, 256], [y.data(), y2.data()].concat()).unwrap();
         let ys: Vec<Tensor> = steps
             .iter()
             .map(|s| l.decode(s, &mut cache).unwrap())
@@ -275,7 +279,7 @@ fn gpu_prefill_and_decode_match_cpu() {
     for (dtype, tol) in [(DType::F32, 1e-4), (DType::Bf16, 2e-2)] {
         let gpu = cpu.clone().to_device(Device::Cuda(0), dtype).unwrap();
         let (y, ys, cache) = run_all(&gpu);
-        let mut errs = vec![("prefill y", rms_rel(y.data(), y0.data()))];
+        let mut errs = vec![("prefill+ext y", rms_rel(y.data(), y0.data()))];
         for (i, (a, b)) in ys.iter().zip(&ys0).enumerate() {
             assert_eq!(a.shape(), &[4, 256]);
             errs.push((

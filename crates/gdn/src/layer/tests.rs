@@ -485,48 +485,57 @@ fn cu_of(lens: &[usize]) -> Vec<u64> {
 }
 
 /// Prefill over packed prompts (empty, shorter than the conv window, across a chunk boundary),
-/// then `steps` decode steps: every output against the f64 layer over the whole sequences and
-/// against the chunked f32 forward; the cache's states against the forward's final states.
+/// then a packed chunk of more tokens per sequence (`extend`, lengths 3, 0, 66, 2), then `steps`
+/// decode steps: every output against the f64 layer over the whole sequences and against the
+/// chunked f32 forward; the cache's states against the forward's final states.
 fn check_prefill_decode(cfg: &GdnConfig, seed: u64) {
     let l = layer(cfg, seed);
     let h = cfg.hidden_size;
     let mut rng = ChaCha8Rng::seed_from_u64(seed + 1);
-    let (prompt_lens, steps) = ([0usize, 1, 5, 70], 6);
+    let (prompt_lens, ext_lens, steps) = ([0usize, 1, 5, 70], [3usize, 0, 66, 2], 6);
     let n = prompt_lens.len();
-    let full_lens: Vec<usize> = prompt_lens.iter().map(|p| p + steps).collect();
+    let full_lens: Vec<usize> = (0..n)
+        .map(|i| prompt_lens[i] + ext_lens[i] + steps)
+        .collect();
     let full: Vec<Vec<f32>> = full_lens
         .iter()
         .map(|&t| randn(&mut rng, t * h, 1.0))
         .collect();
-    let prompts: Vec<f32> = (0..n)
-        .flat_map(|i| full[i][..prompt_lens[i] * h].to_vec())
-        .collect();
-    let (cu_p, cu_f) = (cu_of(&prompt_lens), cu_of(&full_lens));
-    let tp = prompts.len() / h;
-    let seqs_p = Seqs::packed(&cu_p, tp).unwrap();
-    let (yp, mut cache) = l
-        .prefill(&Tensor::from_vec(&[tp, h], prompts).unwrap(), &seqs_p)
-        .unwrap();
-    assert_eq!(cache.sequences(), n);
+    let cu_f = cu_of(&full_lens);
     let tf = cu_f[n] as usize;
     let mut ours = vec![f32::NAN; tf * h];
-    for i in 0..n {
-        let (src, dst) = (cu_p[i] as usize * h, cu_f[i] as usize * h);
-        ours[dst..dst + prompt_lens[i] * h]
-            .copy_from_slice(&yp.data()[src..src + prompt_lens[i] * h]);
-    }
-    for s in 0..steps {
-        let xs: Vec<f32> = (0..n)
-            .flat_map(|i| full[i][(prompt_lens[i] + s) * h..(prompt_lens[i] + s + 1) * h].to_vec())
+    // Tokens [from, from + lens[i]) of every sequence, packed; their outputs go into `ours`.
+    let part = |from: &[usize], lens: &[usize]| -> (Tensor, Seqs) {
+        let x: Vec<f32> = (0..n)
+            .flat_map(|i| full[i][from[i] * h..(from[i] + lens[i]) * h].to_vec())
             .collect();
-        let ys = l
-            .decode(&Tensor::from_vec(&[n, h], xs).unwrap(), &mut cache)
-            .unwrap();
-        assert_eq!(ys.shape(), &[n, h]);
+        let cu = cu_of(lens);
+        let t = cu[n] as usize;
+        (
+            Tensor::from_vec(&[t, h], x).unwrap(),
+            Seqs::packed(&cu, t).unwrap(),
+        )
+    };
+    let mut place = |y: &Tensor, from: &[usize], lens: &[usize]| {
+        let cu = cu_of(lens);
         for i in 0..n {
-            let dst = (cu_f[i] as usize + prompt_lens[i] + s) * h;
-            ours[dst..dst + h].copy_from_slice(&ys.data()[i * h..(i + 1) * h]);
+            let (src, dst) = (cu[i] as usize * h, (cu_f[i] as usize + from[i]) * h);
+            ours[dst..dst + lens[i] * h].copy_from_slice(&y.data()[src..src + lens[i] * h]);
         }
+    };
+    let (xp, sp) = part(&[0; 4], &prompt_lens);
+    let (yp, mut cache) = l.prefill(&xp, &sp).unwrap();
+    assert_eq!(cache.sequences(), n);
+    place(&yp, &[0; 4], &prompt_lens);
+    let (xe, se) = part(&prompt_lens, &ext_lens);
+    let ye = l.extend(&xe, &se, &mut cache).unwrap();
+    place(&ye, &prompt_lens, &ext_lens);
+    for s in 0..steps {
+        let from: Vec<usize> = (0..n).map(|i| prompt_lens[i] + ext_lens[i] + s).collect();
+        let (xs, _) = part(&from, &[1; 4]);
+        let ys = l.decode(&xs, &mut cache).unwrap();
+        assert_eq!(ys.shape(), &[n, h]);
+        place(&ys, &from, &[1; 4]);
     }
     let xf: Vec<f32> = full.concat();
     let yr = reference::forward(
@@ -537,22 +546,28 @@ fn check_prefill_decode(cfg: &GdnConfig, seed: u64) {
     );
     let e = max_rel(&ours, &yr);
     eprintln!(
-        "prefill + decode vs f64 layer ({:?}, ratio {}, W {}): {e:.2e}",
+        "prefill + extend + decode vs f64 layer ({:?}, ratio {}, W {}): {e:.2e}",
         cfg.variant, cfg.linear_num_value_heads, cfg.linear_conv_kernel_dim
     );
-    assert!(e < 2e-5, "{cfg:?}: prefill + decode vs f64 layer: {e}");
+    assert!(
+        e < 2e-5,
+        "{cfg:?}: prefill + extend + decode vs f64 layer: {e}"
+    );
     let seqs_f = Seqs::packed(&cu_f, tf).unwrap();
     let (yf, fin, _) = l
         .forward_with_state(&Tensor::from_vec(&[tf, h], xf).unwrap(), &seqs_f, None)
         .unwrap();
     let e = max_rel(&ours, &crate::testutil::to_f64(yf.data()));
-    assert!(e < 2e-5, "prefill + decode vs chunked forward: {e}");
+    assert!(
+        e < 2e-5,
+        "prefill + extend + decode vs chunked forward: {e}"
+    );
     let e = max_rel(cache.state.data(), &crate::testutil::to_f64(fin.data()));
     assert!(e < 2e-5, "decoded state vs forward's final state: {e}");
 }
 
 #[test]
-fn prefill_then_decode_matches_the_f64_layer() {
+fn prefill_extend_and_decode_match_the_f64_layer() {
     check_prefill_decode(&tiny(Normalization::RMSNorm, false, 2), 11);
     let mut c = tiny(Normalization::LayerNorm, true, 1);
     c.use_qk_l2norm_in_kernel = true;
@@ -635,6 +650,24 @@ fn decode_errors_leave_the_cache_unchanged() {
     wrong.conv = Tensor::zeros(&[2, 1, cfg.conv_dim()]);
     let e = l.decode(&Tensor::zeros(&[2, 8]), &mut wrong).unwrap_err();
     assert!(e.to_string().contains("cache.conv"), "{e}");
+    // extend: one cache row per sequence; padding rows after the last sequence give zeros
+    let e = l
+        .extend(
+            &Tensor::zeros(&[3, 8]),
+            &Seqs::packed(&[0, 1, 2, 3], 3).unwrap(),
+            &mut cache,
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("cache.state"), "{e}");
+    assert_eq!(cache, before);
+    let mut rng = ChaCha8Rng::seed_from_u64(32);
+    let x = Tensor::from_vec(&[5, 8], randn(&mut rng, 40, 1.0)).unwrap();
+    let y = l
+        .extend(&x, &Seqs::packed(&[0, 2, 3], 5).unwrap(), &mut cache)
+        .unwrap();
+    assert!(y.data()[..24].iter().all(|v| v.is_finite() && *v != 0.0));
+    assert!(y.data()[24..].iter().all(|&v| v == 0.0), "padding rows");
+    assert_ne!(cache, before);
     // prefill checks its rows as the training forward does
     let e = l
         .prefill(

@@ -1,9 +1,9 @@
 //! Inference with cached states. [`GatedDeltaNet::prefill`] runs the chunked forward over the
 //! prompts (keeping nothing for backward) and returns, per sequence, what decoding needs: the
 //! pre-conv `[q | k | v]` rows of the last `W - 1` tokens and the recurrent state.
-//! [`GatedDeltaNet::decode`] then advances every sequence by one token with the same ops: the
-//! conv runs over each sequence's window (the cached rows, then the new token's row), the rule
-//! runs one token per sequence from the cached state.
+//! [`GatedDeltaNet::extend`] continues every cached sequence with a chunk of new tokens, and
+//! [`GatedDeltaNet::decode`] with one token each, with the layer's own ops: the conv runs over
+//! each sequence's cached rows followed by its new rows, the rule from the cached state.
 
 use super::*;
 
@@ -72,61 +72,73 @@ impl GatedDeltaNet {
     /// continues sequence i of `cache`); returns `y` of the same shape and advances `cache`. On
     /// an error the cache is left as it was.
     pub fn decode(&self, x: &Tensor, cache: &mut InferenceCache) -> Result<Tensor> {
-        let c = &self.cfg;
-        let (h, cd, w) = (c.hidden_size, c.conv_dim(), c.linear_conv_kernel_dim);
+        let h = self.cfg.hidden_size;
         let n = match x.shape() {
             &[n, hh] | &[n, 1, hh] if hh == h => n,
             s => return Err(GdnError::shape("x", s, format!("[N, {h}] or [N, 1, {h}]"))),
         };
+        self.extend(x, &Seqs::uniform(n, 1), cache)
+    }
+
+    /// Continue every cached sequence with new tokens (chunked prefill, multi-turn): `x` packed
+    /// (`[1, T, hidden]` or `[T, hidden]`) or `[N, L, hidden]` as in
+    /// [`forward_with_state`](Self::forward_with_state), sequence i of `seqs` continuing sequence
+    /// i of `cache` (an empty one leaves it as it is). Returns `y` (padding rows zero) and
+    /// advances `cache`; on an error the cache is left as it was.
+    pub fn extend(&self, x: &Tensor, seqs: &Seqs, cache: &mut InferenceCache) -> Result<Tensor> {
+        self.check_rows(x, seqs)?;
+        let c = &self.cfg;
+        let (cd, w) = (c.conv_dim(), c.linear_conv_kernel_dim);
+        let (n, t) = (seqs.count(), seqs.tokens());
         cache
             .state
-            .expect_shape("cache.state", &self.state_shape(&Seqs::uniform(n, 1)))?;
+            .expect_shape("cache.state", &self.state_shape(seqs))?;
         cache.conv.expect_shape("cache.conv", &[n, w - 1, cd])?;
-        if n == 0 {
+        if t == 0 {
             return Ok(x.clone());
         }
         let p = self.view()?;
         let mut prof = Prof::new(self.gpu()?);
-        let (qkv_pre, z, gate_in, _) = self.in_proj_split(&p, &self.act(x.data())?, n)?;
-        // conv + SiLU over each sequence's window; keep the window's last row.
+        let (qkv_pre, z, gate_in, _) = self.in_proj_split(&p, &self.act(x.data())?, t)?;
+        // conv + SiLU over each sequence's cached rows followed by its new rows; keep the new.
         let cur = qkv_pre.into_host()?;
-        let mut win = vec![0.0f32; n * w * cd];
+        let mut cu_ext = vec![0u64];
+        let mut ext = Vec::with_capacity((n * (w - 1) + seqs.used()) * cd);
         for i in 0..n {
-            let dst = i * w * cd;
-            win[dst..dst + (w - 1) * cd]
-                .copy_from_slice(&cache.conv.data()[i * (w - 1) * cd..(i + 1) * (w - 1) * cd]);
-            win[dst + (w - 1) * cd..dst + w * cd].copy_from_slice(&cur[i * cd..(i + 1) * cd]);
+            let r = seqs.range(i);
+            ext.extend_from_slice(&cache.conv.data()[i * (w - 1) * cd..(i + 1) * (w - 1) * cd]);
+            ext.extend_from_slice(&cur[r.start * cd..r.end * cd]);
+            cu_ext.push((ext.len() / cd) as u64);
         }
+        let seqs_ext = Seqs::packed(&cu_ext, ext.len() / cd)?;
         let conv_out = exec::conv_fwd(
-            &self.act(&win)?,
+            &self.act(&ext)?,
             cd,
             p.get("conv1d.weight"),
             w,
             p.opt("conv1d.bias"),
-            &Seqs::uniform(n, w),
+            &seqs_ext,
         )?
         .into_host()?;
-        let last: Vec<f32> = (0..n)
-            .flat_map(|i| {
-                conv_out[(i * w + w - 1) * cd..(i + 1) * w * cd]
-                    .iter()
-                    .copied()
-            })
-            .collect();
-        let r = self.prep_after_conv(&p, self.act(&last)?, &gate_in, n)?;
-        let h0 = self.f32s(cache.state.data())?;
-        let (o, fin) = self.rule_forward(&r, &Seqs::uniform(n, 1), Some(&h0), true)?;
-        let (y, _, _) = self.out_proj(&p, &o, &z, n, &mut prof)?;
-        let y = Tensor::from_vec(x.shape(), y.into_host()?)?;
-        let fin = fin.ok_or_else(|| GdnError::Invalid("final state was not produced".into()))?;
-        // Advance the cache only now that everything succeeded.
-        let state = Tensor::from_vec(cache.state.shape(), fin.into_host()?)?;
-        let mut conv = vec![0.0f32; n * (w - 1) * cd];
+        let mut qkv = vec![0.0f32; t * cd];
         for i in 0..n {
-            // the window's rows 1 .. W, i.e. drop the oldest
-            let src = (i * w + 1) * cd;
-            conv[i * (w - 1) * cd..(i + 1) * (w - 1) * cd]
-                .copy_from_slice(&win[src..src + (w - 1) * cd]);
+            let (r, e0) = (seqs.range(i), cu_ext[i] as usize + w - 1);
+            qkv[r.start * cd..r.end * cd].copy_from_slice(&conv_out[e0 * cd..(e0 + r.len()) * cd]);
+        }
+        let r = self.prep_after_conv(&p, self.act(&qkv)?, &gate_in, t)?;
+        let h0 = self.f32s(cache.state.data())?;
+        let (o, fin) = self.rule_forward(&r, seqs, Some(&h0), true)?;
+        let (y, _, _) = self.out_proj(&p, &o, &z, t, &mut prof)?;
+        let mut y = y.into_host()?;
+        y[seqs.used() * c.hidden_size..].fill(0.0);
+        let y = Tensor::from_vec(x.shape(), y)?;
+        let fin = fin.ok_or_else(|| GdnError::Invalid("final state was not produced".into()))?;
+        // Advance the cache only now that everything succeeded: each sequence's last W - 1 rows.
+        let state = Tensor::from_vec(cache.state.shape(), fin.into_host()?)?;
+        let mut conv = Vec::with_capacity(n * (w - 1) * cd);
+        for i in 0..n {
+            let end = cu_ext[i + 1] as usize;
+            conv.extend_from_slice(&ext[(end + 1 - w) * cd..end * cd]);
         }
         cache.conv = Tensor::from_vec(&[n, w - 1, cd], conv)?;
         cache.state = state;
