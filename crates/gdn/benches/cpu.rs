@@ -1,4 +1,5 @@
-//! CPU benchmarks: one GDN layer forward + backward, and the gated delta rule alone.
+//! CPU benchmarks: one GDN layer forward + backward, inference (a decode step), and the gated
+//! delta rule alone.
 //!
 //! `cargo bench -p gdn --bench cpu` (set `RAYON_NUM_THREADS` to pin the thread count).
 //! Shapes: the anchor (hidden 1024, 8 key / 16 value heads, Dk = Dv = 128, B = 1,
@@ -51,6 +52,18 @@ fn bench_layer(c: &mut Criterion) {
             let (dx, _) = layer.backward(saved, &dy).unwrap();
             (y, dx)
         })
+    });
+    // Inference: one decode step of 64 sequences (each prefilled with 64 tokens), against the
+    // inference forward over the same 64 x 64 tokens at once.
+    let prompts = Tensor::from_vec(&[64, 64, 1024], x.data()[..64 * 64 * 1024].to_vec()).unwrap();
+    let (_, cache) = layer.prefill(&prompts, &Seqs::uniform(64, 64)).unwrap();
+    let step = Tensor::from_vec(&[64, 1024], randv(&mut rng, 64 * 1024, -1.0, 1.0)).unwrap();
+    let mut c0 = cache.clone();
+    g.bench_function("decode_step_64_seqs", |b| {
+        b.iter(|| layer.decode(&step, &mut c0).unwrap())
+    });
+    g.bench_function("layer_fwd_64_seqs_of_64", |b| {
+        b.iter(|| layer.forward_inference(&prompts).unwrap())
     });
     // GDN2 at the same shape.
     let cfg2 = GdnConfig {

@@ -126,15 +126,33 @@ impl GatedDeltaNet {
             qkv[r.start * cd..r.end * cd].copy_from_slice(&conv_out[e0 * cd..(e0 + r.len()) * cd]);
         }
         let r = self.prep_after_conv(&p, self.act(&qkv)?, &gate_in, t)?;
-        let h0 = self.f32s(cache.state.data())?;
-        let (o, fin) = self.rule_forward(&r, seqs, Some(&h0), true)?;
-        let (y, _, _) = self.out_proj(&p, &o, &z, t, &mut prof)?;
-        let mut y = y.into_host()?;
-        y[seqs.used() * c.hidden_size..].fill(0.0);
-        let y = Tensor::from_vec(x.shape(), y)?;
-        let fin = fin.ok_or_else(|| GdnError::Invalid("final state was not produced".into()))?;
+        // On the CPU the rule reads the cached state in place of a copy (decode's largest
+        // buffer: N x Hv x Dk x Dv floats); it is put back if anything below fails.
+        let st_shape = cache.state.shape().to_vec();
+        let h0 = match self.gpu()? {
+            None => F32s::Host(std::mem::replace(&mut cache.state, Tensor::zeros(&[0])).into_vec()),
+            Some(_) => self.f32s(cache.state.data())?,
+        };
+        let mut run = || -> Result<(Tensor, F32s)> {
+            let (o, fin) = self.rule_forward(&r, seqs, Some(&h0), true)?;
+            let (y, _, _) = self.out_proj(&p, &o, &z, t, &mut prof)?;
+            let mut y = y.into_host()?;
+            y[seqs.used() * c.hidden_size..].fill(0.0);
+            let fin =
+                fin.ok_or_else(|| GdnError::Invalid("final state was not produced".into()))?;
+            Ok((Tensor::from_vec(x.shape(), y)?, fin))
+        };
+        let (y, fin) = match run() {
+            Ok(v) => v,
+            Err(e) => {
+                if let F32s::Host(v) = h0 {
+                    cache.state = Tensor::from_vec(&st_shape, v)?;
+                }
+                return Err(e);
+            }
+        };
         // Advance the cache only now that everything succeeded: each sequence's last W - 1 rows.
-        let state = Tensor::from_vec(cache.state.shape(), fin.into_host()?)?;
+        let state = Tensor::from_vec(&st_shape, fin.into_host()?)?;
         let mut conv = Vec::with_capacity(n * (w - 1) * cd);
         for i in 0..n {
             let end = cu_ext[i + 1] as usize;

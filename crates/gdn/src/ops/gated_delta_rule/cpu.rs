@@ -358,17 +358,25 @@ pub(crate) fn assemble_forward(
     let r = hv / s.hk;
     let st = s.dk * dv;
     let mut o = vec![0.0f32; seqs.tokens() * hv * dv];
+    // Task (n, kh)'s final states are value heads kh r .. (kh + 1) r of sequence n: in `tasks`
+    // order, consecutive blocks of r states, copied in parallel (decode's largest copy).
     let mut fin = output_final_state.then(|| vec![0.0f32; seqs.count() * hv * st]);
+    if let Some(f) = fin.as_mut() {
+        f.par_chunks_mut(r * st)
+            .zip(outs.par_iter())
+            .for_each(|(dst, out)| {
+                for (d, sj) in dst.chunks_exact_mut(st).zip(&out.state) {
+                    d.copy_from_slice(sj);
+                }
+            });
+    }
     for (&(n, kh), out) in tasks(seqs, s).iter().zip(outs) {
         let t0 = seqs.range(n).start;
-        for (jj, (oj, sj)) in out.o.into_iter().zip(out.state).enumerate() {
+        for (jj, oj) in out.o.into_iter().enumerate() {
             let j = kh * r + jj;
             for (i, row) in oj.chunks_exact(dv).enumerate() {
                 let dst = ((t0 + i) * hv + j) * dv;
                 o[dst..dst + dv].copy_from_slice(row);
-            }
-            if let Some(f) = fin.as_mut() {
-                f[(n * hv + j) * st..(n * hv + j + 1) * st].copy_from_slice(&sj);
             }
         }
     }
