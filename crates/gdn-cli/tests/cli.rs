@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 mod common;
-use common::{expect_fail, gdn, stderr, tmpdir};
+use common::{expect_fail, gdn, ok, stderr, tmpdir};
 
 use gdn::io::{read_tensors, write_tensors};
 use gdn::layer::param_specs;
@@ -79,7 +79,7 @@ fn s(p: &Path) -> &str {
 #[test]
 fn info_works() {
     let o = gdn(&["info"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    ok(&o);
     let out = String::from_utf8_lossy(&o.stdout);
     for n in [
         "gdn ",
@@ -96,7 +96,7 @@ fn info_works() {
 #[test]
 fn no_subcommand_is_an_error() {
     let o = gdn(&[]);
-    assert!(!o.status.success());
+    expect_fail(&o, &[]);
 }
 
 #[test]
@@ -300,7 +300,7 @@ fn bad_arguments_fail() {
     expect_fail(&o, &["does not exist"]);
     // missing required flags
     let o = gdn(&["layer", "--config", s(&c)]);
-    assert!(!o.status.success());
+    expect_fail(&o, &[]);
     assert!(!out.exists());
     std::fs::remove_dir_all(&d).unwrap();
 }
@@ -328,7 +328,7 @@ fn forward_and_backward_write_every_tensor() {
 
     // forward only
     let o = layer(&c, &w, &x, &out, &[]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    ok(&o);
     assert!(stderr(&o).contains("saved"), "{}", stderr(&o));
     let t = read_tensors(&out).unwrap();
     assert_eq!(t.len(), 1);
@@ -351,7 +351,7 @@ fn forward_and_backward_write_every_tensor() {
         s(&out),
         "--check-finite",
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    ok(&o);
     let t = read_tensors(&out).unwrap();
     let get = |n: &str| t.iter().find(|(m, _)| m == n).map(|(_, t)| t.clone());
     assert_eq!(get("y").unwrap().shape(), &[2, 9, HIDDEN]);
@@ -375,7 +375,7 @@ fn forward_and_backward_write_every_tensor() {
         "--seed",
         "1",
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    ok(&o);
     let o = gdn(&[
         "layer",
         "--config",
@@ -387,7 +387,7 @@ fn forward_and_backward_write_every_tensor() {
         "--seed",
         "1",
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    ok(&o);
     assert_eq!(read_tensors(&out).unwrap(), read_tensors(&out2).unwrap());
     std::fs::remove_dir_all(&d).unwrap();
 }
@@ -404,7 +404,7 @@ fn packed_sequences_run() {
         Some(&ramp(&[1, 12, HIDDEN], 1)),
     );
     let o = layer(&c, &w, &x, &out, &["--cu-seqlens", "0,5,5,12"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    ok(&o);
     let n = names(&out);
     assert!(
         n.contains(&"y".to_string()) && n.contains(&"dx".to_string()),
@@ -418,7 +418,7 @@ fn example_runs() {
     let d = tmpdir("example");
     let dir = d.join("ex");
     let o = gdn(&["layer", "--example", s(&dir)]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    ok(&o);
     for f in [
         "config.toml",
         "weights.safetensors",
@@ -459,7 +459,7 @@ fn variant_gdn2_runs_and_bad_device_or_dtype_fail() {
         s(&out),
     ];
     let o = gdn(&[&base[..], &["--variant", "gdn2"]].concat());
-    assert!(o.status.success(), "{}", stderr(&o));
+    ok(&o);
     // GDN2 has its own gate sections: every GDN2 parameter gradient is written
     let n = names(&out);
     assert!(
