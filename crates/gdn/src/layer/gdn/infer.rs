@@ -43,16 +43,11 @@ impl GatedDeltaNet {
         let state = Tensor::from_vec(&self.state_shape(seqs), fin.into_host()?)?;
         let qkv_pre = f.acts.qkv_pre.into_host()?;
         let n = seqs.count();
-        let mut conv = vec![0.0f32; n * (w - 1) * cd];
+        let zeros = vec![0.0f32; (w - 1) * cd];
+        let mut conv = Vec::with_capacity(n * (w - 1) * cd);
         for i in 0..n {
             let r = seqs.range(i);
-            for j in 0..w - 1 {
-                // window row j holds token end - (W - 1) + j
-                if let Some(t) = (r.end + j).checked_sub(w - 1).filter(|&t| t >= r.start) {
-                    let dst = (i * (w - 1) + j) * cd;
-                    conv[dst..dst + cd].copy_from_slice(&qkv_pre[t * cd..(t + 1) * cd]);
-                }
-            }
+            last_rows(&zeros, &qkv_pre[r.start * cd..r.end * cd], &mut conv);
         }
         let conv = Tensor::from_vec(&[n, w - 1, cd], conv)?;
         Ok((y, InferenceCache { conv, state }))
@@ -155,11 +150,20 @@ impl GatedDeltaNet {
         let state = Tensor::from_vec(&st_shape, fin.into_host()?)?;
         let mut conv = Vec::with_capacity(n * (w - 1) * cd);
         for i in 0..n {
-            let end = cu_ext[i + 1] as usize;
-            conv.extend_from_slice(&ext[(end + 1 - w) * cd..end * cd]);
+            let r = seqs.range(i);
+            let hist = &cache.conv.data()[i * (w - 1) * cd..(i + 1) * (w - 1) * cd];
+            last_rows(hist, &cur[r.start * cd..r.end * cd], &mut conv);
         }
         cache.conv = Tensor::from_vec(&[n, w - 1, cd], conv)?;
         cache.state = state;
         Ok(y)
     }
+}
+
+/// Append to `out` the last `hist.len()` values of `hist` followed by `new` (whole rows, as both
+/// hold whole rows): a sequence's conv cache after its rows `new`, given its cache `hist` before.
+fn last_rows(hist: &[f32], new: &[f32], out: &mut Vec<f32>) {
+    let from_new = new.len().min(hist.len());
+    out.extend_from_slice(&hist[from_new..]);
+    out.extend_from_slice(&new[new.len() - from_new..]);
 }
