@@ -9,6 +9,7 @@ use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gdn2_rule::cuda::{backward_cuda, forward_cuda, set_poison};
 use gdn::ops::gdn2_rule::reference::{self, RefInputs};
 use gdn::ops::gdn2_rule::{self as g2, RuleOpts, RuleShape};
+use gdn::testutil::{max_rel_err as max_rel, rms_rel_err as rms_rel};
 use gdn::Seqs;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -293,24 +294,6 @@ fn run_ref(c: &Case) -> Vec<(&'static str, Vec<f64>)> {
         out.push(("dh0", gr.dh0));
     }
     out
-}
-
-/// max |a - b| / max |b|.
-fn max_rel(a: &[f32], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let m = b.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-30);
-    a.iter()
-        .zip(b)
-        .fold(0.0f64, |e, (x, y)| e.max((*x as f64 - y).abs()))
-        / m
-}
-
-/// FLA's `get_err_ratio`: RMS(ref - x) / RMS(ref).
-fn rms_rel(a: &[f32], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let d: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - y).powi(2)).sum();
-    let r: f64 = b.iter().map(|y| y * y).sum();
-    (d / r.max(1e-300)).sqrt()
 }
 
 /// Every element finite (poisoned buffers are NaN where unwritten) and padding rows exactly 0.
