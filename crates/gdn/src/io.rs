@@ -244,6 +244,64 @@ fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(name)
 }
 
+/// Largest text file (a config) the tool reads: 16 MiB. A larger one, or an endless one such as
+/// `/dev/zero`, is refused with an error instead of being read into memory.
+pub const MAX_TEXT_BYTES: u64 = 16 << 20;
+
+/// Read at most `max` bytes of `path`; a file with more is an error naming the limit.
+pub fn read_limited(path: &Path, max: u64) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let f = std::fs::File::open(path).map_err(|e| io_err(path, e))?;
+    let mut buf = Vec::new();
+    f.take(max.saturating_add(1))
+        .read_to_end(&mut buf)
+        .map_err(|e| io_err(path, e))?;
+    if buf.len() as u64 > max {
+        return Err(file_err(
+            path,
+            format!("larger than the {max} bytes allowed for this file"),
+        ));
+    }
+    Ok(buf)
+}
+
+/// Read a UTF-8 text file of at most [`MAX_TEXT_BYTES`] (configs).
+pub fn read_text(path: &Path) -> Result<String> {
+    String::from_utf8(read_limited(path, MAX_TEXT_BYTES)?)
+        .map_err(|_| file_err(path, "not UTF-8 text"))
+}
+
+/// Write `bytes` to `path` atomically: the data goes to a temporary file beside it first and is
+/// renamed over `path` only when complete and synced. On any error `path` is left as it was.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_atomic_with(path, |f| {
+        use std::io::Write;
+        f.write_all(bytes)
+    })
+}
+
+/// [`write_atomic`] with the content written by `fill` into the temporary file.
+pub fn write_atomic_with(
+    path: &Path,
+    fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
+) -> Result<()> {
+    if path.file_name().is_none() {
+        return Err(file_err(path, "not a file path"));
+    }
+    let tmp = temp_path(path);
+    let result = (|| -> Result<()> {
+        let mut f = std::fs::File::create(&tmp).map_err(|e| io_err(&tmp, e))?;
+        fill(&mut f).map_err(|e| io_err(&tmp, e))?;
+        f.sync_all().map_err(|e| io_err(&tmp, e))?;
+        drop(f);
+        std::fs::rename(&tmp, path).map_err(|e| io_err(path, e))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
 /// Write `tensors` as `F32` to a safetensors file at `path` (replacing it), atomically: the data
 /// goes to `<path>.tmp-<pid>` first and is renamed over `path` only when complete. On any error
 /// the temporary file is removed and `path` is left as it was. Names must be unique.
