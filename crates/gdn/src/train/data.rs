@@ -15,6 +15,16 @@
 //! **Text**: the bytes of a file (vocab 256). The first 90% trains, the last 10% is held out.
 //! Training sequences are `T + 1`-byte windows at random offsets of the training part (inputs the
 //! first `T`, targets the last `T`); the held-out set is consecutive windows of the held-out part.
+//! A text file is read whole into memory, up to [`MAX_TEXT_DATA_BYTES`] (an endless file such as
+//! `/dev/zero` is refused, not read forever).
+//!
+//! **What a text run records about its file.** `gdn train` writes the file's absolute path in the
+//! run's `config.toml` (`data.path`; a relative `--data` is resolved against the working directory
+//! when the run starts, so the run resumes from any directory), and every checkpoint records the
+//! file's size and 64-bit FNV-1a hash ([`DataFingerprint`], metadata `gdn.data_size` and
+//! `gdn.data_hash`). A resume compares the file as it is now with the checkpoint's record and
+//! refuses a change (size or hash) unless asked to accept it
+//! ([`crate::train::ResumeOptions::allow_data_change`], `gdn train --allow-data-change`).
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -136,6 +146,25 @@ impl Mqar {
     }
 }
 
+/// Largest text data file read (1 GiB): the whole file is held in memory.
+pub const MAX_TEXT_DATA_BYTES: u64 = 1 << 30;
+
+/// Size and content hash of a text data file: what a checkpoint records of the data it was
+/// trained on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataFingerprint {
+    /// Bytes.
+    pub size: u64,
+    /// 64-bit FNV-1a of the bytes ([`crate::train::checkpoint::Fnv1a64`]).
+    pub hash: u64,
+}
+
+impl std::fmt::Display for DataFingerprint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} bytes, FNV-1a hash {:016x}", self.size, self.hash)
+    }
+}
+
 /// Byte-level text with a held-out tail.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Text {
@@ -143,15 +172,33 @@ pub struct Text {
     /// First held-out byte.
     split: usize,
     seq_len: usize,
+    fingerprint: DataFingerprint,
 }
 
 impl Text {
-    /// Load `path`; the last 10% is held out. Both parts must hold a `T + 1`-byte window.
+    /// Load `path` (at most [`MAX_TEXT_DATA_BYTES`]); the last 10% is held out. Both parts must
+    /// hold a `T + 1`-byte window.
     pub fn load(path: &Path, seq_len: usize) -> Result<Self> {
-        let bytes = std::fs::read(path).map_err(|e| GdnError::Io {
+        let md = std::fs::metadata(path).map_err(|e| GdnError::Io {
             path: path.display().to_string(),
             source: e,
         })?;
+        if md.is_dir() {
+            return Err(GdnError::File {
+                path: path.display().to_string(),
+                msg: "is a directory, expected a text file".into(),
+            });
+        }
+        if md.is_file() && md.len() > MAX_TEXT_DATA_BYTES {
+            return Err(GdnError::File {
+                path: path.display().to_string(),
+                msg: format!(
+                    "{} bytes is larger than the {MAX_TEXT_DATA_BYTES} bytes a text data file may have",
+                    md.len()
+                ),
+            });
+        }
+        let bytes = crate::io::read_limited(path, MAX_TEXT_DATA_BYTES)?;
         Self::from_bytes(bytes, seq_len).map_err(|e| GdnError::File {
             path: path.display().to_string(),
             msg: e.to_string(),
@@ -161,25 +208,35 @@ impl Text {
     /// From bytes in memory.
     pub fn from_bytes(bytes: Vec<u8>, seq_len: usize) -> Result<Self> {
         let split = bytes.len() - bytes.len() / 10;
-        let need = seq_len + 1;
+        let need = seq_len.saturating_add(1);
         if split < need || bytes.len() - split < need {
             return Err(GdnError::Invalid(format!(
                 "{} bytes is too short for data.seq_length = {seq_len}: the training 90% and the \
                  held-out 10% must each hold {need} bytes (at least {} bytes in all)",
                 bytes.len(),
-                10 * need
+                need.saturating_mul(10)
             )));
         }
+        let fingerprint = DataFingerprint {
+            size: bytes.len() as u64,
+            hash: crate::train::checkpoint::Fnv1a64::hash(&bytes),
+        };
         Ok(Text {
             bytes,
             split,
             seq_len,
+            fingerprint,
         })
     }
 
     /// Training bytes, held-out bytes.
     pub fn sizes(&self) -> (usize, usize) {
         (self.split, self.bytes.len() - self.split)
+    }
+
+    /// Size and hash of the bytes.
+    pub fn fingerprint(&self) -> DataFingerprint {
+        self.fingerprint
     }
 
     fn window(&self, start: usize) -> (Vec<u32>, Vec<i32>) {
@@ -272,6 +329,14 @@ impl Dataset {
         match &self.source {
             Source::Mqar(m) => m.vocab_size(),
             Source::Text(_) => 256,
+        }
+    }
+
+    /// Size and hash of the text (`None` for MQAR, which is a function of the seed).
+    pub fn fingerprint(&self) -> Option<DataFingerprint> {
+        match &self.source {
+            Source::Mqar(_) => None,
+            Source::Text(x) => Some(x.fingerprint()),
         }
     }
 

@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod optim;
+pub mod rundir;
 #[cfg(test)]
 mod tests;
 
@@ -41,6 +42,20 @@ pub struct StepStats {
     pub activation_bytes: usize,
     /// Of those, the GDN layers' `Saved::bytes()` summed over blocks.
     pub gdn_activation_bytes: usize,
+}
+
+/// Run-config keys (`section.key`) that a resume may change: `train.train_iters`, which
+/// `gdn train --resume DIR --steps N` sets to extend the run. Every other key must equal the
+/// checkpoint's run config (`data.path` may differ too under
+/// [`ResumeOptions::allow_data_change`]).
+pub const RESUME_MAY_CHANGE: &[&str] = &["train.train_iters"];
+
+/// What a resume accepts beyond an exact continuation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ResumeOptions {
+    /// Continue even though the text data file's size or content (or `data.path`) differs from
+    /// what the checkpoint recorded; the resumed run then trains on the new data.
+    pub allow_data_change: bool,
 }
 
 /// A training run in memory.
@@ -83,8 +98,9 @@ impl Trainer {
         self.model.gdn_layers_to_device(device, dtype)
     }
 
-    /// Continue the run of `cfg` from the checkpoint at `path` (refused if it was written for
-    /// another model config or another data seed, or is corrupt).
+    /// Continue the run of `cfg` from the checkpoint at `path` (refused if it is corrupt, or
+    /// was written for another model config, another data seed, another run config or other
+    /// text data; see [`from_checkpoint`](Self::from_checkpoint)).
     pub fn resume(cfg: &RunConfig, path: &Path) -> Result<Self> {
         let data = Dataset::from_config(&cfg.data)?;
         Self::resume_with_data(cfg, data, path)
@@ -92,16 +108,68 @@ impl Trainer {
 
     /// [`resume`](Self::resume) on given data.
     pub fn resume_with_data(cfg: &RunConfig, data: Dataset, path: &Path) -> Result<Self> {
+        let ck = Checkpoint::load(path)?;
+        let (t, _) = Self::from_checkpoint(cfg, data, ck, path, ResumeOptions::default())?;
+        Ok(t)
+    }
+
+    /// Continue the run of `cfg` on `data` from `ck`, a checkpoint loaded (and so checked for
+    /// integrity) from `path`. Refused, naming `path`: a checkpoint of another model config
+    /// (each differing field), of another data seed, of another run config (each differing
+    /// `section.key`, except [`RESUME_MAY_CHANGE`]), or of text data whose size or hash differ
+    /// from `data`'s (unless `opts.allow_data_change`). Returns the trainer and notes on what
+    /// was accepted under `opts` (one line each).
+    pub fn from_checkpoint(
+        cfg: &RunConfig,
+        data: Dataset,
+        ck: Checkpoint,
+        path: &Path,
+        opts: ResumeOptions,
+    ) -> Result<(Self, Vec<String>)> {
+        let refuse = |msg: String| GdnError::File {
+            path: path.display().to_string(),
+            msg,
+        };
         let mut t = Self::with_data(cfg, data)?;
-        let ck = Checkpoint::read(path, t.model.config())?;
+        ck.check_model(path, t.model.config())?;
         if ck.data_seed != cfg.data.seed {
-            return Err(GdnError::File {
-                path: path.display().to_string(),
-                msg: format!(
-                    "the checkpoint was written with data seed {}, this run has {}",
-                    ck.data_seed, cfg.data.seed
-                ),
-            });
+            return Err(refuse(format!(
+                "the checkpoint was written with data seed {}, this run has {}",
+                ck.data_seed, cfg.data.seed
+            )));
+        }
+        run_config_matches(&ck.run_config, cfg, opts).map_err(refuse)?;
+        let mut notes = Vec::new();
+        let file = match &cfg.data.path {
+            Some(p) => format!("data file {}", p.display()),
+            None => "the text data".to_string(),
+        };
+        match (ck.data_file, t.data.fingerprint()) {
+            (Some(then), Some(now)) if then != now => {
+                let what = format!(
+                    "{file} changed since the checkpoint was written: {then} then, {now} now"
+                );
+                if !opts.allow_data_change {
+                    return Err(refuse(format!(
+                        "{what}; resuming would continue the run on other data \
+                         (gdn train --allow-data-change accepts that)"
+                    )));
+                }
+                notes.push(format!(
+                    "{what}; continuing on the new data (--allow-data-change)"
+                ));
+            }
+            (Some(_), None) => {
+                return Err(refuse(
+                    "the checkpoint was trained on text data, this run's data is MQAR".into(),
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(refuse(format!(
+                    "the checkpoint records no text data file, this run trains on {file}"
+                )))
+            }
+            _ => {}
         }
         t.model.set_params(&ck.params)?;
         let tensors = |p: &Params| p.iter().map(|(_, t)| t.clone()).collect::<Vec<_>>();
@@ -109,7 +177,7 @@ impl Trainer {
         t.opt.exp_avg_sq = tensors(&ck.exp_avg_sq);
         t.opt.steps = ck.step;
         t.step = ck.step;
-        Ok(t)
+        Ok((t, notes))
     }
 
     /// The checkpoint of the current state.
@@ -129,6 +197,7 @@ impl Trainer {
             data_seed: self.cfg.data.seed,
             model: self.model.config().clone(),
             run_config: self.cfg.to_toml_string(),
+            data_file: self.data.fingerprint(),
             params: self.model.params(),
             exp_avg: named(&self.opt.exp_avg),
             exp_avg_sq: named(&self.opt.exp_avg_sq),
@@ -188,4 +257,68 @@ impl Trainer {
         }
         Ok(st)
     }
+}
+
+/// `section.key` -> value (TOML text) of every key of a run config document.
+pub(crate) fn flat_table(table: toml::Table) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (section, v) in table {
+        match v {
+            toml::Value::Table(keys) => out.extend(
+                keys.into_iter()
+                    .map(|(k, v)| (format!("{section}.{k}"), v.to_string())),
+            ),
+            v => out.push((section, v.to_string())),
+        }
+    }
+    out
+}
+
+/// `section.key` -> value of a run config, every key it writes.
+pub(crate) fn flat_config(cfg: &RunConfig) -> Vec<(String, String)> {
+    flat_table(toml::from_str(&cfg.to_toml_string()).unwrap_or_default())
+}
+
+/// `Ok` when `run` is the run config `ckpt` (a checkpoint's TOML) up to the keys a resume may
+/// change; else a message naming every differing key with both values.
+fn run_config_matches(
+    ckpt: &str,
+    run: &RunConfig,
+    opts: ResumeOptions,
+) -> std::result::Result<(), String> {
+    let mut then = RunConfig::from_toml_str(ckpt)
+        .map_err(|e| format!("the run config stored in the checkpoint does not parse: {e}"))?;
+    then.train.train_iters = run.train.train_iters;
+    if opts.allow_data_change {
+        then.data.path.clone_from(&run.data.path);
+    }
+    if &then == run {
+        return Ok(());
+    }
+    let (a, b) = (flat_config(&then), flat_config(run));
+    let mut keys: Vec<&String> = a.iter().chain(b.iter()).map(|(k, _)| k).collect();
+    keys.sort();
+    keys.dedup();
+    let get = |v: &[(String, String)], k: &str| {
+        v.iter()
+            .find(|(x, _)| x == k)
+            .map_or("unset".to_string(), |(_, v)| v.clone())
+    };
+    let diffs: Vec<String> = keys
+        .into_iter()
+        .filter_map(|k| {
+            let (x, y) = (get(&a, k), get(&b, k));
+            (x != y).then(|| format!("{k} = {x} in the checkpoint, {y} in this run"))
+        })
+        .collect();
+    let diffs = if diffs.is_empty() {
+        "the configs differ".to_string()
+    } else {
+        diffs.join("; ")
+    };
+    Err(format!(
+        "the run config differs from the one the checkpoint was written with: {diffs} \
+         (a resume may change only {}; resume with the run's own config.toml)",
+        RESUME_MAY_CHANGE.join(", ")
+    ))
 }

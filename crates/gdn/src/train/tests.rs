@@ -528,3 +528,382 @@ fn learns_mqar_far_above_chance() {
     assert_eq!(e.count, 64 * 12);
     assert!(e.accuracy() > 0.4, "held-out accuracy {}", e.accuracy());
 }
+
+// ---- resume trusts only what it has checked -------------------------------------------------
+
+/// A checkpoint of `small()` after `steps` steps, saved as `dir/step-N.safetensors`.
+fn saved(dir: &std::path::Path, cfg: &RunConfig, steps: u64) -> PathBuf {
+    let mut t = Trainer::new(cfg).unwrap();
+    for _ in 0..steps {
+        t.step().unwrap();
+    }
+    let p = dir.join(checkpoint::file_name(steps));
+    t.save(&p).unwrap();
+    p
+}
+
+/// Flip one bit of the byte `from_end` bytes before the end of the file (the data section).
+fn flip_data_bit(p: &std::path::Path, from_end: usize) {
+    let mut b = std::fs::read(p).unwrap();
+    let i = b.len() - from_end;
+    b[i] ^= 0x01;
+    std::fs::write(p, b).unwrap();
+}
+
+#[test]
+fn fnv1a64_matches_the_published_test_vectors() {
+    use checkpoint::Fnv1a64;
+    // from the FNV reference (isthe.com/chongo/tech/comp/fnv), 64-bit FNV-1a
+    assert_eq!(Fnv1a64::hash(b""), 0xcbf2_9ce4_8422_2325);
+    assert_eq!(Fnv1a64::hash(b"a"), 0xaf63_dc4c_8601_ec8c);
+    assert_eq!(Fnv1a64::hash(b"foobar"), 0x8594_4171_f739_67e8);
+    let mut h = Fnv1a64::default();
+    h.update(b"foo");
+    h.update(b"bar");
+    assert_eq!(h.finish(), 0x8594_4171_f739_67e8);
+}
+
+/// A flipped bit in the tensor data (which leaves every value finite and every shape right) or
+/// in a metadata value is a checksum mismatch naming the file.
+#[test]
+fn checksum_catches_flipped_bytes() {
+    let cfg = small();
+    let dir = tmpdir("checksum");
+    let good = saved(&dir, &cfg, 1);
+    let bytes = std::fs::read(&good).unwrap();
+    let ck = Checkpoint::load(&good).unwrap();
+    assert_eq!(ck.step, 1);
+    for (what, at) in [("tensor data", bytes.len() - 7), ("first tensor byte", 0)] {
+        let mut b = bytes.clone();
+        let i = if at == 0 {
+            // the first byte of the data section: after the 8-byte length and the header
+            8 + u64::from_le_bytes(b[..8].try_into().unwrap()) as usize
+        } else {
+            at
+        };
+        b[i] ^= 0x01;
+        let p = dir.join("flipped.safetensors");
+        std::fs::write(&p, &b).unwrap();
+        let e = Checkpoint::load(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("flipped.safetensors") && e.contains("checksum mismatch"),
+            "{what}: {e}"
+        );
+        let e = Trainer::resume(&cfg, &p).unwrap_err().to_string();
+        assert!(e.contains("checksum mismatch"), "{what}: {e}");
+    }
+    // a digit of the run config in the metadata: `train_iters = 6` -> `train_iters = 7`
+    let pos = bytes
+        .windows(15)
+        .position(|w| w == b"train_iters = 6")
+        .expect("run config in the header");
+    let mut b = bytes.clone();
+    b[pos + 14] = b'7';
+    let p = dir.join("meta.safetensors");
+    std::fs::write(&p, &b).unwrap();
+    let e = Checkpoint::load(&p).unwrap_err().to_string();
+    assert!(
+        e.contains("meta.safetensors") && e.contains("checksum mismatch"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A version-1 checkpoint (no checksum) is refused with a message naming the version, and is not
+/// passed over as corrupt.
+#[test]
+fn version_1_checkpoints_are_refused() {
+    let cfg = small();
+    let dir = tmpdir("v1");
+    let good = saved(&dir, &cfg, 1);
+    let buf = std::fs::read(&good).unwrap();
+    let (_, header) = safetensors::SafeTensors::read_metadata(&buf).unwrap();
+    let mut meta = header.metadata().clone().unwrap();
+    meta.insert(checkpoint::FORMAT_KEY.into(), "1".into());
+    meta.remove(checkpoint::CHECKSUM_KEY);
+    let tensors = crate::io::read_tensors(&good).unwrap();
+    let items: Vec<(&str, &crate::Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let old = dir.join(checkpoint::file_name(2));
+    crate::io::write_tensors_with_meta(&old, &items, meta).unwrap();
+    let e = Checkpoint::load(&old).unwrap_err().to_string();
+    assert!(
+        e.contains("step-00000002.safetensors") && e.contains("format version 1"),
+        "{e}"
+    );
+    assert!(matches!(
+        Checkpoint::load_checked(&old),
+        Err(checkpoint::Rejected::Unusable(_))
+    ));
+    // the newest is v1: no fallback to step 1
+    let e = rundir::load_latest(&dir).unwrap_err().to_string();
+    assert!(e.contains("format version 1"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The newest checkpoint that passes its checks is used; corrupt newer ones are listed with the
+/// reason; none good is an error naming each.
+#[test]
+fn load_latest_falls_back_over_corrupt_checkpoints() {
+    let cfg = small();
+    let dir = tmpdir("fallback");
+    let e = rundir::load_latest(&dir).unwrap_err().to_string();
+    assert!(e.contains("no checkpoint"), "{e}");
+    let p1 = saved(&dir, &cfg, 1);
+    let p2 = saved(&dir, &cfg, 2);
+    let l = rundir::load_latest(&dir).unwrap();
+    assert_eq!((l.path.clone(), l.checkpoint.step), (p2.clone(), 2));
+    assert!(l.rejected.is_empty());
+    flip_data_bit(&p2, 5);
+    let l = rundir::load_latest(&dir).unwrap();
+    assert_eq!((l.path.clone(), l.checkpoint.step), (p1.clone(), 1));
+    assert_eq!(l.rejected.len(), 1);
+    assert_eq!(l.rejected[0].0, p2);
+    assert!(l.rejected[0].1.to_string().contains("checksum mismatch"));
+    // truncated counts as corrupt too
+    let b = std::fs::read(&p1).unwrap();
+    std::fs::write(&p1, &b[..b.len() / 2]).unwrap();
+    let e = rundir::load_latest(&dir).unwrap_err().to_string();
+    assert!(
+        e.contains("no usable checkpoint")
+            && e.contains("step-00000001.safetensors")
+            && e.contains("step-00000002.safetensors"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A resume under a run config that differs from the checkpoint's is refused naming the key;
+/// `train.train_iters` (extended by --steps) may differ.
+#[test]
+fn resume_refuses_another_run_config_naming_the_key() {
+    let cfg = small();
+    let dir = tmpdir("runcfg");
+    let p = saved(&dir, &cfg, 2);
+    let mut other = cfg.clone();
+    other.optimizer.lr = 0.01;
+    let e = Trainer::resume(&other, &p).unwrap_err().to_string();
+    assert!(
+        e.contains("step-00000002.safetensors")
+            && e.contains("optimizer.lr = 0.003 in the checkpoint, 0.01 in this run"),
+        "{e}"
+    );
+    let mut other = cfg.clone();
+    other.train.log_interval = 3;
+    other.data.batch_size = 4;
+    let e = Trainer::resume(&other, &p).unwrap_err().to_string();
+    assert!(
+        e.contains("data.batch_size = 8 in the checkpoint, 4 in this run")
+            && e.contains("train.log_interval = 10 in the checkpoint, 3 in this run"),
+        "{e}"
+    );
+    let mut longer = cfg.clone();
+    longer.train.train_iters = 60;
+    let t = Trainer::resume(&longer, &p).unwrap();
+    assert_eq!(t.step_count(), 2);
+    assert_eq!(t.config().train.train_iters, 60);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A text run records its data's size and hash; a resume on changed data is refused (naming the
+/// file and both sizes and hashes) unless allowed.
+#[test]
+fn resume_refuses_changed_text_data_unless_allowed() {
+    let mut cfg = small();
+    cfg.data.kind = DataKind::Text;
+    cfg.data.path = Some(PathBuf::from("/data/corpus.txt"));
+    let bytes: Vec<u8> = (0..2000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let dir = tmpdir("textdata");
+    let data = Dataset::text_from_bytes(bytes.clone(), &cfg.data).unwrap();
+    let mut t = Trainer::with_data(&cfg, data).unwrap();
+    t.step().unwrap();
+    let p = dir.join(checkpoint::file_name(1));
+    t.save(&p).unwrap();
+    let ck = Checkpoint::load(&p).unwrap();
+    let rec = ck.data_file.expect("a text run records its data");
+    assert_eq!(rec.size, 2000);
+    assert_eq!(rec.hash, checkpoint::Fnv1a64::hash(&bytes));
+
+    let resume = |b: Vec<u8>, allow: bool| {
+        let data = Dataset::text_from_bytes(b, &cfg.data).unwrap();
+        let opts = ResumeOptions {
+            allow_data_change: allow,
+        };
+        Trainer::from_checkpoint(&cfg, data, Checkpoint::load(&p).unwrap(), &p, opts)
+    };
+    let (same, notes) = resume(bytes.clone(), false).unwrap();
+    assert_eq!(same.step_count(), 1);
+    assert!(notes.is_empty());
+    let mut changed = bytes.clone();
+    changed[100] ^= 1;
+    changed.push(b'x');
+    let e = resume(changed.clone(), false).unwrap_err().to_string();
+    assert!(
+        e.contains("/data/corpus.txt")
+            && e.contains("changed since the checkpoint")
+            && e.contains("2000 bytes")
+            && e.contains("2001 bytes")
+            && e.contains("allow-data-change"),
+        "{e}"
+    );
+    // same size, other content
+    let mut flipped = bytes.clone();
+    flipped[5] ^= 1;
+    assert!(resume(flipped, false).is_err());
+    let (t, notes) = resume(changed, true).unwrap();
+    assert_eq!(t.step_count(), 1);
+    assert_eq!(notes.len(), 1);
+    assert!(notes[0].contains("2001 bytes"), "{}", notes[0]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn text_data_over_the_size_limit_is_refused_unread() {
+    let dir = tmpdir("bigtext");
+    let p = dir.join("huge.txt");
+    // sparse: no disk space used
+    let f = std::fs::File::create(&p).unwrap();
+    f.set_len(data::MAX_TEXT_DATA_BYTES + 1).unwrap();
+    let e = Text::load(&p, 8).unwrap_err().to_string();
+    assert!(
+        e.contains("huge.txt") && e.contains(&data::MAX_TEXT_DATA_BYTES.to_string()),
+        "{e}"
+    );
+    let e = Text::load(&dir, 8).unwrap_err().to_string();
+    assert!(e.contains("is a directory"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `config.toml` of a run: complete is read; empty or lacking keys is refused, naming them.
+#[test]
+fn run_config_file_must_be_complete() {
+    let cfg = small();
+    let dir = tmpdir("cfgfile");
+    let path = dir.join(rundir::CONFIG);
+    let e = rundir::read_config(&dir).unwrap_err().to_string();
+    assert!(e.contains("no config.toml"), "{e}");
+    let doc = cfg.to_toml_string();
+    std::fs::write(&path, &doc).unwrap();
+    assert_eq!(rundir::read_config(&dir).unwrap(), cfg);
+    std::fs::write(&path, "").unwrap();
+    let e = rundir::read_config(&dir).unwrap_err().to_string();
+    assert!(e.contains("config.toml") && e.contains("is empty"), "{e}");
+    std::fs::write(&path, "\n  \n").unwrap();
+    assert!(rundir::read_config(&dir).is_err());
+    // one key gone
+    let without: String = doc
+        .lines()
+        .filter(|l| !l.starts_with("log_interval"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_ne!(without, doc);
+    std::fs::write(&path, &without).unwrap();
+    let e = rundir::read_config(&dir).unwrap_err().to_string();
+    assert!(
+        e.contains("lacks 1 key") && e.contains("train.log_interval"),
+        "{e}"
+    );
+    // cut after the [model] section
+    let model_only = &doc[..doc.find("[data]").unwrap()];
+    std::fs::write(&path, model_only).unwrap();
+    let e = rundir::read_config(&dir).unwrap_err().to_string();
+    assert!(e.contains("data.seq_length") && e.contains("more"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn stray_temp_files_are_removed_and_nothing_else() {
+    let dir = tmpdir("strays");
+    let ck = dir.join(rundir::CHECKPOINTS);
+    std::fs::create_dir(&ck).unwrap();
+    let strays = [
+        dir.join("config.toml.tmp-17"),
+        dir.join("metrics.jsonl.tmp-17-2"),
+        dir.join("curves.png.tmp-3"),
+        ck.join("step-00000004.safetensors.tmp-99"),
+    ];
+    let kept = [
+        dir.join("notes.tmp-1"),
+        dir.join("config.toml"),
+        ck.join("step-00000004.safetensors"),
+        ck.join("mine.safetensors.tmp-1"),
+        dir.join("config.toml.tmp"),
+    ];
+    for p in strays.iter().chain(&kept) {
+        std::fs::write(p, b"x").unwrap();
+    }
+    // a directory with a temp file's name is not a temp file
+    std::fs::create_dir(dir.join("metrics.jsonl.tmp-5")).unwrap();
+    let mut removed = rundir::remove_stray_temps(&dir).unwrap();
+    removed.sort();
+    let mut want = strays.to_vec();
+    want.sort();
+    assert_eq!(removed, want);
+    for p in &strays {
+        assert!(!p.exists(), "{}", p.display());
+    }
+    for p in &kept {
+        assert!(p.exists(), "{}", p.display());
+    }
+    assert!(dir.join("metrics.jsonl.tmp-5").is_dir());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A new run directory removes exactly what it created when dropped before `keep`.
+#[test]
+fn new_run_dir_removes_only_what_it_created() {
+    let root = tmpdir("newrun");
+    // missing parents: all created, all removed
+    let dir = root.join("a/b/run");
+    let mut nd = rundir::NewRunDir::create(&dir).unwrap();
+    nd.write_file(rundir::CONFIG, b"x").unwrap();
+    nd.create_subdir(rundir::CHECKPOINTS).unwrap();
+    nd.write_file(rundir::METRICS, b"").unwrap();
+    assert!(dir.join(rundir::CHECKPOINTS).is_dir());
+    drop(nd);
+    assert!(!root.join("a").exists());
+    assert_eq!(std::fs::read_dir(&root).unwrap().count(), 0);
+
+    // an existing empty directory stays, emptied; a file someone else put in a created
+    // subdirectory keeps that subdirectory
+    let dir = root.join("empty");
+    std::fs::create_dir(&dir).unwrap();
+    let mut nd = rundir::NewRunDir::create(&dir).unwrap();
+    nd.write_file(rundir::CONFIG, b"x").unwrap();
+    let sub = nd.create_subdir(rundir::CHECKPOINTS).unwrap();
+    std::fs::write(sub.join("theirs.txt"), b"keep me").unwrap();
+    let notes = nd.remove_created();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("left") && n.contains("checkpoints")),
+        "{notes:?}"
+    );
+    drop(nd);
+    assert!(dir.is_dir());
+    assert!(!dir.join(rundir::CONFIG).exists());
+    assert_eq!(std::fs::read(sub.join("theirs.txt")).unwrap(), b"keep me");
+
+    // kept: everything stays
+    let dir = root.join("kept");
+    let mut nd = rundir::NewRunDir::create(&dir).unwrap();
+    nd.write_file(rundir::CONFIG, b"x").unwrap();
+    nd.keep();
+    drop(nd);
+    assert!(dir.join(rundir::CONFIG).is_file());
+
+    // what is in the way
+    let e = rundir::NewRunDir::check(&dir).unwrap_err().to_string();
+    assert!(e.contains("already holds a run"), "{e}");
+    let user = root.join("user");
+    std::fs::create_dir(&user).unwrap();
+    std::fs::write(user.join("notes.md"), b"mine").unwrap();
+    let e = rundir::NewRunDir::create(&user).unwrap_err().to_string();
+    assert!(e.contains("not empty") && e.contains("notes.md"), "{e}");
+    assert_eq!(std::fs::read(user.join("notes.md")).unwrap(), b"mine");
+    assert_eq!(std::fs::read_dir(&user).unwrap().count(), 1);
+    let e = rundir::NewRunDir::check(&user.join("notes.md"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not a directory"), "{e}");
+    std::fs::remove_dir_all(&root).unwrap();
+}
