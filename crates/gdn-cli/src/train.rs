@@ -8,8 +8,14 @@
 //!   `"kind": "eval"` at every evaluation;
 //! - `checkpoints/step-NNNNNNNN.safetensors`: every `save_interval` steps and at the end;
 //! - `curves.png` with `--plot`.
+//!
+//! How the directory stays consistent (a new run only in a new or empty directory, removed again
+//! if it fails before its first checkpoint; atomic writes; what a resume checks and when it
+//! falls back to an older checkpoint): see [`gdn::train::rundir`]. A resume rewrites
+//! `config.toml` only when `--steps` changes `train.train_iters`, and `metrics.jsonl` only to
+//! drop lines past the checkpoint it continues from.
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -17,7 +23,8 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use gdn::device::Device;
 use gdn::model::LossStats;
-use gdn::train::{checkpoint, DataKind, RunConfig, StepStats, Trainer};
+use gdn::train::rundir::{self, NewRunDir};
+use gdn::train::{checkpoint, DataKind, Dataset, ResumeOptions, RunConfig, StepStats, Trainer};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
@@ -49,6 +56,10 @@ pub struct TrainArgs {
     /// Continue the run in DIR from its latest checkpoint (with its config.toml).
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
+    /// With --resume: continue even though the text data file (--data) changed since the
+    /// checkpoint (size or content); the run then trains on the new content.
+    #[arg(long, requires = "resume")]
+    pub allow_data_change: bool,
     /// Save a checkpoint and stop once this step is reached (to be resumed later).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub stop_at_step: Option<u64>,
@@ -158,7 +169,18 @@ fn group(n: usize) -> String {
     out
 }
 
-/// The run config from the flags.
+/// A line on stderr; a failure to write it never stops the run.
+fn warn(msg: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "gdn: warning: {msg}");
+}
+
+/// A line on stderr; a failure to write it never stops the run.
+fn note(msg: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "gdn: note: {msg}");
+}
+
+/// The run config from the flags. A text data path is made absolute (against the working
+/// directory, where it is read), so that the run resumes from any directory.
 fn resolve_config(args: &TrainArgs) -> Result<RunConfig> {
     let mut cfg = match &args.config {
         Some(p) => RunConfig::from_toml_file(p)?,
@@ -167,6 +189,11 @@ fn resolve_config(args: &TrainArgs) -> Result<RunConfig> {
     if let Some(p) = &args.data {
         cfg.data.kind = DataKind::Text;
         cfg.data.path = Some(p.clone());
+    }
+    if let Some(p) = &cfg.data.path {
+        let abs = std::path::absolute(p)
+            .with_context(|| format!("data.path {}: cannot make it absolute", p.display()))?;
+        cfg.data.path = Some(abs);
     }
     if let Some(s) = args.steps {
         cfg.train.train_iters = s;
@@ -178,40 +205,195 @@ fn resolve_config(args: &TrainArgs) -> Result<RunConfig> {
     Ok(cfg)
 }
 
-/// Read `metrics.jsonl`, keeping the lines up to `max_step` (what a resumed run keeps).
-fn read_metrics(path: &Path, max_step: u64) -> Result<Vec<Metric>> {
-    let f = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+/// Largest `metrics.jsonl` read back on resume (1 GiB, millions of lines).
+const MAX_METRICS_BYTES: u64 = 1 << 30;
+
+/// Read `metrics.jsonl`, keeping the lines up to `max_step` (what a resumed run keeps). A last
+/// line cut short by a killed write is dropped with a note. Returns the lines and whether the
+/// file holds anything else (so that it needs rewriting).
+fn read_metrics(path: &Path, max_step: u64) -> Result<(Vec<Metric>, bool)> {
+    let bytes = match gdn::io::read_limited(path, MAX_METRICS_BYTES) {
+        Ok(b) => b,
+        Err(gdn::GdnError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            return Ok((Vec::new(), false))
+        }
+        Err(e) => return Err(e.into()),
     };
+    let text = String::from_utf8_lossy(&bytes);
+    let torn_tail = !text.is_empty() && !text.ends_with('\n');
+    let lines: Vec<&str> = text.lines().collect();
     let mut out = Vec::new();
-    for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
-        let line = line.with_context(|| format!("reading {}", path.display()))?;
+    let mut changed = torn_tail;
+    for (i, line) in lines.iter().enumerate() {
         if line.trim().is_empty() {
+            changed = true;
             continue;
         }
-        let m: Metric = serde_json::from_str(&line).with_context(|| {
-            format!("{}: line {} is not a metrics record", path.display(), i + 1)
-        })?;
+        let m: Metric = match serde_json::from_str(line) {
+            Ok(m) => m,
+            Err(_) if torn_tail && i + 1 == lines.len() => {
+                note(&format!(
+                    "{}: dropped its last line, cut short by an interrupted write",
+                    path.display()
+                ));
+                continue;
+            }
+            Err(e) => bail!(
+                "{}: line {} is not a metrics record ({e})",
+                path.display(),
+                i + 1
+            ),
+        };
         if m.step <= max_step {
             out.push(m);
+        } else {
+            changed = true;
         }
     }
-    Ok(out)
+    Ok((out, changed))
 }
 
 /// Rewrite `metrics.jsonl` with `lines` (atomically).
 fn write_metrics(path: &Path, lines: &[Metric]) -> Result<()> {
-    let tmp = path.with_extension(format!("jsonl.tmp-{}", std::process::id()));
     let mut s = String::new();
     for m in lines {
         s.push_str(&serde_json::to_string(m)?);
         s.push('\n');
     }
-    std::fs::write(&tmp, s).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    gdn::io::write_atomic(path, s.as_bytes())?;
     Ok(())
+}
+
+/// A new run directory: if the run ends (error or panic) before its first checkpoint, what this
+/// process created of it is removed, with a note.
+struct Created(NewRunDir);
+
+impl Drop for Created {
+    fn drop(&mut self) {
+        let notes = self.0.remove_created();
+        if !notes.is_empty() {
+            note(&format!(
+                "the run stopped before its first checkpoint, so its files go too: {}",
+                notes.join(", ")
+            ));
+        }
+    }
+}
+
+/// What `run` starts from.
+struct Setup {
+    cfg: RunConfig,
+    dir: PathBuf,
+    trainer: Trainer,
+    /// The checkpoint a resumed run continues from.
+    resumed_from: Option<PathBuf>,
+    /// A new run's directory, until its first checkpoint.
+    created: Option<Created>,
+    /// The metrics lines so far.
+    metrics: Vec<Metric>,
+}
+
+/// Config, run directory and trainer of a new run; `None` after --print-config. Everything
+/// that can fail (config, data, model, device) fails before the directory is created.
+fn start_new(args: &TrainArgs, device: Device) -> Result<Option<Setup>> {
+    if args.allow_data_change {
+        // clap waives `requires` when a flag that conflicts with --resume (--out) is given
+        bail!("--allow-data-change applies to --resume only (a new run reads its data fresh)");
+    }
+    let cfg = resolve_config(args)?;
+    let doc = cfg.to_toml_string();
+    let dir = match (&args.out, &args.name) {
+        (Some(d), _) => d.clone(),
+        (None, Some(n)) => PathBuf::from("runs").join(n),
+        (None, None) => PathBuf::from("runs").join(timestamp()),
+    };
+    if args.print_config {
+        print!("{doc}");
+        return Ok(None);
+    }
+    NewRunDir::check(&dir)?;
+    let mut trainer = Trainer::new(&cfg)?;
+    if device != Device::Cpu {
+        // The GDN layers run there in bf16 storage (fp32 accumulation and master weights); the
+        // embedding, MLPs and head stay on the CPU.
+        trainer.gdn_layers_to_device(device, gdn::device::cuda::DType::Bf16)?;
+    }
+    let mut nd = NewRunDir::create(&dir)
+        .with_context(|| format!("creating the run directory {}", dir.display()))?;
+    nd.write_file(rundir::CONFIG, doc.as_bytes())?;
+    nd.create_subdir(rundir::CHECKPOINTS)?;
+    nd.write_file(rundir::METRICS, b"")?;
+    Ok(Some(Setup {
+        cfg,
+        dir,
+        trainer,
+        resumed_from: None,
+        created: Some(Created(nd)),
+        metrics: Vec::new(),
+    }))
+}
+
+/// Config and trainer of the run in `dir`, from its newest good checkpoint; `None` after
+/// --print-config.
+fn start_resumed(args: &TrainArgs, dir: &Path, device: Device) -> Result<Option<Setup>> {
+    let cannot = || format!("cannot resume {}", dir.display());
+    let mut cfg = rundir::read_config(dir).with_context(cannot)?;
+    let file_iters = cfg.train.train_iters;
+    if let Some(s) = args.steps {
+        cfg.train.train_iters = s;
+        cfg.validate()?;
+    }
+    if args.print_config {
+        print!("{}", cfg.to_toml_string());
+        return Ok(None);
+    }
+    for p in rundir::remove_stray_temps(dir).with_context(cannot)? {
+        note(&format!(
+            "removed {}, left by an interrupted write",
+            p.display()
+        ));
+    }
+    let data = Dataset::from_config(&cfg.data).with_context(cannot)?;
+    let latest = rundir::load_latest(&dir.join(rundir::CHECKPOINTS)).with_context(cannot)?;
+    if let Some((newest, _)) = latest.rejected.first() {
+        for (_, e) in &latest.rejected {
+            warn(&format!("passing over a corrupt checkpoint: {e}"));
+        }
+        warn(&format!(
+            "resuming from {}, the newest checkpoint that passes its checks, instead of {}",
+            latest.path.display(),
+            newest.display()
+        ));
+    }
+    let opts = ResumeOptions {
+        allow_data_change: args.allow_data_change,
+    };
+    let path = latest.path;
+    let (mut trainer, notes) = Trainer::from_checkpoint(&cfg, data, latest.checkpoint, &path, opts)
+        .with_context(|| format!("cannot resume from {}", path.display()))?;
+    for n in notes {
+        warn(&n);
+    }
+    if device != Device::Cpu {
+        trainer.gdn_layers_to_device(device, gdn::device::cuda::DType::Bf16)?;
+    }
+    let mpath = dir.join(rundir::METRICS);
+    let (metrics, changed) = read_metrics(&mpath, trainer.step_count())?;
+    if changed {
+        write_metrics(&mpath, &metrics)?;
+    }
+    if cfg.train.train_iters != file_iters {
+        // --steps extends (or shortens) the run: the one key a resume changes.
+        gdn::io::write_atomic(&dir.join(rundir::CONFIG), cfg.to_toml_string().as_bytes())?;
+    }
+    Ok(Some(Setup {
+        cfg,
+        dir: dir.to_path_buf(),
+        trainer,
+        resumed_from: Some(path),
+        created: None,
+        metrics,
+    }))
 }
 
 /// Progress output: an indicatif bar on a terminal, plain lines otherwise.
@@ -323,71 +505,23 @@ pub fn run(args: TrainArgs) -> Result<()> {
     let started = Instant::now();
 
     // Config, run directory, and the trainer (fresh or resumed).
-    let (cfg, dir, resumed_from) = match &args.resume {
-        Some(dir) => {
-            let cpath = dir.join("config.toml");
-            if !cpath.exists() {
-                bail!(
-                    "--resume {}: no config.toml there; is it a gdn train run directory?",
-                    dir.display()
-                );
-            }
-            let mut cfg = RunConfig::from_toml_file(&cpath)?;
-            if let Some(s) = args.steps {
-                cfg.train.train_iters = s;
-                cfg.validate()?;
-            }
-            let Some((step, path)) = checkpoint::latest(&dir.join("checkpoints"))? else {
-                bail!(
-                    "--resume {}: no checkpoint in {}",
-                    dir.display(),
-                    dir.join("checkpoints").display()
-                );
-            };
-            let _ = step;
-            (cfg, dir.clone(), Some(path))
-        }
-        None => {
-            let cfg = resolve_config(&args)?;
-            let dir = match (&args.out, &args.name) {
-                (Some(d), _) => d.clone(),
-                (None, Some(n)) => PathBuf::from("runs").join(n),
-                (None, None) => PathBuf::from("runs").join(timestamp()),
-            };
-            (cfg, dir, None)
-        }
+    let setup = match &args.resume {
+        Some(dir) => start_resumed(&args, dir, device)?,
+        None => start_new(&args, device)?,
     };
-    if args.print_config {
-        print!("{}", cfg.to_toml_string());
-        return Ok(());
-    }
-    let mut trainer = match &resumed_from {
-        Some(p) => Trainer::resume(&cfg, p)
-            .with_context(|| format!("cannot resume from {}", p.display()))?,
-        None => {
-            if dir.join("config.toml").exists() || dir.join("checkpoints").exists() {
-                bail!(
-                    "{} already holds a run; continue it with --resume {} or choose another --out",
-                    dir.display(),
-                    dir.display()
-                );
-            }
-            Trainer::new(&cfg)?
-        }
+    let Some(Setup {
+        cfg,
+        dir,
+        mut trainer,
+        resumed_from,
+        created,
+        mut metrics,
+    }) = setup
+    else {
+        return Ok(()); // --print-config
     };
-    if device != Device::Cpu {
-        // The GDN layers run there in bf16 storage (fp32 accumulation and master weights); the
-        // embedding, MLPs and head stay on the CPU.
-        trainer.gdn_layers_to_device(device, gdn::device::cuda::DType::Bf16)?;
-    }
-    let ckdir = dir.join("checkpoints");
-    std::fs::create_dir_all(&ckdir)
-        .with_context(|| format!("creating the run directory {}", ckdir.display()))?;
-    std::fs::write(dir.join("config.toml"), cfg.to_toml_string())
-        .with_context(|| format!("writing {}", dir.join("config.toml").display()))?;
-    let mpath = dir.join("metrics.jsonl");
-    let mut metrics = read_metrics(&mpath, trainer.step_count())?;
-    write_metrics(&mpath, &metrics)?;
+    let ckdir = dir.join(rundir::CHECKPOINTS);
+    let mpath = dir.join(rundir::METRICS);
 
     let total = cfg.train.train_iters;
     let start_step = trainer.step_count();
@@ -439,18 +573,25 @@ pub fn run(args: TrainArgs) -> Result<()> {
     let mut last_ckpt: Option<PathBuf> = None;
     let mut final_eval = None;
     let append = |m: &Metric| -> Result<()> {
-        let mut f = std::fs::OpenOptions::new()
+        // one write of the whole line, so a killed process leaves at most a cut-short last
+        // line (which a resume drops)
+        let mut line = serde_json::to_string(m)?;
+        line.push('\n');
+        std::fs::OpenOptions::new()
             .append(true)
             .create(true)
             .open(&mpath)
+            .and_then(|mut f| f.write_all(line.as_bytes()))
             .with_context(|| format!("writing {}", mpath.display()))?;
-        writeln!(f, "{}", serde_json::to_string(m)?)?;
         Ok(())
     };
     let save = |t: &Trainer| -> Result<PathBuf> {
         let p = ckdir.join(checkpoint::file_name(t.step_count()));
         t.save(&p)
             .with_context(|| format!("writing checkpoint {}", p.display()))?;
+        if let Some(c) = &created {
+            c.0.keep();
+        }
         Ok(p)
     };
     let eval_metric = |step: u64, e: &LossStats| Metric {
