@@ -245,10 +245,12 @@ impl Progress {
         }
     }
 
+    /// A line above the bar, or on stderr (indicatif ignores write errors; errln! turns stderr
+    /// off after its first failure).
     fn println(&self, s: &str) {
         match &self.bar {
             Some(b) => b.println(s),
-            None => eprintln!("{s}"),
+            None => errln!("{s}"),
         }
     }
 
@@ -278,7 +280,7 @@ impl Progress {
         self.last_train = Some(m.clone());
         match &self.bar {
             Some(b) => b.set_message(self.message()),
-            None => eprintln!(
+            None => errln!(
                 "step {:>w$}/{}  loss {:.4}  acc {:6.2}%  lr {:.2e}  grad norm {:.3}  {} tok/s  eta {}",
                 m.step,
                 self.total,
@@ -394,7 +396,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
     let stop = args.stop_at_step.map_or(total, |s| s.min(total));
     let mcfg = trainer.model().config().clone();
     let l = &mcfg.layer;
-    println!(
+    outln!(
         "model: {} blocks of {} (hidden {}, {} key / {} value heads, Dk {}, Dv {}) + SwiGLU MLP {}, vocab {}, {} parameters",
         l.num_layers,
         match l.variant {
@@ -410,8 +412,8 @@ pub fn run(args: TrainArgs) -> Result<()> {
         mcfg.vocab_size,
         group(trainer.model().numel())
     );
-    println!("data: {}", trainer.data().describe());
-    println!(
+    outln!("data: {}", trainer.data().describe());
+    outln!(
         "train: {} steps of {} x {} tokens, AdamW lr {:.1e} ({} warmup, {:?} decay to {:.1e}), {} threads",
         total,
         cfg.data.batch_size,
@@ -423,12 +425,12 @@ pub fn run(args: TrainArgs) -> Result<()> {
         rayon::current_num_threads()
     );
     match &resumed_from {
-        Some(p) => println!(
+        Some(p) => outln!(
             "run dir: {} (resumed at step {start_step} from {})",
             dir.display(),
             p.display()
         ),
-        None => println!("run dir: {}", dir.display()),
+        None => outln!("run dir: {}", dir.display()),
     }
 
     let mut progress = Progress::new(start_step, total);
@@ -542,18 +544,18 @@ pub fn run(args: TrainArgs) -> Result<()> {
     // Summary.
     let done = trainer.step_count();
     if done < total {
-        println!(
+        outln!(
             "stopped at step {done} of {total} (--stop-at-step); continue with: gdn train --resume {}",
             dir.display()
         );
     } else {
-        println!("done: {done} steps");
+        outln!("done: {done} steps");
     }
     let chance = trainer
         .data()
         .chance_accuracy()
         .map_or(String::new(), |c| format!("; chance {:.2}%", 100.0 * c));
-    println!(
+    outln!(
         "held-out: loss {:.4}, accuracy {:.2}% ({} sequences, {} targets{chance})",
         eval.loss(),
         100.0 * eval.accuracy(),
@@ -561,7 +563,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
         group(eval.count)
     );
     let steps_run = done - start_step;
-    println!(
+    outln!(
         "time: {} wall, {} steps in {} ({} tokens/s training)",
         human_duration(wall),
         steps_run,
@@ -569,7 +571,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
         human_rate(train_tokens as f64 / train_time.as_secs_f64().max(1e-9))
     );
     if let Some(st) = last {
-        println!(
+        outln!(
             "activation memory per step: {} kept for backward ({} in the GDN layers' Saved), {} tokens",
             human_bytes(st.activation_bytes),
             human_bytes(st.gdn_activation_bytes),
@@ -585,6 +587,6 @@ pub fn run(args: TrainArgs) -> Result<()> {
     if args.plot {
         files.push(plot_path.display().to_string());
     }
-    println!("wrote: {}", files.join(", "));
+    outln!("wrote: {}", files.join(", "));
     Ok(())
 }

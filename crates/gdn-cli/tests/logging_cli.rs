@@ -1,0 +1,231 @@
+//! Logging never kills a command: `gdn train` with its output on a closed pipe or a full device
+//! still trains and saves; the other commands end with an error line, never a panic.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+mod common;
+use common::{expect_fail, ok, stderr, tmpdir};
+
+/// A tiny run: 1 block of width 16 on MQAR; 8 steps, checkpoints at 4 and 8.
+const TINY: &str = r#"
+[model]
+hidden_size = 16
+num_layers = 1
+ffn_hidden_size = 32
+linear_num_key_heads = 1
+linear_num_value_heads = 2
+linear_key_head_dim = 8
+linear_value_head_dim = 8
+[data]
+seq_length = 16
+batch_size = 4
+num_kv_pairs = 4
+key_vocab_size = 16
+value_vocab_size = 16
+eval_sequences = 16
+[optimizer]
+lr_warmup_iters = 2
+[train]
+train_iters = 8
+log_interval = 2
+eval_interval = 4
+save_interval = 4
+"#;
+
+fn write_config(dir: &Path, text: &str) -> String {
+    let p = dir.join("run.toml");
+    std::fs::write(&p, text).unwrap();
+    p.display().to_string()
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_gdn"))
+}
+
+/// The checkpoint file names in `run/checkpoints`, sorted.
+fn checkpoints(run: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(run.join("checkpoints"))
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// The step of every line of metrics.jsonl.
+fn metric_steps(run: &Path) -> Vec<u64> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["step"].as_u64().unwrap()
+        })
+        .collect()
+}
+
+/// `gdn train` on the tiny config into a fresh run directory, as a command to finish setting up.
+fn tiny_train(tag: &str) -> (Command, PathBuf) {
+    let d = tmpdir(tag);
+    let cfg = write_config(&d, TINY);
+    let run = d.join("run");
+    let mut c = bin();
+    c.args(["train", "--config", &cfg, "--out", &s(&run)]);
+    (c, run)
+}
+
+const FINAL_CHECKPOINTS: [&str; 2] = ["step-00000004.safetensors", "step-00000008.safetensors"];
+
+#[test]
+fn train_on_a_closed_pipe_finishes_and_saves() {
+    // stdout and stderr are pipes whose read ends are closed before gdn writes its first line:
+    // every write fails with EPIPE (Rust ignores SIGPIPE). Before the fix: panic, exit 101, no
+    // checkpoint.
+    let (mut c, run) = tiny_train("pipe");
+    let mut child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    drop(child.stderr.take());
+    let status = child.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "gdn train on a closed pipe: {status}"
+    );
+    assert_eq!(checkpoints(&run), FINAL_CHECKPOINTS);
+    assert_eq!(*metric_steps(&run).last().unwrap(), 8);
+}
+
+#[test]
+fn train_piped_into_head_finishes_and_saves() {
+    // The issue's `gdn train ... 2>&1 | head -1`; gdn's exit code goes to a file.
+    let (c, run) = tiny_train("head");
+    let rc = run.with_file_name("rc");
+    let args: Vec<String> = c.get_args().map(|a| a.to_string_lossy().into()).collect();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(r#"rc="$1"; shift; ("$@" 2>&1; echo $? > "$rc") | head -1"#)
+        .arg("sh")
+        .arg(s(&rc))
+        .arg(env!("CARGO_BIN_EXE_gdn"))
+        .args(&args)
+        .output()
+        .unwrap();
+    let first = String::from_utf8_lossy(&out.stdout);
+    assert!(first.starts_with("model: 1 blocks of GDN"), "{first}");
+    assert_eq!(first.lines().count(), 1, "{first}");
+    assert_eq!(std::fs::read_to_string(&rc).unwrap().trim(), "0");
+    assert_eq!(checkpoints(&run), FINAL_CHECKPOINTS);
+}
+
+fn dev_full() -> Option<std::fs::File> {
+    match std::fs::OpenOptions::new().write(true).open("/dev/full") {
+        Ok(f) => Some(f),
+        Err(e) => {
+            eprintln!("skipped: cannot open /dev/full ({e})");
+            None
+        }
+    }
+}
+
+#[test]
+fn train_with_stdout_on_a_full_device_finishes_and_saves() {
+    let Some(full) = dev_full() else { return };
+    let (mut c, run) = tiny_train("full-out");
+    let o = c.stdout(full).output().unwrap();
+    let e = stderr(&o);
+    assert!(o.status.success(), "{}\n{e}", o.status);
+    assert!(!e.contains("panicked"), "{e}");
+    // one note, then the progress lines go on on stderr
+    assert_eq!(
+        e.matches("gdn: note: cannot write to stdout").count(),
+        1,
+        "{e}"
+    );
+    assert!(e.contains("No space left on device"), "{e}");
+    assert!(e.contains("eval at step 8: held-out loss"), "{e}");
+    assert_eq!(checkpoints(&run), FINAL_CHECKPOINTS);
+}
+
+#[test]
+fn train_with_stderr_on_a_full_device_finishes_and_saves() {
+    let Some(full) = dev_full() else { return };
+    let (mut c, run) = tiny_train("full-err");
+    let o = c.stderr(full).output().unwrap();
+    let out = ok(&o);
+    // the note about stderr goes to stdout, once; the summary follows
+    assert_eq!(
+        out.matches("gdn: note: cannot write to stderr").count(),
+        1,
+        "{out}"
+    );
+    assert!(out.contains("done: 8 steps"), "{out}");
+    assert_eq!(checkpoints(&run), FINAL_CHECKPOINTS);
+}
+
+/// `gdn info` / `gdn memory` with stdout on a pipe nobody reads: an error line, no panic.
+fn closed_stdout_is_an_error(args: &[&str]) {
+    let mut child = bin()
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    expect_fail(&o, &["gdn: error: failed printing to stdout: Broken pipe"]);
+}
+
+#[test]
+fn info_on_a_closed_pipe_is_an_error_not_a_panic() {
+    closed_stdout_is_an_error(&["info"]);
+}
+
+#[test]
+fn memory_on_a_closed_pipe_is_an_error_not_a_panic() {
+    let d = tmpdir("memory");
+    let p = d.join("layer.toml");
+    std::fs::write(
+        &p,
+        "hidden_size = 32\nlinear_num_key_heads = 1\nlinear_num_value_heads = 2\n\
+         linear_key_head_dim = 8\nlinear_value_head_dim = 8\n",
+    )
+    .unwrap();
+    closed_stdout_is_an_error(&["memory", "--config", &s(&p), "--tokens", "64"]);
+}
+
+#[test]
+fn info_on_a_full_device_is_an_error_not_a_panic() {
+    let Some(full) = dev_full() else { return };
+    let o = bin().arg("info").stdout(full).output().unwrap();
+    expect_fail(
+        &o,
+        &["gdn: error: failed printing to stdout: No space left on device"],
+    );
+}
+
+#[test]
+fn layer_example_with_stderr_closed_is_not_a_panic() {
+    // `gdn layer` reports on stderr; with stderr gone, the exit code is what is left: a failure
+    // (the print failed), never the 101 of a panic.
+    let d = tmpdir("layer");
+    let mut child = bin()
+        .args(["layer", "--example", &s(&d.join("ex"))])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stderr.take());
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", o.status);
+}
