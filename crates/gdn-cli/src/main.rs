@@ -61,7 +61,11 @@ enum Cmd {
     /// model on a text file instead. Writes metrics.jsonl, checkpoints and (with --plot)
     /// curves.png into the run directory.
     ///
-    /// Output that cannot be written (a closed pipe, a full device) is dropped; training goes on.
+    /// Ctrl-C (SIGINT) or SIGTERM: the step under way finishes, its metrics and a checkpoint
+    /// are written, and gdn exits with 130 (SIGINT) or 143 (SIGTERM), the shell's codes for a
+    /// command ended by those signals, so that a script sees the run is not finished; continue it
+    /// with `gdn train --resume DIR`. A second signal exits at once, without saving. Output that
+    /// cannot be written (a closed pipe, a full device) is dropped; training goes on.
     Train(train::TrainArgs),
     /// Run one layer's forward (and, given dy, backward) on tensors from safetensors files.
     ///
@@ -228,10 +232,14 @@ fn main() -> ExitCode {
     }));
     match result {
         Ok(Ok(())) => ExitCode::SUCCESS,
-        Ok(Err(e)) => {
-            errln!("gdn: error: {}", report(&e));
-            ExitCode::FAILURE
-        }
+        Ok(Err(e)) => match e.downcast_ref::<train::Interrupted>() {
+            // the summary already said where the run stopped and how to continue it
+            Some(i) => ExitCode::from(i.exit_code()),
+            None => {
+                errln!("gdn: error: {}", report(&e));
+                ExitCode::FAILURE
+            }
+        },
         Err(payload) => match print_failure(&*payload) {
             Some(msg) => {
                 errln!("gdn: error: {msg}");

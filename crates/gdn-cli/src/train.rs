@@ -11,6 +11,8 @@
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -433,6 +435,16 @@ pub fn run(args: TrainArgs) -> Result<()> {
         None => outln!("run dir: {}", dir.display()),
     }
 
+    // From here on SIGINT / SIGTERM stop the run at the next step boundary, with a checkpoint.
+    let signals = match StopSignals::register() {
+        Ok(s) => Some(s),
+        Err(e) => {
+            errln!("gdn: note: cannot handle SIGINT / SIGTERM ({e}); they end the run unsaved");
+            None
+        }
+    };
+    let mut interrupted: Option<i32> = None;
+    let mut stop = stop;
     let mut progress = Progress::new(start_step, total);
     let mut acc = LossStats::default();
     let mut last: Option<StepStats> = None;
@@ -485,6 +497,13 @@ pub fn run(args: TrainArgs) -> Result<()> {
         acc.add(&st.loss);
         last = Some(st);
         let s = st.step;
+        if interrupted.is_none() && s < stop {
+            // a signal during this step: make this step the last one (logged and saved below)
+            interrupted = signals.as_ref().and_then(StopSignals::received);
+            if interrupted.is_some() {
+                stop = s;
+            }
+        }
         progress.step(s);
         if s % cfg.train.log_interval == 0 || s == stop {
             let rate = win_tokens as f64 / win_time.as_secs_f64().max(1e-9);
@@ -529,9 +548,11 @@ pub fn run(args: TrainArgs) -> Result<()> {
         // nothing to train (already at the end): make sure the final state is saved
         last_ckpt = Some(save(&trainer)?);
     }
+    // (no held-out evaluation after a signal: the user asked to stop)
     let eval = match final_eval {
-        Some(e) => e,
-        None => trainer.evaluate()?,
+        Some(e) => Some(e),
+        None if interrupted.is_some() => None,
+        None => Some(trainer.evaluate()?),
     };
     let wall = started.elapsed();
 
@@ -543,7 +564,13 @@ pub fn run(args: TrainArgs) -> Result<()> {
 
     // Summary.
     let done = trainer.step_count();
-    if done < total {
+    if let Some(sig) = interrupted {
+        outln!(
+            "stopped at step {done} of {total} ({}); continue with: gdn train --resume {}",
+            signal_name(sig),
+            dir.display()
+        );
+    } else if done < total {
         outln!(
             "stopped at step {done} of {total} (--stop-at-step); continue with: gdn train --resume {}",
             dir.display()
@@ -555,13 +582,15 @@ pub fn run(args: TrainArgs) -> Result<()> {
         .data()
         .chance_accuracy()
         .map_or(String::new(), |c| format!("; chance {:.2}%", 100.0 * c));
-    outln!(
-        "held-out: loss {:.4}, accuracy {:.2}% ({} sequences, {} targets{chance})",
-        eval.loss(),
-        100.0 * eval.accuracy(),
-        trainer.data().eval_sequences(),
-        group(eval.count)
-    );
+    if let Some(eval) = eval {
+        outln!(
+            "held-out: loss {:.4}, accuracy {:.2}% ({} sequences, {} targets{chance})",
+            eval.loss(),
+            100.0 * eval.accuracy(),
+            trainer.data().eval_sequences(),
+            group(eval.count)
+        );
+    }
     let steps_run = done - start_step;
     outln!(
         "time: {} wall, {} steps in {} ({} tokens/s training)",
@@ -588,5 +617,79 @@ pub fn run(args: TrainArgs) -> Result<()> {
         files.push(plot_path.display().to_string());
     }
     outln!("wrote: {}", files.join(", "));
-    Ok(())
+    match interrupted {
+        Some(signal) => Err(Interrupted { signal }.into()),
+        None => Ok(()),
+    }
+}
+
+/// The error `run` returns after SIGINT / SIGTERM stopped training (checkpoint saved, summary
+/// printed): `gdn` exits with 128 + the signal's number (130 for SIGINT, 143 for SIGTERM), the
+/// shell's code for a command ended by that signal, so a script sees the run did not finish.
+#[derive(Debug)]
+pub struct Interrupted {
+    pub signal: i32,
+}
+
+impl Interrupted {
+    pub fn exit_code(&self) -> u8 {
+        u8::try_from(128 + self.signal).unwrap_or(1)
+    }
+}
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "training stopped by {}", signal_name(self.signal))
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+fn signal_name(sig: i32) -> &'static str {
+    signal_hook::low_level::signal_name(sig).unwrap_or("a signal")
+}
+
+/// SIGINT / SIGTERM while training: the first one is recorded (the loop stops at the next step
+/// boundary and saves a checkpoint); a second one exits at once with 128 + its number.
+struct StopSignals {
+    got: Arc<AtomicUsize>,
+}
+
+impl StopSignals {
+    fn register() -> std::io::Result<Self> {
+        use signal_hook::consts::{SIGINT, SIGTERM};
+        use signal_hook::flag;
+        let got = Arc::new(AtomicUsize::new(0));
+        let armed = Arc::new(AtomicBool::new(false));
+        let mut ids = Vec::new();
+        let mut register = || -> std::io::Result<()> {
+            for sig in [SIGINT, SIGTERM] {
+                // The shutdown goes first: it sees `armed` only from the second signal on.
+                ids.push(flag::register_conditional_shutdown(
+                    sig,
+                    128 + sig,
+                    Arc::clone(&armed),
+                )?);
+                ids.push(flag::register(sig, Arc::clone(&armed))?);
+                ids.push(flag::register_usize(sig, Arc::clone(&got), sig as usize)?);
+            }
+            Ok(())
+        };
+        if let Err(e) = register() {
+            // all or nothing: a half-registered signal would be caught and never acted on
+            for id in ids {
+                signal_hook::low_level::unregister(id);
+            }
+            return Err(e);
+        }
+        Ok(StopSignals { got })
+    }
+
+    /// The signal received, if any.
+    fn received(&self) -> Option<i32> {
+        match self.got.load(Ordering::SeqCst) {
+            0 => None,
+            s => i32::try_from(s).ok(),
+        }
+    }
 }

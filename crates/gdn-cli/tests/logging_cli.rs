@@ -1,11 +1,13 @@
 //! Logging never kills a command: `gdn train` with its output on a closed pipe or a full device
-//! still trains and saves; the other commands end with an error line, never a panic.
+//! still trains and saves; SIGINT / SIGTERM save a checkpoint and exit; the other commands end
+//! with an error line, never a panic. Numbers on the command line are in range.
 
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 mod common;
-use common::{expect_fail, ok, stderr, tmpdir};
+use common::{expect_fail, gdn, ok, stderr, tmpdir};
 
 /// A tiny run: 1 block of width 16 on MQAR; 8 steps, checkpoints at 4 and 8.
 const TINY: &str = r#"
@@ -32,6 +34,15 @@ log_interval = 2
 eval_interval = 4
 save_interval = 4
 "#;
+
+/// The same model for a million steps, a line every step, no periodic eval or checkpoint: only
+/// a signal (or the end, hours away) writes a checkpoint.
+fn long_config() -> String {
+    TINY.replace("train_iters = 8", "train_iters = 1000000")
+        .replace("log_interval = 2", "log_interval = 1")
+        .replace("eval_interval = 4", "eval_interval = 0")
+        .replace("save_interval = 4", "save_interval = 0")
+}
 
 fn write_config(dir: &Path, text: &str) -> String {
     let p = dir.join("run.toml");
@@ -171,6 +182,98 @@ fn train_with_stderr_on_a_full_device_finishes_and_saves() {
     );
     assert!(out.contains("done: 8 steps"), "{out}");
     assert_eq!(checkpoints(&run), FINAL_CHECKPOINTS);
+}
+
+/// Run `gdn train ARGS` until it prints its first step line (returned), send `signal` with the
+/// `kill` command, and check that it exits with `code` without a panic. Returns (first step
+/// line, stdout).
+fn train_then_signal(args: &[&str], signal: &str, code: i32) -> (String, String) {
+    let mut child = bin()
+        .arg("train")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    let first = loop {
+        let mut line = String::new();
+        if err.read_line(&mut line).unwrap() == 0 {
+            panic!("gdn ended before training:\n{seen}");
+        }
+        seen.push_str(&line);
+        if line.starts_with("step ") {
+            break line;
+        }
+    };
+    let kill = Command::new("kill")
+        .args([&format!("-{signal}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    err.read_to_string(&mut seen).unwrap();
+    let o = child.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(o.status.code(), Some(code), "{}\n{out}\n{seen}", o.status);
+    assert!(!seen.contains("panicked"), "{seen}");
+    (first, out)
+}
+
+/// Start a long run, wait until it is training, send `signal`, and check: exit code `code`, one
+/// checkpoint at a step between 1 and the end, metrics up to exactly that step, the resume hint;
+/// then the run resumes from there.
+fn signal_stops_with_a_checkpoint(signal: &str, code: i32) {
+    let d = tmpdir("signal");
+    let cfg = write_config(&d, &long_config());
+    let run = d.join("run");
+    let (_, out) = train_then_signal(&["--config", &cfg, "--out", &s(&run)], signal, code);
+
+    let cks = checkpoints(&run);
+    assert_eq!(cks.len(), 1, "{cks:?}");
+    let step: u64 = cks[0]
+        .strip_prefix("step-")
+        .and_then(|x| x.strip_suffix(".safetensors"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..1_000_000).contains(&step), "{step}");
+    assert!(
+        out.contains(&format!("stopped at step {step} of 1000000 (SIG{signal})")),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("continue with: gdn train --resume {}", s(&run))),
+        "{out}"
+    );
+    // metrics.jsonl matches the checkpoint: its last line is that step's training line
+    let steps = metric_steps(&run);
+    assert_eq!(*steps.last().unwrap(), step, "{steps:?}");
+    assert!(steps.iter().all(|&x| x <= step), "{steps:?}");
+
+    let next = (step + 2).to_string();
+    let out = ok(&gdn(&[
+        "train",
+        "--resume",
+        &s(&run),
+        "--stop-at-step",
+        &next,
+    ]));
+    assert!(
+        out.contains(&format!("resumed at step {step} from")),
+        "{out}"
+    );
+    assert!(checkpoints(&run).contains(&format!("step-{:08}.safetensors", step + 2)));
+}
+
+#[test]
+fn sigterm_saves_a_checkpoint_and_exits_143() {
+    signal_stops_with_a_checkpoint("TERM", 143);
+}
+
+#[test]
+fn sigint_saves_a_checkpoint_and_exits_130() {
+    signal_stops_with_a_checkpoint("INT", 130);
 }
 
 /// `gdn info` / `gdn memory` with stdout on a pipe nobody reads: an error line, no panic.
