@@ -25,6 +25,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::plot;
 
+/// The largest integer a TOML file holds (TOML integers are i64): the bound of every flag that
+/// is written into the run's config.toml.
+const MAX_TOML_INT: u64 = i64::MAX as u64;
+
 /// Arguments of `gdn train`.
 #[derive(Args, Debug)]
 pub struct TrainArgs {
@@ -37,10 +41,13 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE", conflicts_with = "resume")]
     pub data: Option<PathBuf>,
     /// Optimizer steps (`train.train_iters`). With --resume: extend the run to this many steps.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    /// At most 2^63 - 1 (config.toml stores it as a TOML integer).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=MAX_TOML_INT))]
     pub steps: Option<u64>,
-    /// Seed of the model's initialization (`train.seed`).
-    #[arg(long, value_name = "N", conflicts_with = "resume")]
+    /// Seed of the model's initialization (`train.seed`), 0 to 2^63 - 1 (config.toml stores it as
+    /// a TOML integer).
+    #[arg(long, value_name = "N", conflicts_with = "resume",
+          value_parser = clap::value_parser!(u64).range(..=MAX_TOML_INT))]
     pub seed: Option<u64>,
     /// Run directory. Default: runs/<--name>, or runs/<UTC timestamp>.
     #[arg(long, value_name = "DIR", conflicts_with = "resume")]
@@ -123,6 +130,27 @@ fn human_duration(d: Duration) -> String {
         format!("{}m{:02}s", (s / 60.0) as u64, (s % 60.0) as u64)
     } else {
         format!("{}h{:02}m", (s / 3600.0) as u64, (s % 3600.0 / 60.0) as u64)
+    }
+}
+
+/// Estimated time left: `remaining` steps at the mean time per step of the `done` steps taken in
+/// `elapsed`; None when no step was taken yet. An estimate past `Duration::MAX` (a `--steps`
+/// near 2^63 on a slow model) saturates.
+fn eta(remaining: u64, done: u64, elapsed: Duration) -> Option<Duration> {
+    if done == 0 {
+        return None;
+    }
+    let secs = remaining as f64 * (elapsed.as_secs_f64() / done as f64);
+    Some(Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX))
+}
+
+/// [`human_duration`] for an [`eta`], with "?" when unknown and a bound past a year.
+fn human_eta(eta: Option<Duration>) -> String {
+    const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
+    match eta {
+        None => "?".to_string(),
+        Some(d) if d > YEAR => "over a year".to_string(),
+        Some(d) => human_duration(d),
     }
 }
 
@@ -278,7 +306,7 @@ impl Progress {
         }
     }
 
-    fn train(&mut self, m: &Metric, eta: Duration) {
+    fn train(&mut self, m: &Metric, eta: Option<Duration>) {
         self.last_train = Some(m.clone());
         match &self.bar {
             Some(b) => b.set_message(self.message()),
@@ -291,7 +319,7 @@ impl Progress {
                 m.lr.unwrap_or(0.0),
                 m.grad_norm.unwrap_or(0.0),
                 human_rate(m.tokens_per_s.unwrap_or(0.0)),
-                human_duration(eta),
+                human_eta(eta),
                 w = self.total.to_string().len()
             ),
         }
@@ -518,8 +546,10 @@ pub fn run(args: TrainArgs) -> Result<()> {
                 tokens_per_s: Some(rate),
                 elapsed_s: started.elapsed().as_secs_f64(),
             };
-            let eta = Duration::from_secs_f64(
-                (stop - s) as f64 * train_time.as_secs_f64() / (s - start_step) as f64,
+            let eta = eta(
+                stop.saturating_sub(s),
+                s.saturating_sub(start_step),
+                train_time,
             );
             progress.train(&m, eta);
             append(&m)?;
@@ -591,7 +621,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
             group(eval.count)
         );
     }
-    let steps_run = done - start_step;
+    let steps_run = done.saturating_sub(start_step);
     outln!(
         "time: {} wall, {} steps in {} ({} tokens/s training)",
         human_duration(wall),
@@ -691,5 +721,41 @@ impl StopSignals {
             0 => None,
             s => i32::try_from(s).ok(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eta_is_remaining_steps_at_the_mean_step_time() {
+        assert_eq!(
+            eta(6, 2, Duration::from_secs(1)),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(human_eta(eta(6, 2, Duration::from_secs(1))), "3.0s");
+        assert_eq!(human_eta(eta(90, 1, Duration::from_secs(60))), "1h30m");
+        assert_eq!(human_eta(eta(90, 1, Duration::from_secs(3600))), "90h00m");
+    }
+
+    #[test]
+    fn eta_without_a_step_is_unknown() {
+        assert_eq!(eta(10, 0, Duration::ZERO), None);
+        assert_eq!(human_eta(None), "?");
+    }
+
+    #[test]
+    fn absurd_etas_do_not_overflow() {
+        // 2^64 steps at 10 s each is past Duration::MAX (Duration::from_secs_f64 panicked)
+        assert_eq!(
+            eta(u64::MAX, 1, Duration::from_secs(10)),
+            Some(Duration::MAX)
+        );
+        // 2^63 steps at 1 ms each fits, and is past a year
+        let e = eta(i64::MAX as u64, 1000, Duration::from_secs(1));
+        assert!(e.is_some());
+        assert_eq!(human_eta(e), "over a year");
+        assert_eq!(human_eta(Some(Duration::MAX)), "over a year");
     }
 }

@@ -276,6 +276,82 @@ fn sigint_saves_a_checkpoint_and_exits_130() {
     signal_stops_with_a_checkpoint("INT", 130);
 }
 
+#[test]
+fn huge_steps_train_and_print_a_bounded_eta() {
+    let d = tmpdir("steps");
+    let cfg = write_config(&d, TINY);
+    let run = d.join("run");
+    let o = gdn(&[
+        "train",
+        "--config",
+        &cfg,
+        "--out",
+        &s(&run),
+        "--steps",
+        "9223372036854775807",
+        "--stop-at-step",
+        "2",
+    ]);
+    let out = ok(&o);
+    assert!(
+        out.contains("stopped at step 2 of 9223372036854775807"),
+        "{out}"
+    );
+    assert_eq!(checkpoints(&run), ["step-00000002.safetensors"]);
+
+    // Without --stop-at-step the progress line estimates 2^63 steps (Duration::from_secs_f64
+    // panicked once that passed Duration::MAX); SIGTERM then ends the run.
+    let run = d.join("run2");
+    let (first, _) = train_then_signal(
+        &[
+            "--config",
+            &cfg,
+            "--out",
+            &s(&run),
+            "--steps",
+            "9223372036854775807",
+        ],
+        "TERM",
+        143,
+    );
+    assert!(first.contains("/9223372036854775807 "), "{first}");
+    assert!(first.trim_end().ends_with("eta over a year"), "{first}");
+}
+
+#[test]
+fn steps_and_seed_out_of_range_state_the_range() {
+    // config.toml holds them as TOML integers (i64): 2^63 used to panic when writing it.
+    let d = tmpdir("range");
+    let cfg = write_config(&d, TINY);
+    let run = s(&d.join("run"));
+    for (flag, value, range) in [
+        ("--seed", "9223372036854775808", "0..=9223372036854775807"),
+        ("--steps", "18446744073709551615", "1..=9223372036854775807"),
+        ("--steps", "0", "1..=9223372036854775807"),
+    ] {
+        let o = gdn(&["train", "--config", &cfg, "--out", &run, flag, value]);
+        expect_fail(&o, &[flag, value, range]);
+        assert!(
+            !d.join("run").exists(),
+            "{flag} {value} left a run directory"
+        );
+    }
+    // the largest seed is accepted and written back
+    ok(&gdn(&[
+        "train",
+        "--config",
+        &cfg,
+        "--out",
+        &run,
+        "--seed",
+        "9223372036854775807",
+        "--steps",
+        "1",
+    ]));
+    let written = std::fs::read_to_string(d.join("run").join("config.toml")).unwrap();
+    assert!(written.contains("seed = 9223372036854775807"), "{written}");
+}
+
 /// `gdn info` / `gdn memory` with stdout on a pipe nobody reads: an error line, no panic.
 fn closed_stdout_is_an_error(args: &[&str]) {
     let mut child = bin()
