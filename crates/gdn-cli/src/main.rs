@@ -7,6 +7,28 @@
 //! - `gdn train`: train a small GDN language model end to end (MQAR by default, or byte-level
 //!   text), with held-out metrics, checkpoints, resume and a plot of the curves.
 //! - `gdn info`: version, build, threads, devices and the default configs.
+//!
+//! Output never kills a command: [`outln!`] and [`errln!`] write to stdout / stderr and, when a
+//! stream fails (closed pipe, full device), turn that stream off with one note on the other.
+//! Training goes on and saves its checkpoints. As a last resort, a `println!` that fails (the
+//! standard library panics then) ends the command with a `gdn: error:` line instead of a panic.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// `println!` that never fails: see [`write_out`].
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::write_out(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `eprintln!` that never fails: see [`write_err`].
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        $crate::write_err(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
 
 mod info;
 mod layer;
@@ -38,6 +60,12 @@ enum Cmd {
     /// seed, no download; a few minutes on a 2-core CPU. `--data FILE` trains a byte-level
     /// model on a text file instead. Writes metrics.jsonl, checkpoints and (with --plot)
     /// curves.png into the run directory.
+    ///
+    /// Ctrl-C (SIGINT) or SIGTERM: the step under way finishes, its metrics and a checkpoint
+    /// are written, and gdn exits with 130 (SIGINT) or 143 (SIGTERM), the shell's codes for a
+    /// command ended by those signals, so that a script sees the run is not finished; continue it
+    /// with `gdn train --resume DIR`. A second signal exits at once, without saving. Output that
+    /// cannot be written (a closed pipe, a full device) is dropped; training goes on.
     Train(train::TrainArgs),
     /// Run one layer's forward (and, given dy, backward) on tensors from safetensors files.
     ///
@@ -110,6 +138,65 @@ fn parse_variant(s: &str) -> std::result::Result<gdn::Variant, String> {
     }
 }
 
+/// Whether stdout / stderr still take output (false after their first failed write).
+static STDOUT_ON: AtomicBool = AtomicBool::new(true);
+static STDERR_ON: AtomicBool = AtomicBool::new(true);
+
+/// Write to stdout (through [`outln!`]). A failed write (closed pipe, full device) turns stdout
+/// off for the rest of the process and leaves one note on stderr; nothing is returned to fail on.
+pub fn write_out(args: std::fmt::Arguments) {
+    let failed = write_to(&mut std::io::stdout().lock(), &STDOUT_ON, args);
+    if let Some(e) = failed {
+        note(&mut std::io::stderr().lock(), &STDERR_ON, "stdout", &e);
+    }
+}
+
+/// Write to stderr (through [`errln!`]). A failed write turns stderr off for the rest of the
+/// process and leaves one note on stdout.
+pub fn write_err(args: std::fmt::Arguments) {
+    let failed = write_to(&mut std::io::stderr().lock(), &STDERR_ON, args);
+    if let Some(e) = failed {
+        note(&mut std::io::stdout().lock(), &STDOUT_ON, "stderr", &e);
+    }
+}
+
+/// The one note on the other stream when `stream` fails (silent if that one fails too).
+fn note(w: &mut dyn Write, on: &AtomicBool, stream: &str, e: &std::io::Error) {
+    let _ = write_to(
+        w,
+        on,
+        format_args!(
+            "gdn: note: cannot write to {stream} ({e}); its further output is dropped, the command goes on\n"
+        ),
+    );
+}
+
+/// Write `args` to `w` and flush it while `on`. The first failure turns `on` off and is returned
+/// (later calls write nothing and return None).
+fn write_to(
+    w: &mut dyn Write,
+    on: &AtomicBool,
+    args: std::fmt::Arguments,
+) -> Option<std::io::Error> {
+    if !on.load(Ordering::Relaxed) {
+        return None;
+    }
+    match w.write_fmt(args).and_then(|()| w.flush()) {
+        Ok(()) => None,
+        Err(e) => on.swap(false, Ordering::Relaxed).then_some(e),
+    }
+}
+
+/// The message of the panic with which `println!` / `print!` / `eprintln!` report a failed write
+/// ("failed printing to stdout: ..."), or None for any other panic.
+fn print_failure(payload: &(dyn std::any::Any + Send)) -> Option<&str> {
+    let s = match payload.downcast_ref::<String>() {
+        Some(s) => s.as_str(),
+        None => *payload.downcast_ref::<&str>()?,
+    };
+    s.starts_with("failed printing to std").then_some(s)
+}
+
 /// The error and its causes, each once (library errors already quote their source).
 fn report(e: &anyhow::Error) -> String {
     let mut msg = String::new();
@@ -128,17 +215,37 @@ fn report(e: &anyhow::Error) -> String {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.cmd {
+    // A plain `println!` to a closed pipe or a full device panics (Rust ignores SIGPIPE, so the
+    // write returns an error). The commands print through `outln!` / `errln!`; any `println!` left
+    // ends the command with an error line instead of a panic message.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if print_failure(info.payload()).is_none() {
+            default_hook(info);
+        }
+    }));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match cli.cmd {
         Cmd::Train(args) => train::run(args),
         Cmd::Layer(args) => layer::run(args),
         Cmd::Memory(args) => memory::run(args),
         Cmd::Info => info::run(),
-    };
+    }));
     match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("gdn: error: {}", report(&e));
-            ExitCode::FAILURE
-        }
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(e)) => match e.downcast_ref::<train::Interrupted>() {
+            // the summary already said where the run stopped and how to continue it
+            Some(i) => ExitCode::from(i.exit_code()),
+            None => {
+                errln!("gdn: error: {}", report(&e));
+                ExitCode::FAILURE
+            }
+        },
+        Err(payload) => match print_failure(&*payload) {
+            Some(msg) => {
+                errln!("gdn: error: {msg}");
+                ExitCode::FAILURE
+            }
+            None => std::panic::resume_unwind(payload),
+        },
     }
 }

@@ -17,6 +17,8 @@
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -30,6 +32,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::plot;
 
+/// The largest integer a TOML file holds (TOML integers are i64): the bound of every flag that
+/// is written into the run's config.toml.
+const MAX_TOML_INT: u64 = i64::MAX as u64;
+
 /// Arguments of `gdn train`.
 #[derive(Args, Debug)]
 pub struct TrainArgs {
@@ -42,10 +48,13 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE", conflicts_with = "resume")]
     pub data: Option<PathBuf>,
     /// Optimizer steps (`train.train_iters`). With --resume: extend the run to this many steps.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    /// At most 2^63 - 1 (config.toml stores it as a TOML integer).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=MAX_TOML_INT))]
     pub steps: Option<u64>,
-    /// Seed of the model's initialization (`train.seed`).
-    #[arg(long, value_name = "N", conflicts_with = "resume")]
+    /// Seed of the model's initialization (`train.seed`), 0 to 2^63 - 1 (config.toml stores it as
+    /// a TOML integer).
+    #[arg(long, value_name = "N", conflicts_with = "resume",
+          value_parser = clap::value_parser!(u64).range(..=MAX_TOML_INT))]
     pub seed: Option<u64>,
     /// Run directory. Default: runs/<--name>, or runs/<UTC timestamp>.
     #[arg(long, value_name = "DIR", conflicts_with = "resume")]
@@ -132,6 +141,27 @@ fn human_duration(d: Duration) -> String {
         format!("{}m{:02}s", (s / 60.0) as u64, (s % 60.0) as u64)
     } else {
         format!("{}h{:02}m", (s / 3600.0) as u64, (s % 3600.0 / 60.0) as u64)
+    }
+}
+
+/// Estimated time left: `remaining` steps at the mean time per step of the `done` steps taken in
+/// `elapsed`; None when no step was taken yet. An estimate past `Duration::MAX` (a `--steps`
+/// near 2^63 on a slow model) saturates.
+fn eta(remaining: u64, done: u64, elapsed: Duration) -> Option<Duration> {
+    if done == 0 {
+        return None;
+    }
+    let secs = remaining as f64 * (elapsed.as_secs_f64() / done as f64);
+    Some(Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX))
+}
+
+/// [`human_duration`] for an [`eta`], with "?" when unknown and a bound past a year.
+fn human_eta(eta: Option<Duration>) -> String {
+    const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
+    match eta {
+        None => "?".to_string(),
+        Some(d) if d > YEAR => "over a year".to_string(),
+        Some(d) => human_duration(d),
     }
 }
 
@@ -427,10 +457,12 @@ impl Progress {
         }
     }
 
+    /// A line above the bar, or on stderr (indicatif ignores write errors; errln! turns stderr
+    /// off after its first failure).
     fn println(&self, s: &str) {
         match &self.bar {
             Some(b) => b.println(s),
-            None => eprintln!("{s}"),
+            None => errln!("{s}"),
         }
     }
 
@@ -456,11 +488,11 @@ impl Progress {
         }
     }
 
-    fn train(&mut self, m: &Metric, eta: Duration) {
+    fn train(&mut self, m: &Metric, eta: Option<Duration>) {
         self.last_train = Some(m.clone());
         match &self.bar {
             Some(b) => b.set_message(self.message()),
-            None => eprintln!(
+            None => errln!(
                 "step {:>w$}/{}  loss {:.4}  acc {:6.2}%  lr {:.2e}  grad norm {:.3}  {} tok/s  eta {}",
                 m.step,
                 self.total,
@@ -469,7 +501,7 @@ impl Progress {
                 m.lr.unwrap_or(0.0),
                 m.grad_norm.unwrap_or(0.0),
                 human_rate(m.tokens_per_s.unwrap_or(0.0)),
-                human_duration(eta),
+                human_eta(eta),
                 w = self.total.to_string().len()
             ),
         }
@@ -528,7 +560,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
     let stop = args.stop_at_step.map_or(total, |s| s.min(total));
     let mcfg = trainer.model().config().clone();
     let l = &mcfg.layer;
-    println!(
+    outln!(
         "model: {} blocks of {} (hidden {}, {} key / {} value heads, Dk {}, Dv {}) + SwiGLU MLP {}, vocab {}, {} parameters",
         l.num_layers,
         match l.variant {
@@ -544,8 +576,8 @@ pub fn run(args: TrainArgs) -> Result<()> {
         mcfg.vocab_size,
         group(trainer.model().numel())
     );
-    println!("data: {}", trainer.data().describe());
-    println!(
+    outln!("data: {}", trainer.data().describe());
+    outln!(
         "train: {} steps of {} x {} tokens, AdamW lr {:.1e} ({} warmup, {:?} decay to {:.1e}), {} threads",
         total,
         cfg.data.batch_size,
@@ -557,14 +589,24 @@ pub fn run(args: TrainArgs) -> Result<()> {
         rayon::current_num_threads()
     );
     match &resumed_from {
-        Some(p) => println!(
+        Some(p) => outln!(
             "run dir: {} (resumed at step {start_step} from {})",
             dir.display(),
             p.display()
         ),
-        None => println!("run dir: {}", dir.display()),
+        None => outln!("run dir: {}", dir.display()),
     }
 
+    // From here on SIGINT / SIGTERM stop the run at the next step boundary, with a checkpoint.
+    let signals = match StopSignals::register() {
+        Ok(s) => Some(s),
+        Err(e) => {
+            errln!("gdn: note: cannot handle SIGINT / SIGTERM ({e}); they end the run unsaved");
+            None
+        }
+    };
+    let mut interrupted: Option<i32> = None;
+    let mut stop = stop;
     let mut progress = Progress::new(start_step, total);
     let mut acc = LossStats::default();
     let mut last: Option<StepStats> = None;
@@ -624,6 +666,13 @@ pub fn run(args: TrainArgs) -> Result<()> {
         acc.add(&st.loss);
         last = Some(st);
         let s = st.step;
+        if interrupted.is_none() && s < stop {
+            // a signal during this step: make this step the last one (logged and saved below)
+            interrupted = signals.as_ref().and_then(StopSignals::received);
+            if interrupted.is_some() {
+                stop = s;
+            }
+        }
         progress.step(s);
         if s % cfg.train.log_interval == 0 || s == stop {
             let rate = win_tokens as f64 / win_time.as_secs_f64().max(1e-9);
@@ -638,8 +687,10 @@ pub fn run(args: TrainArgs) -> Result<()> {
                 tokens_per_s: Some(rate),
                 elapsed_s: started.elapsed().as_secs_f64(),
             };
-            let eta = Duration::from_secs_f64(
-                (stop - s) as f64 * train_time.as_secs_f64() / (s - start_step) as f64,
+            let eta = eta(
+                stop.saturating_sub(s),
+                s.saturating_sub(start_step),
+                train_time,
             );
             progress.train(&m, eta);
             append(&m)?;
@@ -668,9 +719,11 @@ pub fn run(args: TrainArgs) -> Result<()> {
         // nothing to train (already at the end): make sure the final state is saved
         last_ckpt = Some(save(&trainer)?);
     }
+    // (no held-out evaluation after a signal: the user asked to stop)
     let eval = match final_eval {
-        Some(e) => e,
-        None => trainer.evaluate()?,
+        Some(e) => Some(e),
+        None if interrupted.is_some() => None,
+        None => Some(trainer.evaluate()?),
     };
     let wall = started.elapsed();
 
@@ -682,27 +735,35 @@ pub fn run(args: TrainArgs) -> Result<()> {
 
     // Summary.
     let done = trainer.step_count();
-    if done < total {
-        println!(
+    if let Some(sig) = interrupted {
+        outln!(
+            "stopped at step {done} of {total} ({}); continue with: gdn train --resume {}",
+            signal_name(sig),
+            dir.display()
+        );
+    } else if done < total {
+        outln!(
             "stopped at step {done} of {total} (--stop-at-step); continue with: gdn train --resume {}",
             dir.display()
         );
     } else {
-        println!("done: {done} steps");
+        outln!("done: {done} steps");
     }
     let chance = trainer
         .data()
         .chance_accuracy()
         .map_or(String::new(), |c| format!("; chance {:.2}%", 100.0 * c));
-    println!(
-        "held-out: loss {:.4}, accuracy {:.2}% ({} sequences, {} targets{chance})",
-        eval.loss(),
-        100.0 * eval.accuracy(),
-        trainer.data().eval_sequences(),
-        group(eval.count)
-    );
-    let steps_run = done - start_step;
-    println!(
+    if let Some(eval) = eval {
+        outln!(
+            "held-out: loss {:.4}, accuracy {:.2}% ({} sequences, {} targets{chance})",
+            eval.loss(),
+            100.0 * eval.accuracy(),
+            trainer.data().eval_sequences(),
+            group(eval.count)
+        );
+    }
+    let steps_run = done.saturating_sub(start_step);
+    outln!(
         "time: {} wall, {} steps in {} ({} tokens/s training)",
         human_duration(wall),
         steps_run,
@@ -710,7 +771,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
         human_rate(train_tokens as f64 / train_time.as_secs_f64().max(1e-9))
     );
     if let Some(st) = last {
-        println!(
+        outln!(
             "activation memory per step: {} kept for backward ({} in the GDN layers' Saved), {} tokens",
             human_bytes(st.activation_bytes),
             human_bytes(st.gdn_activation_bytes),
@@ -726,6 +787,116 @@ pub fn run(args: TrainArgs) -> Result<()> {
     if args.plot {
         files.push(plot_path.display().to_string());
     }
-    println!("wrote: {}", files.join(", "));
-    Ok(())
+    outln!("wrote: {}", files.join(", "));
+    match interrupted {
+        Some(signal) => Err(Interrupted { signal }.into()),
+        None => Ok(()),
+    }
+}
+
+/// The error `run` returns after SIGINT / SIGTERM stopped training (checkpoint saved, summary
+/// printed): `gdn` exits with 128 + the signal's number (130 for SIGINT, 143 for SIGTERM), the
+/// shell's code for a command ended by that signal, so a script sees the run did not finish.
+#[derive(Debug)]
+pub struct Interrupted {
+    pub signal: i32,
+}
+
+impl Interrupted {
+    pub fn exit_code(&self) -> u8 {
+        u8::try_from(128 + self.signal).unwrap_or(1)
+    }
+}
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "training stopped by {}", signal_name(self.signal))
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+fn signal_name(sig: i32) -> &'static str {
+    signal_hook::low_level::signal_name(sig).unwrap_or("a signal")
+}
+
+/// SIGINT / SIGTERM while training: the first one is recorded (the loop stops at the next step
+/// boundary and saves a checkpoint); a second one exits at once with 128 + its number.
+struct StopSignals {
+    got: Arc<AtomicUsize>,
+}
+
+impl StopSignals {
+    fn register() -> std::io::Result<Self> {
+        use signal_hook::consts::{SIGINT, SIGTERM};
+        use signal_hook::flag;
+        let got = Arc::new(AtomicUsize::new(0));
+        let armed = Arc::new(AtomicBool::new(false));
+        let mut ids = Vec::new();
+        let mut register = || -> std::io::Result<()> {
+            for sig in [SIGINT, SIGTERM] {
+                // The shutdown goes first: it sees `armed` only from the second signal on.
+                ids.push(flag::register_conditional_shutdown(
+                    sig,
+                    128 + sig,
+                    Arc::clone(&armed),
+                )?);
+                ids.push(flag::register(sig, Arc::clone(&armed))?);
+                ids.push(flag::register_usize(sig, Arc::clone(&got), sig as usize)?);
+            }
+            Ok(())
+        };
+        if let Err(e) = register() {
+            // all or nothing: a half-registered signal would be caught and never acted on
+            for id in ids {
+                signal_hook::low_level::unregister(id);
+            }
+            return Err(e);
+        }
+        Ok(StopSignals { got })
+    }
+
+    /// The signal received, if any.
+    fn received(&self) -> Option<i32> {
+        match self.got.load(Ordering::SeqCst) {
+            0 => None,
+            s => i32::try_from(s).ok(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eta_is_remaining_steps_at_the_mean_step_time() {
+        assert_eq!(
+            eta(6, 2, Duration::from_secs(1)),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(human_eta(eta(6, 2, Duration::from_secs(1))), "3.0s");
+        assert_eq!(human_eta(eta(90, 1, Duration::from_secs(60))), "1h30m");
+        assert_eq!(human_eta(eta(90, 1, Duration::from_secs(3600))), "90h00m");
+    }
+
+    #[test]
+    fn eta_without_a_step_is_unknown() {
+        assert_eq!(eta(10, 0, Duration::ZERO), None);
+        assert_eq!(human_eta(None), "?");
+    }
+
+    #[test]
+    fn absurd_etas_do_not_overflow() {
+        // 2^64 steps at 10 s each is past Duration::MAX (Duration::from_secs_f64 panicked)
+        assert_eq!(
+            eta(u64::MAX, 1, Duration::from_secs(10)),
+            Some(Duration::MAX)
+        );
+        // 2^63 steps at 1 ms each fits, and is past a year
+        let e = eta(i64::MAX as u64, 1000, Duration::from_secs(1));
+        assert!(e.is_some());
+        assert_eq!(human_eta(e), "over a year");
+        assert_eq!(human_eta(Some(Duration::MAX)), "over a year");
+    }
 }
