@@ -199,14 +199,14 @@ fn group(n: usize) -> String {
     out
 }
 
-/// A line on stderr; a failure to write it never stops the run.
+/// A `gdn: warning:` line on stderr (never fails the run).
 fn warn(msg: &str) {
-    let _ = writeln!(std::io::stderr().lock(), "gdn: warning: {msg}");
+    errln!("gdn: warning: {msg}");
 }
 
-/// A line on stderr; a failure to write it never stops the run.
+/// A `gdn: note:` line on stderr (never fails the run).
 fn note(msg: &str) {
-    let _ = writeln!(std::io::stderr().lock(), "gdn: note: {msg}");
+    errln!("gdn: note: {msg}");
 }
 
 /// The run config from the flags. A text data path is made absolute (against the working
@@ -338,7 +338,7 @@ fn start_new(args: &TrainArgs, device: Device) -> Result<Option<Setup>> {
         (None, None) => PathBuf::from("runs").join(timestamp()),
     };
     if args.print_config {
-        print!("{doc}");
+        crate::write_out(format_args!("{doc}"));
         return Ok(None);
     }
     NewRunDir::check(&dir)?;
@@ -374,7 +374,7 @@ fn start_resumed(args: &TrainArgs, dir: &Path, device: Device) -> Result<Option<
         cfg.validate()?;
     }
     if args.print_config {
-        print!("{}", cfg.to_toml_string());
+        crate::write_out(format_args!("{}", cfg.to_toml_string()));
         return Ok(None);
     }
     for p in rundir::remove_stray_temps(dir).with_context(cannot)? {
