@@ -182,8 +182,24 @@ fn panel(area: &Area, p: &Panel, x_max: f64) -> Result<()> {
     Ok(())
 }
 
-/// Write the loss and accuracy curves of `metrics` to `path`.
+/// Write the loss and accuracy curves of `metrics` to `path`, atomically: drawn into
+/// `<path>.tmp-<pid>.png` beside it (the encoder picks PNG by the extension), synced, renamed.
 pub fn write_curves(path: &Path, metrics: &[Metric], chance: Option<f64>) -> Result<()> {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".tmp-{}.png", std::process::id()));
+    let tmp = path.with_file_name(name);
+    let r = draw_curves(&tmp, metrics, chance).and_then(|()| {
+        std::fs::File::open(&tmp).and_then(|f| f.sync_all())?;
+        std::fs::rename(&tmp, path)?;
+        Ok(())
+    });
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r
+}
+
+fn draw_curves(path: &Path, metrics: &[Metric], chance: Option<f64>) -> Result<()> {
     let pick = |kind: &str, f: fn(&Metric) -> f64| -> Vec<(f64, f64)> {
         metrics
             .iter()

@@ -101,9 +101,25 @@ fn is_stray_temp(name: &str, sub: bool) -> bool {
     }
 }
 
+/// Is the process that names a temporary file (`<name>.tmp-<pid>[-...]`) still running (and
+/// not this one)? Then the file may be a write in progress (another `gdn` on the same run) and
+/// is left alone. Known only where `/proc` exists; elsewhere every stray is removed.
+fn writer_alive(name: &str) -> bool {
+    let Some((_, rest)) = name.split_once(".tmp-") else {
+        return false;
+    };
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    match digits.parse::<u32>() {
+        Ok(pid) if pid != std::process::id() => {
+            Path::new("/proc/self").exists() && Path::new("/proc").join(&digits).exists()
+        }
+        _ => false,
+    }
+}
+
 /// Remove the temporary files (`<run file>.tmp-*`) that a killed write left in the run directory
 /// `dir` and its `checkpoints/`; only regular files named after one of the run's own files are
-/// touched. Returns the paths removed.
+/// touched, and not while the process named in the file's name runs. Returns the paths removed.
 pub fn remove_stray_temps(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut removed = Vec::new();
     for (d, sub) in [(dir.to_path_buf(), false), (dir.join(CHECKPOINTS), true)] {
@@ -123,7 +139,7 @@ pub fn remove_stray_temps(dir: &Path) -> Result<Vec<PathBuf>> {
             let is_file = std::fs::symlink_metadata(&p)
                 .map(|m| m.file_type().is_file())
                 .unwrap_or(false);
-            if is_file {
+            if is_file && !writer_alive(name) {
                 std::fs::remove_file(&p).map_err(|e| io_err(&p, e))?;
                 removed.push(p);
             }

@@ -810,18 +810,24 @@ fn run_config_file_must_be_complete() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+#[cfg(unix)]
 #[test]
 fn stray_temp_files_are_removed_and_nothing_else() {
     let dir = tmpdir("strays");
     let ck = dir.join(rundir::CHECKPOINTS);
     std::fs::create_dir(&ck).unwrap();
+    // pids above the largest pid_max (2^22) name processes that cannot be running
     let strays = [
-        dir.join("config.toml.tmp-17"),
-        dir.join("metrics.jsonl.tmp-17-2"),
-        dir.join("curves.png.tmp-3"),
-        ck.join("step-00000004.safetensors.tmp-99"),
+        dir.join("config.toml.tmp-9000017"),
+        dir.join("metrics.jsonl.tmp-9000017-2"),
+        dir.join("curves.png.tmp-9000003.png"),
+        ck.join("step-00000004.safetensors.tmp-9000099"),
+        dir.join(format!("config.toml.tmp-{}-1", std::process::id())),
     ];
+    let live = std::os::unix::process::parent_id();
     let kept = [
+        // a write in progress by a running process
+        dir.join(format!("metrics.jsonl.tmp-{live}-1")),
         dir.join("notes.tmp-1"),
         dir.join("config.toml"),
         ck.join("step-00000004.safetensors"),
