@@ -263,7 +263,7 @@ pub fn read_safetensors_bytes(path: &Path) -> Result<Vec<u8>> {
         ));
     }
     // A regular file's length is known; /proc-like files report 0 and are read as streams.
-    let file_len = (m.is_file() && m.len() > 0).then(|| m.len());
+    let file_len = (m.is_file() && m.len() > 0).then_some(m.len());
 
     let mut len8 = [0u8; 8];
     let got = read_up_to(&mut f, &mut len8).map_err(|e| io_err(path, e))?;
@@ -535,8 +535,7 @@ pub fn write_atomic_with(
             let tmp_path = tmp.0.clone().expect("temp path set");
             fill(&mut f).map_err(|e| io_err(&tmp_path, e))?;
             if let Some(perms) = perms {
-                f.set_permissions(perms)
-                    .map_err(|e| io_err(&tmp_path, e))?;
+                f.set_permissions(perms).map_err(|e| io_err(&tmp_path, e))?;
             }
             f.sync_all().map_err(|e| io_err(&tmp_path, e))?;
             drop(f);
@@ -948,7 +947,10 @@ mod tests {
         write_tensors(&link2, &[("b", &b)]).unwrap();
         for l in [&link, &link2] {
             assert!(
-                std::fs::symlink_metadata(l).unwrap().file_type().is_symlink(),
+                std::fs::symlink_metadata(l)
+                    .unwrap()
+                    .file_type()
+                    .is_symlink(),
                 "{} was replaced",
                 l.display()
             );
@@ -965,7 +967,10 @@ mod tests {
             .unwrap()
             .file_type()
             .is_symlink());
-        assert_eq!(std::fs::read(real_dir.join("new.toml")).unwrap(), b"x = 1\n");
+        assert_eq!(
+            std::fs::read(real_dir.join("new.toml")).unwrap(),
+            b"x = 1\n"
+        );
         std::fs::remove_dir_all(&d).unwrap();
     }
 
@@ -974,7 +979,10 @@ mod tests {
         match std::process::Command::new(cmd).args(args).status() {
             Ok(s) if s.success() => true,
             other => {
-                eprintln!("skipped: `{cmd} {}` not permitted here ({other:?})", args.join(" "));
+                eprintln!(
+                    "skipped: `{cmd} {}` not permitted here ({other:?})",
+                    args.join(" ")
+                );
                 false
             }
         }
@@ -1050,7 +1058,8 @@ mod tests {
             assert!(matches!(e, GdnError::File { .. }), "{e:?}");
             let e = e.to_string();
             assert!(
-                e.contains("is a directory; expected a file path") && e.contains(&*p.display().to_string()),
+                e.contains("is a directory; expected a file path")
+                    && e.contains(&*p.display().to_string()),
                 "{e}"
             );
         }
@@ -1118,7 +1127,9 @@ mod tests {
         // /dev/zero: header length 0, then an endless stream
         let e = read_any(Path::new("/dev/zero")).unwrap_err().to_string();
         assert!(e.contains("/dev/zero") && e.contains("header"), "{e}");
-        let e = read_limited(Path::new("/dev/zero"), 1000).unwrap_err().to_string();
+        let e = read_limited(Path::new("/dev/zero"), 1000)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("larger than the 1000 bytes"), "{e}");
 
         let d = tmpdir("lying");
