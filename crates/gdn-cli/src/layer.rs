@@ -250,6 +250,10 @@ fn run_job(job: Job) -> Result<()> {
 
     // Shapes.
     let xs = x.shape().to_vec();
+    if xs.len() == 3 && (xs[0] == 0 || xs[1] == 0) {
+        // (an empty batch may still name 2^40 sequences: refused before anything is sized by it)
+        bail!("x has shape {xs:?}: no tokens; expected [B, T, {h}] with B >= 1 and T >= 1");
+    }
     let seqs = match &cu {
         None => {
             if xs.len() != 3 || xs[2] != h {

@@ -408,3 +408,24 @@ fn check_finite_checks_the_weights() {
     assert!(!out.exists());
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn empty_x_with_a_huge_batch_is_refused() {
+    let d = tmpdir("empty-x");
+    let (c, w, _) = setup(&d);
+    let out = d.join("out.safetensors");
+    // x [2^40, 0, h]: no data, but 2^40 sequences (this aborted allocating their boundaries)
+    let x = d.join("x.safetensors");
+    let header = format!(
+        r#"{{"x":{{"dtype":"F32","shape":[{},0,{HIDDEN}],"data_offsets":[0,0]}}}}"#,
+        1u64 << 40
+    );
+    let mut b = (header.len() as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(header.as_bytes());
+    std::fs::write(&x, &b).unwrap();
+    expect_fail(&layer(&c, &w, &x, &out, &[]), &["x has shape", "no tokens"]);
+    write_tensors(&x, &[("x", &ramp(&[1, 0, HIDDEN]))]).unwrap();
+    expect_fail(&layer(&c, &w, &x, &out, &[]), &["no tokens"]);
+    assert!(!out.exists());
+    std::fs::remove_dir_all(&d).unwrap();
+}
