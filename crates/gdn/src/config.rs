@@ -164,10 +164,7 @@ impl GdnConfig {
 
     /// Read and validate a TOML file.
     pub fn from_toml_file(path: &std::path::Path) -> Result<Self> {
-        let s = std::fs::read_to_string(path).map_err(|e| GdnError::Io {
-            path: path.display().to_string(),
-            source: e,
-        })?;
+        let s = crate::io::read_text(path)?;
         Self::from_toml_str(&s).map_err(|e| match e {
             GdnError::Config { field, msg } => GdnError::Config {
                 field,

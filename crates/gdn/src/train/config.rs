@@ -338,10 +338,7 @@ impl RunConfig {
 
     /// Read and parse a `run.toml` file.
     pub fn from_toml_file(path: &Path) -> Result<Self> {
-        let s = std::fs::read_to_string(path).map_err(|e| GdnError::Io {
-            path: path.display().to_string(),
-            source: e,
-        })?;
+        let s = crate::io::read_text(path)?;
         Self::from_toml_str(&s).map_err(|e| match e {
             GdnError::Config { field, msg } => GdnError::Config {
                 field,
