@@ -152,3 +152,42 @@ fn written_configs_use_the_shortest_f32() {
     assert!(text.contains("layernorm_epsilon = 0.00001\n"), "{text}");
     assert!(text.contains("init_method_std = 0.02\n"), "{text}");
 }
+
+#[test]
+fn layer_forward_beyond_memory_is_refused_before_running() {
+    // Small parameters (h = 1, Dk = 2^20: about 42 MB) but wide activations: per token
+    // in_proj's output 2*2^20 + 2 + 2, the conv's 2*2^20 + 1 and the output 1 value.
+    let dk: u128 = 1 << 20;
+    let tokens: u128 = 100_000;
+    let c = file(
+        "config.toml",
+        &format!(
+            "hidden_size = 1\nlinear_num_key_heads = 1\nlinear_num_value_heads = 1\n\
+             linear_key_head_dim = {dk}\nlinear_value_head_dim = 1\n"
+        ),
+    );
+    let dir = c.parent().unwrap();
+    let x = gdn::Tensor::zeros(&[1, tokens as usize, 1]);
+    let input = dir.join("in.safetensors");
+    gdn::io::write_tensors(&input, &[("x", &x)]).unwrap();
+    let out = dir.join("out.safetensors");
+    let o = gdn(&[
+        "layer",
+        "--config",
+        s(&c),
+        "--input",
+        s(&input),
+        "--output",
+        s(&out),
+    ]);
+    let bytes = tokens * ((2 * dk + 4) + (2 * dk + 1) + 1) * 4;
+    expect_fail(
+        &o,
+        &[
+            "gdn: error:",
+            "the forward over x [1, 100000, 1]",
+            &format!("needs {bytes} bytes"),
+        ],
+    );
+    assert!(!out.exists());
+}

@@ -429,3 +429,19 @@ proptest! {
         let _ = Seqs::resolve(None, Some(&cu), tokens, cp);
     }
 }
+
+#[test]
+fn gpu_free_memory_is_checked_where_a_gpu_is_present() {
+    use gdn::device::cuda;
+    if !cuda::driver_present() || cuda::device_count() == 0 {
+        eprintln!("skipped: no CUDA driver or GPU here");
+        return;
+    }
+    let g = cuda::gpu(0).unwrap();
+    assert!(gdn::budget::check_gpu(&g, "a few bytes", 64).is_ok());
+    let e = gdn::budget::check_gpu(&g, "everything", 1 << 62)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("needs 4611686018427387904 bytes"), "{e}");
+    assert!(e.contains("free on cuda:0"), "{e}");
+}
