@@ -270,6 +270,13 @@ fn run_job(job: Job) -> Result<()> {
             Some(Seqs::packed(cu, xs[1])?)
         }
     };
+    if job.device == gdn::Device::Cpu {
+        let tokens = xs[0].saturating_mul(xs[1]);
+        gdn::budget::check_host(
+            &format!("the forward over x {xs:?}"),
+            cfg.forward_bytes_at_least(tokens),
+        )?;
+    }
     if let Some(dy) = &dy {
         if dy.shape() != xs.as_slice() {
             bail!(
@@ -418,7 +425,7 @@ fn example(dir: &Path, check_finite: bool, force: bool) -> Result<()> {
     );
     io::write_atomic(&config, text.as_bytes())?;
 
-    let params = Params::init(&cfg, 0);
+    let params = Params::init(&cfg, 0)?;
     io::write_tensors(&weights, &params.iter().collect::<Vec<_>>())?;
     let mut rng = Normals(42);
     let x = rng.tensor(&[2, 100, cfg.hidden_size]);

@@ -718,7 +718,7 @@ mod tests {
         let cfg = small_cfg();
         let d = tmpdir("params");
         let p = d.join("w.safetensors");
-        let params = Params::init(&cfg, 3);
+        let params = Params::init(&cfg, 3).unwrap();
         let entries: Vec<(&str, &Tensor)> = params.iter().collect();
         write_tensors(&p, &entries).unwrap();
         let back = read_params(&p, &cfg).unwrap();
@@ -739,7 +739,7 @@ mod tests {
         let cfg = small_cfg();
         let d = tmpdir("shape");
         let p = d.join("w.safetensors");
-        let mut params = Params::init(&cfg, 3);
+        let mut params = Params::init(&cfg, 3).unwrap();
         params.set("dt_bias", Tensor::zeros(&[3]));
         let entries: Vec<(&str, &Tensor)> = params.iter().collect();
         write_tensors(&p, &entries).unwrap();
@@ -749,7 +749,7 @@ mod tests {
             "{e}"
         );
 
-        let mut params = Params::init(&cfg, 3);
+        let mut params = Params::init(&cfg, 3).unwrap();
         params.set("in_proj.layer_norm_bias", Tensor::zeros(&[16]));
         let entries: Vec<(&str, &Tensor)> = params.iter().collect();
         write_tensors(&p, &entries).unwrap();

@@ -7,6 +7,7 @@
 // Index loops mirror the math (rows i, columns j) in this numeric code.
 #![allow(clippy::needless_range_loop)]
 
+pub mod budget;
 pub mod config;
 pub mod device;
 pub mod error;

@@ -209,7 +209,7 @@ impl GatedDeltaNet {
     /// A layer with Megatron's initialization from `seed`, on the CPU. Validates `cfg`.
     pub fn new(cfg: &GdnConfig, seed: u64) -> Result<Self> {
         cfg.validate()?;
-        Ok(Self::build(cfg.clone(), Params::init(cfg, seed)))
+        Ok(Self::build(cfg.clone(), Params::init(cfg, seed)?))
     }
     /// A layer with given parameters (checked against `cfg`: names and shapes), on the CPU.
     pub fn with_params(cfg: &GdnConfig, params: Params) -> Result<Self> {
@@ -238,7 +238,12 @@ impl GatedDeltaNet {
                 }
             }
             Device::Cuda(i) => {
-                cuda::gpu(i)?;
+                let gpu = cuda::gpu(i)?;
+                crate::budget::check_gpu(
+                    &gpu,
+                    &self.cfg.describe_params(),
+                    self.cfg.param_bytes(),
+                )?;
             }
         }
         self.device = device;

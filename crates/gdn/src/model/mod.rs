@@ -160,6 +160,7 @@ impl Model {
     /// [`Params::init`] with a seed derived from `seed` and the block index.
     pub fn new(cfg: &ModelConfig, seed: u64) -> Result<Self> {
         cfg.validate()?;
+        crate::budget::check_host(&cfg.describe_params(), cfg.param_bytes())?;
         let layers = (0..cfg.num_layers())
             .map(|i| GatedDeltaNet::new(&cfg.layer, layer_seed(seed, i)))
             .collect::<Result<Vec<_>>>()?;

@@ -56,6 +56,8 @@ pub struct Trainer {
 impl Trainer {
     /// A fresh run: data from `cfg.data`, model initialized from `cfg.train.seed`.
     pub fn new(cfg: &RunConfig) -> Result<Self> {
+        cfg.validate()?;
+        cfg.check_memory()?;
         let data = Dataset::from_config(&cfg.data)?;
         Self::with_data(cfg, data)
     }
@@ -63,6 +65,7 @@ impl Trainer {
     /// A fresh run on given data (e.g. text already in memory).
     pub fn with_data(cfg: &RunConfig, data: Dataset) -> Result<Self> {
         cfg.validate()?;
+        cfg.check_memory()?;
         let model = Model::new(&cfg.model_config(data.vocab_size()), cfg.train.seed)?;
         let opt = AdamW::new(&model);
         Ok(Trainer {
@@ -86,6 +89,8 @@ impl Trainer {
     /// Continue the run of `cfg` from the checkpoint at `path` (refused if it was written for
     /// another model config or another data seed, or is corrupt).
     pub fn resume(cfg: &RunConfig, path: &Path) -> Result<Self> {
+        cfg.validate()?;
+        cfg.check_memory()?;
         let data = Dataset::from_config(&cfg.data)?;
         Self::resume_with_data(cfg, data, path)
     }
