@@ -7,8 +7,8 @@
 // Index loops mirror the math (rows i, columns j) in this numeric code.
 #![allow(clippy::needless_range_loop)]
 
+pub mod backend;
 pub mod config;
-pub mod device;
 pub mod error;
 pub mod io;
 pub mod layer;
@@ -21,7 +21,9 @@ pub mod testutil;
 pub mod train;
 
 pub use config::{GdnConfig, Normalization, Recompute, RecomputeGranularity, Variant};
-pub use device::Device;
+/// The former name of [`backend`]; `gdn::device::Device`, `gdn::device::cuda::*` keep working.
+pub use backend as device;
+pub use backend::Device;
 pub use error::{GdnError, Result};
 pub use layer::{GatedDeltaNet, GatedDeltaNet2, Grads, InferenceCache, Params, Saved};
 pub use seqs::Seqs;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use crate::config::Normalization;
-use crate::device::cuda::{DBuf, GBuf, Gpu};
+use crate::backend::cuda::{DBuf, GBuf, Gpu};
 use crate::error::{GdnError, Result};
 use crate::ops::gated_delta_rule::{self as gdr, RuleOpts, RuleShape};
 use crate::ops::norm::cuda::GpuNormStats;
@@ -600,7 +600,7 @@ fn launch_heads<T: DeviceRepr>(
         shared_mem_bytes: 0,
     };
     let (n, hk, hv, d) = (n as i64, hk as i32, hv as i32, d as i32);
-    let f = gpu.function("layer", &format!("{name}_{sfx}"))?;
+    let f = gpu.function("layout", &format!("{name}_{sfx}"))?;
     let mut b = gpu.stream().launch_builder(&f);
     b.arg(src).arg(out).arg(&n).arg(&hk).arg(&hv).arg(&d);
     // SAFETY: argument types match the kernel's signature; src holds n * Hk|Hv * d values
@@ -1039,7 +1039,7 @@ fn launch_copy_cols(
     let err = |e| GdnError::Device(format!("copy_cols launch: {e:?}"));
     match (src, dst) {
         (DBuf::F32(s), DBuf::F32(d)) => {
-            let f = gpu.function("layer", "copy_cols_f32")?;
+            let f = gpu.function("layout", "copy_cols_f32")?;
             let mut b = gpu.stream().launch_builder(&f);
             b.arg(&s.slice)
                 .arg(&scols)
@@ -1054,7 +1054,7 @@ fn launch_copy_cols(
             unsafe { b.launch(cfg) }.map_err(err)?;
         }
         (DBuf::Bf16(s), DBuf::Bf16(d)) => {
-            let f = gpu.function("layer", "copy_cols_bf16")?;
+            let f = gpu.function("layout", "copy_cols_bf16")?;
             let mut b = gpu.stream().launch_builder(&f);
             b.arg(&s.slice)
                 .arg(&scols)

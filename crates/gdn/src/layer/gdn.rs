@@ -18,8 +18,8 @@ pub use infer::InferenceCache;
 use std::sync::{Arc, OnceLock};
 
 use crate::config::{GdnConfig, Normalization, Variant};
-use crate::device::cuda::{self, DBuf, DType, GBuf, Gpu};
-use crate::device::Device;
+use crate::backend::cuda::{self, DBuf, DType, GBuf, Gpu};
+use crate::backend::Device;
 use crate::error::{GdnError, Result};
 use crate::layer::exec::{self, Act, F32s, Stats, P};
 use crate::layer::saved::Acts;

@@ -8,7 +8,7 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use crate::device::cuda::{DBuf, GBuf, Gpu};
+use crate::backend::cuda::{DBuf, GBuf, Gpu};
 use crate::error::{GdnError, Result};
 use crate::ops::norm::cuda::{
     arg_d, arg_dm, check_d, check_g, check_gpu, elem_cfg, int, kernel, launch, lin_cfg, NULL_PTR,

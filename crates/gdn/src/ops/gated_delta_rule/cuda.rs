@@ -26,7 +26,7 @@ use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::{RuleOpts, RuleShape, CHUNK};
-use crate::device::cuda::{DBuf, DType, GBuf, Gpu};
+use crate::backend::cuda::{DBuf, DType, GBuf, Gpu};
 use crate::error::{GdnError, Result};
 use crate::seqs::Seqs;
 

@@ -7,7 +7,7 @@
 use cudarc::driver::PushKernelArg;
 
 use crate::config::Normalization;
-use crate::device::cuda::{DBuf, GBuf};
+use crate::backend::cuda::{DBuf, GBuf};
 use crate::error::{GdnError, Result};
 use crate::ops::norm::cuda::{
     arg_d, arg_dm, arg_mean, check_d, check_g, check_gpu, check_params, check_part_dims, chunks,

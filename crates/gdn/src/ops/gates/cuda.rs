@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use cudarc::driver::PushKernelArg;
 
-use crate::device::cuda::{DBuf, GBuf, Gpu};
+use crate::backend::cuda::{DBuf, GBuf, Gpu};
 use crate::error::{GdnError, Result};
 use crate::ops::norm::cuda::{
     arg_d, arg_dm, check_d, check_g, check_gpu, check_part_dims, chunks, elem_cfg, int, kernel,

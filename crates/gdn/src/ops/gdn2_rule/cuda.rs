@@ -21,7 +21,7 @@ use std::sync::Arc;
 use cudarc::driver::{DevicePtr, DeviceRepr};
 
 use super::{RuleOpts, RuleShape};
-use crate::device::cuda::{DBuf, DType, GBuf, Gpu};
+use crate::backend::cuda::{DBuf, DType, GBuf, Gpu};
 use crate::error::{GdnError, Result};
 use crate::ops::gated_delta_rule::cuda::{
     check_backward_grads, dptr, i32_arg, launch_in, optr, ptr, sfx, Arg,

@@ -4,7 +4,7 @@
 
 use cudarc::driver::PushKernelArg;
 
-use crate::device::cuda::{DBuf, GBuf};
+use crate::backend::cuda::{DBuf, GBuf};
 use crate::error::{GdnError, Result};
 use crate::ops::norm::cuda::{
     arg_d, arg_dm, check_d, check_g, check_gpu, int, kernel, launch, rows_cfg,

@@ -17,7 +17,7 @@
 use cudarc::cublaslt::{result as lt, sys};
 use cudarc::driver::{DevicePtr, DevicePtrMut, PushKernelArg};
 
-use crate::device::cuda::{DBuf, DType, GBuf, Gpu, BLASLT_WORKSPACE_BYTES};
+use crate::backend::cuda::{DBuf, DType, GBuf, Gpu, BLASLT_WORKSPACE_BYTES};
 use crate::error::{GdnError, Result};
 use crate::ops::norm::cuda::{check_d, check_g, check_gpu, elem_cfg, launch};
 

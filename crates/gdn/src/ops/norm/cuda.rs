@@ -12,7 +12,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaFunction, LaunchArgs, LaunchConfig, PushKernelArg};
 
 use crate::config::Normalization;
-use crate::device::cuda::{DBuf, DType, GBuf, Gpu};
+use crate::backend::cuda::{DBuf, DType, GBuf, Gpu};
 use crate::error::{GdnError, Result};
 use crate::ops::REDUCE_BLOCK;
 

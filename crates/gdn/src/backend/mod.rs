@@ -1,4 +1,5 @@
-//! Devices: the CPU (always) and CUDA GPUs (found at run time).
+//! The backend: devices (the CPU, always, and CUDA GPUs found at run time), device buffers, the
+//! counting allocator, kernel sources and their compile cache, and the launch helpers.
 //!
 //! The CUDA libraries are loaded dynamically (cudarc's `dynamic-loading`), so the crate builds,
 //! and its CPU path runs and is tested, on machines with no CUDA at all. Every CUDA entry point
