@@ -20,10 +20,10 @@ pub mod tensor;
 pub mod testutil;
 pub mod train;
 
-pub use config::{GdnConfig, Normalization, Recompute, RecomputeGranularity, Variant};
 /// The former name of [`backend`]; `gdn::device::Device`, `gdn::device::cuda::*` keep working.
 pub use backend as device;
 pub use backend::Device;
+pub use config::{GdnConfig, Normalization, Recompute, RecomputeGranularity, Variant};
 pub use error::{GdnError, Result};
 pub use layer::{GatedDeltaNet, GatedDeltaNet2, Grads, InferenceCache, Params, Saved};
 pub use seqs::Seqs;

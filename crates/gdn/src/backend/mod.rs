@@ -5,8 +5,14 @@
 //! and its CPU path runs and is tested, on machines with no CUDA at all. Every CUDA entry point
 //! checks for the libraries first and returns a [`GdnError::Device`] naming what is missing.
 
+pub mod buf;
 pub mod cuda;
 pub mod kernels;
+#[doc(hidden)]
+pub mod launch;
+
+pub(crate) use buf::{dev, dev_f32, host, host_f32, mixed};
+pub use buf::{Act, F32s, P};
 
 use std::fmt;
 use std::str::FromStr;

@@ -1,4 +1,6 @@
+use super::cpu::{backward as gated_norm_backward, forward as gated_norm_forward};
 use super::*;
+use crate::ops::common::norm::NormStats;
 use crate::ops::REDUCE_BLOCK;
 use crate::testutil::*;
 
