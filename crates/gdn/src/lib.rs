@@ -1,8 +1,10 @@
 //! gdn: Gated DeltaNet (GDN) and Gated DeltaNet-2 layers, forward and backward, with exact
 //! activation-memory accounting.
 //!
-//! See `DESIGN.md` for the architecture. Every op lives in `ops/<op>/` with a CPU implementation
-//! and an f64 reference used by tests; the layer (`layer::GatedDeltaNet`) composes them.
+//! See `docs/architecture.md` in the repository for the layout. `backend` owns devices and
+//! buffers; every op lives in `ops/<op>/` with one entry (`forward` / `backward` over backend
+//! buffers) dispatching to its CPU or CUDA implementation, and an f64 reference used by tests;
+//! the layer (`layer::GatedDeltaNet`) composes them.
 
 // Index loops mirror the math (rows i, columns j) in this numeric code.
 #![allow(clippy::needless_range_loop)]

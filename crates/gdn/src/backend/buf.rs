@@ -45,36 +45,20 @@ impl std::fmt::Debug for F32s {
 }
 
 impl Act {
+    /// Bytes of storage.
     pub fn bytes(&self) -> usize {
         match self {
             Act::Host(v) => 4 * v.len(),
             Act::Dev(d) => d.bytes(),
         }
     }
+    /// The values as host f32 (downloads from a device).
     pub fn into_host(self) -> Result<Vec<f32>> {
         match self {
             Act::Host(v) => Ok(v),
             Act::Dev(d) => d.download(),
         }
     }
-}
-
-impl F32s {
-    pub fn bytes(&self) -> usize {
-        match self {
-            F32s::Host(v) => 4 * v.len(),
-            F32s::Dev(d) => d.bytes(),
-        }
-    }
-    pub fn into_host(self) -> Result<Vec<f32>> {
-        match self {
-            F32s::Host(v) => Ok(v),
-            F32s::Dev(d) => d.gpu().download(&d),
-        }
-    }
-}
-
-impl Act {
     /// Number of elements.
     pub fn len(&self) -> usize {
         match self {
@@ -89,6 +73,20 @@ impl Act {
 }
 
 impl F32s {
+    /// Bytes of storage.
+    pub fn bytes(&self) -> usize {
+        match self {
+            F32s::Host(v) => 4 * v.len(),
+            F32s::Dev(d) => d.bytes(),
+        }
+    }
+    /// The values as host f32 (downloads from a device).
+    pub fn into_host(self) -> Result<Vec<f32>> {
+        match self {
+            F32s::Host(v) => Ok(v),
+            F32s::Dev(d) => d.gpu().download(&d),
+        }
+    }
     /// Number of elements.
     pub fn len(&self) -> usize {
         match self {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use crate::backend::cuda::{DBuf, GBuf, Gpu};
+use crate::backend::launch::{arg_d, arg_dm, kernel, launch};
 use crate::error::{GdnError, Result};
 
 /// Copy columns `[s0, s0+w)` of the `[rows, scols]` matrix `src` into columns `[d0, d0+w)` of the
@@ -40,39 +41,17 @@ pub(crate) fn copy_cols(
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    let err = |e| GdnError::Device(format!("copy_cols launch: {e:?}"));
-    match (src, dst) {
-        (DBuf::F32(s), DBuf::F32(d)) => {
-            let f = gpu.function("layout", "copy_cols_f32")?;
-            let mut b = gpu.stream().launch_builder(&f);
-            b.arg(&s.slice)
-                .arg(&scols)
-                .arg(&s0)
-                .arg(&mut d.slice)
-                .arg(&dcols)
-                .arg(&d0)
-                .arg(&rows)
-                .arg(&w);
-            // SAFETY: argument types match the kernel's signature; bounds are guaranteed by the
-            // callers (rows * cols of both matrices).
-            unsafe { b.launch(cfg) }.map_err(err)?;
-        }
-        (DBuf::Bf16(s), DBuf::Bf16(d)) => {
-            let f = gpu.function("layout", "copy_cols_bf16")?;
-            let mut b = gpu.stream().launch_builder(&f);
-            b.arg(&s.slice)
-                .arg(&scols)
-                .arg(&s0)
-                .arg(&mut d.slice)
-                .arg(&dcols)
-                .arg(&d0)
-                .arg(&rows)
-                .arg(&w);
-            // SAFETY: as above.
-            unsafe { b.launch(cfg) }.map_err(err)?;
-        }
-        _ => return Err(GdnError::Device("copy_cols: storage types differ".into())),
+    if src.dtype() != dst.dtype() {
+        return Err(GdnError::Device("copy_cols: storage types differ".into()));
     }
+    let f = kernel(gpu, "layout", "copy_cols", src.dtype())?;
+    let mut b = gpu.stream().launch_builder(&f);
+    arg_d(&mut b, src);
+    b.arg(&scols).arg(&s0);
+    arg_dm(&mut b, dst);
+    b.arg(&dcols).arg(&d0).arg(&rows).arg(&w);
+    // Bounds are guaranteed by the callers (rows * cols of both matrices).
+    launch(&mut b, cfg, "copy_cols")?;
     Ok(())
 }
 
