@@ -1,11 +1,13 @@
 //! Pieces two or more ops share, so that no op imports a sibling: scalar activations, the GEMM
-//! wrapper, L2 norm rows, the norms' statistics and checks, and the two rules' shape, task lists,
-//! row loaders and CUDA plumbing.
+//! wrapper, L2 norm rows, the norms' statistics and checks, the two rules' shape, task lists,
+//! row loaders and CUDA plumbing, and the f64 references several ops' references use.
 
 pub mod act;
 pub mod gemm;
 pub mod l2norm;
 pub mod norm;
+#[doc(hidden)]
+pub mod reference;
 pub mod rule;
 pub(crate) mod rule_cpu;
 pub(crate) mod rule_cuda;
