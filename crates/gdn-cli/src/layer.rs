@@ -13,14 +13,24 @@ use crate::LayerArgs;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CuSeqlens(pub Vec<u64>);
 
-/// Parse a comma-separated list of non-negative integers.
+/// Parse a comma-separated list of non-negative integers. The error names the item and says
+/// whether it is empty, negative, out of range (the largest value allowed) or not an integer.
 pub fn parse_cu_seqlens(s: &str) -> std::result::Result<CuSeqlens, String> {
+    use std::num::IntErrorKind;
     s.split(',')
         .enumerate()
         .map(|(i, item)| {
             let t = item.trim();
-            t.parse::<u64>().map_err(|_| {
-                format!("item {i} ({t:?}) is not a non-negative integer; expected e.g. 0,5,5,70")
+            t.parse::<u64>().map_err(|e| {
+                let what = match e.kind() {
+                    IntErrorKind::Empty => "is empty".to_string(),
+                    IntErrorKind::PosOverflow => format!("is out of range (max {})", u64::MAX),
+                    _ if t.starts_with('-') && t[1..].parse::<u128>().is_ok() => {
+                        "is negative".to_string()
+                    }
+                    _ => "is not a non-negative integer".to_string(),
+                };
+                format!("item {i} ({t:?}) {what}; expected e.g. 0,5,5,70")
             })
         })
         .collect::<std::result::Result<Vec<u64>, String>>()
@@ -55,8 +65,11 @@ pub fn resolve_dtype(device: gdn::Device, dtype: Option<&str>) -> Result<gdn::de
 }
 
 pub fn run(args: LayerArgs) -> Result<()> {
+    if args.force && args.example.is_none() {
+        bail!("--force applies only to --example DIR (an --output file is always replaced)");
+    }
     if let Some(dir) = args.example {
-        return example(&dir, args.check_finite);
+        return example(&dir, args.check_finite, args.force);
     }
     let missing = |what: &str| anyhow!("gdn layer needs --{what} (or --example DIR)");
     run_job(Job {
@@ -74,8 +87,36 @@ pub fn run(args: LayerArgs) -> Result<()> {
     })
 }
 
-/// Fail early (before any compute) if `output` cannot be a file in an existing directory.
-fn check_output_path(output: &Path) -> Result<()> {
+/// Whether `a` and `b` are the same existing file (same device and inode, so `./a` and `a`,
+/// symbolic and hard links all count). A path that does not exist is no other file.
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        #[cfg(unix)]
+        (Ok(ma), Ok(mb)) => {
+            use std::os::unix::fs::MetadataExt;
+            ma.dev() == mb.dev() && ma.ino() == mb.ino()
+        }
+        #[cfg(not(unix))]
+        (Ok(_), Ok(_)) => match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+            (Ok(ca), Ok(cb)) => ca == cb,
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// Fail early (before any compute) if `output` cannot be a file in an existing directory, or
+/// is one of the inputs (`(flag, path)`), which writing it would destroy.
+fn check_output_path(output: &Path, inputs: &[(&str, &Path)]) -> Result<()> {
+    for (flag, input) in inputs {
+        if same_file(output, input) {
+            bail!(
+                "--output {} is the same file as {flag} {}; writing it would destroy the input",
+                output.display(),
+                input.display()
+            );
+        }
+    }
     if output.is_dir() {
         bail!(
             "--output {} is a directory; give a file path",
@@ -118,13 +159,26 @@ fn run_job(job: Job) -> Result<()> {
         cfg.validate()?;
     }
     let dtype = resolve_dtype(job.device, job.dtype.as_deref())?;
-    check_output_path(&job.output)?;
+    let mut inputs: Vec<(&str, &Path)> = vec![("--config", &job.config), ("--input", &job.input)];
+    if let Some(w) = &job.weights {
+        inputs.push(("--weights", w));
+    }
+    if let Some(g) = &job.grad_output {
+        inputs.push(("--grad-output", g));
+    }
+    check_output_path(&job.output, &inputs)?;
     let h = cfg.hidden_size;
 
     // Parameters.
     let (layer, weights_desc) = match &job.weights {
         Some(w) => {
             let p = io::read_params(w, &cfg)?;
+            if job.check_finite {
+                for (name, t) in p.iter() {
+                    t.check_finite(&format!("weight {name}"))
+                        .with_context(|| format!("--check-finite: {}", w.display()))?;
+                }
+            }
             (
                 GatedDeltaNet::with_params(&cfg, p)?,
                 w.display().to_string(),
@@ -196,6 +250,10 @@ fn run_job(job: Job) -> Result<()> {
 
     // Shapes.
     let xs = x.shape().to_vec();
+    if xs.len() == 3 && (xs[0] == 0 || xs[1] == 0) {
+        // (an empty batch may still name 2^40 sequences: refused before anything is sized by it)
+        bail!("x has shape {xs:?}: no tokens; expected [B, T, {h}] with B >= 1 and T >= 1");
+    }
     let seqs = match &cu {
         None => {
             if xs.len() != 3 || xs[2] != h {
@@ -212,6 +270,13 @@ fn run_job(job: Job) -> Result<()> {
             Some(Seqs::packed(cu, xs[1])?)
         }
     };
+    if job.device == gdn::Device::Cpu {
+        let tokens = xs[0].saturating_mul(xs[1]);
+        gdn::budget::check_host(
+            &format!("the forward over x {xs:?}"),
+            cfg.forward_bytes_at_least(tokens),
+        )?;
+    }
     if let Some(dy) = &dy {
         if dy.shape() != xs.as_slice() {
             bail!(
@@ -319,32 +384,48 @@ pub fn example_config() -> GdnConfig {
     }
 }
 
+/// The files `gdn layer --example DIR` writes into DIR.
+pub const EXAMPLE_FILES: [&str; 5] = [
+    "config.toml",
+    "weights.safetensors",
+    "input.safetensors",
+    "dy.safetensors",
+    "out.safetensors",
+];
+
 /// `gdn layer --example DIR`: write config.toml, weights.safetensors, input.safetensors (x) and
 /// dy.safetensors into DIR, then run forward + backward on them into DIR/out.safetensors.
-fn example(dir: &Path, check_finite: bool) -> Result<()> {
+/// Files of those names already in DIR are an error naming them, unless `force`.
+fn example(dir: &Path, check_finite: bool, force: bool) -> Result<()> {
+    let [config, weights, input, grad, output] = EXAMPLE_FILES.map(|f| dir.join(f));
+    if !force {
+        // symlink_metadata: a dangling symbolic link is something of the user's too
+        let existing: Vec<String> = [&config, &weights, &input, &grad, &output]
+            .into_iter()
+            .filter(|p| std::fs::symlink_metadata(p).is_ok())
+            .map(|p| p.display().to_string())
+            .collect();
+        if !existing.is_empty() {
+            bail!(
+                "--example {}: {} already exist{}; pass --force to overwrite, or choose another directory",
+                dir.display(),
+                existing.join(", "),
+                if existing.len() == 1 { "s" } else { "" }
+            );
+        }
+    }
     std::fs::create_dir_all(dir)
         .with_context(|| format!("cannot create directory {}", dir.display()))?;
     let cfg = example_config();
     cfg.validate()?;
-    let config = dir.join("config.toml");
-    let weights = dir.join("weights.safetensors");
-    let input = dir.join("input.safetensors");
-    let grad = dir.join("dy.safetensors");
-    let output = dir.join("out.safetensors");
 
     let text = format!(
         "# gdn layer --example: hidden 64, 2 key / 4 value heads, Dk = Dv = 16, RMSNorm\n{}",
         cfg.to_toml_string()
     );
-    let tmp = dir.join(format!("config.toml.tmp-{}", std::process::id()));
-    std::fs::write(&tmp, text)
-        .and_then(|_| std::fs::rename(&tmp, &config))
-        .inspect_err(|_| {
-            let _ = std::fs::remove_file(&tmp);
-        })
-        .with_context(|| format!("cannot write {}", config.display()))?;
+    io::write_atomic(&config, text.as_bytes())?;
 
-    let params = Params::init(&cfg, 0);
+    let params = Params::init(&cfg, 0)?;
     io::write_tensors(&weights, &params.iter().collect::<Vec<_>>())?;
     let mut rng = Normals(42);
     let x = rng.tensor(&[2, 100, cfg.hidden_size]);
@@ -390,6 +471,24 @@ mod tests {
         for bad in ["", "0,,5", "0,-1", "0,x", "0;5", "1.5"] {
             assert!(parse_cu_seqlens(bad).is_err(), "{bad:?}");
         }
+        let msg = |s: &str| parse_cu_seqlens(s).unwrap_err();
+        let e = msg("0,99999999999999999999");
+        assert!(
+            e.contains("item 1") && e.contains("out of range (max 18446744073709551615)"),
+            "{e}"
+        );
+        assert_eq!(
+            parse_cu_seqlens("0,18446744073709551615").unwrap(),
+            CuSeqlens(vec![0, u64::MAX])
+        );
+        let e = msg("0,-3");
+        assert!(e.contains("item 1") && e.contains("is negative"), "{e}");
+        let e = msg("0,-99999999999999999999");
+        assert!(e.contains("is negative"), "{e}");
+        let e = msg("0,,5");
+        assert!(e.contains("item 1") && e.contains("is empty"), "{e}");
+        let e = msg("0,1.5");
+        assert!(e.contains("is not a non-negative integer"), "{e}");
     }
 
     #[test]

@@ -113,9 +113,12 @@ pub struct LayerArgs {
     /// Packed sequence boundaries, e.g. `0,5,5,70` (x must then be [1, T, hidden]).
     #[arg(long, value_name = "LIST", value_parser = layer::parse_cu_seqlens)]
     pub cu_seqlens: Option<layer::CuSeqlens>,
-    /// Fail if x or dy holds NaN or infinity.
+    /// Fail if x, dy or a weight holds NaN or infinity.
     #[arg(long)]
     pub check_finite: bool,
+    /// With --example: overwrite the example's files if DIR already has them.
+    #[arg(long)]
+    pub force: bool,
     /// Seed of Megatron's init when --weights is not given.
     #[arg(long, value_name = "N", conflicts_with = "weights")]
     pub seed: Option<u64>,

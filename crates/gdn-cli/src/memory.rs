@@ -18,6 +18,9 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 /// twice as many checks that the count is exactly linear in the tokens).
 pub const MEASURE_TOKENS: usize = 64;
 
+/// Most `--reps` (each is a forward + backward of every setting).
+pub const MAX_REPS: u64 = 1_000_000;
+
 /// Arguments of `gdn memory`.
 #[derive(Args, Debug)]
 pub struct MemoryArgs {
@@ -39,7 +42,7 @@ pub struct MemoryArgs {
     pub time: bool,
     /// Timed repetitions per setting (after one warm-up); the median is reported.
     #[arg(long, value_name = "N", default_value_t = 3, requires = "time",
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = clap::value_parser!(u64).range(1..=MAX_REPS))]
     pub reps: u64,
     /// Where to run.
     #[arg(long, value_enum, value_name = "DEVICE", default_value_t = DeviceArg::Cpu)]
@@ -356,6 +359,15 @@ pub fn run(args: MemoryArgs) -> Result<()> {
         });
     }
     if args.time {
+        // x and dy of [1, tokens, hidden], and at least the forward's own activations.
+        let io = gdn::budget::bytes_of(&[2, tokens, base.hidden_size], 4);
+        gdn::budget::check_host(
+            &format!(
+                "timing forward + backward over --tokens {tokens} (hidden_size {})",
+                base.hidden_size
+            ),
+            io.saturating_add(base.forward_bytes_at_least(tokens)),
+        )?;
         time_rows(&mut rows, &base, &params, tokens, reps, args.device)?;
     }
 
@@ -407,7 +419,8 @@ pub fn run(args: MemoryArgs) -> Result<()> {
     println!("{header}");
     let none = &rows[0];
     for r in &rows {
-        let mib = (r.bytes_per_token * tokens) as f64 / (1024.0 * 1024.0);
+        // u128: bytes per token x tokens cannot overflow for any --tokens.
+        let mib = (r.bytes_per_token as u128 * tokens as u128) as f64 / (1024.0 * 1024.0);
         let pct = 100.0 * r.bytes_per_token as f64 / none.bytes_per_token as f64;
         let mut line = format!(
             "{:<name_w$}  {:>11}  {:>12.2}  {:>8.1}%",

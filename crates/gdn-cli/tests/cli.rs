@@ -59,7 +59,7 @@ fn setup(d: &Path) -> (PathBuf, PathBuf) {
     let c = d.join("config.toml");
     std::fs::write(&c, cfg.to_toml_string()).unwrap();
     let w = d.join("weights.safetensors");
-    let p = Params::init(&cfg, 1);
+    let p = Params::init(&cfg, 1).unwrap();
     write_tensors(&w, &p.iter().collect::<Vec<_>>()).unwrap();
     (c, w)
 }
@@ -149,7 +149,7 @@ fn missing_weight_tensor_is_named() {
     let d = tmpdir("missingw");
     let (c, _) = setup(&d);
     let cfg = small_cfg();
-    let p = Params::init(&cfg, 1);
+    let p = Params::init(&cfg, 1).unwrap();
     let w = d.join("partial.safetensors");
     let kept: Vec<(&str, &Tensor)> = p.iter().filter(|(n, _)| *n != "dt_bias").collect();
     write_tensors(&w, &kept).unwrap();

@@ -106,9 +106,9 @@ fn bench_layer(c: &mut Criterion) {
     };
     g.bench_function(format!("rule_fwd_bwd_hk8_hv16_d128_T{t}"), |b| {
         b.iter(|| {
-            let o = gdr::forward(&q, &k, &v, &gg, &beta, &seqs, s, opts, None, false).unwrap();
-            let gr =
-                gdr::backward(&q, &k, &v, &gg, &beta, &seqs, s, opts, None, &d_o, None).unwrap();
+            let o = gdr::cpu::forward(&q, &k, &v, &gg, &beta, &seqs, s, opts, None, false).unwrap();
+            let gr = gdr::cpu::backward(&q, &k, &v, &gg, &beta, &seqs, s, opts, None, &d_o, None)
+                .unwrap();
             (o, gr)
         })
     });

@@ -9,8 +9,9 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys;
+use gdn::backend::launch::{profile_start, profile_take};
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
-use gdn::ops::gated_delta_rule::cuda::{backward_cuda, forward_cuda, profile_start, profile_take};
+use gdn::ops::gated_delta_rule::cuda::{backward as backward_cuda, forward as forward_cuda};
 use gdn::ops::gated_delta_rule::{RuleOpts, RuleShape, CHUNK};
 use gdn::Seqs;
 use rayon::prelude::*;

@@ -64,20 +64,28 @@ pub const RECOMPUTE_MODULES: &[&str] = &[
 #[serde(default, deny_unknown_fields)]
 pub struct GdnConfig {
     /// Model width `h`.
+    #[serde(serialize_with = "int")]
     pub hidden_size: usize,
     /// Number of layers of the model; only used by `out_proj`'s init std `0.02/sqrt(2*num_layers)`.
+    #[serde(serialize_with = "int")]
     pub num_layers: usize,
     /// `Hk`.
+    #[serde(serialize_with = "int")]
     pub linear_num_key_heads: usize,
     /// `Hv`, a multiple of `Hk` (value head `j` reads key head `j / (Hv/Hk)`).
+    #[serde(serialize_with = "int")]
     pub linear_num_value_heads: usize,
     /// `Dk`.
+    #[serde(serialize_with = "int")]
     pub linear_key_head_dim: usize,
     /// `Dv`.
+    #[serde(serialize_with = "int")]
     pub linear_value_head_dim: usize,
     /// `W`, the causal conv1d kernel width.
+    #[serde(serialize_with = "int")]
     pub linear_conv_kernel_dim: usize,
     /// Epsilon of the input norm and the output norm.
+    #[serde(serialize_with = "short_f32")]
     pub layernorm_epsilon: f32,
     /// Norm weights parametrised as `1 + w` (Megatron's `--apply-layernorm-1p`).
     pub layernorm_zero_centered_gamma: bool,
@@ -88,10 +96,12 @@ pub struct GdnConfig {
     /// Do the q/k L2 norm inside the gated-delta-rule kernel, so no normalized copy is kept.
     pub use_qk_l2norm_in_kernel: bool,
     /// `A_log = ln U(a_init_range)`.
+    #[serde(serialize_with = "short_f32_pair")]
     pub a_init_range: (f32, f32),
     /// Bias on the depthwise conv.
     pub conv_bias: bool,
     /// Std of `in_proj`'s init (`init_method_std`).
+    #[serde(serialize_with = "short_f32")]
     pub init_method_std: f32,
     /// Accepted for Megatron parity; this library is always deterministic.
     pub deterministic_mode: bool,
@@ -154,20 +164,18 @@ impl GdnConfig {
         }
     }
 
-    /// Parse a TOML document (unknown keys are an error) and validate it.
+    /// Parse a TOML document (unknown keys are an error) and validate it. Errors name the key,
+    /// the value given and what was expected.
     pub fn from_toml_str(s: &str) -> Result<Self> {
-        let cfg: GdnConfig =
-            toml::from_str(s).map_err(|e| GdnError::config("toml", e.message().to_string()))?;
+        let t: toml::Table = toml::from_str(s).map_err(|e| toml_syntax_error(s, &e))?;
+        let cfg: GdnConfig = from_table_naming_key("", &toml::Table::new(), t)?;
         cfg.validate()?;
         Ok(cfg)
     }
 
     /// Read and validate a TOML file.
     pub fn from_toml_file(path: &std::path::Path) -> Result<Self> {
-        let s = std::fs::read_to_string(path).map_err(|e| GdnError::Io {
-            path: path.display().to_string(),
-            source: e,
-        })?;
+        let s = crate::io::read_text(path)?;
         Self::from_toml_str(&s).map_err(|e| match e {
             GdnError::Config { field, msg } => GdnError::Config {
                 field,
@@ -177,33 +185,77 @@ impl GdnConfig {
         })
     }
 
-    /// The TOML text of this config.
+    /// The TOML text of this config (f32 fields in their shortest form, `1e-5` not
+    /// `0.000009999999747378752`). Never panics: an integer beyond TOML's 64-bit range (which
+    /// `validate()` refuses) is written as a string.
     pub fn to_toml_string(&self) -> String {
-        toml::to_string(self).expect("GdnConfig always serializes")
+        to_toml_text(self)
     }
 
-    /// `Hk * Dk`.
+    /// `Hk * Dk` (saturating; `validate()` guarantees no overflow).
     pub fn qk_dim(&self) -> usize {
-        self.linear_num_key_heads * self.linear_key_head_dim
+        self.linear_num_key_heads
+            .saturating_mul(self.linear_key_head_dim)
     }
-    /// `Hv * Dv`.
+    /// `Hv * Dv` (saturating; `validate()` guarantees no overflow).
     pub fn v_dim(&self) -> usize {
-        self.linear_num_value_heads * self.linear_value_head_dim
+        self.linear_num_value_heads
+            .saturating_mul(self.linear_value_head_dim)
     }
-    /// Channels of the depthwise conv: `2*qk_dim + v_dim`.
+    /// Channels of the depthwise conv: `2*qk_dim + v_dim` (saturating).
     pub fn conv_dim(&self) -> usize {
-        2 * self.qk_dim() + self.v_dim()
+        self.qk_dim().saturating_mul(2).saturating_add(self.v_dim())
     }
     /// `Hv / Hk`.
     pub fn head_ratio(&self) -> usize {
         self.linear_num_value_heads / self.linear_num_key_heads.max(1)
     }
-    /// Rows of `in_proj.weight`: `2qk + 2v + 2Hv` (GDN) or `4qk + 3v` (GDN2).
+    /// Rows of `in_proj.weight`: `2qk + 2v + 2Hv` (GDN) or `4qk + 3v` (GDN2) (saturating).
     pub fn in_proj_dim(&self) -> usize {
+        let (qk, v) = (self.qk_dim(), self.v_dim());
         match self.variant {
-            Variant::Gdn => 2 * self.qk_dim() + 2 * self.v_dim() + 2 * self.linear_num_value_heads,
-            Variant::Gdn2 => 4 * self.qk_dim() + 3 * self.v_dim(),
+            Variant::Gdn => qk
+                .saturating_mul(2)
+                .saturating_add(v.saturating_mul(2))
+                .saturating_add(self.linear_num_value_heads.saturating_mul(2)),
+            Variant::Gdn2 => qk.saturating_mul(4).saturating_add(v.saturating_mul(3)),
         }
+    }
+
+    /// Values of the layer's parameters (all of [`crate::layer::param_specs`]), in `u128`
+    /// (saturating: `u128::MAX` means "at least").
+    pub fn param_count(&self) -> u128 {
+        crate::layer::param_specs(self)
+            .iter()
+            .map(|(_, shape)| crate::budget::bytes_of(shape, 1))
+            .fold(0u128, u128::saturating_add)
+    }
+
+    /// Bytes of the layer's parameters in f32.
+    pub fn param_bytes(&self) -> u128 {
+        crate::budget::mul(self.param_count(), 4)
+    }
+
+    /// What allocating this layer's parameters is, with the sizes that make it (for
+    /// [`GdnError::Memory`] messages).
+    pub fn describe_params(&self) -> String {
+        format!(
+            "allocating the layer's parameters ({} values in f32: hidden_size {}, in_proj rows {}, conv channels {}, value dim {})",
+            self.param_count(),
+            self.hidden_size,
+            self.in_proj_dim(),
+            self.conv_dim(),
+            self.v_dim()
+        )
+    }
+
+    /// A lower bound of the bytes one forward over `tokens` tokens allocates besides the
+    /// parameters and its input: in_proj's output, the conv's output and the output, f32 each.
+    pub fn forward_bytes_at_least(&self, tokens: usize) -> u128 {
+        let per_token = (self.hidden_size as u128)
+            .saturating_add(self.in_proj_dim() as u128)
+            .saturating_add(self.conv_dim() as u128);
+        crate::budget::mul(crate::budget::mul(per_token, tokens as u128), 4)
     }
     /// Default attention scale `Dk^-1/2`.
     pub fn scale(&self) -> f32 {
@@ -251,7 +303,29 @@ impl GdnConfig {
                     format!("{name} must be set for gated delta net (got 0)."),
                 ));
             }
+            check_toml_int(name, v as u128)?;
         }
+        // Products of sizes: each must fit in usize (the code computes them as usize), and the
+        // parameters in one allocation.
+        let products = [
+            (
+                "linear_num_key_heads x linear_key_head_dim",
+                [self.linear_num_key_heads, self.linear_key_head_dim],
+            ),
+            (
+                "linear_num_value_heads x linear_value_head_dim",
+                [self.linear_num_value_heads, self.linear_value_head_dim],
+            ),
+        ];
+        for (what, [a, b]) in products {
+            if a.checked_mul(b).is_none() {
+                return Err(GdnError::config(
+                    what.split(' ').next().unwrap_or(what),
+                    format!("{what} = {a} x {b} overflows (more than {})", usize::MAX),
+                ));
+            }
+        }
+        crate::budget::check_addressable(&self.describe_params(), self.param_bytes())?;
         if !self
             .linear_num_value_heads
             .is_multiple_of(self.linear_num_key_heads)
@@ -329,5 +403,179 @@ impl GdnConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// The largest integer a TOML document holds (TOML integers are 64-bit signed).
+pub const TOML_INT_MAX: u64 = i64::MAX as u64;
+
+/// Error unless `v` fits in a TOML integer (`0..=9223372036854775807`), so the config can be
+/// written and read back.
+pub(crate) fn check_toml_int(field: &str, v: u128) -> Result<()> {
+    if v > TOML_INT_MAX as u128 {
+        return Err(GdnError::config(
+            field,
+            format!("must be in 0..={TOML_INT_MAX} (TOML integers are 64-bit signed), got {v}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Serialize an integer as a TOML integer, or as a string where it exceeds TOML's range (a
+/// config `validate()` refuses; this keeps writing it from failing).
+pub(crate) fn int<T, S>(v: &T, s: S) -> std::result::Result<S::Ok, S::Error>
+where
+    T: Copy + TryInto<i64> + std::fmt::Display,
+    S: serde::Serializer,
+{
+    match (*v).try_into() {
+        Ok(i) => s.serialize_i64(i),
+        Err(_) => s.serialize_str(&v.to_string()),
+    }
+}
+
+/// [`int`] for an optional integer.
+pub(crate) fn opt_int<T, S>(v: &Option<T>, s: S) -> std::result::Result<S::Ok, S::Error>
+where
+    T: Copy + TryInto<i64> + std::fmt::Display,
+    S: serde::Serializer,
+{
+    match v {
+        Some(x) => int(x, s),
+        None => s.serialize_none(),
+    }
+}
+
+/// The shortest decimal that reads back to the same f32 (`1e-5`, not
+/// `0.000009999999747378752`), as the f64 TOML stores.
+pub(crate) fn shortest_f32(v: f32) -> f64 {
+    format!("{v}").parse::<f64>().unwrap_or(v as f64)
+}
+
+/// Serialize an f32 in its shortest round-trip form ([`shortest_f32`]).
+pub(crate) fn short_f32<S: serde::Serializer>(
+    v: &f32,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_f64(shortest_f32(*v))
+}
+
+/// [`short_f32`] for a pair.
+pub(crate) fn short_f32_pair<S: serde::Serializer>(
+    v: &(f32, f32),
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    use serde::ser::SerializeTuple;
+    let mut t = s.serialize_tuple(2)?;
+    t.serialize_element(&shortest_f32(v.0))?;
+    t.serialize_element(&shortest_f32(v.1))?;
+    t.end()
+}
+
+/// TOML text of a config. Its fields are integers (through [`int`]), floats, booleans,
+/// strings, arrays and tables, which always serialize; should that ever fail, the text holds
+/// the error as a comment (and reads back as a config with defaults), never a panic.
+pub(crate) fn to_toml_text<T: Serialize>(v: &T) -> String {
+    toml::to_string(v).unwrap_or_else(|e| format!("# cannot write this config as TOML: {e}\n"))
+}
+
+/// A TOML syntax error (or an integer beyond 64 bits) as a config error naming the line, the
+/// key written on it (with its `[section]`) and the message.
+pub(crate) fn toml_syntax_error(src: &str, e: &toml::de::Error) -> GdnError {
+    let mut msg = e.message().trim().to_string();
+    if msg.contains("too large") || msg.contains("too small") {
+        msg.push_str(&format!(
+            " (TOML integers are 64-bit signed: -9223372036854775808..={TOML_INT_MAX})"
+        ));
+    }
+    let Some(span) = e.span() else {
+        return GdnError::config("toml", msg);
+    };
+    let mut start = span.start.min(src.len());
+    while !src.is_char_boundary(start) {
+        start -= 1;
+    }
+    let before = &src[..start];
+    let line_no = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line = src[line_start..].lines().next().unwrap_or("").trim();
+    let shown: String = line.chars().take(80).collect();
+    let shown = if shown.len() < line.len() {
+        format!("{shown}...")
+    } else {
+        shown
+    };
+    let section = src[..line_start].lines().rev().find_map(|l| {
+        let l = l.trim();
+        l.starts_with('[')
+            .then(|| l.trim_matches(|c| c == '[' || c == ']').trim().to_string())
+    });
+    let key = line
+        .split_once('=')
+        .map(|(k, _)| k.trim().trim_matches('"').to_string())
+        .filter(|k| !k.is_empty() && !k.starts_with('['));
+    let field = match (section, key) {
+        (Some(sec), Some(k)) => format!("{sec}.{k}"),
+        (None, Some(k)) => k,
+        _ => "toml".to_string(),
+    };
+    GdnError::config(&field, format!("line {line_no} (`{shown}`): {msg}"))
+}
+
+/// Deserialize `T` from `base` with `user`'s keys over it. On an error, the key at fault is
+/// found by trying each of `user`'s keys alone over `base`, and the error names it
+/// (`{prefix}{key}`), with the value given and what was expected.
+pub(crate) fn from_table_naming_key<T: serde::de::DeserializeOwned>(
+    prefix: &str,
+    base: &toml::Table,
+    user: toml::Table,
+) -> Result<T> {
+    let mut all = base.clone();
+    all.extend(user.clone());
+    let err = match toml::Value::Table(all).try_into::<T>() {
+        Ok(v) => return Ok(v),
+        Err(e) => e,
+    };
+    for (k, v) in user {
+        let mut one = base.clone();
+        one.insert(k.clone(), v.clone());
+        if let Err(e) = toml::Value::Table(one).try_into::<T>() {
+            return Err(GdnError::config(
+                &format!("{prefix}{k}"),
+                format!("{} (got {k} = {})", readable(e.message()), short_value(&v)),
+            ));
+        }
+    }
+    let section = prefix.trim_end_matches('.');
+    Err(GdnError::config(
+        if section.is_empty() { "toml" } else { section },
+        readable(err.message()),
+    ))
+}
+
+/// serde's message with Rust type names said as TOML values.
+fn readable(msg: &str) -> String {
+    msg.replace(
+        "expected usize",
+        &format!("expected an integer in 0..={TOML_INT_MAX}"),
+    )
+    .replace(
+        "expected u64",
+        &format!("expected an integer in 0..={TOML_INT_MAX}"),
+    )
+    .replace("expected f32", "expected a number")
+    .replace("expected f64", "expected a number")
+    .trim()
+    .to_string()
+}
+
+/// A TOML value as written, cut to 80 characters.
+fn short_value(v: &toml::Value) -> String {
+    let s = v.to_string();
+    let cut: String = s.chars().take(80).collect();
+    if cut.len() < s.len() {
+        format!("{cut}...")
+    } else {
+        cut
     }
 }

@@ -44,6 +44,42 @@ pub enum GdnError {
     /// Any other invalid argument.
     #[error("{0}")]
     Invalid(String),
+    /// Something sized by the user (a config, a token count) needs more memory than there is:
+    /// raised before anything is allocated.
+    #[error(
+        "{what} needs {needed} bytes ({}), more than the {available} bytes ({}) {limit}",
+        human_bytes(*.needed),
+        human_bytes(*.available)
+    )]
+    Memory {
+        /// What would be allocated, with the sizes it comes from.
+        what: String,
+        /// Bytes it needs (`u128::MAX` stands for "at least that many": the count overflowed).
+        needed: u128,
+        /// Bytes there are.
+        available: u128,
+        /// Where `available` comes from (e.g. "available on this machine (MemAvailable)").
+        limit: String,
+    },
+}
+
+/// `n` in binary units with one decimal (`44.9 TiB`), for messages next to the exact count.
+pub fn human_bytes(n: u128) -> String {
+    if n == u128::MAX {
+        return "at least 2^128 B".into();
+    }
+    const UNITS: [&str; 9] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
 }
 
 impl GdnError {
@@ -64,3 +100,26 @@ impl GdnError {
 
 /// Result alias used throughout the crate.
 pub type Result<T> = std::result::Result<T, GdnError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_error_states_both_byte_counts() {
+        let e = GdnError::Memory {
+            what: "allocating the layer's parameters".into(),
+            needed: 3 << 40,
+            available: 1536 << 20,
+            limit: "available on this machine".into(),
+        }
+        .to_string();
+        assert_eq!(
+            e,
+            "allocating the layer's parameters needs 3298534883328 bytes (3.0 TiB), more than the \
+             1610612736 bytes (1.5 GiB) available on this machine"
+        );
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(u128::MAX), "at least 2^128 B");
+    }
+}

@@ -6,8 +6,13 @@
 //! tensors sorted by dtype alignment, then by name, so files from [`write_tensors`] (all `F32`)
 //! read back sorted by name.
 //!
-//! Writing is always `F32`, and atomic: the file is written to `<path>.tmp-<pid>`, synced and
-//! renamed over `path`, so a failure never leaves a partial file at `path`.
+//! Reading checks the header against the file before reading the data, so an endless or huge
+//! input (`/dev/zero`, a header claiming terabytes) is an error, not a hang or an abort.
+//!
+//! Writing is always `F32`, and atomic for regular files: the file is written to
+//! `<path>.tmp-<pid>-<n>` beside the target, synced and renamed over it, so a failure never
+//! leaves a partial file. A symbolic link is written through (its target is replaced, the link
+//! stays), a device or FIFO is written directly, and a directory is refused.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -113,7 +118,7 @@ fn unsupported(path: &Path, name: &str, dtype: Dtype, ints: bool) -> GdnError {
 
 /// Parse a whole file; integer tensors are returned when `ints`, else they are an error.
 fn load(path: &Path, ints: bool) -> Result<Vec<(String, AnyTensor)>> {
-    let buf = std::fs::read(path).map_err(|e| io_err(path, e))?;
+    let buf = read_safetensors_bytes(path)?;
     let (_, meta) = SafeTensors::read_metadata(&buf).map_err(|e| file_err(path, describe(&e)))?;
     let st = SafeTensors::deserialize(&buf).map_err(|e| file_err(path, describe(&e)))?;
     // file order: ascending data offset (ties, i.e. empty tensors, by name)
@@ -235,13 +240,130 @@ impl View for F32View<'_> {
     }
 }
 
-fn temp_path(path: &Path) -> PathBuf {
-    let mut name = path
-        .file_name()
-        .map(|s| s.to_os_string())
-        .unwrap_or_default();
-    name.push(format!(".tmp-{}", std::process::id()));
-    path.with_file_name(name)
+/// Largest safetensors header: safetensors' own limit (100 MB).
+pub const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// Read a whole safetensors file into memory, checking its header before reading the data.
+///
+/// The 8-byte header length and the header's declared data size are checked against the file's
+/// length (a regular file) before the data is read, so a truncated, padded or lying file is an
+/// error naming the byte counts, and memory is reserved once (an amount the machine cannot give
+/// is an error naming it, not an abort). A stream (FIFO, device, `/dev/stdin`) is read up to the
+/// size its header declares and must end there, so an endless one such as `/dev/zero` is refused.
+/// The returned bytes are the whole file; full validation is left to the safetensors parser.
+pub fn read_safetensors_bytes(path: &Path) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let bad = |msg: String| file_err(path, format!("not a valid safetensors file: {msg}"));
+    let mut f = std::fs::File::open(path).map_err(|e| io_err(path, e))?;
+    let m = f.metadata().map_err(|e| io_err(path, e))?;
+    if m.is_dir() {
+        return Err(file_err(
+            path,
+            "is a directory; expected a safetensors file",
+        ));
+    }
+    // A regular file's length is known; /proc-like files report 0 and are read as streams.
+    let file_len = (m.is_file() && m.len() > 0).then_some(m.len());
+
+    let mut len8 = [0u8; 8];
+    let got = read_up_to(&mut f, &mut len8).map_err(|e| io_err(path, e))?;
+    if got < 8 {
+        return Err(bad(format!(
+            "file shorter than the 8-byte header length ({got} bytes)"
+        )));
+    }
+    let n = u64::from_le_bytes(len8);
+    if n > MAX_HEADER_BYTES {
+        return Err(bad(format!(
+            "header length {n} is larger than the {MAX_HEADER_BYTES} bytes allowed"
+        )));
+    }
+    if let Some(len) = file_len {
+        if 8 + n > len {
+            return Err(bad(format!(
+                "header length {n} runs past the end of the file ({len} bytes)"
+            )));
+        }
+    }
+    let mut header = Vec::new();
+    (&mut f)
+        .take(n)
+        .read_to_end(&mut header)
+        .map_err(|e| io_err(path, e))?;
+    if (header.len() as u64) < n {
+        return Err(bad(format!(
+            "header length {n} runs past the end of the file ({} bytes)",
+            8 + header.len()
+        )));
+    }
+    let text = std::str::from_utf8(&header).map_err(|_| bad("header is not UTF-8".into()))?;
+    let meta: safetensors::tensor::Metadata = serde_json::from_str(text)
+        .map_err(|e| bad(format!("header is not valid safetensors JSON ({e})")))?;
+    // Data size as declared: the largest end offset (the parser checks the offsets later).
+    let data = meta
+        .tensors()
+        .values()
+        .map(|info| info.data_offsets.1 as u64)
+        .max()
+        .unwrap_or(0);
+    let total = (8 + n)
+        .checked_add(data)
+        .ok_or_else(|| bad(format!("declared data size {data} overflows")))?;
+    if let Some(len) = file_len {
+        if total != len {
+            return Err(bad(format!(
+                "header declares {data} data bytes, the file has {} after the header \
+                 (truncated or padded file)",
+                len - 8 - n
+            )));
+        }
+    }
+    let mut buf = Vec::new();
+    usize::try_from(total)
+        .ok()
+        .and_then(|t| buf.try_reserve_exact(t).ok())
+        .ok_or_else(|| {
+            file_err(
+                path,
+                format!("reading it needs {total} bytes of memory, more than can be allocated"),
+            )
+        })?;
+    buf.extend_from_slice(&len8);
+    buf.extend_from_slice(&header);
+    drop(header);
+    (&mut f)
+        .take(data)
+        .read_to_end(&mut buf)
+        .map_err(|e| io_err(path, e))?;
+    if (buf.len() as u64) < total {
+        return Err(bad(format!(
+            "header declares {data} data bytes, the file ends after {} (truncated file)",
+            buf.len() as u64 - 8 - n
+        )));
+    }
+    if file_len.is_none() {
+        let mut one = [0u8; 1];
+        if read_up_to(&mut f, &mut one).map_err(|e| io_err(path, e))? > 0 {
+            return Err(bad(format!(
+                "more data after the {data} data bytes the header declares"
+            )));
+        }
+    }
+    Ok(buf)
+}
+
+/// Fill as much of `buf` as the reader gives before its end; the count read.
+fn read_up_to(r: &mut impl std::io::Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(k) => got += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
 }
 
 /// Largest text file (a config) the tool reads: 16 MiB. A larger one, or an endless one such as
@@ -252,6 +374,9 @@ pub const MAX_TEXT_BYTES: u64 = 16 << 20;
 pub fn read_limited(path: &Path, max: u64) -> Result<Vec<u8>> {
     use std::io::Read;
     let f = std::fs::File::open(path).map_err(|e| io_err(path, e))?;
+    if f.metadata().map(|m| m.is_dir()).unwrap_or(false) {
+        return Err(file_err(path, "is a directory; expected a file"));
+    }
     let mut buf = Vec::new();
     f.take(max.saturating_add(1))
         .read_to_end(&mut buf)
@@ -271,8 +396,7 @@ pub fn read_text(path: &Path) -> Result<String> {
         .map_err(|_| file_err(path, "not UTF-8 text"))
 }
 
-/// Write `bytes` to `path` atomically: the data goes to a temporary file beside it first and is
-/// renamed over `path` only when complete and synced. On any error `path` is left as it was.
+/// Write `bytes` to `path` as [`write_atomic_with`] does.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     write_atomic_with(path, |f| {
         use std::io::Write;
@@ -280,31 +404,151 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     })
 }
 
-/// [`write_atomic`] with the content written by `fill` into the temporary file.
+/// Where a write to a path lands.
+enum Target {
+    /// A regular file (existing, with its permissions, or new) at this path, the last symbolic
+    /// link resolved: written to a temporary file beside it and renamed over it.
+    File(PathBuf, Option<std::fs::Permissions>),
+    /// An existing device, FIFO or socket: written in place (it cannot be replaced).
+    Special,
+}
+
+/// Most symbolic links followed when resolving an output path (Linux's own limit).
+const MAX_LINK_HOPS: usize = 40;
+
+/// Resolve where writing `path` lands. Directories are refused; symbolic links (dangling ones
+/// included: their target is created) are followed to the file they name.
+fn write_target(path: &Path) -> Result<Target> {
+    use std::io::ErrorKind;
+    if path.file_name().is_none() {
+        return Err(file_err(path, "not a file path"));
+    }
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => {
+            return Err(file_err(path, "is a directory; expected a file path"));
+        }
+        Ok(m) if !m.is_file() => return Ok(Target::Special),
+        Ok(_) => {}
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err(path, e)),
+    }
+    // A regular file or nothing: follow the links of the last component ourselves, so the
+    // temporary file goes beside the file actually written and the links stay links.
+    let mut p = path.to_path_buf();
+    for _ in 0..MAX_LINK_HOPS {
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let to = std::fs::read_link(&p).map_err(|e| io_err(&p, e))?;
+                p = match p.parent() {
+                    Some(dir) if to.is_relative() => dir.join(to),
+                    _ => to,
+                };
+            }
+            Ok(m) if m.is_dir() => {
+                return Err(file_err(path, format!("{} is a directory", p.display())));
+            }
+            Ok(m) if m.is_file() => return Ok(Target::File(p, Some(m.permissions()))),
+            Ok(_) => return Ok(Target::Special),
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                if p.file_name().is_none() {
+                    return Err(file_err(
+                        path,
+                        format!("symbolic link to {}, not a file path", p.display()),
+                    ));
+                }
+                return Ok(Target::File(p, None));
+            }
+            Err(e) => return Err(io_err(&p, e)),
+        }
+    }
+    Err(file_err(
+        path,
+        format!("more than {MAX_LINK_HOPS} symbolic links to follow"),
+    ))
+}
+
+/// A temporary file that is removed when dropped unless kept (so any error or panic cleans up).
+struct TempFile(Option<PathBuf>);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Create a new temporary file `<target>.tmp-<pid>-<n>` beside `target` (never an existing one).
+fn create_temp(target: &Path) -> Result<(std::fs::File, TempFile)> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let name = target
+        .file_name()
+        .map(|s| s.to_os_string())
+        .unwrap_or_default();
+    let mut last = None;
+    for _ in 0..100 {
+        let mut n = name.clone();
+        n.push(format!(
+            ".tmp-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        let tmp = target.with_file_name(n);
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+        {
+            Ok(f) => return Ok((f, TempFile(Some(tmp)))),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some((tmp, e)),
+            Err(e) => return Err(io_err(&tmp, e)),
+        }
+    }
+    let (tmp, e) = last.expect("loop ran");
+    Err(io_err(&tmp, e))
+}
+
+/// Write `path` with the content written by `fill`, never leaving a partial file:
+///
+/// - a regular file (existing or new) is written to a temporary file `<file>.tmp-<pid>-<n>`
+///   beside it, synced and renamed over it; an existing file keeps its permissions. On any error
+///   the temporary file is removed and the file is left as it was;
+/// - a symbolic link is written through: the file it points to is written as above (created if
+///   the link dangles) and the link stays a link;
+/// - a device, FIFO or socket (e.g. `/dev/null`) is opened and written in place, never replaced;
+/// - a directory is an error.
 pub fn write_atomic_with(
     path: &Path,
     fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
 ) -> Result<()> {
-    if path.file_name().is_none() {
-        return Err(file_err(path, "not a file path"));
+    match write_target(path)? {
+        Target::Special => {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(|e| io_err(path, e))?;
+            fill(&mut f).map_err(|e| io_err(path, e))
+        }
+        Target::File(target, perms) => {
+            let (mut f, mut tmp) = create_temp(&target)?;
+            let tmp_path = tmp.0.clone().expect("temp path set");
+            fill(&mut f).map_err(|e| io_err(&tmp_path, e))?;
+            if let Some(perms) = perms {
+                f.set_permissions(perms).map_err(|e| io_err(&tmp_path, e))?;
+            }
+            f.sync_all().map_err(|e| io_err(&tmp_path, e))?;
+            drop(f);
+            std::fs::rename(&tmp_path, &target).map_err(|e| io_err(&target, e))?;
+            tmp.0 = None; // renamed: nothing to remove
+            Ok(())
+        }
     }
-    let tmp = temp_path(path);
-    let result = (|| -> Result<()> {
-        let mut f = std::fs::File::create(&tmp).map_err(|e| io_err(&tmp, e))?;
-        fill(&mut f).map_err(|e| io_err(&tmp, e))?;
-        f.sync_all().map_err(|e| io_err(&tmp, e))?;
-        drop(f);
-        std::fs::rename(&tmp, path).map_err(|e| io_err(path, e))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
 }
 
-/// Write `tensors` as `F32` to a safetensors file at `path` (replacing it), atomically: the data
-/// goes to `<path>.tmp-<pid>` first and is renamed over `path` only when complete. On any error
-/// the temporary file is removed and `path` is left as it was. Names must be unique.
+/// Write `tensors` as `F32` to a safetensors file at `path` (replacing it) through
+/// [`write_atomic_with`]: atomic for a regular file, through symbolic links, in place for a
+/// device. On any error `path` is left as it was. Names must be unique.
 pub fn write_tensors(path: &Path, tensors: &[(&str, &Tensor)]) -> Result<()> {
     write_tensors_with_meta(
         path,
@@ -325,25 +569,10 @@ pub(crate) fn write_tensors_with_meta(
             return Err(file_err(path, format!("tensor name {n} given twice")));
         }
     }
-    if path.file_name().is_none() {
-        return Err(file_err(path, "not a file path"));
-    }
-    let tmp = temp_path(path);
-    let result = (|| -> Result<()> {
-        let views = tensors.iter().map(|(n, t)| (*n, F32View(t)));
-        safetensors::serialize_to_file(views, &Some(meta), &tmp).map_err(|e| match e {
-            SafeTensorError::IoError(io) => io_err(&tmp, io),
-            e => file_err(path, format!("cannot serialize: {e:?}")),
-        })?;
-        std::fs::File::open(&tmp)
-            .and_then(|f| f.sync_all())
-            .map_err(|e| io_err(&tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| io_err(path, e))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    let views = tensors.iter().map(|(n, t)| (*n, F32View(t)));
+    let bytes = safetensors::serialize(views, &Some(meta))
+        .map_err(|e| file_err(path, format!("cannot serialize: {e:?}")))?;
+    write_atomic(path, &bytes)
 }
 
 #[cfg(test)]
@@ -489,7 +718,7 @@ mod tests {
         let cfg = small_cfg();
         let d = tmpdir("params");
         let p = d.join("w.safetensors");
-        let params = Params::init(&cfg, 3);
+        let params = Params::init(&cfg, 3).unwrap();
         let entries: Vec<(&str, &Tensor)> = params.iter().collect();
         write_tensors(&p, &entries).unwrap();
         let back = read_params(&p, &cfg).unwrap();
@@ -510,7 +739,7 @@ mod tests {
         let cfg = small_cfg();
         let d = tmpdir("shape");
         let p = d.join("w.safetensors");
-        let mut params = Params::init(&cfg, 3);
+        let mut params = Params::init(&cfg, 3).unwrap();
         params.set("dt_bias", Tensor::zeros(&[3]));
         let entries: Vec<(&str, &Tensor)> = params.iter().collect();
         write_tensors(&p, &entries).unwrap();
@@ -520,7 +749,7 @@ mod tests {
             "{e}"
         );
 
-        let mut params = Params::init(&cfg, 3);
+        let mut params = Params::init(&cfg, 3).unwrap();
         params.set("in_proj.layer_norm_bias", Tensor::zeros(&[16]));
         let entries: Vec<(&str, &Tensor)> = params.iter().collect();
         write_tensors(&p, &entries).unwrap();
@@ -688,6 +917,290 @@ mod tests {
         assert!(e.contains("given twice"), "{e}");
         assert_eq!(read_tensors(&p).unwrap(), vec![("a".to_string(), a)]);
         assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Names in `d`, sorted.
+    fn listing(d: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn writes_through_symlinks() {
+        use std::os::unix::fs::symlink;
+        let d = tmpdir("symlink");
+        let real_dir = d.join("real");
+        std::fs::create_dir(&real_dir).unwrap();
+        let real = real_dir.join("w.safetensors");
+        write_tensors(&real, &[("a", &ramp(&[3]))]).unwrap();
+        // d/link -> real/w.safetensors (relative), d/link2 -> link (a chain)
+        let link = d.join("link");
+        symlink("real/w.safetensors", &link).unwrap();
+        let link2 = d.join("link2");
+        symlink(&link, &link2).unwrap();
+        let b = ramp(&[5]);
+        write_tensors(&link2, &[("b", &b)]).unwrap();
+        for l in [&link, &link2] {
+            assert!(
+                std::fs::symlink_metadata(l)
+                    .unwrap()
+                    .file_type()
+                    .is_symlink(),
+                "{} was replaced",
+                l.display()
+            );
+        }
+        assert_eq!(read_tensors(&real).unwrap(), vec![("b".to_string(), b)]);
+        assert_eq!(listing(&d), ["link", "link2", "real"]);
+        assert_eq!(listing(&real_dir), ["w.safetensors"]);
+
+        // a dangling link: the file it names is created, the link stays
+        let dangling = d.join("dangling");
+        symlink("real/new.toml", &dangling).unwrap();
+        write_atomic(&dangling, b"x = 1\n").unwrap();
+        assert!(std::fs::symlink_metadata(&dangling)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(
+            std::fs::read(real_dir.join("new.toml")).unwrap(),
+            b"x = 1\n"
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Run `cmd args`; false (with a note) where it is not permitted here.
+    fn try_cmd(cmd: &str, args: &[&str]) -> bool {
+        match std::process::Command::new(cmd).args(args).status() {
+            Ok(s) if s.success() => true,
+            other => {
+                eprintln!(
+                    "skipped: `{cmd} {}` not permitted here ({other:?})",
+                    args.join(" ")
+                );
+                false
+            }
+        }
+    }
+
+    #[test]
+    fn device_node_is_written_in_place() {
+        use std::os::unix::fs::FileTypeExt;
+        let d = tmpdir("mknod");
+        let null = d.join("null");
+        // a copy of /dev/null (char 1:3); never the real one
+        if !try_cmd("mknod", &[null.to_str().unwrap(), "c", "1", "3"]) {
+            return;
+        }
+        write_tensors(&null, &[("a", &ramp(&[4]))]).unwrap();
+        write_atomic(&null, b"text").unwrap();
+        let m = std::fs::symlink_metadata(&null).unwrap();
+        assert!(m.file_type().is_char_device(), "replaced: {m:?}");
+        assert_eq!(listing(&d), ["null"]);
+        // through a symbolic link too
+        let link = d.join("link");
+        std::os::unix::fs::symlink(&null, &link).unwrap();
+        write_atomic(&link, b"text").unwrap();
+        assert!(std::fs::symlink_metadata(&null)
+            .unwrap()
+            .file_type()
+            .is_char_device());
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn fifo_is_written_in_place() {
+        use std::io::Read;
+        use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+        let d = tmpdir("fifo");
+        let fifo = d.join("fifo");
+        if !try_cmd("mkfifo", &[fifo.to_str().unwrap()]) {
+            return;
+        }
+        // a non-blocking reader, so the writer's open does not wait (O_NONBLOCK = 0o4000)
+        let mut reader = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(0o4000)
+            .open(&fifo)
+            .unwrap();
+        let a = ramp(&[6]);
+        write_tensors(&fifo, &[("a", &a)]).unwrap();
+        assert!(std::fs::symlink_metadata(&fifo)
+            .unwrap()
+            .file_type()
+            .is_fifo());
+        let mut got = Vec::new();
+        reader.read_to_end(&mut got).unwrap();
+        let st = SafeTensors::deserialize(&got).unwrap();
+        assert_eq!(st.names(), ["a"]);
+        assert_eq!(listing(&d), ["fifo"]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn directory_target_is_refused() {
+        let d = tmpdir("dirtarget");
+        let sub = d.join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        let link = d.join("link");
+        std::os::unix::fs::symlink(&sub, &link).unwrap();
+        for p in [&sub, &link] {
+            let e = write_tensors(p, &[("a", &ramp(&[2]))]).unwrap_err();
+            assert!(matches!(e, GdnError::File { .. }), "{e:?}");
+            let e = e.to_string();
+            assert!(
+                e.contains("is a directory; expected a file path")
+                    && e.contains(&*p.display().to_string()),
+                "{e}"
+            );
+        }
+        assert!(sub.is_dir());
+        assert_eq!(listing(&d), ["link", "sub"]);
+        assert!(listing(&sub).is_empty());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn failed_or_panicking_fill_leaves_no_temp_file() {
+        let d = tmpdir("fillerr");
+        let p = d.join("f.txt");
+        write_atomic(&p, b"old").unwrap();
+        let e = write_atomic_with(&p, |f| {
+            use std::io::Write;
+            f.write_all(b"partial")?;
+            Err(std::io::Error::other("disk on fire"))
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("disk on fire"), "{e}");
+        assert_eq!(std::fs::read(&p).unwrap(), b"old");
+        assert_eq!(listing(&d), ["f.txt"]);
+        let r = std::panic::catch_unwind(|| {
+            let _ = write_atomic_with(&p, |f| {
+                use std::io::Write;
+                f.write_all(b"partial")?;
+                panic!("fill panicked");
+            });
+        });
+        assert!(r.is_err());
+        assert_eq!(std::fs::read(&p).unwrap(), b"old");
+        assert_eq!(listing(&d), ["f.txt"]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn temp_file_never_replaces_an_existing_one_and_permissions_stay() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tmpdir("perm");
+        let p = d.join("f.txt");
+        std::fs::write(&p, b"old").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        // something of the user's at the name the old writer used
+        let theirs = d.join(format!("f.txt.tmp-{}", std::process::id()));
+        std::fs::write(&theirs, b"theirs").unwrap();
+        write_atomic(&p, b"new").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"new");
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(std::fs::read(&theirs).unwrap(), b"theirs");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// The raw bytes of a safetensors file: length, header, data.
+    fn raw_file(header: &str, data: &[u8]) -> Vec<u8> {
+        let mut b = (header.len() as u64).to_le_bytes().to_vec();
+        b.extend_from_slice(header.as_bytes());
+        b.extend_from_slice(data);
+        b
+    }
+
+    #[test]
+    fn endless_and_lying_inputs_are_refused() {
+        // /dev/zero: header length 0, then an endless stream
+        let e = read_any(Path::new("/dev/zero")).unwrap_err().to_string();
+        assert!(e.contains("/dev/zero") && e.contains("header"), "{e}");
+        let e = read_limited(Path::new("/dev/zero"), 1000)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("larger than the 1000 bytes"), "{e}");
+
+        let d = tmpdir("lying");
+        let p = d.join("x.safetensors");
+        // header claims 4 TB of data the file does not have
+        std::fs::write(
+            &p,
+            raw_file(
+                r#"{"x":{"dtype":"F32","shape":[1000000000000],"data_offsets":[0,4000000000000]}}"#,
+                &[0; 16],
+            ),
+        )
+        .unwrap();
+        let e = read_any(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("declares 4000000000000 data bytes, the file has 16"),
+            "{e}"
+        );
+        // header length past the end of the file
+        let mut b = raw_file("{}", &[]);
+        b[..8].copy_from_slice(&1000u64.to_le_bytes());
+        std::fs::write(&p, &b).unwrap();
+        let e = read_any(&p).unwrap_err().to_string();
+        assert!(e.contains("header length 1000 runs past the end"), "{e}");
+        // header length beyond safetensors' limit
+        b[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+        std::fs::write(&p, &b).unwrap();
+        let e = read_any(&p).unwrap_err().to_string();
+        assert!(e.contains("larger than the 100000000 bytes allowed"), "{e}");
+        // a shape whose element count overflows
+        std::fs::write(
+            &p,
+            raw_file(
+                r#"{"x":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,0]}}"#,
+                &[],
+            ),
+        )
+        .unwrap();
+        let e = read_any(&p).unwrap_err().to_string();
+        assert!(e.contains("overflows"), "{e}");
+        // a directory
+        let e = read_any(&d).unwrap_err().to_string();
+        assert!(e.contains("is a directory"), "{e}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn streams_are_read_up_to_the_declared_size() {
+        use std::io::Write;
+        let d = tmpdir("stream");
+        let fifo = d.join("fifo");
+        if !try_cmd("mkfifo", &[fifo.to_str().unwrap()]) {
+            return;
+        }
+        let a = ramp(&[3, 100]);
+        let bytes = safetensors::serialize([("a", F32View(&a))], &None).unwrap();
+        let feed = |extra: &'static [u8]| {
+            let (fifo, bytes) = (fifo.clone(), bytes.clone());
+            std::thread::spawn(move || {
+                let mut f = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+                let _ = f.write_all(&bytes);
+                let _ = f.write_all(extra);
+            })
+        };
+        let t = feed(b"");
+        assert_eq!(read_tensors(&fifo).unwrap(), vec![("a".to_string(), a)]);
+        t.join().unwrap();
+        let t = feed(b"trailing");
+        let e = read_tensors(&fifo).unwrap_err().to_string();
+        assert!(e.contains("more data after the 1200 data bytes"), "{e}");
+        t.join().unwrap();
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

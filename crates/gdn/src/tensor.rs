@@ -95,22 +95,3 @@ pub fn check_finite(name: &str, x: &[f32]) -> Result<()> {
         }),
     }
 }
-
-/// Copy columns `[c0, c0+w)` of a row-major `[rows, cols]` matrix into a new `[rows, w]` buffer.
-pub fn take_cols(x: &[f32], cols: usize, c0: usize, w: usize) -> Vec<f32> {
-    let rows = x.len() / cols;
-    let mut out = Vec::with_capacity(rows * w);
-    for r in 0..rows {
-        out.extend_from_slice(&x[r * cols + c0..r * cols + c0 + w]);
-    }
-    out
-}
-
-/// Write a `[rows, w]` buffer into columns `[c0, c0+w)` of a row-major `[rows, cols]` matrix.
-pub fn put_cols(dst: &mut [f32], cols: usize, c0: usize, src: &[f32], w: usize) {
-    let rows = dst.len() / cols;
-    debug_assert_eq!(src.len(), rows * w);
-    for r in 0..rows {
-        dst[r * cols + c0..r * cols + c0 + w].copy_from_slice(&src[r * w..(r + 1) * w]);
-    }
-}

@@ -13,6 +13,7 @@
 
 use std::sync::Arc;
 
+use gdn::backend::{Act, P};
 use gdn::config::Normalization;
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::{conv1d, gated_norm, gates, l2norm, linear, norm};
@@ -274,11 +275,11 @@ fn norm_case(kind: Normalization, zc: bool, rows: usize, dim: usize, seed: u64) 
         );
         let o = twice(&format!("{op} {}", dts(dt)), || {
             let mut y = nan_d(&gpu, rows * dim, dt);
-            let mut st = norm::cuda::GpuNormStats {
+            let mut st = norm::GpuNormStats {
                 rstd: nan_g(&gpu, rows),
                 mean: layer.then(|| nan_g(&gpu, rows)),
             };
-            norm::cuda::norm_forward_into(
+            norm::cuda::forward(
                 &xd,
                 rows,
                 dim,
@@ -294,7 +295,7 @@ fn norm_case(kind: Normalization, zc: bool, rows: usize, dim: usize, seed: u64) 
             let mut dx = nan_d(&gpu, rows * dim, dt);
             let mut dw = nan_g(&gpu, dim);
             let mut db = layer.then(|| nan_g(&gpu, dim));
-            norm::cuda::norm_backward_into(
+            norm::cuda::backward(
                 &xd,
                 rows,
                 dim,
@@ -323,9 +324,9 @@ fn norm_case(kind: Normalization, zc: bool, rows: usize, dim: usize, seed: u64) 
         match dt {
             DType::F32 => {
                 let (y, st) =
-                    norm::norm_forward(&x, rows, dim, &w, b.as_deref(), kind, eps, zc).unwrap();
+                    norm::cpu::forward(&x, rows, dim, &w, b.as_deref(), kind, eps, zc).unwrap();
                 let (dx, dw, db) =
-                    norm::norm_backward(&x, rows, dim, &w, kind, zc, &st, &dy).unwrap();
+                    norm::cpu::backward(&x, rows, dim, &w, kind, zc, &st, &dy).unwrap();
                 vs_cpu(&op, "y", get(&o, "y"), &y);
                 vs_cpu(&op, "rstd", get(&o, "rstd"), &st.rstd);
                 vs_cpu(&op, "dx", get(&o, "dx"), &dx);
@@ -380,20 +381,19 @@ fn norm_rms_and_layer() {
     norm_case(Normalization::LayerNorm, true, 4096, 1024, 2);
     // errors: dtype mismatch, wrong lengths
     let gpu = gpu();
-    let x = DBuf::upload(&gpu, &[1.0; 64], DType::F32).unwrap();
+    let x = Act::Dev(DBuf::upload(&gpu, &[1.0; 64], DType::F32).unwrap());
     let w = gpu.upload(&[1.0f32; 16]).unwrap();
-    assert!(
-        norm::cuda::norm_forward(&x, 4, 16, &w, None, Normalization::RMSNorm, 1e-5, false).is_ok()
-    );
+    let w = P::Dev(&w);
+    let rms = Normalization::RMSNorm;
+    assert!(norm::forward(&x, 4, 16, w, None, rms, 1e-5, false).is_ok());
     assert!(matches!(
-        norm::cuda::norm_forward(&x, 5, 16, &w, None, Normalization::RMSNorm, 1e-5, false),
+        norm::forward(&x, 5, 16, w, None, rms, 1e-5, false),
         Err(GdnError::Invalid(_))
     ));
-    let (_, st) =
-        norm::cuda::norm_forward(&x, 4, 16, &w, None, Normalization::RMSNorm, 1e-5, false).unwrap();
-    let dy = DBuf::upload(&gpu, &[1.0; 64], DType::Bf16).unwrap();
+    let (_, st) = norm::forward(&x, 4, 16, w, None, rms, 1e-5, false).unwrap();
+    let dy = Act::Dev(DBuf::upload(&gpu, &[1.0; 64], DType::Bf16).unwrap());
     assert!(matches!(
-        norm::cuda::norm_backward(&x, 4, 16, &w, Normalization::RMSNorm, false, &st, &dy),
+        norm::backward(&x, 4, 16, w, rms, false, &st, &dy),
         Err(GdnError::Invalid(_))
     ));
 }
@@ -417,19 +417,17 @@ fn linear_gemm() {
         );
         let o = twice(&format!("{op} {}", dts(dt)), || {
             let mut y = nan_d(&gpu, rows * out_dim, dt);
-            linear::cuda::linear_forward_into(&xd, rows, in_dim, &wd, out_dim, &mut y).unwrap();
+            linear::cuda::forward(&xd, rows, in_dim, &wd, out_dim, &mut y).unwrap();
             let mut dx = nan_d(&gpu, rows * in_dim, dt);
             let mut dw = nan_g(&gpu, out_dim * in_dim);
-            linear::cuda::linear_backward_into(
-                &xd, rows, in_dim, &wd, out_dim, &dyd, &mut dx, &mut dw,
-            )
-            .unwrap();
+            linear::cuda::backward(&xd, rows, in_dim, &wd, out_dim, &dyd, &mut dx, &mut dw)
+                .unwrap();
             vec![("y", dl(&y)), ("dx", dl(&dx)), ("dW", dlg(&dw))]
         });
         match dt {
             DType::F32 => {
-                let y = linear::linear_forward(&x, rows, in_dim, &w, out_dim).unwrap();
-                let (dx, dw) = linear::linear_backward(&x, rows, in_dim, &w, out_dim, &dy).unwrap();
+                let y = linear::cpu::forward(&x, rows, in_dim, &w, out_dim).unwrap();
+                let (dx, dw) = linear::cpu::backward(&x, rows, in_dim, &w, out_dim, &dy).unwrap();
                 vs_cpu(&op, "y", get(&o, "y"), &y);
                 vs_cpu(&op, "dx", get(&o, "dx"), &dx);
                 vs_cpu(&op, "dW", get(&o, "dW"), &dw);
@@ -446,9 +444,9 @@ fn linear_gemm() {
             }
         }
     }
-    let bad = DBuf::upload(&gpu, &[1.0; 10], DType::F32).unwrap();
+    let bad = Act::Dev(DBuf::upload(&gpu, &[1.0; 10], DType::F32).unwrap());
     assert!(matches!(
-        linear::cuda::linear_forward(&bad, 4, 3, &wd, out_dim),
+        linear::forward(&bad, 4, 3, P::Dev(&wd), out_dim),
         Err(GdnError::Invalid(_))
     ));
 }
@@ -477,12 +475,11 @@ fn conv_case(tokens: usize, ch: usize, width: usize, cu: &[u64], with_bias: bool
         );
         let o = twice(&format!("{op} {}", dts(dt)), || {
             let mut y = nan_d(&gpu, tokens * ch, dt);
-            conv1d::cuda::conv1d_silu_forward_into(&xd, ch, &wd, width, bd.as_ref(), &seqs, &mut y)
-                .unwrap();
+            conv1d::cuda::forward(&xd, ch, &wd, width, bd.as_ref(), &seqs, &mut y).unwrap();
             let mut dx = nan_d(&gpu, tokens * ch, dt);
             let mut dw = nan_g(&gpu, ch * width);
             let mut db = with_bias.then(|| nan_g(&gpu, ch));
-            conv1d::cuda::conv1d_silu_backward_into(
+            conv1d::cuda::backward(
                 &xd,
                 ch,
                 &wd,
@@ -509,11 +506,9 @@ fn conv_case(tokens: usize, ch: usize, width: usize, cu: &[u64], with_bias: bool
         }
         match dt {
             DType::F32 => {
-                let y =
-                    conv1d::conv1d_silu_forward(&x, ch, &w, width, bias.as_deref(), &seqs).unwrap();
+                let y = conv1d::cpu::forward(&x, ch, &w, width, bias.as_deref(), &seqs).unwrap();
                 let (dx, dw, db) =
-                    conv1d::conv1d_silu_backward(&x, ch, &w, width, bias.as_deref(), &seqs, &dy)
-                        .unwrap();
+                    conv1d::cpu::backward(&x, ch, &w, width, bias.as_deref(), &seqs, &dy).unwrap();
                 vs_cpu(&op, "y", get(&o, "y"), &y);
                 vs_cpu(&op, "dx", get(&o, "dx"), &dx);
                 vs_cpu(&op, "dw", get(&o, "dw"), &dw);
@@ -552,11 +547,11 @@ fn conv1d_silu_packed_with_padding() {
     conv_case(4096, 4096, 4, &[0, 1000, 1001, 2500, 2500, 4000], false, 4);
     conv_case(1000, 384, 3, &[0, 7, 300, 301, 777, 1000], true, 5);
     let gpu = gpu();
-    let x = DBuf::upload(&gpu, &[1.0; 64], DType::F32).unwrap();
+    let x = Act::Dev(DBuf::upload(&gpu, &[1.0; 64], DType::F32).unwrap());
     let w = gpu.upload(&[1.0f32; 16 * 40]).unwrap();
     let seqs = Seqs::uniform(1, 4);
     assert!(matches!(
-        conv1d::cuda::conv1d_silu_forward(&x, 16, &w, 40, None, &seqs),
+        conv1d::forward(&x, 16, P::Dev(&w), 40, None, &seqs),
         Err(GdnError::Invalid(_))
     ));
 }
@@ -579,10 +574,10 @@ fn l2norm_rows() {
         let o = twice(&format!("{op} {}", dts(dt)), || {
             let mut y = nan_d(&gpu, rows * dim, dt);
             let mut rstd = nan_g(&gpu, rows);
-            l2norm::cuda::l2norm_forward_into(&xd, rows, dim, &mut y, &mut rstd).unwrap();
-            let rstd2 = l2norm::cuda::l2norm_rstd(&xd, rows, dim).unwrap();
+            l2norm::cuda::forward(&xd, rows, dim, &mut y, &mut rstd).unwrap();
+            let rstd2 = l2norm::cuda::rstd(&xd, rows, dim).unwrap();
             let mut dx = nan_d(&gpu, rows * dim, dt);
-            l2norm::cuda::l2norm_backward_into(&xd, rows, dim, &rstd, &dyd, &mut dx).unwrap();
+            l2norm::cuda::backward(&xd, rows, dim, &rstd, &dyd, &mut dx).unwrap();
             let (r1, r2) = (dlg(&rstd), dlg(&rstd2));
             assert!(
                 bits(&r1) == bits(&r2),
@@ -592,8 +587,8 @@ fn l2norm_rows() {
         });
         match dt {
             DType::F32 => {
-                let (y, rstd) = l2norm::l2norm_forward(&x, rows, dim).unwrap();
-                let dx = l2norm::l2norm_backward(&x, rows, dim, &rstd, &dy).unwrap();
+                let (y, rstd) = l2norm::cpu::forward(&x, rows, dim).unwrap();
+                let dx = l2norm::cpu::backward(&x, rows, dim, &rstd, &dy).unwrap();
                 vs_cpu(&op, "y", get(&o, "y"), &y);
                 vs_cpu(&op, "rstd", get(&o, "rstd"), &rstd);
                 vs_cpu(&op, "dx", get(&o, "dx"), &dx);
@@ -683,15 +678,14 @@ fn gates_gdn_gdn2_sigmoid() {
         let n = rows * heads;
         let o = twice(&format!("{op} {}", dts(dt)), || {
             let (mut g, mut beta) = (nan_g(&gpu, n), nan_d(&gpu, n, dt));
-            gates::cuda::gates_forward_into(&ad, &bd, rows, heads, &ald, &dtd, &mut g, &mut beta)
-                .unwrap();
+            gates::cuda::forward(&ad, &bd, rows, heads, &ald, &dtd, &mut g, &mut beta).unwrap();
             let (mut da, mut db, mut dal, mut ddt) = (
                 nan_d(&gpu, n, dt),
                 nan_d(&gpu, n, dt),
                 nan_g(&gpu, heads),
                 nan_g(&gpu, heads),
             );
-            gates::cuda::gates_backward_into(
+            gates::cuda::backward(
                 &ad, &bd, rows, heads, &ald, &dtd, &dgd, &dbd, &mut da, &mut db, &mut dal, &mut ddt,
             )
             .unwrap();
@@ -706,10 +700,9 @@ fn gates_gdn_gdn2_sigmoid() {
         });
         match dt {
             DType::F32 => {
-                let (g, beta) =
-                    gates::gates_forward(&a, &b, rows, heads, &a_log, &dt_bias).unwrap();
+                let (g, beta) = gates::cpu::forward(&a, &b, rows, heads, &a_log, &dt_bias).unwrap();
                 let (da, db, dal, ddt) =
-                    gates::gates_backward(&a, &b, rows, heads, &a_log, &dt_bias, &dg, &dbeta)
+                    gates::cpu::backward(&a, &b, rows, heads, &a_log, &dt_bias, &dg, &dbeta)
                         .unwrap();
                 for (name, want) in [
                     ("g", &g),
@@ -775,17 +768,17 @@ fn gates_gdn_gdn2_sigmoid() {
         let n = rows * cols;
         let o = twice(&format!("{op2} {}", dts(dt)), || {
             let mut g = nan_g(&gpu, n);
-            gates::cuda::gates2_forward_into(&fd, rows, kh, dk, &ald2, &dtd2, &mut g).unwrap();
+            gates::cuda::gdn2_forward(&fd, rows, kh, dk, &ald2, &dtd2, &mut g).unwrap();
             let (mut df, mut dal, mut ddt) =
                 (nan_d(&gpu, n, dt), nan_g(&gpu, kh), nan_g(&gpu, cols));
-            gates::cuda::gates2_backward_into(
+            gates::cuda::gdn2_backward(
                 &fd, rows, kh, dk, &ald2, &dtd2, &dgd2, &mut df, &mut dal, &mut ddt,
             )
             .unwrap();
             let mut s = nan_d(&gpu, n, dt);
-            gates::cuda::sigmoid_forward_into(&fd, &mut s).unwrap();
+            gates::cuda::sigmoid_forward(&fd, &mut s).unwrap();
             let mut ds = nan_d(&gpu, n, dt);
-            gates::cuda::sigmoid_backward_into(&s, &dyd, &mut ds).unwrap();
+            gates::cuda::sigmoid_backward(&s, &dyd, &mut ds).unwrap();
             vec![
                 ("g", dlg(&g)),
                 ("df", dl(&df)),
@@ -797,14 +790,14 @@ fn gates_gdn_gdn2_sigmoid() {
         });
         match dt {
             DType::F32 => {
-                let g = gates::gates2_forward(&f, rows, kh, dk, &a_log2, &dt2).unwrap();
+                let g = gates::cpu::gdn2_forward(&f, rows, kh, dk, &a_log2, &dt2).unwrap();
                 let (df, dal, ddt) =
-                    gates::gates2_backward(&f, rows, kh, dk, &a_log2, &dt2, &dg2).unwrap();
+                    gates::cpu::gdn2_backward(&f, rows, kh, dk, &a_log2, &dt2, &dg2).unwrap();
                 for (name, want) in [("g", &g), ("df", &df), ("dA_log", &dal), ("ddt_bias", &ddt)] {
                     vs_cpu(&op2, name, get(&o, name), want);
                 }
-                let s = gates::sigmoid_forward(&f);
-                let ds = gates::sigmoid_backward(&s, &dys);
+                let s = gates::cpu::sigmoid_forward(&f);
+                let ds = gates::cpu::sigmoid_backward(&s, &dys);
                 vs_cpu(&ops, "y", get(&o, "sig"), &s);
                 vs_cpu(&ops, "dx", get(&o, "dsig"), &ds);
             }
@@ -855,11 +848,11 @@ fn gated_norm_case(kind: Normalization, zc: bool, rows: usize, dv: usize, seed: 
         let n = rows * dv;
         let out = twice(&format!("{op} {}", dts(dt)), || {
             let mut y = nan_d(&gpu, n, dt);
-            let mut st = norm::cuda::GpuNormStats {
+            let mut st = norm::GpuNormStats {
                 rstd: nan_g(&gpu, rows),
                 mean: layer.then(|| nan_g(&gpu, rows)),
             };
-            gated_norm::cuda::gated_norm_forward_into(
+            gated_norm::cuda::forward(
                 &od,
                 &zd,
                 rows,
@@ -876,7 +869,7 @@ fn gated_norm_case(kind: Normalization, zc: bool, rows: usize, dv: usize, seed: 
             let (mut d_o, mut dz, mut dw) =
                 (nan_d(&gpu, n, dt), nan_d(&gpu, n, dt), nan_g(&gpu, dv));
             let mut db = layer.then(|| nan_g(&gpu, dv));
-            gated_norm::cuda::gated_norm_backward_into(
+            gated_norm::cuda::backward(
                 &od,
                 &zd,
                 rows,
@@ -907,19 +900,10 @@ fn gated_norm_case(kind: Normalization, zc: bool, rows: usize, dv: usize, seed: 
         });
         match dt {
             DType::F32 => {
-                let (y, st) = gated_norm::gated_norm_forward(
-                    &o_,
-                    &z,
-                    rows,
-                    dv,
-                    &w,
-                    b.as_deref(),
-                    kind,
-                    eps,
-                    zc,
-                )
-                .unwrap();
-                let (d_o, dz, dw, db) = gated_norm::gated_norm_backward(
+                let (y, st) =
+                    gated_norm::cpu::forward(&o_, &z, rows, dv, &w, b.as_deref(), kind, eps, zc)
+                        .unwrap();
+                let (d_o, dz, dw, db) = gated_norm::cpu::backward(
                     &o_,
                     &z,
                     rows,

@@ -6,7 +6,9 @@
 use std::sync::Arc;
 
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
-use gdn::ops::gated_delta_rule::cuda::{backward_cuda, forward_cuda, set_poison};
+use gdn::ops::gated_delta_rule::cuda::{
+    backward as backward_cuda, forward as forward_cuda, set_poison,
+};
 use gdn::ops::gated_delta_rule::reference::{self, RefInputs};
 use gdn::ops::gated_delta_rule::{self as gdr, RuleOpts, RuleShape};
 use gdn::testutil::{max_rel_err as max_rel, rms_rel_err as rms_rel};
@@ -213,7 +215,7 @@ fn run_gpu(gpu: &Arc<Gpu>, c: &Case, dt: DType) -> Out {
 
 /// The CPU op (f32), same outputs.
 fn run_cpu(c: &Case) -> Out {
-    let (o, fin) = gdr::forward(
+    let (o, fin) = gdr::cpu::forward(
         &c.q,
         &c.k,
         &c.v,
@@ -226,7 +228,7 @@ fn run_cpu(c: &Case) -> Out {
         true,
     )
     .unwrap();
-    let gr = gdr::backward(
+    let gr = gdr::cpu::backward(
         &c.q,
         &c.k,
         &c.v,

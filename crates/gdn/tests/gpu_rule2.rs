@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
-use gdn::ops::gdn2_rule::cuda::{backward_cuda, forward_cuda, set_poison};
+use gdn::ops::gdn2_rule::cuda::{backward as backward_cuda, forward as forward_cuda, set_poison};
 use gdn::ops::gdn2_rule::reference::{self, RefInputs};
 use gdn::ops::gdn2_rule::{self as g2, RuleOpts, RuleShape};
 use gdn::testutil::{max_rel_err as max_rel, rms_rel_err as rms_rel};
@@ -209,7 +209,7 @@ fn run_gpu(gpu: &Arc<Gpu>, c: &Case, dt: DType) -> Out {
 }
 
 fn run_cpu(c: &Case) -> Out {
-    let (o, fin) = g2::forward(
+    let (o, fin) = g2::cpu::forward(
         &c.q,
         &c.k,
         &c.v,
@@ -223,7 +223,7 @@ fn run_cpu(c: &Case) -> Out {
         true,
     )
     .unwrap();
-    let gr = g2::backward(
+    let gr = g2::cpu::backward(
         &c.q,
         &c.k,
         &c.v,

@@ -17,14 +17,18 @@ mod infer;
 pub use infer::InferenceCache;
 use std::sync::{Arc, OnceLock};
 
+use crate::backend::cuda::{self, DBuf, DType, GBuf, Gpu};
+use crate::backend::Device;
+use crate::backend::{Act, F32s, P};
 use crate::config::{GdnConfig, Normalization, Variant};
-use crate::device::cuda::{self, DBuf, DType, GBuf, Gpu};
-use crate::device::Device;
 use crate::error::{GdnError, Result};
-use crate::layer::exec::{self, Act, F32s, Stats, P};
 use crate::layer::saved::Acts;
 use crate::layer::{Grads, Params, Saved};
 use crate::ops::gated_delta_rule::{RuleOpts, RuleShape};
+use crate::ops::norm::Stats;
+use crate::ops::{
+    conv1d, gated_delta_rule, gated_norm, gates, gdn2_rule, l2norm, layout, linear, norm,
+};
 use crate::seqs::Seqs;
 use crate::tensor::Tensor;
 
@@ -209,7 +213,7 @@ impl GatedDeltaNet {
     /// A layer with Megatron's initialization from `seed`, on the CPU. Validates `cfg`.
     pub fn new(cfg: &GdnConfig, seed: u64) -> Result<Self> {
         cfg.validate()?;
-        Ok(Self::build(cfg.clone(), Params::init(cfg, seed)))
+        Ok(Self::build(cfg.clone(), Params::init(cfg, seed)?))
     }
     /// A layer with given parameters (checked against `cfg`: names and shapes), on the CPU.
     pub fn with_params(cfg: &GdnConfig, params: Params) -> Result<Self> {
@@ -238,7 +242,12 @@ impl GatedDeltaNet {
                 }
             }
             Device::Cuda(i) => {
-                cuda::gpu(i)?;
+                let gpu = cuda::gpu(i)?;
+                crate::budget::check_gpu(
+                    &gpu,
+                    &self.cfg.describe_params(),
+                    self.cfg.param_bytes(),
+                )?;
             }
         }
         self.device = device;
@@ -510,7 +519,7 @@ impl GatedDeltaNet {
     ) -> Result<(Act, Act, Vec<Act>, Stats)> {
         let c = &self.cfg;
         let (vd, cd, pd) = (c.v_dim(), c.conv_dim(), c.in_proj_dim());
-        let (xn, in_stats) = exec::norm_fwd(
+        let (xn, in_stats) = norm::forward(
             x,
             n,
             c.hidden_size,
@@ -520,14 +529,14 @@ impl GatedDeltaNet {
             c.layernorm_epsilon,
             c.layernorm_zero_centered_gamma,
         )?;
-        let proj = exec::linear_fwd(&xn, n, c.hidden_size, p.get("in_proj.weight"), pd)?;
+        let proj = linear::forward(&xn, n, c.hidden_size, p.get("in_proj.weight"), pd)?;
         drop(xn);
-        let qkv_pre = exec::take_cols(&proj, pd, 0, cd)?;
-        let z = exec::take_cols(&proj, pd, cd, vd)?;
+        let qkv_pre = layout::take_cols(&proj, pd, 0, cd)?;
+        let z = layout::take_cols(&proj, pd, cd, vd)?;
         let mut gate_in = Vec::new();
         let mut off = cd + vd;
         for w in self.gate_sections() {
-            gate_in.push(exec::take_cols(&proj, pd, off, w)?);
+            gate_in.push(layout::take_cols(&proj, pd, off, w)?);
             off += w;
         }
         Ok((qkv_pre, z, gate_in, in_stats))
@@ -545,7 +554,7 @@ impl GatedDeltaNet {
     ) -> Result<(Act, Act, Stats)> {
         let c = &self.cfg;
         let (hv, dv, vd) = (c.linear_num_value_heads, c.linear_value_head_dim, c.v_dim());
-        let (norm_out, o_stats) = exec::gated_norm_fwd(
+        let (norm_out, o_stats) = gated_norm::forward(
             o,
             z,
             n * hv,
@@ -557,7 +566,7 @@ impl GatedDeltaNet {
             c.layernorm_zero_centered_gamma,
         )?;
         prof.mark("fwd gated norm");
-        let y = exec::linear_fwd(&norm_out, n, vd, p.get("out_proj.weight"), c.hidden_size)?;
+        let y = linear::forward(&norm_out, n, vd, p.get("out_proj.weight"), c.hidden_size)?;
         Ok((y, norm_out, o_stats))
     }
 
@@ -573,7 +582,7 @@ impl GatedDeltaNet {
     ) -> Result<RuleInputs> {
         let c = &self.cfg;
         let (n, cd, w) = (seqs.tokens(), c.conv_dim(), c.linear_conv_kernel_dim);
-        let qkv = exec::conv_fwd(
+        let qkv = conv1d::forward(
             qkv_pre,
             cd,
             p.get("conv1d.weight"),
@@ -600,23 +609,23 @@ impl GatedDeltaNet {
             c.linear_key_head_dim,
         );
         let (qk, vd, cd) = (c.qk_dim(), c.v_dim(), c.conv_dim());
-        let q = exec::take_cols(&qkv, cd, 0, qk)?;
-        let k = exec::take_cols(&qkv, cd, qk, qk)?;
-        let v = exec::take_cols(&qkv, cd, 2 * qk, vd)?;
+        let q = layout::take_cols(&qkv, cd, 0, qk)?;
+        let k = layout::take_cols(&qkv, cd, qk, qk)?;
+        let v = layout::take_cols(&qkv, cd, 2 * qk, vd)?;
         drop(qkv);
         // Caller-side q/k L2 norm (Megatron's route); with `use_qk_l2norm_in_kernel` the rule
         // normalizes the raw rows itself and no normalized copy exists.
         let qkn = if c.use_qk_l2norm && !c.use_qk_l2norm_in_kernel {
             Some((
-                exec::l2norm_fwd(&q, n * hk, dk)?,
-                exec::l2norm_fwd(&k, n * hk, dk)?,
+                l2norm::forward(&q, n * hk, dk)?,
+                l2norm::forward(&k, n * hk, dk)?,
             ))
         } else {
             None
         };
         let gates = match c.variant {
             Variant::Gdn => {
-                let (g, beta) = exec::gates_fwd(
+                let (g, beta) = gates::forward(
                     &gate_in[1],
                     &gate_in[0],
                     n,
@@ -627,7 +636,7 @@ impl GatedDeltaNet {
                 Gates::Gdn { g, beta }
             }
             Variant::Gdn2 => {
-                let (g_key, b_key, w) = exec::gates2_fwd(
+                let (g_key, b_key, w) = gates::gdn2_forward(
                     &gate_in[0],
                     &gate_in[1],
                     &gate_in[2],
@@ -638,8 +647,8 @@ impl GatedDeltaNet {
                     p.get("dt_bias"),
                 )?;
                 Gates::Gdn2 {
-                    g: exec::repeat_heads_f32s(&g_key, n, hk, hv, dk)?,
-                    b: exec::repeat_heads(&b_key, n, hk, hv, dk)?,
+                    g: layout::repeat_heads_f32s(&g_key, n, hk, hv, dk)?,
+                    b: layout::repeat_heads(&b_key, n, hk, hv, dk)?,
                     w,
                     b_key,
                 }
@@ -664,10 +673,10 @@ impl GatedDeltaNet {
         let (s, o) = (self.rule_shape(), self.rule_opts());
         match &r.gates {
             Gates::Gdn { g, beta } => {
-                exec::rule_fwd(r.qn(), r.kn(), &r.v, g, beta, seqs, s, o, h0, want_final)
+                gated_delta_rule::forward(r.qn(), r.kn(), &r.v, g, beta, seqs, s, o, h0, want_final)
             }
             Gates::Gdn2 { g, b, w, .. } => {
-                exec::rule2_fwd(r.qn(), r.kn(), &r.v, g, b, w, seqs, s, o, h0, want_final)
+                gdn2_rule::forward(r.qn(), r.kn(), &r.v, g, b, w, seqs, s, o, h0, want_final)
             }
         }
     }
@@ -763,7 +772,7 @@ impl GatedDeltaNet {
         let norm_out = match a.norm_out {
             Some(v) => v,
             None => {
-                exec::gated_norm_fwd(
+                gated_norm::forward(
                     &a.o,
                     &a.z,
                     n * hv,
@@ -778,13 +787,13 @@ impl GatedDeltaNet {
             }
         };
         let (d_norm_out, d_wout) =
-            exec::linear_bwd(&norm_out, n, vd, p.get("out_proj.weight"), h, dy)?;
+            linear::backward(&norm_out, n, vd, p.get("out_proj.weight"), h, dy)?;
         drop(norm_out);
         set("out_proj.weight", &[h, vd], d_wout)?;
         prof.mark("bwd out_proj (+ norm_out rebuild)");
 
         // 7. Gated norm.
-        let (d_o, dz, d_onw, d_onb) = exec::gated_norm_bwd(
+        let (d_o, dz, d_onw, d_onb) = gated_norm::backward(
             &a.o,
             &a.z,
             n * hv,
@@ -812,9 +821,27 @@ impl GatedDeltaNet {
         let gi = &a.gate_in;
         let (dq, dk_, dv_, d_gate_in, dh0) = match &r.gates {
             Gates::Gdn { g, beta } => {
-                let (dq, dkk, dvv, dg, dbeta, dh0) =
-                    exec::rule_bwd(r.qn(), r.kn(), &r.v, g, beta, seqs, s, o, h0, &d_o, d_final)?;
-                let (dalpha, dbeta_raw, d_alog, d_dt) = exec::gates_bwd(
+                let gated_delta_rule::RuleGrads {
+                    dq,
+                    dk: dkk,
+                    dv: dvv,
+                    dg,
+                    dbeta,
+                    dh0,
+                } = gated_delta_rule::backward(
+                    r.qn(),
+                    r.kn(),
+                    &r.v,
+                    g,
+                    beta,
+                    seqs,
+                    s,
+                    o,
+                    h0,
+                    &d_o,
+                    d_final,
+                )?;
+                let (dalpha, dbeta_raw, d_alog, d_dt) = gates::backward(
                     &gi[1],
                     &gi[0],
                     n,
@@ -829,24 +856,51 @@ impl GatedDeltaNet {
                 (dq, dkk, dvv, vec![dbeta_raw, dalpha], dh0)
             }
             Gates::Gdn2 { g, b, w, b_key } => {
-                let (dq, dkk, dvv, dg, db, dw, dh0) =
-                    exec::rule2_bwd(r.qn(), r.kn(), &r.v, g, b, w, seqs, s, o, h0, &d_o, d_final)?;
+                let gdn2_rule::RuleGrads {
+                    dq,
+                    dk: dkk,
+                    dv: dvv,
+                    dg,
+                    db,
+                    dw,
+                    dh0,
+                } = gdn2_rule::backward(
+                    r.qn(),
+                    r.kn(),
+                    &r.v,
+                    g,
+                    b,
+                    w,
+                    seqs,
+                    s,
+                    o,
+                    h0,
+                    &d_o,
+                    d_final,
+                )?;
                 // The key-channel gates were repeated to the value heads: sum their gradients back.
-                let dg_key = exec::sum_heads_f32s(&dg, n, hk, hv, dk)?;
-                let db_key = exec::sum_heads(&db, n, hk, hv, dk)?;
-                let (df, d_alog, d_dt) =
-                    exec::gates2_bwd(&gi[0], n, hk, dk, p.get("A_log"), p.get("dt_bias"), &dg_key)?;
+                let dg_key = layout::sum_heads_f32s(&dg, n, hk, hv, dk)?;
+                let db_key = layout::sum_heads(&db, n, hk, hv, dk)?;
+                let (df, d_alog, d_dt) = gates::gdn2_backward(
+                    &gi[0],
+                    n,
+                    hk,
+                    dk,
+                    p.get("A_log"),
+                    p.get("dt_bias"),
+                    &dg_key,
+                )?;
                 set("A_log", &[hk], d_alog)?;
                 set("dt_bias", &[qk], d_dt)?;
-                let db_raw = exec::sigmoid_bwd(b_key, &db_key)?;
-                let dw_raw = exec::sigmoid_bwd(w, &dw)?;
+                let db_raw = gates::sigmoid_backward(b_key, &db_key)?;
+                let dw_raw = gates::sigmoid_backward(w, &dw)?;
                 (dq, dkk, dvv, vec![df, db_raw, dw_raw], dh0)
             }
         };
         let (dq, dk_) = match &r.qkn {
             Some(_) => (
-                exec::l2norm_bwd(&r.q, n * hk, dk, &dq)?,
-                exec::l2norm_bwd(&r.k, n * hk, dk, &dk_)?,
+                l2norm::backward(&r.q, n * hk, dk, &dq)?,
+                l2norm::backward(&r.k, n * hk, dk, &dk_)?,
             ),
             None => (dq, dk_),
         };
@@ -854,10 +908,10 @@ impl GatedDeltaNet {
         prof.mark("bwd rule (+ prep rebuild) + gates + l2norm");
 
         // 3. conv.
-        let dqkv = exec::concat_cols(n, cd, &[(0, qk, &dq), (qk, qk, &dk_), (2 * qk, vd, &dv_)])?;
+        let dqkv = layout::concat_cols(n, cd, &[(0, qk, &dq), (qk, qk, &dk_), (2 * qk, vd, &dv_)])?;
         drop((dq, dk_, dv_));
         let w = c.linear_conv_kernel_dim;
-        let (dqkv_pre, dcw, dcb) = exec::conv_bwd(
+        let (dqkv_pre, dcw, dcb) = conv1d::backward(
             &a.qkv_pre,
             cd,
             p.get("conv1d.weight"),
@@ -880,13 +934,13 @@ impl GatedDeltaNet {
             parts.push((off, w, d));
             off += w;
         }
-        let dproj = exec::concat_cols(n, pd, &parts)?;
+        let dproj = layout::concat_cols(n, pd, &parts)?;
         drop(parts);
         drop((dqkv_pre, dz, d_gate_in));
         prof.mark("bwd un-split");
 
         // 1. in_proj and its fused norm; the normalized input is rebuilt from x.
-        let (xn, _) = exec::norm_fwd(
+        let (xn, _) = norm::forward(
             x,
             n,
             h,
@@ -896,11 +950,11 @@ impl GatedDeltaNet {
             eps,
             zc,
         )?;
-        let (dxn, d_win) = exec::linear_bwd(&xn, n, h, p.get("in_proj.weight"), pd, &dproj)?;
+        let (dxn, d_win) = linear::backward(&xn, n, h, p.get("in_proj.weight"), pd, &dproj)?;
         drop(xn);
         drop(dproj);
         set("in_proj.weight", &[pd, h], d_win)?;
-        let (dx, d_lnw, d_lnb) = exec::norm_bwd(
+        let (dx, d_lnw, d_lnb) = norm::backward(
             x,
             n,
             h,

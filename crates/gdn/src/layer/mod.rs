@@ -1,6 +1,5 @@
 //! The GDN layer: parameters, forward -> (y, Saved), backward.
 
-mod exec;
 pub(crate) mod gdn;
 pub mod params;
 #[doc(hidden)]

@@ -48,14 +48,22 @@ impl Params {
     pub fn from_entries(entries: Vec<(String, Tensor)>) -> Self {
         Params { entries }
     }
-    /// Zeros with the shapes of `cfg`'s parameters.
-    pub fn zeros_like_config(cfg: &GdnConfig) -> Self {
-        Params {
-            entries: param_specs(cfg)
-                .into_iter()
-                .map(|(n, s)| (n.to_string(), Tensor::zeros(&s)))
-                .collect(),
-        }
+    /// Zeros with the shapes of `cfg`'s parameters. Validates `cfg` and refuses, before
+    /// allocating, parameters that need more memory than the machine has
+    /// ([`crate::budget::check_host`]); an allocation the allocator still refuses is an error,
+    /// not an abort.
+    pub fn zeros_like_config(cfg: &GdnConfig) -> Result<Self> {
+        cfg.validate()?;
+        crate::budget::check_host(&cfg.describe_params(), cfg.param_bytes())?;
+        let entries = param_specs(cfg)
+            .into_iter()
+            .map(|(n, s)| {
+                let numel = s.iter().product::<usize>();
+                let data = crate::budget::try_zeros(&format!("parameter {n} {s:?}"), numel)?;
+                Ok((n.to_string(), Tensor::from_vec(&s, data)?))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Params { entries })
     }
     /// The tensor called `name`.
     pub fn get(&self, name: &str) -> Option<&Tensor> {
@@ -144,10 +152,12 @@ impl Params {
         Ok(())
     }
 
-    /// Megatron's initialization, deterministic from `seed`.
-    pub fn init(cfg: &GdnConfig, seed: u64) -> Self {
+    /// Megatron's initialization, deterministic from `seed`. Errors as
+    /// [`zeros_like_config`](Self::zeros_like_config): an invalid config, or parameters larger
+    /// than the memory there is (stating the bytes needed and available).
+    pub fn init(cfg: &GdnConfig, seed: u64) -> Result<Self> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let mut p = Params::zeros_like_config(cfg);
+        let mut p = Params::zeros_like_config(cfg)?;
         let norm_one = if cfg.layernorm_zero_centered_gamma {
             0.0
         } else {
@@ -197,6 +207,6 @@ impl Params {
                 _ => unreachable!("param_specs names only these"),
             }
         }
-        p
+        Ok(p)
     }
 }

@@ -1,7 +1,8 @@
 //! `Saved`: exactly the tensors kept between forward and backward.
 
-use crate::layer::exec::{Act, F32s, Stats};
+use crate::backend::{Act, F32s};
 use crate::layer::gdn::RuleInputs;
+use crate::ops::norm::Stats;
 use crate::seqs::Seqs;
 
 /// What forward keeps for backward. Every buffer held is listed here, so `bytes()` is the

@@ -2,7 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{GdnConfig, RecomputeGranularity};
+use crate::budget::mul;
+use crate::config::{check_toml_int, GdnConfig, Normalization, RecomputeGranularity};
 use crate::error::{GdnError, Result};
 
 /// A small language model: token embedding, `layer.num_layers` blocks of
@@ -18,8 +19,10 @@ use crate::error::{GdnError, Result};
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
     /// Tokens of the vocabulary.
+    #[serde(serialize_with = "crate::config::int")]
     pub vocab_size: usize,
     /// `F`, the MLP's hidden width (`linear_fc1` gives `2F`: SwiGLU's gate and up halves).
+    #[serde(serialize_with = "crate::config::int")]
     pub ffn_hidden_size: usize,
     /// LM head tied to the embedding (Megatron's `share_embeddings_and_output_weights`).
     pub share_embeddings_and_output_weights: bool,
@@ -48,7 +51,9 @@ impl ModelConfig {
                 msg: "must be > 0".into(),
             });
         }
+        check_toml_int("ffn_hidden_size", self.ffn_hidden_size as u128)?;
         self.layer.validate()?;
+        crate::budget::check_addressable(&self.describe_params(), self.param_bytes())?;
         if self.layer.recompute_granularity.is_none()
             && self
                 .layer
@@ -64,6 +69,52 @@ impl ModelConfig {
             });
         }
         Ok(())
+    }
+
+    /// Values of every parameter of the model (closed form of [`crate::model::param_specs`]),
+    /// in `u128`, saturating: embedding `V x h`, per block the GDN layer's parameters, the MLP's
+    /// norm, `linear_fc1` `2F x h` and `linear_fc2` `h x F`, the final norm and the untied head.
+    pub fn param_count(&self) -> u128 {
+        let (h, f, v) = (
+            self.layer.hidden_size as u128,
+            self.ffn_hidden_size as u128,
+            self.vocab_size as u128,
+        );
+        let norms = if self.layer.normalization == Normalization::LayerNorm {
+            2
+        } else {
+            1
+        };
+        let mlp = mul(norms, h)
+            .saturating_add(mul(mul(2, f), h))
+            .saturating_add(mul(h, f));
+        let block = self.layer.param_count().saturating_add(mlp);
+        let head = if self.share_embeddings_and_output_weights {
+            0
+        } else {
+            mul(v, h)
+        };
+        mul(v, h)
+            .saturating_add(mul(self.layer.num_layers as u128, block))
+            .saturating_add(mul(norms, h))
+            .saturating_add(head)
+    }
+
+    /// Bytes of the model's parameters in f32.
+    pub fn param_bytes(&self) -> u128 {
+        mul(self.param_count(), 4)
+    }
+
+    /// What allocating the model's parameters is, with the sizes that make it.
+    pub fn describe_params(&self) -> String {
+        format!(
+            "allocating the model's parameters ({} values in f32: vocab_size {}, hidden_size {}, ffn_hidden_size {}, num_layers {})",
+            self.param_count(),
+            self.vocab_size,
+            self.layer.hidden_size,
+            self.ffn_hidden_size,
+            self.layer.num_layers
+        )
     }
 
     /// Model width.

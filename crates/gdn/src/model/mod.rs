@@ -160,6 +160,7 @@ impl Model {
     /// [`Params::init`] with a seed derived from `seed` and the block index.
     pub fn new(cfg: &ModelConfig, seed: u64) -> Result<Self> {
         cfg.validate()?;
+        crate::budget::check_host(&cfg.describe_params(), cfg.param_bytes())?;
         let layers = (0..cfg.num_layers())
             .map(|i| GatedDeltaNet::new(&cfg.layer, layer_seed(seed, i)))
             .collect::<Result<Vec<_>>>()?;
@@ -395,7 +396,7 @@ impl Model {
             }
             // x = x + fc2(swiglu(fc1(norm(x))))
             let p = format!("decoder.layers.{i}.mlp.");
-            let (hn, stats) = norm::norm_forward(
+            let (hn, stats) = norm::cpu::forward(
                 &h1,
                 n,
                 h,
@@ -406,11 +407,11 @@ impl Model {
                 zc,
             )?;
             let u =
-                linear::linear_forward(&hn, n, h, self.w(&format!("{p}linear_fc1.weight")), 2 * f)?;
+                linear::cpu::forward(&hn, n, h, self.w(&format!("{p}linear_fc1.weight")), 2 * f)?;
             drop(hn);
             let a = swiglu::swiglu_forward(&u, n, f);
             let mut out =
-                linear::linear_forward(&a, n, f, self.w(&format!("{p}linear_fc2.weight")), h)?;
+                linear::cpu::forward(&a, n, f, self.w(&format!("{p}linear_fc2.weight")), h)?;
             drop(a);
             for (o, r) in out.iter_mut().zip(&h1) {
                 *o += r;
@@ -422,7 +423,7 @@ impl Model {
             x = out;
         }
         // Final norm, LM head, loss.
-        let (xf, fstats) = norm::norm_forward(
+        let (xf, fstats) = norm::cpu::forward(
             &x,
             n,
             h,
@@ -432,7 +433,7 @@ impl Model {
             eps,
             zc,
         )?;
-        let logits = linear::linear_forward(&xf, n, h, self.head_weight(), vsz)?;
+        let logits = linear::cpu::forward(&xf, n, h, self.head_weight(), vsz)?;
         drop(xf);
         let (st, probs) = loss::cross_entropy_forward(&logits, n, vsz, &batch.targets, keep)?;
         let saved = probs.map(|probs| ModelSaved {
@@ -484,7 +485,7 @@ impl Model {
         // same bits as forward).
         let dlogits = loss::cross_entropy_backward(&head.probs, n, vsz, &targets, count)?;
         drop(head.probs);
-        let (xf, _) = norm::norm_forward(
+        let (xf, _) = norm::cpu::forward(
             &head.x,
             n,
             h,
@@ -494,9 +495,9 @@ impl Model {
             eps,
             zc,
         )?;
-        let (dxf, dw_head) = linear::linear_backward(&xf, n, h, self.head_weight(), vsz, &dlogits)?;
+        let (dxf, dw_head) = linear::cpu::backward(&xf, n, h, self.head_weight(), vsz, &dlogits)?;
         drop((xf, dlogits));
-        let (mut dx, dfw, dfb) = norm::norm_backward(
+        let (mut dx, dfw, dfb) = norm::cpu::backward(
             &head.x,
             n,
             h,
@@ -528,22 +529,22 @@ impl Model {
             let w2 = self.w(&format!("{p}linear_fc2.weight"));
             let BlockSaved { gdn, h1, mlp } = bs;
             // MLP: rebuild norm(h1) (and, under `mlp` recompute, the stats and fc1's output).
-            let (hn, stats) = norm::norm_forward(&h1, n, h, nw, nb, kind, eps, zc)?;
+            let (hn, stats) = norm::cpu::forward(&h1, n, h, nw, nb, kind, eps, zc)?;
             let (stats, u) = match mlp {
                 Some(a) => (a.stats, a.u),
                 None => {
-                    let u = linear::linear_forward(&hn, n, h, w1, 2 * f)?;
+                    let u = linear::cpu::forward(&hn, n, h, w1, 2 * f)?;
                     (stats, u)
                 }
             };
             let a = swiglu::swiglu_forward(&u, n, f);
-            let (da, dw2) = linear::linear_backward(&a, n, f, w2, h, &dx)?;
+            let (da, dw2) = linear::cpu::backward(&a, n, f, w2, h, &dx)?;
             drop(a);
             let du = swiglu::swiglu_backward(&u, n, f, &da);
             drop((u, da));
-            let (dhn, dw1) = linear::linear_backward(&hn, n, h, w1, 2 * f, &du)?;
+            let (dhn, dw1) = linear::cpu::backward(&hn, n, h, w1, 2 * f, &du)?;
             drop((hn, du));
-            let (dh1, dnw, dnb) = norm::norm_backward(&h1, n, h, nw, kind, zc, &stats, &dhn)?;
+            let (dh1, dnw, dnb) = norm::cpu::backward(&h1, n, h, nw, kind, zc, &stats, &dhn)?;
             drop((h1, dhn));
             // The residual: d h1 = d out + d(MLP input).
             for (a, d) in dx.iter_mut().zip(&dh1) {

@@ -1,13 +1,16 @@
-//! The ops of a GDN layer. Each has a forward and a backward on the CPU (f32, rayon) and an f64
-//! reference (`reference` submodule, for tests).
+//! The ops of a GDN layer, one folder each (see `docs/architecture.md`): `mod.rs` is the op's one
+//! entry over backend buffers (`crate::backend::{Act, F32s, P}`), dispatching to `cpu.rs` (f32,
+//! rayon) or `cuda.rs` by where the inputs live; `reference.rs` is the f64 reference (tests).
+//! `common/` holds what several ops share; ops never import a sibling op.
 
+pub mod common;
 pub mod conv1d;
 pub mod gated_delta_rule;
 pub mod gated_norm;
 pub mod gates;
 pub mod gdn2_rule;
-pub mod gemm;
 pub mod l2norm;
+pub mod layout;
 pub mod linear;
 pub mod norm;
 

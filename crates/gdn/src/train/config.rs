@@ -29,7 +29,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{GdnConfig, Normalization};
+use crate::config::{
+    check_toml_int, from_table_naming_key, to_toml_text, toml_syntax_error, GdnConfig,
+    Normalization,
+};
 use crate::error::{GdnError, Result};
 use crate::model::ModelConfig;
 
@@ -65,19 +68,26 @@ pub struct DataConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
     /// `T`, tokens per sequence.
+    #[serde(serialize_with = "crate::config::int")]
     pub seq_length: usize,
     /// `B`, sequences per step (and per evaluation batch).
+    #[serde(serialize_with = "crate::config::int")]
     pub batch_size: usize,
     /// Seed of the data: every training batch is a function of this seed and the step, and the
     /// held-out set of this seed alone.
+    #[serde(serialize_with = "crate::config::int")]
     pub seed: u64,
     /// Held-out sequences evaluated (text: at most what the held-out 10% holds).
+    #[serde(serialize_with = "crate::config::int")]
     pub eval_sequences: usize,
     /// MQAR: key-value pairs at the start of each sequence.
+    #[serde(serialize_with = "crate::config::int")]
     pub num_kv_pairs: usize,
     /// MQAR: keys are token ids `[0, key_vocab_size)`, distinct within a sequence.
+    #[serde(serialize_with = "crate::config::int")]
     pub key_vocab_size: usize,
     /// MQAR: values are token ids `[key_vocab_size, key_vocab_size + value_vocab_size)`.
+    #[serde(serialize_with = "crate::config::int")]
     pub value_vocab_size: usize,
 }
 
@@ -102,9 +112,11 @@ pub struct OptimizerConfig {
     /// Learning rate at the end of the decay.
     pub min_lr: f64,
     /// Linear warmup from 0 over this many steps.
+    #[serde(serialize_with = "crate::config::int")]
     pub lr_warmup_iters: u64,
     /// Steps until `min_lr` is reached (default: `train_iters`).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(serialize_with = "crate::config::opt_int")]
     pub lr_decay_iters: Option<u64>,
     /// `"cosine"`, `"linear"` or `"constant"`.
     pub lr_decay_style: DecayStyle,
@@ -126,14 +138,19 @@ pub struct OptimizerConfig {
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
     /// Optimizer steps of the run.
+    #[serde(serialize_with = "crate::config::int")]
     pub train_iters: u64,
     /// Seed of the model's initialization.
+    #[serde(serialize_with = "crate::config::int")]
     pub seed: u64,
     /// Training metrics every this many steps (the loss and accuracy averaged over them).
+    #[serde(serialize_with = "crate::config::int")]
     pub log_interval: u64,
     /// Held-out evaluation every this many steps, and at the end (0: only at the end).
+    #[serde(serialize_with = "crate::config::int")]
     pub eval_interval: u64,
     /// Checkpoint every this many steps, and at the end (0: only at the end).
+    #[serde(serialize_with = "crate::config::int")]
     pub save_interval: u64,
 }
 
@@ -227,32 +244,40 @@ fn cfg_err(field: &str, msg: impl Into<String>) -> GdnError {
     }
 }
 
+/// A config section as a TOML table. Its fields always serialize (integers through
+/// [`crate::config::int`]); should that ever fail, the table holds the error under a key no
+/// section accepts, so reading it back names the problem instead of this panicking.
 fn to_table<T: Serialize>(v: &T) -> toml::Table {
-    toml::Table::try_from(v).expect("config sections serialize to tables")
+    toml::Table::try_from(v).unwrap_or_else(|e| {
+        let mut t = toml::Table::new();
+        t.insert(
+            "serialization_error".into(),
+            toml::Value::String(e.to_string()),
+        );
+        t
+    })
 }
 
-/// The layer's f32 fields written as their shortest f32 decimal (`1e-5`, not
-/// `0.000009999999747378752`); they read back to the same f32.
-fn short_f32(v: &mut toml::Value) {
-    match v {
-        toml::Value::Float(f) => {
-            if let Ok(x) = format!("{}", *f as f32).parse::<f64>() {
-                *f = x;
-            }
-        }
-        toml::Value::Array(a) => a.iter_mut().for_each(short_f32),
-        _ => {}
+/// A TOML integer, or a string where `v` exceeds TOML's range (refused by `validate()`).
+fn int_value(v: usize) -> toml::Value {
+    i64::try_from(v).map_or_else(|_| toml::Value::String(v.to_string()), toml::Value::Integer)
+}
+
+/// Prefix a bare field name of a `[model]` error with `model.`.
+fn in_model(e: GdnError) -> GdnError {
+    match e {
+        GdnError::Config { field, msg } if !field.contains('.') => GdnError::Config {
+            field: format!("model.{field}"),
+            msg,
+        },
+        e => e,
     }
 }
 
 impl ModelSection {
     fn to_table(&self) -> toml::Table {
         let mut t = to_table(&self.layer);
-        t.iter_mut().for_each(|(_, v)| short_f32(v));
-        t.insert(
-            "ffn_hidden_size".into(),
-            toml::Value::Integer(self.ffn_hidden_size as i64),
-        );
+        t.insert("ffn_hidden_size".into(), int_value(self.ffn_hidden_size));
         t.insert(
             "share_embeddings_and_output_weights".into(),
             toml::Value::Boolean(self.share_embeddings_and_output_weights),
@@ -260,9 +285,15 @@ impl ModelSection {
         t
     }
 
-    fn from_table(mut t: toml::Table) -> Result<Self> {
-        let ffn = t.remove("ffn_hidden_size");
-        let tie = t.remove("share_embeddings_and_output_weights");
+    /// The section from `user`'s keys over `defaults` (a whole `[model]` table).
+    fn from_tables(mut defaults: toml::Table, mut user: toml::Table) -> Result<Self> {
+        let mut own = |k: &str| {
+            let given = user.remove(k);
+            let default = defaults.remove(k);
+            given.or(default)
+        };
+        let ffn = own("ffn_hidden_size");
+        let tie = own("share_embeddings_and_output_weights");
         let ffn_hidden_size = match ffn {
             Some(toml::Value::Integer(v)) if v > 0 => v as usize,
             Some(v) => {
@@ -271,7 +302,7 @@ impl ModelSection {
                     format!("must be an integer > 0 (got {v})"),
                 ))
             }
-            None => unreachable!("defaults are merged in"),
+            None => unreachable!("defaults hold every key"),
         };
         let share = match tie {
             Some(toml::Value::Boolean(b)) => b,
@@ -281,21 +312,22 @@ impl ModelSection {
                     format!("must be true or false (got {v})"),
                 ))
             }
-            None => unreachable!("defaults are merged in"),
+            None => unreachable!("defaults hold every key"),
         };
-        let layer: GdnConfig = toml::Value::Table(t)
-            .try_into()
-            .map_err(|e: toml::de::Error| {
-                cfg_err(
-                    "model",
-                    format!(
-                        "{} (the [model] section takes the GDN layer's fields and {})",
-                        e.message(),
-                        MODEL_KEYS.join(", ")
-                    ),
-                )
+        let layer: GdnConfig =
+            from_table_naming_key("model.", &defaults, user).map_err(|e| match e {
+                GdnError::Config { field, msg } if msg.contains("unknown field") => {
+                    GdnError::Config {
+                        field,
+                        msg: format!(
+                            "{msg} (the [model] section takes the GDN layer's fields and {})",
+                            MODEL_KEYS.join(", ")
+                        ),
+                    }
+                }
+                e => e,
             })?;
-        layer.validate()?;
+        layer.validate().map_err(in_model)?;
         Ok(ModelSection {
             ffn_hidden_size,
             share_embeddings_and_output_weights: share,
@@ -305,13 +337,14 @@ impl ModelSection {
 }
 
 impl RunConfig {
-    /// Parse a `run.toml` document over the defaults and validate it.
+    /// Parse a `run.toml` document over the defaults and validate it. Errors name the key
+    /// (`section.key`), the value given and what was expected.
     pub fn from_toml_str(s: &str) -> Result<Self> {
-        let user: toml::Table =
-            toml::from_str(s).map_err(|e| cfg_err("toml", e.message().to_string()))?;
-        let mut merged = RunConfig::default().to_table();
+        let user: toml::Table = toml::from_str(s).map_err(|e| toml_syntax_error(s, &e))?;
+        let mut by_section: Vec<toml::Table> =
+            SECTIONS.iter().map(|_| toml::Table::new()).collect();
         for (section, v) in user {
-            if !SECTIONS.contains(&section.as_str()) {
+            let Some(i) = SECTIONS.iter().position(|s| *s == section) else {
                 return Err(cfg_err(
                     &section,
                     format!(
@@ -319,61 +352,45 @@ impl RunConfig {
                         SECTIONS.map(|s| format!("[{s}]")).join(", ")
                     ),
                 ));
-            }
+            };
             let toml::Value::Table(keys) = v else {
                 return Err(cfg_err(&section, "must be a table ([section])"));
             };
-            let dst = merged
-                .get_mut(&section)
-                .and_then(|x| x.as_table_mut())
-                .expect("every section has defaults");
-            for (k, v) in keys {
-                dst.insert(k, v);
-            }
+            by_section[i] = keys;
         }
-        let cfg = Self::from_table(merged)?;
+        let mut defaults = RunConfig::default().to_table();
+        let mut take = |name: &str| -> toml::Table {
+            match defaults.remove(name) {
+                Some(toml::Value::Table(t)) => t,
+                _ => toml::Table::new(),
+            }
+        };
+        let mut user = by_section.into_iter();
+        let mut next = || user.next().unwrap_or_default();
+        let model = ModelSection::from_tables(take("model"), next())?;
+        let data: DataConfig = from_table_naming_key("data.", &take("data"), next())?;
+        let optimizer: OptimizerConfig =
+            from_table_naming_key("optimizer.", &take("optimizer"), next())?;
+        let train: TrainConfig = from_table_naming_key("train.", &take("train"), next())?;
+        let cfg = RunConfig {
+            model,
+            data,
+            optimizer,
+            train,
+        };
         cfg.validate()?;
         Ok(cfg)
     }
 
     /// Read and parse a `run.toml` file.
     pub fn from_toml_file(path: &Path) -> Result<Self> {
-        let s = std::fs::read_to_string(path).map_err(|e| GdnError::Io {
-            path: path.display().to_string(),
-            source: e,
-        })?;
+        let s = crate::io::read_text(path)?;
         Self::from_toml_str(&s).map_err(|e| match e {
             GdnError::Config { field, msg } => GdnError::Config {
                 field,
                 msg: format!("{msg} (in {})", path.display()),
             },
             e => e,
-        })
-    }
-
-    fn from_table(mut t: toml::Table) -> Result<Self> {
-        let mut take = |name: &str| -> toml::Table {
-            match t.remove(name) {
-                Some(toml::Value::Table(t)) => t,
-                _ => unreachable!("defaults are merged in"),
-            }
-        };
-        let model = ModelSection::from_table(take("model"))?;
-        let section = |name: &str, e: toml::de::Error| cfg_err(name, e.message().to_string());
-        let data: DataConfig = toml::Value::Table(take("data"))
-            .try_into()
-            .map_err(|e| section("data", e))?;
-        let optimizer: OptimizerConfig = toml::Value::Table(take("optimizer"))
-            .try_into()
-            .map_err(|e| section("optimizer", e))?;
-        let train: TrainConfig = toml::Value::Table(take("train"))
-            .try_into()
-            .map_err(|e| section("train", e))?;
-        Ok(RunConfig {
-            model,
-            data,
-            optimizer,
-            train,
         })
     }
 
@@ -396,7 +413,7 @@ impl RunConfig {
             let t = self.to_table();
             let mut one = toml::Table::new();
             one.insert(name.into(), t[name].clone());
-            s.push_str(&toml::to_string(&one).expect("tables serialize"));
+            s.push_str(&to_toml_text(&one));
             s.push('\n');
         }
         s
@@ -412,6 +429,68 @@ impl RunConfig {
         }
     }
 
+    /// Tokens of the vocabulary the data gives: `key_vocab_size + value_vocab_size` (MQAR) or
+    /// 256 (bytes of text).
+    pub fn vocab_size(&self) -> usize {
+        match self.data.kind {
+            DataKind::Mqar => self
+                .data
+                .key_vocab_size
+                .saturating_add(self.data.value_vocab_size),
+            DataKind::Text => 256,
+        }
+    }
+
+    /// A lower bound of the bytes a run of this config allocates: parameters, their gradients
+    /// and AdamW's two moments (4 x f32 per parameter); one batch's activations (per token and
+    /// block at least the block's input, plus the largest of in_proj's output, `linear_fc1`'s
+    /// output and the logits); the MQAR held-out set (tokens and targets, 8 bytes per token).
+    pub fn memory_bytes_at_least(&self) -> u128 {
+        use crate::budget::mul;
+        let m = self.model_config(self.vocab_size());
+        let l = &m.layer;
+        let tokens = mul(self.data.batch_size as u128, self.data.seq_length as u128);
+        let widest = (l.in_proj_dim() as u128)
+            .max(mul(2, m.ffn_hidden_size as u128))
+            .max(m.vocab_size as u128);
+        let per_token = mul(l.num_layers as u128, l.hidden_size as u128).saturating_add(widest);
+        let eval = match self.data.kind {
+            DataKind::Mqar => mul(
+                mul(
+                    self.data.eval_sequences as u128,
+                    self.data.seq_length as u128,
+                ),
+                8,
+            ),
+            DataKind::Text => 0,
+        };
+        mul(m.param_bytes(), 4)
+            .saturating_add(mul(mul(tokens, per_token), 4))
+            .saturating_add(eval)
+    }
+
+    /// Error (stating the bytes needed and available) when a run of this config cannot fit in
+    /// this machine's memory ([`memory_bytes_at_least`](Self::memory_bytes_at_least) against
+    /// [`crate::budget::check_host`]). Call before building the data and the model.
+    pub fn check_memory(&self) -> Result<()> {
+        let m = self.model_config(self.vocab_size());
+        crate::budget::check_host(
+            &format!(
+                "training this config (at least: weights, gradients and AdamW moments of {} \
+                 parameter values (vocab_size {}, hidden_size {}, ffn_hidden_size {}, num_layers {}), \
+                 activations of a batch of {} x {} tokens, the held-out set)",
+                m.param_count(),
+                m.vocab_size,
+                m.layer.hidden_size,
+                m.ffn_hidden_size,
+                m.layer.num_layers,
+                self.data.batch_size,
+                self.data.seq_length
+            ),
+            self.memory_bytes_at_least(),
+        )
+    }
+
     /// Steps over which the learning rate decays to `min_lr`.
     pub fn lr_decay_iters(&self) -> u64 {
         self.optimizer
@@ -421,12 +500,54 @@ impl RunConfig {
 
     /// Check every field; errors name the field (`section.key`).
     pub fn validate(&self) -> Result<()> {
-        self.model.layer.validate()?;
+        // Every integer must fit in TOML (the run directory's config.toml) before any
+        // arithmetic on it.
+        let (d, o, t) = (&self.data, &self.optimizer, &self.train);
+        let ints: [(&str, u128); 15] = [
+            ("model.ffn_hidden_size", self.model.ffn_hidden_size as u128),
+            ("data.seq_length", d.seq_length as u128),
+            ("data.batch_size", d.batch_size as u128),
+            ("data.seed", d.seed as u128),
+            ("data.eval_sequences", d.eval_sequences as u128),
+            ("data.num_kv_pairs", d.num_kv_pairs as u128),
+            ("data.key_vocab_size", d.key_vocab_size as u128),
+            ("data.value_vocab_size", d.value_vocab_size as u128),
+            ("optimizer.lr_warmup_iters", o.lr_warmup_iters as u128),
+            (
+                "optimizer.lr_decay_iters",
+                o.lr_decay_iters.unwrap_or(0) as u128,
+            ),
+            ("train.train_iters", t.train_iters as u128),
+            ("train.seed", t.seed as u128),
+            ("train.log_interval", t.log_interval as u128),
+            ("train.eval_interval", t.eval_interval as u128),
+            ("train.save_interval", t.save_interval as u128),
+        ];
+        for (name, v) in ints {
+            check_toml_int(name, v)?;
+        }
+        self.model.layer.validate().map_err(in_model)?;
         if self.model.ffn_hidden_size == 0 {
             return Err(cfg_err("model.ffn_hidden_size", "must be > 0"));
         }
-        self.model_config(1).validate()?;
-        let d = &self.data;
+        self.model_config(self.vocab_size())
+            .validate()
+            .map_err(in_model)?;
+        for (what, n) in [
+            ("data.batch_size x data.seq_length", d.batch_size),
+            ("data.eval_sequences x data.seq_length", d.eval_sequences),
+        ] {
+            if n.checked_mul(d.seq_length).is_none() {
+                return Err(cfg_err(
+                    what.split(' ').next().unwrap_or(what),
+                    format!(
+                        "{what} = {n} x {} tokens overflows (more than {})",
+                        d.seq_length,
+                        usize::MAX
+                    ),
+                ));
+            }
+        }
         for (name, v) in [
             ("data.seq_length", d.seq_length),
             ("data.batch_size", d.batch_size),
@@ -449,7 +570,6 @@ impl RunConfig {
                 crate::train::data::Mqar::from_config(d)?;
             }
         }
-        let o = &self.optimizer;
         let finite_nonneg = |name: &str, v: f64| {
             if v.is_finite() && v >= 0.0 {
                 Ok(())

@@ -71,6 +71,8 @@ pub struct Trainer {
 impl Trainer {
     /// A fresh run: data from `cfg.data`, model initialized from `cfg.train.seed`.
     pub fn new(cfg: &RunConfig) -> Result<Self> {
+        cfg.validate()?;
+        cfg.check_memory()?;
         let data = Dataset::from_config(&cfg.data)?;
         Self::with_data(cfg, data)
     }
@@ -78,6 +80,7 @@ impl Trainer {
     /// A fresh run on given data (e.g. text already in memory).
     pub fn with_data(cfg: &RunConfig, data: Dataset) -> Result<Self> {
         cfg.validate()?;
+        cfg.check_memory()?;
         let model = Model::new(&cfg.model_config(data.vocab_size()), cfg.train.seed)?;
         let opt = AdamW::new(&model);
         Ok(Trainer {
@@ -102,6 +105,8 @@ impl Trainer {
     /// was written for another model config, another data seed, another run config or other
     /// text data; see [`from_checkpoint`](Self::from_checkpoint)).
     pub fn resume(cfg: &RunConfig, path: &Path) -> Result<Self> {
+        cfg.validate()?;
+        cfg.check_memory()?;
         let data = Dataset::from_config(&cfg.data)?;
         Self::resume_with_data(cfg, data, path)
     }

@@ -106,7 +106,7 @@ impl GatedDeltaNet {
             cu_ext.push((ext.len() / cd) as u64);
         }
         let seqs_ext = Seqs::packed(&cu_ext, ext.len() / cd)?;
-        let conv_out = exec::conv_fwd(
+        let conv_out = conv1d::forward(
             &self.act(&ext)?,
             cd,
             p.get("conv1d.weight"),

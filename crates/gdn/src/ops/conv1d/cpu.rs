@@ -1,30 +1,13 @@
-//! CPU causal depthwise conv1d + SiLU. Also home of the scalar `sigmoid` / `silu` used by the
-//! other CPU ops (gates, gated norm), so every op rounds them the same way.
+//! CPU causal depthwise conv1d + SiLU.
 
+use crate::error::{GdnError, Result};
+use crate::ops::check_len;
 use rayon::prelude::*;
 
-use crate::ops::norm::cpu::task_rows;
+use crate::ops::common::act::{silu, silu_grad};
+use crate::ops::common::task_rows;
 use crate::ops::REDUCE_BLOCK;
 use crate::seqs::Seqs;
-
-/// `1 / (1 + exp(-x))`.
-#[inline]
-pub(crate) fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
-
-/// `x * sigmoid(x)`.
-#[inline]
-pub(crate) fn silu(x: f32) -> f32 {
-    x * sigmoid(x)
-}
-
-/// `d silu / dx = s (1 + x (1 - s))`, `s = sigmoid(x)`.
-#[inline]
-pub(crate) fn silu_grad(x: f32) -> f32 {
-    let s = sigmoid(x);
-    s * (1.0 + x * (1.0 - s))
-}
 
 /// `(start, end)` of the sequence of each token below `seqs.used()`.
 fn seq_bounds(seqs: &Seqs) -> Vec<(usize, usize)> {
@@ -78,7 +61,7 @@ fn pre_row(
 }
 
 /// See [`super::conv1d_silu_forward`]; arguments are validated.
-pub(crate) fn conv1d_silu_forward(
+fn conv1d_silu_forward_unchecked(
     x: &[f32],
     ch: usize,
     w: &[f32],
@@ -107,7 +90,7 @@ pub(crate) fn conv1d_silu_forward(
 }
 
 /// See [`super::conv1d_silu_backward`]; arguments are validated.
-pub(crate) fn conv1d_silu_backward(
+fn conv1d_silu_backward_unchecked(
     x: &[f32],
     ch: usize,
     w: &[f32],
@@ -185,4 +168,65 @@ pub(crate) fn conv1d_silu_backward(
     }
     let dbias = bias.map(|_| acc[width * ch..].to_vec());
     (dx, dw, dbias)
+}
+
+// ---- validated entries on host slices (the op's `forward` / `backward` dispatch here) ----
+
+fn check_args(
+    x: &[f32],
+    ch: usize,
+    w: &[f32],
+    width: usize,
+    bias: Option<&[f32]>,
+    seqs: &Seqs,
+) -> Result<()> {
+    if ch == 0 {
+        return Err(GdnError::Invalid(
+            "conv1d: channels must be > 0, got 0".into(),
+        ));
+    }
+    if width == 0 {
+        return Err(GdnError::Invalid(
+            "conv1d: kernel width must be > 0, got 0".into(),
+        ));
+    }
+    check_len("conv1d x", x, seqs.tokens().saturating_mul(ch))?;
+    check_len("conv1d weight", w, ch.saturating_mul(width))?;
+    if let Some(b) = bias {
+        check_len("conv1d bias", b, ch)?;
+    }
+    Ok(())
+}
+
+/// Forward: `x` `[seqs.tokens(), ch]`, `w` `[ch, width]`, optional `bias` `[ch]`; returns `y`
+/// `[seqs.tokens(), ch]`.
+pub fn forward(
+    x: &[f32],
+    ch: usize,
+    w: &[f32],
+    width: usize,
+    bias: Option<&[f32]>,
+    seqs: &Seqs,
+) -> Result<Vec<f32>> {
+    check_args(x, ch, w, width, bias, seqs)?;
+    Ok(conv1d_silu_forward_unchecked(x, ch, w, width, bias, seqs))
+}
+
+/// Backward of [`forward`]: returns `dx` `[tokens, ch]`, `dw` `[ch, width]` and, when
+/// `bias` is given, `dbias` `[ch]`.
+#[allow(clippy::type_complexity)]
+pub fn backward(
+    x: &[f32],
+    ch: usize,
+    w: &[f32],
+    width: usize,
+    bias: Option<&[f32]>,
+    seqs: &Seqs,
+    dy: &[f32],
+) -> Result<(Vec<f32>, Vec<f32>, Option<Vec<f32>>)> {
+    check_args(x, ch, w, width, bias, seqs)?;
+    check_len("conv1d dy", dy, seqs.tokens().saturating_mul(ch))?;
+    Ok(conv1d_silu_backward_unchecked(
+        x, ch, w, width, bias, seqs, dy,
+    ))
 }

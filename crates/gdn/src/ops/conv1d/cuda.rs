@@ -8,12 +8,12 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use crate::device::cuda::{DBuf, GBuf, Gpu};
-use crate::error::{GdnError, Result};
-use crate::ops::norm::cuda::{
+use crate::backend::cuda::{DBuf, GBuf, Gpu};
+use crate::backend::launch::{
     arg_d, arg_dm, check_d, check_g, check_gpu, elem_cfg, int, kernel, launch, lin_cfg, NULL_PTR,
     THREADS,
 };
+use crate::error::{GdnError, Result};
 use crate::seqs::Seqs;
 
 const MODULE: &str = "conv1d";
@@ -72,23 +72,8 @@ fn upload_cu(gpu: &std::sync::Arc<Gpu>, seqs: &Seqs) -> Result<GBuf<i64>> {
     gpu.upload(&cu)
 }
 
-/// Forward: `x` `[seqs.tokens(), ch]`, `w` `[ch, width]`, optional `bias` `[ch]`; returns `y`
-/// `[seqs.tokens(), ch]` (dtype of `x`).
-pub fn conv1d_silu_forward(
-    x: &DBuf,
-    ch: usize,
-    w: &GBuf<f32>,
-    width: usize,
-    bias: Option<&GBuf<f32>>,
-    seqs: &Seqs,
-) -> Result<DBuf> {
-    let mut y = DBuf::uninit(x.gpu(), seqs.tokens().saturating_mul(ch), x.dtype())?;
-    conv1d_silu_forward_into(x, ch, w, width, bias, seqs, &mut y)?;
-    Ok(y)
-}
-
 /// [`conv1d_silu_forward`] into a caller-provided `y`.
-pub fn conv1d_silu_forward_into(
+pub fn forward(
     x: &DBuf,
     ch: usize,
     w: &GBuf<f32>,
@@ -132,43 +117,9 @@ pub fn conv1d_silu_forward_into(
     launch(&mut l, elem_cfg(x.len()), "conv1d_silu_fwd")
 }
 
-/// Backward of [`conv1d_silu_forward`]: returns `dx` `[tokens, ch]` (dtype of `x`), `dw`
-/// `[ch, width]` and, when `bias` is given, `dbias` `[ch]` (fp32).
-#[allow(clippy::type_complexity)]
-pub fn conv1d_silu_backward(
-    x: &DBuf,
-    ch: usize,
-    w: &GBuf<f32>,
-    width: usize,
-    bias: Option<&GBuf<f32>>,
-    seqs: &Seqs,
-    dy: &DBuf,
-) -> Result<(DBuf, GBuf<f32>, Option<GBuf<f32>>)> {
-    let gpu = x.gpu();
-    let mut dx = DBuf::uninit(gpu, x.len(), x.dtype())?;
-    let mut dw = gpu.uninit(ch.saturating_mul(width))?;
-    let mut dbias = match bias {
-        Some(_) => Some(gpu.uninit(ch)?),
-        None => None,
-    };
-    conv1d_silu_backward_into(
-        x,
-        ch,
-        w,
-        width,
-        bias,
-        seqs,
-        dy,
-        &mut dx,
-        &mut dw,
-        dbias.as_mut(),
-    )?;
-    Ok((dx, dw, dbias))
-}
-
 /// [`conv1d_silu_backward`] into caller-provided `dx`, `dw` and (with a bias) `dbias`.
 #[allow(clippy::too_many_arguments)]
-pub fn conv1d_silu_backward_into(
+pub fn backward(
     x: &DBuf,
     ch: usize,
     w: &GBuf<f32>,

@@ -15,70 +15,87 @@
 //! `dw[c, i] = sum_t dpre[t, c] * x[t - (W-1) + i, c]`, `dbias[c] = sum_t dpre[t, c]`. The sums
 //! over tokens are two-stage and fixed-order (blocks of [`crate::ops::REDUCE_BLOCK`] tokens).
 
-pub(crate) mod cpu;
+pub mod cpu;
 pub mod cuda;
 #[doc(hidden)]
 pub mod reference;
 #[cfg(test)]
 mod tests;
 
-use crate::error::{GdnError, Result};
-use crate::ops::check_len;
+use crate::backend::cuda::DBuf;
+use crate::backend::{dev, host, mixed, Act, F32s, P};
+use crate::error::Result;
 use crate::seqs::Seqs;
 
-fn check_args(
-    x: &[f32],
+/// Causal depthwise conv1d + SiLU over the packed sequences `x` `[tokens, ch]` with weight `w`
+/// `[ch, width]` and optional `bias` `[ch]`: returns `y` `[tokens, ch]`.
+pub fn forward(
+    x: &Act,
     ch: usize,
-    w: &[f32],
+    w: P,
     width: usize,
-    bias: Option<&[f32]>,
+    bias: Option<P>,
     seqs: &Seqs,
-) -> Result<()> {
-    if ch == 0 {
-        return Err(GdnError::Invalid(
-            "conv1d: channels must be > 0, got 0".into(),
-        ));
+) -> Result<Act> {
+    match (x, w) {
+        (Act::Host(x), P::Host(w)) => Ok(Act::Host(cpu::forward(
+            x,
+            ch,
+            w,
+            width,
+            host(bias, "conv1d")?,
+            seqs,
+        )?)),
+        (Act::Dev(x), P::Dev(w)) => {
+            let bias = dev(bias, "conv1d")?;
+            let mut y = DBuf::uninit(x.gpu(), seqs.tokens().saturating_mul(ch), x.dtype())?;
+            cuda::forward(x, ch, w, width, bias, seqs, &mut y)?;
+            Ok(Act::Dev(y))
+        }
+        _ => Err(mixed("conv1d")),
     }
-    if width == 0 {
-        return Err(GdnError::Invalid(
-            "conv1d: kernel width must be > 0, got 0".into(),
-        ));
-    }
-    check_len("conv1d x", x, seqs.tokens().saturating_mul(ch))?;
-    check_len("conv1d weight", w, ch.saturating_mul(width))?;
-    if let Some(b) = bias {
-        check_len("conv1d bias", b, ch)?;
-    }
-    Ok(())
 }
 
-/// Forward: `x` `[seqs.tokens(), ch]`, `w` `[ch, width]`, optional `bias` `[ch]`; returns `y`
-/// `[seqs.tokens(), ch]`.
-pub fn conv1d_silu_forward(
-    x: &[f32],
+/// Backward of [`forward`]: returns `dx` `[tokens, ch]`, `dw` `[ch, width]` and, with a bias,
+/// `dbias` `[ch]`.
+#[allow(clippy::too_many_arguments)]
+pub fn backward(
+    x: &Act,
     ch: usize,
-    w: &[f32],
+    w: P,
     width: usize,
-    bias: Option<&[f32]>,
+    bias: Option<P>,
     seqs: &Seqs,
-) -> Result<Vec<f32>> {
-    check_args(x, ch, w, width, bias, seqs)?;
-    Ok(cpu::conv1d_silu_forward(x, ch, w, width, bias, seqs))
-}
-
-/// Backward of [`conv1d_silu_forward`]: returns `dx` `[tokens, ch]`, `dw` `[ch, width]` and, when
-/// `bias` is given, `dbias` `[ch]`.
-#[allow(clippy::type_complexity)]
-pub fn conv1d_silu_backward(
-    x: &[f32],
-    ch: usize,
-    w: &[f32],
-    width: usize,
-    bias: Option<&[f32]>,
-    seqs: &Seqs,
-    dy: &[f32],
-) -> Result<(Vec<f32>, Vec<f32>, Option<Vec<f32>>)> {
-    check_args(x, ch, w, width, bias, seqs)?;
-    check_len("conv1d dy", dy, seqs.tokens().saturating_mul(ch))?;
-    Ok(cpu::conv1d_silu_backward(x, ch, w, width, bias, seqs, dy))
+    dy: &Act,
+) -> Result<(Act, F32s, Option<F32s>)> {
+    match (x, w, dy) {
+        (Act::Host(x), P::Host(w), Act::Host(dy)) => {
+            let (dx, dw, db) = cpu::backward(x, ch, w, width, host(bias, "conv1d")?, seqs, dy)?;
+            Ok((Act::Host(dx), F32s::Host(dw), db.map(F32s::Host)))
+        }
+        (Act::Dev(x), P::Dev(w), Act::Dev(dy)) => {
+            let bias = dev(bias, "conv1d")?;
+            let gpu = x.gpu();
+            let mut dx = DBuf::uninit(gpu, x.len(), x.dtype())?;
+            let mut dw = gpu.uninit(ch.saturating_mul(width))?;
+            let mut db = match bias {
+                Some(_) => Some(gpu.uninit(ch)?),
+                None => None,
+            };
+            cuda::backward(
+                x,
+                ch,
+                w,
+                width,
+                bias,
+                seqs,
+                dy,
+                &mut dx,
+                &mut dw,
+                db.as_mut(),
+            )?;
+            Ok((Act::Dev(dx), F32s::Dev(dw), db.map(F32s::Dev)))
+        }
+        _ => Err(mixed("conv1d backward")),
+    }
 }

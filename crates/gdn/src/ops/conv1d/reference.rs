@@ -2,12 +2,8 @@
 
 #![allow(clippy::needless_range_loop)] // plain indexed loops, like the math
 
+pub use crate::ops::common::reference::silu;
 use crate::seqs::Seqs;
-
-/// `x / (1 + exp(-x))`.
-pub fn silu(x: f64) -> f64 {
-    x / (1.0 + (-x).exp())
-}
 
 /// `y[t, c] = silu(bias[c] + sum_i w[c, i] x[t - (W-1) + i, c])`, zero history at each sequence
 /// start, zero rows for padding.

@@ -1,3 +1,4 @@
+use super::cpu::{backward as conv1d_silu_backward, forward as conv1d_silu_forward};
 use super::*;
 use crate::ops::REDUCE_BLOCK;
 use crate::testutil::*;

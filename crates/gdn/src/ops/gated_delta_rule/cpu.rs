@@ -17,90 +17,17 @@
 //! D per chunk), then walks the chunks in reverse carrying dS. The derivation of every line is in
 //! the comments of `chunk_backward`.
 
+use crate::error::{GdnError, Result};
+use crate::ops::check_len;
 use rayon::prelude::*;
 
-use super::{RuleGrads, RuleOpts, RuleShape, CHUNK};
-use crate::ops::gemm::{matmul, MatRef};
-use crate::ops::l2norm::cpu::{l2norm_row, l2norm_row_backward};
+use super::{RuleOpts, RuleShape, CHUNK};
+use crate::ops::common::gemm::MatRef;
+use crate::ops::common::l2norm::l2norm_row_backward;
+use crate::ops::common::rule_cpu::{
+    assemble_forward, dot, load_qk, load_rows, mm, tasks, FwdOut, RawQk,
+};
 use crate::seqs::Seqs;
-
-/// q and k rows of one (sequence, key head), contiguous `[len, Dk]`, normalized if asked.
-pub(crate) struct QkRows {
-    pub(crate) q: Vec<f32>,
-    pub(crate) k: Vec<f32>,
-    /// Raw rows and inverse norms, kept when the norm is done in the kernel (for backward).
-    pub(crate) raw: Option<RawQk>,
-}
-
-/// Raw q, k rows `[len, Dk]` and their inverse L2 norms `[len]`.
-pub(crate) struct RawQk {
-    pub(crate) q: Vec<f32>,
-    pub(crate) k: Vec<f32>,
-    pub(crate) q_rstd: Vec<f32>,
-    pub(crate) k_rstd: Vec<f32>,
-}
-
-pub(crate) fn load_qk(
-    q: &[f32],
-    k: &[f32],
-    r: std::ops::Range<usize>,
-    kh: usize,
-    s: RuleShape,
-    norm: bool,
-) -> QkRows {
-    let len = r.len();
-    let (dk, hk) = (s.dk, s.hk);
-    let mut qr = Vec::with_capacity(len * dk);
-    let mut kr = Vec::with_capacity(len * dk);
-    for t in r {
-        let o = (t * hk + kh) * dk;
-        qr.extend_from_slice(&q[o..o + dk]);
-        kr.extend_from_slice(&k[o..o + dk]);
-    }
-    if !norm {
-        return QkRows {
-            q: qr,
-            k: kr,
-            raw: None,
-        };
-    }
-    let mut qn = vec![0.0; len * dk];
-    let mut kn = vec![0.0; len * dk];
-    let mut qrs = vec![0.0; len];
-    let mut krs = vec![0.0; len];
-    for i in 0..len {
-        qrs[i] = l2norm_row(&qr[i * dk..(i + 1) * dk], &mut qn[i * dk..(i + 1) * dk]);
-        krs[i] = l2norm_row(&kr[i * dk..(i + 1) * dk], &mut kn[i * dk..(i + 1) * dk]);
-    }
-    QkRows {
-        q: qn,
-        k: kn,
-        raw: Some(RawQk {
-            q: qr,
-            k: kr,
-            q_rstd: qrs,
-            k_rstd: krs,
-        }),
-    }
-}
-
-/// Rows `[c0, c0+l)` of value head `j` of a `[tokens, H, D]` buffer, sequence starting at `t0`.
-pub(crate) fn load_rows(
-    x: &[f32],
-    t0: usize,
-    c0: usize,
-    l: usize,
-    j: usize,
-    h: usize,
-    d: usize,
-) -> Vec<f32> {
-    let mut out = Vec::with_capacity(l * d);
-    for i in 0..l {
-        let o = ((t0 + c0 + i) * h + j) * d;
-        out.extend_from_slice(&x[o..o + d]);
-    }
-    out
-}
 
 fn load_scalars(x: &[f32], t0: usize, c0: usize, l: usize, j: usize, h: usize) -> Vec<f32> {
     (0..l).map(|i| x[(t0 + c0 + i) * h + j]).collect()
@@ -116,10 +43,6 @@ struct ChunkPrep {
     u: Vec<f32>,
     /// `W = T diag(beta e^gam) K`, `[l, Dk]`.
     w: Vec<f32>,
-}
-
-pub(crate) fn mm(c: &mut [f32], ldc: usize, a: MatRef, b: MatRef, acc: bool, scale: f32) {
-    matmul(c, ldc, a, b, acc, scale, false);
 }
 
 fn prep_chunk(kc: &[f32], vc: &[f32], gc: &[f32], bc: &[f32], dk: usize, dv: usize) -> ChunkPrep {
@@ -274,21 +197,8 @@ fn chunk_state_update(s: &mut [f32], kc: &[f32], p: &ChunkPrep, d: &[f32], dk: u
     );
 }
 
-pub(crate) fn tasks(seqs: &Seqs, s: RuleShape) -> Vec<(usize, usize)> {
-    (0..seqs.count())
-        .flat_map(|n| (0..s.hk).map(move |kh| (n, kh)))
-        .collect()
-}
-
-pub(crate) struct FwdOut {
-    /// Per value head of the group: `[len, Dv]`.
-    pub(crate) o: Vec<Vec<f32>>,
-    /// Per value head of the group: final state `[Dk, Dv]`.
-    pub(crate) state: Vec<Vec<f32>>,
-}
-
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn forward(
+fn chunked_forward(
     q: &[f32],
     k: &[f32],
     v: &[f32],
@@ -344,43 +254,6 @@ pub(crate) fn forward(
         .collect();
 
     assemble_forward(seqs, s, outs, output_final_state)
-}
-
-/// Scatter the per-task outputs of a forward (in `tasks` order) into `o` `[tokens, Hv, Dv]` and,
-/// if asked, the final states `[N, Hv, Dk, Dv]`. Padding rows stay zero.
-pub(crate) fn assemble_forward(
-    seqs: &Seqs,
-    s: RuleShape,
-    outs: Vec<FwdOut>,
-    output_final_state: bool,
-) -> (Vec<f32>, Option<Vec<f32>>) {
-    let (dv, hv) = (s.dv, s.hv);
-    let r = hv / s.hk;
-    let st = s.dk * dv;
-    let mut o = vec![0.0f32; seqs.tokens() * hv * dv];
-    // Task (n, kh)'s final states are value heads kh r .. (kh + 1) r of sequence n: in `tasks`
-    // order, consecutive blocks of r states, copied in parallel (decode's largest copy).
-    let mut fin = output_final_state.then(|| vec![0.0f32; seqs.count() * hv * st]);
-    if let Some(f) = fin.as_mut() {
-        f.par_chunks_mut(r * st)
-            .zip(outs.par_iter())
-            .for_each(|(dst, out)| {
-                for (d, sj) in dst.chunks_exact_mut(st).zip(&out.state) {
-                    d.copy_from_slice(sj);
-                }
-            });
-    }
-    for (&(n, kh), out) in tasks(seqs, s).iter().zip(outs) {
-        let t0 = seqs.range(n).start;
-        for (jj, oj) in out.o.into_iter().enumerate() {
-            let j = kh * r + jj;
-            for (i, row) in oj.chunks_exact(dv).enumerate() {
-                let dst = ((t0 + i) * hv + j) * dv;
-                o[dst..dst + dv].copy_from_slice(row);
-            }
-        }
-    }
-    (o, fin)
 }
 
 /// Per-chunk values kept from the recompute pass of backward.
@@ -639,10 +512,6 @@ fn chunk_backward(
     ds.copy_from_slice(&ds0);
 }
 
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
 struct BwdOut {
     dq: Vec<f32>,
     dk: Vec<f32>,
@@ -653,7 +522,7 @@ struct BwdOut {
 }
 
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn backward(
+fn chunked_backward(
     q: &[f32],
     k: &[f32],
     v: &[f32],
@@ -665,7 +534,7 @@ pub(crate) fn backward(
     h0: Option<&[f32]>,
     d_o: &[f32],
     dht: Option<&[f32]>,
-) -> RuleGrads {
+) -> Grads {
     let (dk, dv, hv, hk) = (s.dk, s.dv, s.hv, s.hk);
     let r = hv / hk;
     let st = dk * dv;
@@ -772,7 +641,7 @@ pub(crate) fn backward(
         .collect();
 
     let n_tok = seqs.tokens();
-    let mut grads = RuleGrads {
+    let mut grads = Grads {
         dq: vec![0.0; n_tok * hk * dk],
         dk: vec![0.0; n_tok * hk * dk],
         dv: vec![0.0; n_tok * hv * dv],
@@ -808,4 +677,122 @@ pub(crate) fn backward(
         }
     }
     grads
+}
+
+/// Gradients of the rule's inputs.
+#[derive(Clone, Debug)]
+pub struct Grads {
+    pub dq: Vec<f32>,
+    pub dk: Vec<f32>,
+    pub dv: Vec<f32>,
+    pub dg: Vec<f32>,
+    pub dbeta: Vec<f32>,
+    /// Gradient of the initial state, when one was given.
+    pub dh0: Option<Vec<f32>>,
+}
+
+// ---- validated entries on host slices (the op's `forward` / `backward` dispatch here) ----
+
+/// Shared input checks of forward and backward.
+#[allow(clippy::too_many_arguments)]
+fn check_inputs(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    seqs: &Seqs,
+    s: RuleShape,
+    h0: Option<&[f32]>,
+) -> Result<()> {
+    if s.hk == 0 || s.hv == 0 || s.dk == 0 || s.dv == 0 {
+        return Err(GdnError::Invalid(format!(
+            "gated delta rule: zero dimension in {s:?}"
+        )));
+    }
+    if !s.hv.is_multiple_of(s.hk) {
+        return Err(GdnError::Invalid(format!(
+            "gated delta rule: value heads ({}) must be a multiple of key heads ({})",
+            s.hv, s.hk
+        )));
+    }
+    let n = seqs.tokens();
+    check_len("q", q, n * s.hk * s.dk)?;
+    check_len("k", k, n * s.hk * s.dk)?;
+    check_len("v", v, n * s.hv * s.dv)?;
+    check_len("g", g, n * s.hv)?;
+    check_len("beta", beta, n * s.hv)?;
+    if let Some(h0) = h0 {
+        check_len("initial_state", h0, seqs.count() * s.hv * s.dk * s.dv)?;
+    }
+    Ok(())
+}
+
+/// Forward. Returns `o` `[tokens, Hv, Dv]` and, if `output_final_state`, the final states
+/// `[N, Hv, Dk, Dv]`.
+#[allow(clippy::too_many_arguments)]
+pub fn forward(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    seqs: &Seqs,
+    shape: RuleShape,
+    opts: RuleOpts,
+    initial_state: Option<&[f32]>,
+    output_final_state: bool,
+) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
+    check_inputs(q, k, v, g, beta, seqs, shape, initial_state)?;
+    Ok(chunked_forward(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        seqs,
+        shape,
+        opts,
+        initial_state,
+        output_final_state,
+    ))
+}
+
+/// Backward from `d_o` `[tokens, Hv, Dv]` and optionally the gradient of the final states.
+#[allow(clippy::too_many_arguments)]
+pub fn backward(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    seqs: &Seqs,
+    shape: RuleShape,
+    opts: RuleOpts,
+    initial_state: Option<&[f32]>,
+    d_o: &[f32],
+    d_final_state: Option<&[f32]>,
+) -> Result<Grads> {
+    check_inputs(q, k, v, g, beta, seqs, shape, initial_state)?;
+    check_len("d_o", d_o, seqs.tokens() * shape.hv * shape.dv)?;
+    if let Some(d) = d_final_state {
+        check_len(
+            "d_final_state",
+            d,
+            seqs.count() * shape.hv * shape.dk * shape.dv,
+        )?;
+    }
+    Ok(chunked_backward(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        seqs,
+        shape,
+        opts,
+        initial_state,
+        d_o,
+        d_final_state,
+    ))
 }

@@ -20,14 +20,16 @@
 //! 7.5 GiB at 32768 tokens x 32 value heads, Dk = Dv = 128, for forward + backward.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
-use cudarc::driver::{CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::DeviceRepr;
 
 use super::{RuleOpts, RuleShape, CHUNK};
-use crate::device::cuda::{DBuf, DType, GBuf, Gpu};
+use crate::backend::cuda::{DBuf, DType, GBuf, Gpu};
+use crate::backend::launch::{dptr, i32_arg, launch_in, optr, ptr, suffix, Arg};
 use crate::error::{GdnError, Result};
+use crate::ops::common::rule_cuda::{check_backward_grads, poison_if, zero_tail};
 use crate::seqs::Seqs;
 
 const MODULE: &str = "gated_delta_rule";
@@ -37,9 +39,9 @@ const ROWS_PER_BLOCK: usize = (THREADS / 32) as usize;
 /// Largest `Dk` / `Dv` the kernels support (they need multiples of 16).
 pub const MAX_HEAD_DIM: usize = 256;
 
-/// Gradients from [`backward_cuda`]: dq, dk `[tokens, Hk, Dk]`, dv `[tokens, Hv, Dv]` and dbeta
+/// Gradients from [`backward`]: dq, dk `[tokens, Hk, Dk]`, dv `[tokens, Hv, Dv]` and dbeta
 /// `[tokens, Hv]` in the inputs' storage type; dg `[tokens, Hv]` and dh0 `[N, Hv, Dk, Dv]` fp32.
-pub struct CudaRuleGrads {
+pub struct Grads {
     pub dq: DBuf,
     pub dk: DBuf,
     pub dv: DBuf,
@@ -49,185 +51,9 @@ pub struct CudaRuleGrads {
     pub dh0: Option<GBuf<f32>>,
 }
 
-/// One kernel argument.
-pub(crate) enum Arg {
-    Ptr(u64),
-    I32(i32),
-    I64(i64),
-    F32(f32),
-}
-
-pub(crate) fn ptr<T: DeviceRepr>(b: &GBuf<T>, s: &Arc<CudaStream>) -> Arg {
-    let (p, _sync) = b.slice.device_ptr(s);
-    Arg::Ptr(p)
-}
-
-pub(crate) fn dptr(b: &DBuf, s: &Arc<CudaStream>) -> Arg {
-    match b {
-        DBuf::F32(x) => ptr(x, s),
-        DBuf::Bf16(x) => ptr(x, s),
-    }
-}
-
-pub(crate) fn optr(b: Option<&GBuf<f32>>, s: &Arc<CudaStream>) -> Arg {
-    b.map_or(Arg::Ptr(0), |b| ptr(b, s))
-}
-
-pub(crate) fn i32_arg(x: usize) -> Arg {
-    Arg::I32(x as i32)
-}
-
-fn dev_err(what: &str, e: impl std::fmt::Debug) -> GdnError {
-    GdnError::Device(format!("gated delta rule: {what}: {e:?}"))
-}
-
 /// Launch `name_<dtype>` on a flat grid of `blocks` blocks of 256 threads.
 fn launch(gpu: &Gpu, name: &str, blocks: usize, smem_bytes: usize, args: &[Arg]) -> Result<()> {
     launch_in(gpu, MODULE, name, blocks, smem_bytes, args)
-}
-
-/// Launch `module::name` on a flat grid of `blocks` blocks of 256 threads with `smem_bytes` of
-/// dynamic shared memory (timed when profiling is on).
-/// Backward's extra inputs: `d_o` `[tokens, Hv, Dv]` in the inputs' storage type and the
-/// optional gradient of the final states `[N, Hv, Dk, Dv]`, all on `gpu` (shared by both rules).
-pub(crate) fn check_backward_grads(
-    what: &str,
-    gpu: &Arc<Gpu>,
-    dt: DType,
-    seqs: &Seqs,
-    s: RuleShape,
-    d_o: &DBuf,
-    d_final_state: Option<&GBuf<f32>>,
-) -> Result<()> {
-    let (tokens, n_seq) = (seqs.tokens(), seqs.count());
-    if d_o.dtype() != dt {
-        return Err(GdnError::Invalid(format!(
-            "{what} (CUDA): d_o is {:?} but q is {dt:?}",
-            d_o.dtype()
-        )));
-    }
-    if d_o.len() != tokens * s.hv * s.dv {
-        return Err(GdnError::Invalid(format!(
-            "d_o: expected {} values, got {}",
-            tokens * s.hv * s.dv,
-            d_o.len()
-        )));
-    }
-    if let Some(d) = d_final_state {
-        let want = n_seq * s.hv * s.dk * s.dv;
-        if d.len() != want {
-            return Err(GdnError::Invalid(format!(
-                "d_final_state: expected {want} values, got {}",
-                d.len()
-            )));
-        }
-    }
-    if !Arc::ptr_eq(d_o.gpu(), gpu) || d_final_state.is_some_and(|d| !Arc::ptr_eq(d.gpu(), gpu)) {
-        return Err(GdnError::Invalid(format!(
-            "{what} (CUDA): every input must live on the GPU the op runs on"
-        )));
-    }
-    Ok(())
-}
-
-pub(crate) fn launch_in(
-    gpu: &Gpu,
-    module: &'static str,
-    name: &str,
-    blocks: usize,
-    smem_bytes: usize,
-    args: &[Arg],
-) -> Result<()> {
-    if blocks == 0 {
-        return Ok(());
-    }
-    if blocks > i32::MAX as usize {
-        return Err(GdnError::Invalid(format!(
-            "gated delta rule: {name} needs {blocks} blocks, more than a grid holds"
-        )));
-    }
-    let f = gpu.function(module, name)?;
-    if smem_bytes > 48 * 1024 {
-        f.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem_bytes as i32,
-        )
-        .map_err(|e| dev_err(&format!("shared memory of {name} ({smem_bytes} bytes)"), e))?;
-    }
-    let mut b = gpu.stream().launch_builder(&f);
-    for a in args {
-        match a {
-            Arg::Ptr(p) => b.arg(p),
-            Arg::I32(x) => b.arg(x),
-            Arg::I64(x) => b.arg(x),
-            Arg::F32(x) => b.arg(x),
-        };
-    }
-    let cfg = LaunchConfig {
-        grid_dim: (blocks as u32, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: smem_bytes as u32,
-    };
-    let profiling = PROFILING.load(Ordering::Relaxed);
-    let ev = |st: &Arc<CudaStream>| {
-        st.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(|e| dev_err("recording an event", e))
-    };
-    let t0 = if profiling {
-        Some(ev(gpu.stream())?)
-    } else {
-        None
-    };
-    // SAFETY: argument lists match the kernels' signatures in gated_delta_rule.cu and
-    // gdn2_rule.cu; every buffer is sized by the callers for the indices the kernels touch.
-    unsafe { b.launch(cfg) }.map_err(|e| dev_err(&format!("launching {name}"), e))?;
-    if let Some(t0) = t0 {
-        let t1 = ev(gpu.stream())?;
-        let ms = t0
-            .elapsed_ms(&t1)
-            .map_err(|e| dev_err("timing a kernel", e))? as f64;
-        let mut p = PROFILE
-            .lock()
-            .map_err(|_| GdnError::Device("profile poisoned".into()))?;
-        match p.iter_mut().find(|(n, _, _)| n == name) {
-            Some(e) => {
-                e.1 += ms;
-                e.2 += 1;
-            }
-            None => p.push((name.to_string(), ms, 1)),
-        }
-    }
-    Ok(())
-}
-
-static PROFILING: AtomicBool = AtomicBool::new(false);
-static PROFILE: Mutex<Vec<(String, f64, usize)>> = Mutex::new(Vec::new());
-
-/// Benchmarks only: time every kernel launch of this module with events (synchronizing after
-/// each), from now until [`profile_take`].
-#[doc(hidden)]
-pub fn profile_start() {
-    if let Ok(mut p) = PROFILE.lock() {
-        p.clear();
-    }
-    PROFILING.store(true, Ordering::Relaxed);
-}
-
-/// Stops profiling; returns (kernel, total ms, launches) in first-launch order.
-#[doc(hidden)]
-pub fn profile_take() -> Vec<(String, f64, usize)> {
-    PROFILING.store(false, Ordering::Relaxed);
-    PROFILE
-        .lock()
-        .map(|mut p| std::mem::take(&mut *p))
-        .unwrap_or_default()
-}
-
-pub(crate) fn sfx(d: DType) -> &'static str {
-    match d {
-        DType::F32 => "f32",
-        DType::Bf16 => "bf16",
-    }
 }
 
 /// Suffix of the chunk kernels: the storage type, and for bf16 with the in-kernel norm "bf16n"
@@ -235,7 +61,7 @@ pub(crate) fn sfx(d: DType) -> &'static str {
 fn chunk_sfx(d: DType, opts: RuleOpts) -> &'static str {
     match (d, opts.l2norm_in_kernel) {
         (DType::Bf16, true) => "bf16n",
-        _ => sfx(d),
+        _ => suffix(d),
     }
 }
 
@@ -287,14 +113,7 @@ pub fn set_poison(on: bool) {
 }
 
 fn poison<T: DeviceRepr>(b: &GBuf<T>) -> Result<()> {
-    if !POISON.load(Ordering::Relaxed) || b.is_empty() {
-        return Ok(());
-    }
-    let st = b.gpu().stream();
-    let (p, _sync) = b.slice.device_ptr(st);
-    // SAFETY: writes exactly the buffer's bytes, on the stream that orders all its uses.
-    unsafe { cudarc::driver::result::memset_d8_async(p, 0xff, b.bytes(), st.cu_stream()) }
-        .map_err(|e| dev_err("poisoning a buffer", e))
+    poison_if(POISON.load(Ordering::Relaxed), b, "gated delta rule")
 }
 
 /// An uninitialized f32 buffer of `n` elements (poisoned in tests).
@@ -428,7 +247,7 @@ fn normalized(gpu: &Arc<Gpu>, q: &DBuf, k: &DBuf, s: RuleShape, dt: DType) -> Re
     let qn = DBuf::F32(out_f32(gpu, q.len())?);
     let kn = DBuf::F32(out_f32(gpu, k.len())?);
     let rows = q.len() / s.dk;
-    let name = format!("gdr_l2norm_{}", sfx(dt));
+    let name = format!("gdr_l2norm_{}", suffix(dt));
     for (x, y) in [(q, &qn), (k, &kn)] {
         launch(
             gpu,
@@ -554,24 +373,10 @@ fn scan_fwd(
     Ok((h, d))
 }
 
-/// Zero rows `[used, tokens)` of a `[tokens, width]` buffer.
-fn zero_tail(gpu: &Arc<Gpu>, b: &mut DBuf, used: usize, tokens: usize, width: usize) -> Result<()> {
-    if used == tokens {
-        return Ok(());
-    }
-    let st = gpu.stream();
-    let r = used * width..tokens * width;
-    match b {
-        DBuf::F32(x) => st.memset_zeros(&mut x.slice.slice_mut(r)),
-        DBuf::Bf16(x) => st.memset_zeros(&mut x.slice.slice_mut(r)),
-    }
-    .map_err(|e| dev_err("zeroing padding rows", e))
-}
-
 /// Forward on the GPU. Returns `o` `[tokens, Hv, Dv]` (storage type of q) and, if
 /// `output_final_state`, the final states `[N, Hv, Dk, Dv]` fp32.
 #[allow(clippy::too_many_arguments)]
-pub fn forward_cuda(
+pub fn forward(
     gpu: &Arc<Gpu>,
     q: &DBuf,
     k: &DBuf,
@@ -625,14 +430,21 @@ pub fn forward_cuda(
             dptr(&o, st),
         ],
     )?;
-    zero_tail(gpu, &mut o, seqs.used(), seqs.tokens(), s.hv * s.dv)?;
+    zero_tail(
+        "gated delta rule",
+        gpu,
+        &mut o,
+        seqs.used(),
+        seqs.tokens(),
+        s.hv * s.dv,
+    )?;
     Ok((o, fin))
 }
 
 /// Backward on the GPU from `d_o` `[tokens, Hv, Dv]` (storage type of q) and optionally the
 /// gradient of the final states (fp32). Recomputes everything it needs from the inputs.
 #[allow(clippy::too_many_arguments)]
-pub fn backward_cuda(
+pub fn backward(
     gpu: &Arc<Gpu>,
     q: &DBuf,
     k: &DBuf,
@@ -645,13 +457,13 @@ pub fn backward_cuda(
     initial_state: Option<&GBuf<f32>>,
     d_o: &DBuf,
     d_final_state: Option<&GBuf<f32>>,
-) -> Result<CudaRuleGrads> {
+) -> Result<Grads> {
     let s = shape;
     let dt = check(gpu, q, k, v, g, beta, seqs, s, initial_state)?;
     let (tokens, n_seq) = (seqs.tokens(), seqs.count());
     check_backward_grads("gated delta rule", gpu, dt, seqs, s, d_o, d_final_state)?;
     let st = gpu.stream();
-    let sf = sfx(dt);
+    let sf = suffix(dt);
     let ch = Chunks::new(gpu, seqs)?;
     let chh = ch.count * s.hv;
     let norm = if opts.l2norm_in_kernel {
@@ -790,14 +602,14 @@ pub fn backward_cuda(
         ],
     )?;
     let used = seqs.used();
-    zero_tail(gpu, &mut dv, used, tokens, s.hv * s.dv)?;
-    zero_tail(gpu, &mut dbeta, used, tokens, s.hv)?;
+    zero_tail("gated delta rule", gpu, &mut dv, used, tokens, s.hv * s.dv)?;
+    zero_tail("gated delta rule", gpu, &mut dbeta, used, tokens, s.hv)?;
     let mut dg = DBuf::F32(dg);
-    zero_tail(gpu, &mut dg, used, tokens, s.hv)?;
+    zero_tail("gated delta rule", gpu, &mut dg, used, tokens, s.hv)?;
     let DBuf::F32(dg) = dg else {
         unreachable!("dg is f32")
     };
-    Ok(CudaRuleGrads {
+    Ok(Grads {
         dq,
         dk,
         dv,

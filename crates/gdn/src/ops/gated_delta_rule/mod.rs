@@ -13,155 +13,104 @@
 //! `[tokens, Hv]`, states `[N, Hv, Dk, Dv]` with `N = seqs.count()`. Rows at or after
 //! `seqs.used()` (padding) get zero output and zero gradient.
 
-pub(crate) mod cpu;
+pub mod cpu;
 pub mod cuda;
 #[doc(hidden)]
 pub mod reference;
 #[cfg(test)]
 mod tests;
 
-use super::check_len;
-use crate::error::{GdnError, Result};
+pub use crate::ops::common::rule::{RuleOpts, RuleShape, CHUNK};
+
+use crate::backend::{dev_f32, host_f32, mixed, Act, F32s};
+use crate::error::Result;
 use crate::seqs::Seqs;
 
-/// Chunk length of the chunked algorithm (FLA's and Megatron's).
-pub const CHUNK: usize = 64;
-
-/// Head counts and dimensions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RuleShape {
-    /// Key heads `Hk`.
-    pub hk: usize,
-    /// Value heads `Hv` (a multiple of `hk`).
-    pub hv: usize,
-    /// Key head dim `Dk`.
-    pub dk: usize,
-    /// Value head dim `Dv`.
-    pub dv: usize,
-}
-
-/// Options of the rule.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct RuleOpts {
-    /// Multiplies q (default `Dk^-1/2`).
-    pub scale: f32,
-    /// L2-normalize q and k rows inside the kernel (`x * rsqrt(sum x^2 + 1e-6)`); q and k are
-    /// then the raw inputs and their gradients are taken through the norm.
-    pub l2norm_in_kernel: bool,
-}
-
-/// Gradients of the rule's inputs.
-#[derive(Clone, Debug)]
+/// Gradients of the rule's inputs: dq, dk `[tokens, Hk, Dk]`, dv `[tokens, Hv, Dv]` and dbeta
+/// `[tokens, Hv]` as activations; dg `[tokens, Hv]` and dh0 `[N, Hv, Dk, Dv]` fp32.
+#[derive(Debug)]
 pub struct RuleGrads {
-    pub dq: Vec<f32>,
-    pub dk: Vec<f32>,
-    pub dv: Vec<f32>,
-    pub dg: Vec<f32>,
-    pub dbeta: Vec<f32>,
-    /// Gradient of the initial state, when one was given.
-    pub dh0: Option<Vec<f32>>,
+    pub dq: Act,
+    pub dk: Act,
+    pub dv: Act,
+    pub dg: F32s,
+    pub dbeta: Act,
+    /// Gradient of the initial states, when they were given.
+    pub dh0: Option<F32s>,
 }
 
-/// Shared input checks of forward and backward.
-#[allow(clippy::too_many_arguments)]
-fn check_inputs(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    g: &[f32],
-    beta: &[f32],
-    seqs: &Seqs,
-    s: RuleShape,
-    h0: Option<&[f32]>,
-) -> Result<()> {
-    if s.hk == 0 || s.hv == 0 || s.dk == 0 || s.dv == 0 {
-        return Err(GdnError::Invalid(format!(
-            "gated delta rule: zero dimension in {s:?}"
-        )));
-    }
-    if !s.hv.is_multiple_of(s.hk) {
-        return Err(GdnError::Invalid(format!(
-            "gated delta rule: value heads ({}) must be a multiple of key heads ({})",
-            s.hv, s.hk
-        )));
-    }
-    let n = seqs.tokens();
-    check_len("q", q, n * s.hk * s.dk)?;
-    check_len("k", k, n * s.hk * s.dk)?;
-    check_len("v", v, n * s.hv * s.dv)?;
-    check_len("g", g, n * s.hv)?;
-    check_len("beta", beta, n * s.hv)?;
-    if let Some(h0) = h0 {
-        check_len("initial_state", h0, seqs.count() * s.hv * s.dk * s.dv)?;
-    }
-    Ok(())
-}
-
-/// Forward. Returns `o` `[tokens, Hv, Dv]` and, if `output_final_state`, the final states
-/// `[N, Hv, Dk, Dv]`.
+/// Forward. Returns `o` `[tokens, Hv, Dv]` and, if `want_final`, the final states
+/// `[N, Hv, Dk, Dv]` (fp32).
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    g: &[f32],
-    beta: &[f32],
+    q: &Act,
+    k: &Act,
+    v: &Act,
+    g: &F32s,
+    beta: &Act,
     seqs: &Seqs,
-    shape: RuleShape,
-    opts: RuleOpts,
-    initial_state: Option<&[f32]>,
-    output_final_state: bool,
-) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
-    check_inputs(q, k, v, g, beta, seqs, shape, initial_state)?;
-    Ok(cpu::forward(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        seqs,
-        shape,
-        opts,
-        initial_state,
-        output_final_state,
-    ))
+    s: RuleShape,
+    o: RuleOpts,
+    h0: Option<&F32s>,
+    want_final: bool,
+) -> Result<(Act, Option<F32s>)> {
+    match (q, k, v, g, beta) {
+        (Act::Host(q), Act::Host(k), Act::Host(v), F32s::Host(g), Act::Host(b)) => {
+            let h0 = host_f32(h0)?;
+            let (out, fin) = cpu::forward(q, k, v, g, b, seqs, s, o, h0, want_final)?;
+            Ok((Act::Host(out), fin.map(F32s::Host)))
+        }
+        (Act::Dev(q), Act::Dev(k), Act::Dev(v), F32s::Dev(g), Act::Dev(b)) => {
+            let h0 = dev_f32(h0)?;
+            let gpu = q.gpu().clone();
+            let (out, fin) = cuda::forward(&gpu, q, k, v, g, b, seqs, s, o, h0, want_final)?;
+            Ok((Act::Dev(out), fin.map(F32s::Dev)))
+        }
+        _ => Err(mixed("rule")),
+    }
 }
 
 /// Backward from `d_o` `[tokens, Hv, Dv]` and optionally the gradient of the final states.
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    g: &[f32],
-    beta: &[f32],
+    q: &Act,
+    k: &Act,
+    v: &Act,
+    g: &F32s,
+    beta: &Act,
     seqs: &Seqs,
-    shape: RuleShape,
-    opts: RuleOpts,
-    initial_state: Option<&[f32]>,
-    d_o: &[f32],
-    d_final_state: Option<&[f32]>,
+    s: RuleShape,
+    o: RuleOpts,
+    h0: Option<&F32s>,
+    d_o: &Act,
+    d_final: Option<&F32s>,
 ) -> Result<RuleGrads> {
-    check_inputs(q, k, v, g, beta, seqs, shape, initial_state)?;
-    check_len("d_o", d_o, seqs.tokens() * shape.hv * shape.dv)?;
-    if let Some(d) = d_final_state {
-        check_len(
-            "d_final_state",
-            d,
-            seqs.count() * shape.hv * shape.dk * shape.dv,
-        )?;
+    match (q, k, v, g, beta, d_o) {
+        (Act::Host(q), Act::Host(k), Act::Host(v), F32s::Host(g), Act::Host(b), Act::Host(d_o)) => {
+            let (h0, d_final) = (host_f32(h0)?, host_f32(d_final)?);
+            let r = cpu::backward(q, k, v, g, b, seqs, s, o, h0, d_o, d_final)?;
+            Ok(RuleGrads {
+                dq: Act::Host(r.dq),
+                dk: Act::Host(r.dk),
+                dv: Act::Host(r.dv),
+                dg: F32s::Host(r.dg),
+                dbeta: Act::Host(r.dbeta),
+                dh0: r.dh0.map(F32s::Host),
+            })
+        }
+        (Act::Dev(q), Act::Dev(k), Act::Dev(v), F32s::Dev(g), Act::Dev(b), Act::Dev(d_o)) => {
+            let gpu = q.gpu().clone();
+            let (h0, d_final) = (dev_f32(h0)?, dev_f32(d_final)?);
+            let r = cuda::backward(&gpu, q, k, v, g, b, seqs, s, o, h0, d_o, d_final)?;
+            Ok(RuleGrads {
+                dq: Act::Dev(r.dq),
+                dk: Act::Dev(r.dk),
+                dv: Act::Dev(r.dv),
+                dg: F32s::Dev(r.dg),
+                dbeta: Act::Dev(r.dbeta),
+                dh0: r.dh0.map(F32s::Dev),
+            })
+        }
+        _ => Err(mixed("rule backward")),
     }
-    Ok(cpu::backward(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        seqs,
-        shape,
-        opts,
-        initial_state,
-        d_o,
-        d_final_state,
-    ))
 }

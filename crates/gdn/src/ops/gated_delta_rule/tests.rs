@@ -2,6 +2,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 
+use super::cpu::{backward, forward};
 use super::reference::{self, RefInputs};
 use super::*;
 

@@ -1,16 +1,19 @@
 //! CPU gated norm, built on the pre-norm's row helpers.
 
+use crate::error::Result;
+use crate::ops::check_len;
+use crate::ops::common::norm::{check_eps, check_norm_params};
 use rayon::prelude::*;
 
 use crate::config::Normalization;
-use crate::ops::conv1d::cpu::{silu, silu_grad};
-use crate::ops::norm::cpu::{gain, row_backward, row_forward, row_stats, task_rows};
-use crate::ops::norm::NormStats;
+use crate::ops::common::act::{silu, silu_grad};
+use crate::ops::common::norm::{gain, row_backward, row_forward, row_stats, NormStats};
+use crate::ops::common::task_rows;
 use crate::ops::REDUCE_BLOCK;
 
 /// See [`super::gated_norm_forward`]; arguments are validated.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gated_norm_forward(
+fn gated_norm_forward_unchecked(
     o: &[f32],
     z: &[f32],
     dv: usize,
@@ -50,7 +53,7 @@ pub(crate) fn gated_norm_forward(
 
 /// See [`super::gated_norm_backward`]; arguments are validated.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gated_norm_backward(
+fn gated_norm_backward_unchecked(
     o: &[f32],
     z: &[f32],
     dv: usize,
@@ -103,4 +106,69 @@ pub(crate) fn gated_norm_backward(
     }
     let db = acc.split_off(dv);
     (d_o, dz, acc, layer.then_some(db))
+}
+
+// ---- validated entries on host slices (the op's `forward` / `backward` dispatch here) ----
+
+/// Forward over `o`, `z` `[rows, dv]` with weight `w` `[dv]` (and bias `b` `[dv]` for LayerNorm,
+/// `None` for RMSNorm): returns `y` `[rows, dv]` and the norm's per-row statistics.
+#[allow(clippy::too_many_arguments)]
+pub fn forward(
+    o: &[f32],
+    z: &[f32],
+    rows: usize,
+    dv: usize,
+    w: &[f32],
+    b: Option<&[f32]>,
+    kind: Normalization,
+    eps: f32,
+    zero_centered: bool,
+) -> Result<(Vec<f32>, NormStats)> {
+    check_norm_params("gated_norm", dv, w, b, kind)?;
+    check_eps("gated_norm", eps)?;
+    check_len("gated_norm o", o, rows.saturating_mul(dv))?;
+    check_len("gated_norm z", z, rows.saturating_mul(dv))?;
+    Ok(gated_norm_forward_unchecked(
+        o,
+        z,
+        dv,
+        w,
+        b,
+        kind,
+        eps,
+        zero_centered,
+    ))
+}
+
+/// Backward of [`forward`]: returns `do`, `dz` `[rows, dv]`, `dw` `[dv]` and, for
+/// LayerNorm, `db` `[dv]`.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+pub fn backward(
+    o: &[f32],
+    z: &[f32],
+    rows: usize,
+    dv: usize,
+    w: &[f32],
+    b: Option<&[f32]>,
+    kind: Normalization,
+    zero_centered: bool,
+    stats: &NormStats,
+    dy: &[f32],
+) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>, Option<Vec<f32>>)> {
+    check_norm_params("gated_norm", dv, w, b, kind)?;
+    check_len("gated_norm o", o, rows.saturating_mul(dv))?;
+    check_len("gated_norm z", z, rows.saturating_mul(dv))?;
+    check_len("gated_norm dy", dy, rows.saturating_mul(dv))?;
+    stats.check("gated_norm stats", rows, kind)?;
+    Ok(gated_norm_backward_unchecked(
+        o,
+        z,
+        dv,
+        w,
+        b,
+        kind,
+        zero_centered,
+        stats,
+        dy,
+    ))
 }

@@ -6,52 +6,20 @@
 
 use cudarc::driver::PushKernelArg;
 
-use crate::config::Normalization;
-use crate::device::cuda::{DBuf, GBuf};
-use crate::error::{GdnError, Result};
-use crate::ops::norm::cuda::{
-    arg_d, arg_dm, arg_mean, check_d, check_g, check_gpu, check_params, check_part_dims, chunks,
-    kernel, launch, lin_cfg, part_cfg, rows_cfg, GpuNormStats, NULL_PTR,
+use crate::backend::cuda::{DBuf, GBuf};
+use crate::backend::launch::{
+    arg_d, arg_dm, check_d, check_g, check_gpu, check_part_dims, chunks, kernel, launch, lin_cfg,
+    part_cfg, rows_cfg, NULL_PTR,
 };
+use crate::config::Normalization;
+use crate::error::{GdnError, Result};
+use crate::ops::common::norm::{arg_mean, check_params, GpuNormStats};
 
 const MODULE: &str = "gated_norm";
 
-/// Forward over `o`, `z` `[rows, dv]` (one dtype) with weight `w` `[dv]` (and bias `b` for
-/// LayerNorm): returns `y` `[rows, dv]` and the norm's per-row statistics.
-#[allow(clippy::too_many_arguments)]
-pub fn gated_norm_forward(
-    o: &DBuf,
-    z: &DBuf,
-    rows: usize,
-    dv: usize,
-    w: &GBuf<f32>,
-    b: Option<&GBuf<f32>>,
-    kind: Normalization,
-    eps: f32,
-    zero_centered: bool,
-) -> Result<(DBuf, GpuNormStats)> {
-    let gpu = o.gpu();
-    let mut y = DBuf::uninit(gpu, rows.saturating_mul(dv), o.dtype())?;
-    let mut stats = GpuNormStats::uninit(gpu, rows, kind)?;
-    gated_norm_forward_into(
-        o,
-        z,
-        rows,
-        dv,
-        w,
-        b,
-        kind,
-        eps,
-        zero_centered,
-        &mut y,
-        &mut stats,
-    )?;
-    Ok((y, stats))
-}
-
 /// [`gated_norm_forward`] into caller-provided `y` and `stats`.
 #[allow(clippy::too_many_arguments)]
-pub fn gated_norm_forward_into(
+pub fn forward(
     o: &DBuf,
     z: &DBuf,
     rows: usize,
@@ -66,7 +34,7 @@ pub fn gated_norm_forward_into(
 ) -> Result<()> {
     let gpu = o.gpu().clone();
     check_params("gated_norm", &gpu, dv, w, b, kind)?;
-    crate::ops::norm::check_eps("gated_norm", eps)?;
+    crate::ops::common::norm::check_eps("gated_norm", eps)?;
     let n = rows.saturating_mul(dv);
     let dt = o.dtype();
     check_d("gated_norm o", o, n, dt)?;
@@ -107,52 +75,9 @@ pub fn gated_norm_forward_into(
     launch(&mut l, rows_cfg(rows), "gated_norm_fwd")
 }
 
-/// Backward of [`gated_norm_forward`]: returns `do`, `dz` `[rows, dv]` (dtype of `o`), `dw` `[dv]`
-/// and, for LayerNorm, `db` `[dv]` (fp32).
-#[allow(clippy::too_many_arguments, clippy::type_complexity)]
-pub fn gated_norm_backward(
-    o: &DBuf,
-    z: &DBuf,
-    rows: usize,
-    dv: usize,
-    w: &GBuf<f32>,
-    b: Option<&GBuf<f32>>,
-    kind: Normalization,
-    zero_centered: bool,
-    stats: &GpuNormStats,
-    dy: &DBuf,
-) -> Result<(DBuf, DBuf, GBuf<f32>, Option<GBuf<f32>>)> {
-    let gpu = o.gpu();
-    let n = rows.saturating_mul(dv);
-    let mut d_o = DBuf::uninit(gpu, n, o.dtype())?;
-    let mut dz = DBuf::uninit(gpu, n, o.dtype())?;
-    let mut dw = gpu.uninit(dv)?;
-    let mut db = match kind {
-        Normalization::LayerNorm => Some(gpu.uninit(dv)?),
-        Normalization::RMSNorm => None,
-    };
-    gated_norm_backward_into(
-        o,
-        z,
-        rows,
-        dv,
-        w,
-        b,
-        kind,
-        zero_centered,
-        stats,
-        dy,
-        &mut d_o,
-        &mut dz,
-        &mut dw,
-        db.as_mut(),
-    )?;
-    Ok((d_o, dz, dw, db))
-}
-
 /// [`gated_norm_backward`] into caller-provided `do`, `dz`, `dw` and (LayerNorm only) `db`.
 #[allow(clippy::too_many_arguments)]
-pub fn gated_norm_backward_into(
+pub fn backward(
     o: &DBuf,
     z: &DBuf,
     rows: usize,

@@ -12,77 +12,109 @@
 //! recompute in backward reproduces the kept output exactly). The weight gradients sum over rows
 //! two-stage and fixed-order (blocks of [`crate::ops::REDUCE_BLOCK`] rows).
 
-pub(crate) mod cpu;
+pub mod cpu;
 pub mod cuda;
 #[doc(hidden)]
 pub mod reference;
 #[cfg(test)]
 mod tests;
 
+use crate::backend::cuda::DBuf;
+use crate::backend::{dev, host, mixed, Act, F32s, P};
 use crate::config::Normalization;
 use crate::error::Result;
-use crate::ops::check_len;
-use crate::ops::norm::{check_eps, check_norm_params, NormStats};
+use crate::ops::common::norm::{GpuNormStats, Stats};
 
-/// Forward over `o`, `z` `[rows, dv]` with weight `w` `[dv]` (and bias `b` `[dv]` for LayerNorm,
-/// `None` for RMSNorm): returns `y` `[rows, dv]` and the norm's per-row statistics.
+/// Forward over `o`, `z` `[rows, dv]` with weight `w` `[dv]` (and bias `b` for LayerNorm):
+/// returns `y = norm(o) * silu(z)` `[rows, dv]` and the norm's per-row statistics.
 #[allow(clippy::too_many_arguments)]
-pub fn gated_norm_forward(
-    o: &[f32],
-    z: &[f32],
+pub fn forward(
+    o: &Act,
+    z: &Act,
     rows: usize,
     dv: usize,
-    w: &[f32],
-    b: Option<&[f32]>,
+    w: P,
+    b: Option<P>,
     kind: Normalization,
     eps: f32,
-    zero_centered: bool,
-) -> Result<(Vec<f32>, NormStats)> {
-    check_norm_params("gated_norm", dv, w, b, kind)?;
-    check_eps("gated_norm", eps)?;
-    check_len("gated_norm o", o, rows.saturating_mul(dv))?;
-    check_len("gated_norm z", z, rows.saturating_mul(dv))?;
-    Ok(cpu::gated_norm_forward(
-        o,
-        z,
-        dv,
-        w,
-        b,
-        kind,
-        eps,
-        zero_centered,
-    ))
+    zc: bool,
+) -> Result<(Act, Stats)> {
+    match (o, z, w) {
+        (Act::Host(o), Act::Host(z), P::Host(w)) => {
+            let (y, s) = cpu::forward(o, z, rows, dv, w, host(b, "gated norm")?, kind, eps, zc)?;
+            Ok((Act::Host(y), Stats::Host(s)))
+        }
+        (Act::Dev(o), Act::Dev(z), P::Dev(w)) => {
+            let b = dev(b, "gated norm")?;
+            let gpu = o.gpu();
+            let mut y = DBuf::uninit(gpu, rows.saturating_mul(dv), o.dtype())?;
+            let mut s = GpuNormStats::uninit(gpu, rows, kind)?;
+            cuda::forward(o, z, rows, dv, w, b, kind, eps, zc, &mut y, &mut s)?;
+            Ok((Act::Dev(y), Stats::Dev(s)))
+        }
+        _ => Err(mixed("gated norm")),
+    }
 }
 
-/// Backward of [`gated_norm_forward`]: returns `do`, `dz` `[rows, dv]`, `dw` `[dv]` and, for
-/// LayerNorm, `db` `[dv]`.
-#[allow(clippy::too_many_arguments, clippy::type_complexity)]
-pub fn gated_norm_backward(
-    o: &[f32],
-    z: &[f32],
+/// Backward of the gated norm: (do, dz, dw, db).
+#[allow(clippy::too_many_arguments)]
+pub fn backward(
+    o: &Act,
+    z: &Act,
     rows: usize,
     dv: usize,
-    w: &[f32],
-    b: Option<&[f32]>,
+    w: P,
+    b: Option<P>,
     kind: Normalization,
-    zero_centered: bool,
-    stats: &NormStats,
-    dy: &[f32],
-) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>, Option<Vec<f32>>)> {
-    check_norm_params("gated_norm", dv, w, b, kind)?;
-    check_len("gated_norm o", o, rows.saturating_mul(dv))?;
-    check_len("gated_norm z", z, rows.saturating_mul(dv))?;
-    check_len("gated_norm dy", dy, rows.saturating_mul(dv))?;
-    stats.check("gated_norm stats", rows, kind)?;
-    Ok(cpu::gated_norm_backward(
-        o,
-        z,
-        dv,
-        w,
-        b,
-        kind,
-        zero_centered,
-        stats,
-        dy,
-    ))
+    zc: bool,
+    stats: &Stats,
+    dy: &Act,
+) -> Result<(Act, Act, F32s, Option<F32s>)> {
+    match (o, z, w, stats, dy) {
+        (Act::Host(o), Act::Host(z), P::Host(w), Stats::Host(s), Act::Host(dy)) => {
+            let (d_o, dz, dw, db) =
+                cpu::backward(o, z, rows, dv, w, host(b, "gated norm")?, kind, zc, s, dy)?;
+            Ok((
+                Act::Host(d_o),
+                Act::Host(dz),
+                F32s::Host(dw),
+                db.map(F32s::Host),
+            ))
+        }
+        (Act::Dev(o), Act::Dev(z), P::Dev(w), Stats::Dev(s), Act::Dev(dy)) => {
+            let b = dev(b, "gated norm")?;
+            let gpu = o.gpu();
+            let n = rows.saturating_mul(dv);
+            let mut d_o = DBuf::uninit(gpu, n, o.dtype())?;
+            let mut dz = DBuf::uninit(gpu, n, o.dtype())?;
+            let mut dw = gpu.uninit(dv)?;
+            let mut db = match kind {
+                Normalization::LayerNorm => Some(gpu.uninit(dv)?),
+                Normalization::RMSNorm => None,
+            };
+            cuda::backward(
+                o,
+                z,
+                rows,
+                dv,
+                w,
+                b,
+                kind,
+                zc,
+                s,
+                dy,
+                &mut d_o,
+                &mut dz,
+                &mut dw,
+                db.as_mut(),
+            )?;
+            Ok((
+                Act::Dev(d_o),
+                Act::Dev(dz),
+                F32s::Dev(dw),
+                db.map(F32s::Dev),
+            ))
+        }
+        _ => Err(mixed("gated norm backward")),
+    }
 }

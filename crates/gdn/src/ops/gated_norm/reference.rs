@@ -3,8 +3,7 @@
 #![allow(clippy::needless_range_loop)] // plain indexed loops, like the math
 
 use crate::config::Normalization;
-use crate::ops::conv1d::reference::silu;
-use crate::ops::norm::reference::norm_forward;
+use crate::ops::common::reference::{norm_forward, silu};
 
 /// `y = norm(o) * silu(z)` over `o`, `z` `[rows, dv]`.
 #[allow(clippy::too_many_arguments)]

@@ -1,4 +1,6 @@
+use super::cpu::{backward as gated_norm_backward, forward as gated_norm_forward};
 use super::*;
+use crate::ops::common::norm::NormStats;
 use crate::ops::REDUCE_BLOCK;
 use crate::testutil::*;
 
@@ -48,8 +50,13 @@ fn forward_matches_reference() {
                 zc,
             );
             let e = assert_close(&format!("{kind:?} zc={zc} y"), &y, &want, 2e-6);
-            let rs =
-                crate::ops::norm::reference::norm_stats(&to_f64(&c.o), rows, dv, kind, EPS as f64);
+            let rs = crate::ops::common::reference::norm_stats(
+                &to_f64(&c.o),
+                rows,
+                dv,
+                kind,
+                EPS as f64,
+            );
             assert_close(
                 "rstd",
                 &stats.rstd,

@@ -1,11 +1,13 @@
 //! CPU gates. One decay kernel serves GDN (`group = 1`: one column per head) and GDN2
 //! (`group = dk`: column `j` uses `A_log[j / dk]`).
 
+use crate::error::{GdnError, Result};
+use crate::ops::check_len;
 use rayon::prelude::*;
 
 use super::SOFTPLUS_THRESHOLD;
-use crate::ops::conv1d::cpu::sigmoid;
-use crate::ops::norm::cpu::task_rows;
+use crate::ops::common::act::sigmoid;
+use crate::ops::common::task_rows;
 use crate::ops::REDUCE_BLOCK;
 
 /// PyTorch's softplus: `x` above the threshold, else `log1p(exp(x))`.
@@ -107,7 +109,7 @@ pub(crate) fn decay_backward(
 }
 
 /// Elementwise sigmoid.
-pub(crate) fn sigmoid_forward(x: &[f32]) -> Vec<f32> {
+pub fn sigmoid_forward(x: &[f32]) -> Vec<f32> {
     let mut y = vec![0.0f32; x.len()];
     y.par_chunks_mut(16384)
         .zip(x.par_chunks(16384))
@@ -120,7 +122,17 @@ pub(crate) fn sigmoid_forward(x: &[f32]) -> Vec<f32> {
 }
 
 /// `dx = dy * y * (1 - y)`.
-pub(crate) fn sigmoid_backward(y: &[f32], dy: &[f32]) -> Vec<f32> {
+///
+/// # Panics
+/// If `y` and `dy` differ in length.
+pub fn sigmoid_backward(y: &[f32], dy: &[f32]) -> Vec<f32> {
+    assert_eq!(
+        y.len(),
+        dy.len(),
+        "sigmoid_backward: y has {} values, dy {}",
+        y.len(),
+        dy.len()
+    );
     let mut dx = vec![0.0f32; y.len()];
     dx.par_chunks_mut(16384)
         .zip(y.par_chunks(16384))
@@ -137,4 +149,109 @@ pub(crate) fn sigmoid_backward(y: &[f32], dy: &[f32]) -> Vec<f32> {
 /// [`sigmoid_forward`]).
 pub(crate) fn sigmoid_backward_from_x(x: &[f32], dy: &[f32]) -> Vec<f32> {
     sigmoid_backward(&sigmoid_forward(x), dy)
+}
+
+// ---- validated entries on host slices (the op's `forward` / `backward` dispatch here) ----
+
+fn check_gates(
+    a: &[f32],
+    b: &[f32],
+    rows: usize,
+    heads: usize,
+    a_log: &[f32],
+    dt_bias: &[f32],
+) -> Result<()> {
+    if heads == 0 {
+        return Err(GdnError::Invalid("gates: heads must be > 0, got 0".into()));
+    }
+    check_len("gates a (alpha)", a, rows.saturating_mul(heads))?;
+    check_len("gates b (beta logits)", b, rows.saturating_mul(heads))?;
+    check_len("A_log", a_log, heads)?;
+    check_len("dt_bias", dt_bias, heads)
+}
+
+/// GDN gates: from `a`, `b` `[rows, heads]`, `A_log` and `dt_bias` `[heads]`, returns the log
+/// decay `g` and `beta`, both `[rows, heads]`.
+pub fn forward(
+    a: &[f32],
+    b: &[f32],
+    rows: usize,
+    heads: usize,
+    a_log: &[f32],
+    dt_bias: &[f32],
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    check_gates(a, b, rows, heads, a_log, dt_bias)?;
+    let g = decay_forward(a, heads, 1, a_log, dt_bias);
+    Ok((g, sigmoid_forward(b)))
+}
+
+/// Backward of [`forward`]: returns `da`, `db` `[rows, heads]`, `dA_log` and `ddt_bias`
+/// `[heads]`.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+pub fn backward(
+    a: &[f32],
+    b: &[f32],
+    rows: usize,
+    heads: usize,
+    a_log: &[f32],
+    dt_bias: &[f32],
+    dg: &[f32],
+    dbeta: &[f32],
+) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>)> {
+    check_gates(a, b, rows, heads, a_log, dt_bias)?;
+    check_len("gates dg", dg, rows.saturating_mul(heads))?;
+    check_len("gates dbeta", dbeta, rows.saturating_mul(heads))?;
+    let (da, da_log, ddt) = decay_backward(a, heads, 1, a_log, dt_bias, dg);
+    let db = sigmoid_backward_from_x(b, dbeta);
+    Ok((da, db, da_log, ddt))
+}
+
+fn check_gates2(
+    f: &[f32],
+    rows: usize,
+    key_heads: usize,
+    dk: usize,
+    a_log: &[f32],
+    dt_bias: &[f32],
+) -> Result<()> {
+    if key_heads == 0 || dk == 0 {
+        return Err(GdnError::Invalid(format!(
+            "gates2: key_heads and dk must be > 0, got key_heads={key_heads}, dk={dk}"
+        )));
+    }
+    let cols = key_heads.saturating_mul(dk);
+    check_len("gates2 f (decay logits)", f, rows.saturating_mul(cols))?;
+    check_len("A_log", a_log, key_heads)?;
+    check_len("dt_bias", dt_bias, cols)
+}
+
+/// GDN2 per-channel log decay: from `f` `[rows, key_heads*dk]`, `A_log` `[key_heads]` and
+/// `dt_bias` `[key_heads*dk]`, returns `g` `[rows, key_heads*dk]`.
+pub fn gdn2_forward(
+    f: &[f32],
+    rows: usize,
+    key_heads: usize,
+    dk: usize,
+    a_log: &[f32],
+    dt_bias: &[f32],
+) -> Result<Vec<f32>> {
+    check_gates2(f, rows, key_heads, dk, a_log, dt_bias)?;
+    Ok(decay_forward(f, key_heads * dk, dk, a_log, dt_bias))
+}
+
+/// Backward of [`gdn2_forward`]: returns `df` `[rows, key_heads*dk]`, `dA_log` `[key_heads]`
+/// and `ddt_bias` `[key_heads*dk]`.
+#[allow(clippy::type_complexity)]
+pub fn gdn2_backward(
+    f: &[f32],
+    rows: usize,
+    key_heads: usize,
+    dk: usize,
+    a_log: &[f32],
+    dt_bias: &[f32],
+    dg: &[f32],
+) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+    check_gates2(f, rows, key_heads, dk, a_log, dt_bias)?;
+    check_len("gates2 dg", dg, rows.saturating_mul(key_heads * dk))?;
+    Ok(decay_backward(f, key_heads * dk, dk, a_log, dt_bias, dg))
 }

@@ -11,12 +11,12 @@ use std::sync::Arc;
 
 use cudarc::driver::PushKernelArg;
 
-use crate::device::cuda::{DBuf, GBuf, Gpu};
-use crate::error::{GdnError, Result};
-use crate::ops::norm::cuda::{
+use crate::backend::cuda::{DBuf, GBuf, Gpu};
+use crate::backend::launch::{
     arg_d, arg_dm, check_d, check_g, check_gpu, check_part_dims, chunks, elem_cfg, int, kernel,
     launch, lin_cfg, part_cfg,
 };
+use crate::error::{GdnError, Result};
 
 const MODULE: &str = "gates";
 
@@ -166,27 +166,9 @@ fn check_gates(
     check_gpu("gates b", a.gpu(), b.gpu())
 }
 
-/// GDN gates: from `a`, `b` `[rows, heads]`, `A_log` and `dt_bias` `[heads]`, returns the log
-/// decay `g` (fp32) and `beta` (dtype of `b`), both `[rows, heads]`.
-pub fn gates_forward(
-    a: &DBuf,
-    b: &DBuf,
-    rows: usize,
-    heads: usize,
-    a_log: &GBuf<f32>,
-    dt_bias: &GBuf<f32>,
-) -> Result<(GBuf<f32>, DBuf)> {
-    let gpu = a.gpu();
-    let n = rows.saturating_mul(heads);
-    let mut g = gpu.uninit(n)?;
-    let mut beta = DBuf::uninit(gpu, n, b.dtype())?;
-    gates_forward_into(a, b, rows, heads, a_log, dt_bias, &mut g, &mut beta)?;
-    Ok((g, beta))
-}
-
 /// [`gates_forward`] into caller-provided `g` and `beta`.
 #[allow(clippy::too_many_arguments)]
-pub fn gates_forward_into(
+pub fn forward(
     a: &DBuf,
     b: &DBuf,
     rows: usize,
@@ -198,48 +180,12 @@ pub fn gates_forward_into(
 ) -> Result<()> {
     check_gates(a, b, rows, heads, a_log, dt_bias)?;
     decay_fwd(a, heads, 1, a_log, dt_bias, g)?;
-    sigmoid_forward_into(b, beta)
-}
-
-/// Backward of [`gates_forward`]: returns `da`, `db` `[rows, heads]` (dtype of `a`), `dA_log` and
-/// `ddt_bias` `[heads]` (fp32).
-#[allow(clippy::too_many_arguments, clippy::type_complexity)]
-pub fn gates_backward(
-    a: &DBuf,
-    b: &DBuf,
-    rows: usize,
-    heads: usize,
-    a_log: &GBuf<f32>,
-    dt_bias: &GBuf<f32>,
-    dg: &GBuf<f32>,
-    dbeta: &DBuf,
-) -> Result<(DBuf, DBuf, GBuf<f32>, GBuf<f32>)> {
-    let gpu = a.gpu();
-    let n = rows.saturating_mul(heads);
-    let mut da = DBuf::uninit(gpu, n, a.dtype())?;
-    let mut db = DBuf::uninit(gpu, n, a.dtype())?;
-    let mut da_log = gpu.uninit(heads)?;
-    let mut ddt = gpu.uninit(heads)?;
-    gates_backward_into(
-        a,
-        b,
-        rows,
-        heads,
-        a_log,
-        dt_bias,
-        dg,
-        dbeta,
-        &mut da,
-        &mut db,
-        &mut da_log,
-        &mut ddt,
-    )?;
-    Ok((da, db, da_log, ddt))
+    sigmoid_forward(b, beta)
 }
 
 /// [`gates_backward`] into caller-provided buffers.
 #[allow(clippy::too_many_arguments)]
-pub fn gates_backward_into(
+pub fn backward(
     a: &DBuf,
     b: &DBuf,
     rows: usize,
@@ -288,25 +234,8 @@ fn check_gates2(
     )
 }
 
-/// GDN2 per-channel log decay: from `f` `[rows, key_heads*dk]`, `A_log` `[key_heads]` and
-/// `dt_bias` `[key_heads*dk]`, returns `g` `[rows, key_heads*dk]` (fp32).
-pub fn gates2_forward(
-    f: &DBuf,
-    rows: usize,
-    key_heads: usize,
-    dk: usize,
-    a_log: &GBuf<f32>,
-    dt_bias: &GBuf<f32>,
-) -> Result<GBuf<f32>> {
-    let mut g = f
-        .gpu()
-        .uninit(rows.saturating_mul(key_heads).saturating_mul(dk))?;
-    gates2_forward_into(f, rows, key_heads, dk, a_log, dt_bias, &mut g)?;
-    Ok(g)
-}
-
 /// [`gates2_forward`] into a caller-provided `g`.
-pub fn gates2_forward_into(
+pub fn gdn2_forward(
     f: &DBuf,
     rows: usize,
     key_heads: usize,
@@ -319,40 +248,9 @@ pub fn gates2_forward_into(
     decay_fwd(f, key_heads * dk, dk, a_log, dt_bias, g)
 }
 
-/// Backward of [`gates2_forward`]: returns `df` `[rows, key_heads*dk]` (dtype of `f`), `dA_log`
-/// `[key_heads]` and `ddt_bias` `[key_heads*dk]` (fp32).
-#[allow(clippy::type_complexity)]
-pub fn gates2_backward(
-    f: &DBuf,
-    rows: usize,
-    key_heads: usize,
-    dk: usize,
-    a_log: &GBuf<f32>,
-    dt_bias: &GBuf<f32>,
-    dg: &GBuf<f32>,
-) -> Result<(DBuf, GBuf<f32>, GBuf<f32>)> {
-    let gpu = f.gpu();
-    let mut df = DBuf::uninit(gpu, f.len(), f.dtype())?;
-    let mut da_log = gpu.uninit(key_heads)?;
-    let mut ddt = gpu.uninit(key_heads.saturating_mul(dk))?;
-    gates2_backward_into(
-        f,
-        rows,
-        key_heads,
-        dk,
-        a_log,
-        dt_bias,
-        dg,
-        &mut df,
-        &mut da_log,
-        &mut ddt,
-    )?;
-    Ok((df, da_log, ddt))
-}
-
 /// [`gates2_backward`] into caller-provided buffers.
 #[allow(clippy::too_many_arguments)]
-pub fn gates2_backward_into(
+pub fn gdn2_backward(
     f: &DBuf,
     rows: usize,
     key_heads: usize,
@@ -379,15 +277,8 @@ pub fn gates2_backward_into(
     )
 }
 
-/// Elementwise `sigmoid(x)` (GDN2's erase and write gates), same dtype out.
-pub fn sigmoid_forward(x: &DBuf) -> Result<DBuf> {
-    let mut y = DBuf::uninit(x.gpu(), x.len(), x.dtype())?;
-    sigmoid_forward_into(x, &mut y)?;
-    Ok(y)
-}
-
 /// [`sigmoid_forward`] into a caller-provided `y`.
-pub fn sigmoid_forward_into(x: &DBuf, y: &mut DBuf) -> Result<()> {
+pub fn sigmoid_forward(x: &DBuf, y: &mut DBuf) -> Result<()> {
     check_d("sigmoid y", y, x.len(), x.dtype())?;
     let gpu = x.gpu().clone();
     check_gpu("sigmoid y", &gpu, y.gpu())?;
@@ -403,15 +294,8 @@ pub fn sigmoid_forward_into(x: &DBuf, y: &mut DBuf) -> Result<()> {
     launch(&mut l, elem_cfg(x.len()), "sigmoid_fwd")
 }
 
-/// Backward of [`sigmoid_forward`] from its output: `dx = dy * y * (1 - y)`.
-pub fn sigmoid_backward(y: &DBuf, dy: &DBuf) -> Result<DBuf> {
-    let mut dx = DBuf::uninit(y.gpu(), y.len(), y.dtype())?;
-    sigmoid_backward_into(y, dy, &mut dx)?;
-    Ok(dx)
-}
-
 /// [`sigmoid_backward`] into a caller-provided `dx`.
-pub fn sigmoid_backward_into(y: &DBuf, dy: &DBuf, dx: &mut DBuf) -> Result<()> {
+pub fn sigmoid_backward(y: &DBuf, dy: &DBuf, dx: &mut DBuf) -> Result<()> {
     check_d("sigmoid dy", dy, y.len(), y.dtype())?;
     check_d("sigmoid dx", dx, y.len(), y.dtype())?;
     let gpu = y.gpu().clone();

@@ -14,145 +14,167 @@
 //! All math is f32. The sums over tokens are two-stage and fixed-order (blocks of
 //! [`crate::ops::REDUCE_BLOCK`] rows), so they do not depend on the number of threads.
 
-pub(crate) mod cpu;
+pub mod cpu;
 pub mod cuda;
 #[doc(hidden)]
 pub mod reference;
 #[cfg(test)]
 mod tests;
 
+use crate::backend::cuda::DBuf;
+use crate::backend::{mixed, Act, F32s, P};
 use crate::error::{GdnError, Result};
-use crate::ops::check_len;
 
 /// PyTorch's softplus threshold: above it, `softplus(x) = x`.
 pub const SOFTPLUS_THRESHOLD: f32 = 20.0;
 
-fn check_gates(
-    a: &[f32],
-    b: &[f32],
+/// GDN gates: returns g (fp32) and beta (activation storage on the device, f32 on the host).
+pub fn forward(
+    alpha: &Act,
+    beta_raw: &Act,
     rows: usize,
     heads: usize,
-    a_log: &[f32],
-    dt_bias: &[f32],
-) -> Result<()> {
-    if heads == 0 {
-        return Err(GdnError::Invalid("gates: heads must be > 0, got 0".into()));
+    a_log: P,
+    dt: P,
+) -> Result<(F32s, Act)> {
+    match (alpha, beta_raw, a_log, dt) {
+        (Act::Host(a), Act::Host(b), P::Host(al), P::Host(d)) => {
+            let (g, beta) = cpu::forward(a, b, rows, heads, al, d)?;
+            Ok((F32s::Host(g), Act::Host(beta)))
+        }
+        (Act::Dev(a), Act::Dev(b), P::Dev(al), P::Dev(d)) => {
+            let gpu = a.gpu();
+            let n = rows.saturating_mul(heads);
+            let mut g = gpu.uninit(n)?;
+            let mut beta = DBuf::uninit(gpu, n, b.dtype())?;
+            cuda::forward(a, b, rows, heads, al, d, &mut g, &mut beta)?;
+            Ok((F32s::Dev(g), Act::Dev(beta)))
+        }
+        _ => Err(mixed("gates")),
     }
-    check_len("gates a (alpha)", a, rows.saturating_mul(heads))?;
-    check_len("gates b (beta logits)", b, rows.saturating_mul(heads))?;
-    check_len("A_log", a_log, heads)?;
-    check_len("dt_bias", dt_bias, heads)
 }
 
-/// GDN gates: from `a`, `b` `[rows, heads]`, `A_log` and `dt_bias` `[heads]`, returns the log
-/// decay `g` and `beta`, both `[rows, heads]`.
-pub fn gates_forward(
-    a: &[f32],
-    b: &[f32],
+/// Backward of the GDN gates: (d alpha, d beta_raw, dA_log, ddt_bias).
+#[allow(clippy::too_many_arguments)]
+pub fn backward(
+    alpha: &Act,
+    beta_raw: &Act,
     rows: usize,
     heads: usize,
-    a_log: &[f32],
-    dt_bias: &[f32],
-) -> Result<(Vec<f32>, Vec<f32>)> {
-    check_gates(a, b, rows, heads, a_log, dt_bias)?;
-    let g = cpu::decay_forward(a, heads, 1, a_log, dt_bias);
-    Ok((g, cpu::sigmoid_forward(b)))
-}
-
-/// Backward of [`gates_forward`]: returns `da`, `db` `[rows, heads]`, `dA_log` and `ddt_bias`
-/// `[heads]`.
-#[allow(clippy::too_many_arguments, clippy::type_complexity)]
-pub fn gates_backward(
-    a: &[f32],
-    b: &[f32],
-    rows: usize,
-    heads: usize,
-    a_log: &[f32],
-    dt_bias: &[f32],
-    dg: &[f32],
-    dbeta: &[f32],
-) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>)> {
-    check_gates(a, b, rows, heads, a_log, dt_bias)?;
-    check_len("gates dg", dg, rows.saturating_mul(heads))?;
-    check_len("gates dbeta", dbeta, rows.saturating_mul(heads))?;
-    let (da, da_log, ddt) = cpu::decay_backward(a, heads, 1, a_log, dt_bias, dg);
-    let db = cpu::sigmoid_backward_from_x(b, dbeta);
-    Ok((da, db, da_log, ddt))
-}
-
-fn check_gates2(
-    f: &[f32],
-    rows: usize,
-    key_heads: usize,
-    dk: usize,
-    a_log: &[f32],
-    dt_bias: &[f32],
-) -> Result<()> {
-    if key_heads == 0 || dk == 0 {
-        return Err(GdnError::Invalid(format!(
-            "gates2: key_heads and dk must be > 0, got key_heads={key_heads}, dk={dk}"
-        )));
+    a_log: P,
+    dt: P,
+    dg: &F32s,
+    dbeta: &Act,
+) -> Result<(Act, Act, F32s, F32s)> {
+    match (alpha, beta_raw, a_log, dt, dg, dbeta) {
+        (Act::Host(a), Act::Host(b), P::Host(al), P::Host(d), F32s::Host(dg), Act::Host(db)) => {
+            let (da, dbr, dal, ddt) = cpu::backward(a, b, rows, heads, al, d, dg, db)?;
+            Ok((
+                Act::Host(da),
+                Act::Host(dbr),
+                F32s::Host(dal),
+                F32s::Host(ddt),
+            ))
+        }
+        (Act::Dev(a), Act::Dev(b), P::Dev(al), P::Dev(d), F32s::Dev(dg), Act::Dev(db)) => {
+            let gpu = a.gpu();
+            let n = rows.saturating_mul(heads);
+            let mut da = DBuf::uninit(gpu, n, a.dtype())?;
+            let mut dbr = DBuf::uninit(gpu, n, a.dtype())?;
+            let mut dal = gpu.uninit(heads)?;
+            let mut ddt = gpu.uninit(heads)?;
+            cuda::backward(
+                a, b, rows, heads, al, d, dg, db, &mut da, &mut dbr, &mut dal, &mut ddt,
+            )?;
+            Ok((Act::Dev(da), Act::Dev(dbr), F32s::Dev(dal), F32s::Dev(ddt)))
+        }
+        _ => Err(mixed("gates backward")),
     }
-    let cols = key_heads.saturating_mul(dk);
-    check_len("gates2 f (decay logits)", f, rows.saturating_mul(cols))?;
-    check_len("A_log", a_log, key_heads)?;
-    check_len("dt_bias", dt_bias, cols)
 }
 
-/// GDN2 per-channel log decay: from `f` `[rows, key_heads*dk]`, `A_log` `[key_heads]` and
-/// `dt_bias` `[key_heads*dk]`, returns `g` `[rows, key_heads*dk]`.
-pub fn gates2_forward(
-    f: &[f32],
+/// GDN2 gates from in_proj's `f`, `b`, `w` sections: the per-key-channel decay (fp32) and the
+/// sigmoids of the erase and write gates.
+#[allow(clippy::too_many_arguments)]
+pub fn gdn2_forward(
+    f: &Act,
+    b: &Act,
+    w: &Act,
     rows: usize,
-    key_heads: usize,
+    hk: usize,
     dk: usize,
-    a_log: &[f32],
-    dt_bias: &[f32],
-) -> Result<Vec<f32>> {
-    check_gates2(f, rows, key_heads, dk, a_log, dt_bias)?;
-    Ok(cpu::decay_forward(f, key_heads * dk, dk, a_log, dt_bias))
+    a_log: P,
+    dt: P,
+) -> Result<(F32s, Act, Act)> {
+    match (f, b, w, a_log, dt) {
+        (Act::Host(f), Act::Host(b), Act::Host(w), P::Host(al), P::Host(d)) => {
+            let g = cpu::gdn2_forward(f, rows, hk, dk, al, d)?;
+            Ok((
+                F32s::Host(g),
+                Act::Host(cpu::sigmoid_forward(b)),
+                Act::Host(cpu::sigmoid_forward(w)),
+            ))
+        }
+        (Act::Dev(f), Act::Dev(b), Act::Dev(w), P::Dev(al), P::Dev(d)) => {
+            let mut g = f.gpu().uninit(rows.saturating_mul(hk).saturating_mul(dk))?;
+            cuda::gdn2_forward(f, rows, hk, dk, al, d, &mut g)?;
+            let sig = |x: &DBuf| -> Result<DBuf> {
+                let mut y = DBuf::uninit(x.gpu(), x.len(), x.dtype())?;
+                cuda::sigmoid_forward(x, &mut y)?;
+                Ok(y)
+            };
+            let (sb, sw) = (sig(b)?, sig(w)?);
+            Ok((F32s::Dev(g), Act::Dev(sb), Act::Dev(sw)))
+        }
+        _ => Err(mixed("gates2")),
+    }
 }
 
-/// Backward of [`gates2_forward`]: returns `df` `[rows, key_heads*dk]`, `dA_log` `[key_heads]`
-/// and `ddt_bias` `[key_heads*dk]`.
-#[allow(clippy::type_complexity)]
-pub fn gates2_backward(
-    f: &[f32],
+/// Backward of the GDN2 decay: (df, dA_log, ddt_bias).
+#[allow(clippy::too_many_arguments)]
+pub fn gdn2_backward(
+    f: &Act,
     rows: usize,
-    key_heads: usize,
+    hk: usize,
     dk: usize,
-    a_log: &[f32],
-    dt_bias: &[f32],
-    dg: &[f32],
-) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-    check_gates2(f, rows, key_heads, dk, a_log, dt_bias)?;
-    check_len("gates2 dg", dg, rows.saturating_mul(key_heads * dk))?;
-    Ok(cpu::decay_backward(
-        f,
-        key_heads * dk,
-        dk,
-        a_log,
-        dt_bias,
-        dg,
-    ))
+    a_log: P,
+    dt: P,
+    dg: &F32s,
+) -> Result<(Act, F32s, F32s)> {
+    match (f, a_log, dt, dg) {
+        (Act::Host(f), P::Host(al), P::Host(d), F32s::Host(dg)) => {
+            let (df, dal, ddt) = cpu::gdn2_backward(f, rows, hk, dk, al, d, dg)?;
+            Ok((Act::Host(df), F32s::Host(dal), F32s::Host(ddt)))
+        }
+        (Act::Dev(f), P::Dev(al), P::Dev(d), F32s::Dev(dg)) => {
+            let gpu = f.gpu();
+            let mut df = DBuf::uninit(gpu, f.len(), f.dtype())?;
+            let mut dal = gpu.uninit(hk)?;
+            let mut ddt = gpu.uninit(hk.saturating_mul(dk))?;
+            cuda::gdn2_backward(f, rows, hk, dk, al, d, dg, &mut df, &mut dal, &mut ddt)?;
+            Ok((Act::Dev(df), F32s::Dev(dal), F32s::Dev(ddt)))
+        }
+        _ => Err(mixed("gates2 backward")),
+    }
 }
 
-/// Elementwise `sigmoid(x) = 1 / (1 + exp(-x))` (GDN2's erase and write gates).
-pub fn sigmoid_forward(x: &[f32]) -> Vec<f32> {
-    cpu::sigmoid_forward(x)
-}
-
-/// Backward of [`sigmoid_forward`] from its output: `dx = dy * y * (1 - y)`.
-///
-/// # Panics
-/// If `y` and `dy` differ in length.
-pub fn sigmoid_backward(y: &[f32], dy: &[f32]) -> Vec<f32> {
-    assert_eq!(
-        y.len(),
-        dy.len(),
-        "sigmoid_backward: y has {} values, dy {}",
-        y.len(),
-        dy.len()
-    );
-    cpu::sigmoid_backward(y, dy)
+/// `dx = dy * y * (1 - y)` from a sigmoid's output.
+pub fn sigmoid_backward(y: &Act, dy: &Act) -> Result<Act> {
+    match (y, dy) {
+        (Act::Host(y), Act::Host(dy)) => {
+            if y.len() != dy.len() {
+                return Err(GdnError::Invalid(format!(
+                    "sigmoid backward: {} values vs {}",
+                    y.len(),
+                    dy.len()
+                )));
+            }
+            Ok(Act::Host(cpu::sigmoid_backward(y, dy)))
+        }
+        (Act::Dev(y), Act::Dev(dy)) => {
+            let mut dx = DBuf::uninit(y.gpu(), y.len(), y.dtype())?;
+            cuda::sigmoid_backward(y, dy, &mut dx)?;
+            Ok(Act::Dev(dx))
+        }
+        _ => Err(mixed("sigmoid backward")),
+    }
 }

@@ -1,3 +1,7 @@
+use super::cpu::{
+    backward as gates_backward, forward as gates_forward, gdn2_backward as gates2_backward,
+    gdn2_forward as gates2_forward, sigmoid_backward, sigmoid_forward,
+};
 use super::*;
 use crate::ops::REDUCE_BLOCK;
 use crate::testutil::*;

@@ -53,14 +53,16 @@
 //! of `gated_delta_rule`'s, with `dGam` a `[L, Dk]` matrix and the final reverse cumulative sum
 //! taken per channel.
 
+use crate::error::{GdnError, Result};
+use crate::ops::check_len;
 use rayon::prelude::*;
 
-use super::{Gdn2Grads, RuleOpts, RuleShape, CHUNK};
-use crate::ops::gated_delta_rule::cpu::{
+use super::{RuleOpts, RuleShape, CHUNK};
+use crate::ops::common::gemm::MatRef;
+use crate::ops::common::l2norm::l2norm_row_backward;
+use crate::ops::common::rule_cpu::{
     assemble_forward, dot, load_qk, load_rows, mm, tasks, FwdOut, QkRows,
 };
-use crate::ops::gemm::MatRef;
-use crate::ops::l2norm::cpu::l2norm_row_backward;
 use crate::seqs::Seqs;
 
 /// Rows per sub-chunk of the stable decayed products (see the module docs).
@@ -555,7 +557,7 @@ fn initial(h0: Option<&[f32]>, n: usize, j: usize, hv: usize, st: usize) -> Vec<
     }
 }
 
-pub(crate) fn forward(
+fn chunked_forward(
     x: &Inputs,
     seqs: &Seqs,
     s: RuleShape,
@@ -757,7 +759,7 @@ struct BwdOut {
     dh0: Vec<Vec<f32>>,
 }
 
-pub(crate) fn backward(
+fn chunked_backward(
     x: &Inputs,
     seqs: &Seqs,
     s: RuleShape,
@@ -765,7 +767,7 @@ pub(crate) fn backward(
     h0: Option<&[f32]>,
     d_o: &[f32],
     dht: Option<&[f32]>,
-) -> Gdn2Grads {
+) -> Grads {
     let (dk, dv, hv, hk) = (s.dk, s.dv, s.hv, s.hk);
     let r = hv / hk;
     let st = dk * dv;
@@ -868,7 +870,7 @@ pub(crate) fn backward(
         .collect();
 
     let n_tok = seqs.tokens();
-    let mut grads = Gdn2Grads {
+    let mut grads = Grads {
         dq: vec![0.0; n_tok * hk * dk],
         dk: vec![0.0; n_tok * hk * dk],
         dv: vec![0.0; n_tok * hv * dv],
@@ -907,4 +909,122 @@ pub(crate) fn backward(
         }
     }
     grads
+}
+
+/// Gradients of the GDN2 rule's inputs (same layouts as the inputs).
+#[derive(Clone, Debug)]
+pub struct Grads {
+    pub dq: Vec<f32>,
+    pub dk: Vec<f32>,
+    pub dv: Vec<f32>,
+    pub dg: Vec<f32>,
+    pub db: Vec<f32>,
+    pub dw: Vec<f32>,
+    /// Gradient of the initial state, when one was given.
+    pub dh0: Option<Vec<f32>>,
+}
+
+// ---- validated entries on host slices (the op's `forward` / `backward` dispatch here) ----
+
+/// Shared input checks of forward and backward.
+#[allow(clippy::too_many_arguments)]
+fn check_inputs(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    b: &[f32],
+    w: &[f32],
+    seqs: &Seqs,
+    s: RuleShape,
+    h0: Option<&[f32]>,
+) -> Result<()> {
+    if s.hk == 0 || s.hv == 0 || s.dk == 0 || s.dv == 0 {
+        return Err(GdnError::Invalid(format!(
+            "gdn2 rule: zero dimension in {s:?}"
+        )));
+    }
+    if !s.hv.is_multiple_of(s.hk) {
+        return Err(GdnError::Invalid(format!(
+            "gdn2 rule: value heads ({}) must be a multiple of key heads ({})",
+            s.hv, s.hk
+        )));
+    }
+    let n = seqs.tokens();
+    check_len("q", q, n * s.hk * s.dk)?;
+    check_len("k", k, n * s.hk * s.dk)?;
+    check_len("v", v, n * s.hv * s.dv)?;
+    check_len("g", g, n * s.hv * s.dk)?;
+    check_len("b", b, n * s.hv * s.dk)?;
+    check_len("w", w, n * s.hv * s.dv)?;
+    if let Some(h0) = h0 {
+        check_len("initial_state", h0, seqs.count() * s.hv * s.dk * s.dv)?;
+    }
+    Ok(())
+}
+
+/// Forward. Returns `o` `[tokens, Hv, Dv]` and, if `output_final_state`, the final states
+/// `[N, Hv, Dk, Dv]`.
+#[allow(clippy::too_many_arguments)]
+pub fn forward(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    b: &[f32],
+    w: &[f32],
+    seqs: &Seqs,
+    shape: RuleShape,
+    opts: RuleOpts,
+    initial_state: Option<&[f32]>,
+    output_final_state: bool,
+) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
+    check_inputs(q, k, v, g, b, w, seqs, shape, initial_state)?;
+    let x = Inputs { q, k, v, g, b, w };
+    Ok(chunked_forward(
+        &x,
+        seqs,
+        shape,
+        opts,
+        initial_state,
+        output_final_state,
+    ))
+}
+
+/// Backward from `d_o` `[tokens, Hv, Dv]` and optionally the gradient of the final states
+/// `[N, Hv, Dk, Dv]`.
+#[allow(clippy::too_many_arguments)]
+pub fn backward(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    b: &[f32],
+    w: &[f32],
+    seqs: &Seqs,
+    shape: RuleShape,
+    opts: RuleOpts,
+    initial_state: Option<&[f32]>,
+    d_o: &[f32],
+    d_final_state: Option<&[f32]>,
+) -> Result<Grads> {
+    check_inputs(q, k, v, g, b, w, seqs, shape, initial_state)?;
+    check_len("d_o", d_o, seqs.tokens() * shape.hv * shape.dv)?;
+    if let Some(d) = d_final_state {
+        check_len(
+            "d_final_state",
+            d,
+            seqs.count() * shape.hv * shape.dk * shape.dv,
+        )?;
+    }
+    let x = Inputs { q, k, v, g, b, w };
+    Ok(chunked_backward(
+        &x,
+        seqs,
+        shape,
+        opts,
+        initial_state,
+        d_o,
+        d_final_state,
+    ))
 }

@@ -18,14 +18,13 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use cudarc::driver::{DevicePtr, DeviceRepr};
+use cudarc::driver::DeviceRepr;
 
 use super::{RuleOpts, RuleShape};
-use crate::device::cuda::{DBuf, DType, GBuf, Gpu};
+use crate::backend::cuda::{DBuf, DType, GBuf, Gpu};
+use crate::backend::launch::{dptr, i32_arg, launch_in, optr, ptr, suffix, Arg};
 use crate::error::{GdnError, Result};
-use crate::ops::gated_delta_rule::cuda::{
-    check_backward_grads, dptr, i32_arg, launch_in, optr, ptr, sfx, Arg,
-};
+use crate::ops::common::rule_cuda::{check_backward_grads, poison_if, zero_tail};
 use crate::seqs::Seqs;
 
 const MODULE: &str = "gdn2_rule";
@@ -37,10 +36,10 @@ const CK: usize = 64;
 /// Largest `Dk` / `Dv` the kernels support (multiples of 16).
 pub const MAX_HEAD_DIM: usize = 256;
 
-/// Gradients from [`backward_cuda`]: dq, dk `[tokens, Hk, Dk]`, dv `[tokens, Hv, Dv]`, db
+/// Gradients from [`backward`]: dq, dk `[tokens, Hk, Dk]`, dv `[tokens, Hv, Dv]`, db
 /// `[tokens, Hv, Dk]`, dw `[tokens, Hv, Dv]` in the inputs' storage type; dg `[tokens, Hv, Dk]`
 /// and dh0 `[N, Hv, Dk, Dv]` fp32.
-pub struct CudaGdn2Grads {
+pub struct Grads {
     pub dq: DBuf,
     pub dk: DBuf,
     pub dv: DBuf,
@@ -49,10 +48,6 @@ pub struct CudaGdn2Grads {
     pub dw: DBuf,
     /// Gradient of the initial states, when they were given.
     pub dh0: Option<GBuf<f32>>,
-}
-
-fn dev_err(what: &str, e: impl std::fmt::Debug) -> GdnError {
-    GdnError::Device(format!("gdn2 rule: {what}: {e:?}"))
 }
 
 /// Launch `module::name` on a flat grid of `blocks` blocks of 256 threads (no dynamic shared
@@ -66,7 +61,7 @@ fn launch(gpu: &Gpu, module: &'static str, name: &str, blocks: usize, args: &[Ar
 fn rule_sfx(d: DType, opts: RuleOpts) -> &'static str {
     match (d, opts.l2norm_in_kernel) {
         (DType::Bf16, true) => "bf16n",
-        _ => sfx(d),
+        _ => suffix(d),
     }
 }
 
@@ -80,14 +75,7 @@ pub fn set_poison(on: bool) {
 }
 
 fn poison<T: DeviceRepr>(b: &GBuf<T>) -> Result<()> {
-    if !POISON.load(Ordering::Relaxed) || b.is_empty() {
-        return Ok(());
-    }
-    let st = b.gpu().stream();
-    let (p, _sync) = b.slice.device_ptr(st);
-    // SAFETY: writes exactly the buffer's bytes, on the stream that orders all its uses.
-    unsafe { cudarc::driver::result::memset_d8_async(p, 0xff, b.bytes(), st.cu_stream()) }
-        .map_err(|e| dev_err("poisoning a buffer", e))
+    poison_if(POISON.load(Ordering::Relaxed), b, "gdn2 rule")
 }
 
 fn out_f32(gpu: &Arc<Gpu>, n: usize) -> Result<GBuf<f32>> {
@@ -203,7 +191,7 @@ fn normalized(gpu: &Arc<Gpu>, q: &DBuf, k: &DBuf, s: RuleShape, dt: DType) -> Re
     let qn = DBuf::F32(out_exact(gpu, q.len())?);
     let kn = DBuf::F32(out_exact(gpu, k.len())?);
     let rows = q.len() / s.dk;
-    let name = format!("gdr_l2norm_{}", sfx(dt));
+    let name = format!("gdr_l2norm_{}", suffix(dt));
     for (x, y) in [(q, &qn), (k, &kn)] {
         launch(
             gpu,
@@ -219,20 +207,6 @@ fn normalized(gpu: &Arc<Gpu>, q: &DBuf, k: &DBuf, s: RuleShape, dt: DType) -> Re
         )?;
     }
     Ok((qn, kn))
-}
-
-/// Zero rows `[used, tokens)` of a `[tokens, width]` buffer.
-fn zero_tail(gpu: &Arc<Gpu>, b: &mut DBuf, used: usize, tokens: usize, width: usize) -> Result<()> {
-    if used == tokens {
-        return Ok(());
-    }
-    let st = gpu.stream();
-    let r = used * width..tokens * width;
-    match b {
-        DBuf::F32(x) => st.memset_zeros(&mut x.slice.slice_mut(r)),
-        DBuf::Bf16(x) => st.memset_zeros(&mut x.slice.slice_mut(r)),
-    }
-    .map_err(|e| dev_err("zeroing padding rows", e))
 }
 
 /// Sequence starts `[N + 1]` and the first 64-token chunk of every sequence `[N + 1]`.
@@ -256,7 +230,7 @@ fn tiles(s: RuleShape) -> usize {
 /// Forward on the GPU. Returns `o` `[tokens, Hv, Dv]` (storage type of q) and, if
 /// `output_final_state`, the final states `[N, Hv, Dk, Dv]` fp32.
 #[allow(clippy::too_many_arguments)]
-pub fn forward_cuda(
+pub fn forward(
     gpu: &Arc<Gpu>,
     q: &DBuf,
     k: &DBuf,
@@ -310,14 +284,21 @@ pub fn forward_cuda(
             optr(fin.as_ref(), st),
         ],
     )?;
-    zero_tail(gpu, &mut o, seqs.used(), seqs.tokens(), s.hv * s.dv)?;
+    zero_tail(
+        "gdn2 rule",
+        gpu,
+        &mut o,
+        seqs.used(),
+        seqs.tokens(),
+        s.hv * s.dv,
+    )?;
     Ok((o, fin))
 }
 
 /// Backward on the GPU from `d_o` `[tokens, Hv, Dv]` (storage type of q) and optionally the
 /// gradient of the final states (fp32). Recomputes the states from the inputs.
 #[allow(clippy::too_many_arguments)]
-pub fn backward_cuda(
+pub fn backward(
     gpu: &Arc<Gpu>,
     q: &DBuf,
     k: &DBuf,
@@ -331,7 +312,7 @@ pub fn backward_cuda(
     initial_state: Option<&GBuf<f32>>,
     d_o: &DBuf,
     d_final_state: Option<&GBuf<f32>>,
-) -> Result<CudaGdn2Grads> {
+) -> Result<Grads> {
     let s = shape;
     let dt = check(gpu, q, k, v, g, b, w, seqs, s, initial_state)?;
     let (tokens, n_seq) = (seqs.tokens(), seqs.count());
@@ -401,7 +382,7 @@ pub fn backward_cuda(
     launch(
         gpu,
         MODULE,
-        &format!("g2_reduce_{}", sfx(dt)),
+        &format!("g2_reduce_{}", suffix(dt)),
         part.div_ceil(THREADS as usize),
         &[
             ptr(&dq_p, st),
@@ -425,7 +406,7 @@ pub fn backward_cuda(
     launch(
         gpu,
         GDR_MODULE,
-        &format!("gdr_reduce_qk_{}", sfx(dt)),
+        &format!("gdr_reduce_qk_{}", suffix(dt)),
         (tokens * s.hk).div_ceil(ROWS_PER_BLOCK),
         &[
             dptr(q, st),
@@ -443,9 +424,9 @@ pub fn backward_cuda(
         ],
     )?;
     let used = seqs.used();
-    zero_tail(gpu, &mut dv, used, tokens, s.hv * s.dv)?;
-    zero_tail(gpu, &mut dw, used, tokens, s.hv * s.dv)?;
-    Ok(CudaGdn2Grads {
+    zero_tail("gdn2 rule", gpu, &mut dv, used, tokens, s.hv * s.dv)?;
+    zero_tail("gdn2 rule", gpu, &mut dw, used, tokens, s.hv * s.dv)?;
+    Ok(Grads {
         dq,
         dk,
         dv,

@@ -11,7 +11,7 @@
 //!
 //! i.e. `S_t = (I - k_t (b_t*k_t)^T) Diag(exp(g_t)) S_{t-1} + k_t (w_t*v_t)^T` (FLA's
 //! `fla/ops/gdn2/naive.py`, Megatron's `chunk_gdn2`). With `b = w = beta` and `g` the same on
-//! every channel it is exactly [`gated_delta_rule`](super::gated_delta_rule).
+//! every channel it is exactly the gated delta rule (`ops::gated_delta_rule`).
 //!
 //! The CPU implementation is chunked (chunk 64, WY/UT form with per-channel decay computed in
 //! sub-chunks of 16 so that no exponential can overflow, `cpu.rs`); `reference.rs` is the
@@ -25,130 +25,124 @@
 //! Megatron does), `w` `[tokens, Hv, Dv]`, states `[N, Hv, Dk, Dv]` with `N = seqs.count()`. Rows
 //! at or after `seqs.used()` (padding) get zero output and zero gradient.
 
-pub(crate) mod cpu;
+pub mod cpu;
 pub mod cuda;
 #[doc(hidden)]
 pub mod reference;
 #[cfg(test)]
 mod tests;
 
-use super::check_len;
-pub use super::gated_delta_rule::{RuleOpts, RuleShape, CHUNK};
-use crate::error::{GdnError, Result};
+pub use crate::ops::common::rule::{RuleOpts, RuleShape, CHUNK};
+
+use crate::backend::{dev_f32, host_f32, mixed, Act, F32s};
+use crate::error::Result;
 use crate::seqs::Seqs;
 
-/// Gradients of the GDN2 rule's inputs (same layouts as the inputs).
-#[derive(Clone, Debug)]
-pub struct Gdn2Grads {
-    pub dq: Vec<f32>,
-    pub dk: Vec<f32>,
-    pub dv: Vec<f32>,
-    pub dg: Vec<f32>,
-    pub db: Vec<f32>,
-    pub dw: Vec<f32>,
-    /// Gradient of the initial state, when one was given.
-    pub dh0: Option<Vec<f32>>,
+/// Gradients of the GDN2 rule's inputs (same layouts as the inputs): dq, dk, dv, db, dw as
+/// activations; dg and dh0 fp32.
+#[derive(Debug)]
+pub struct RuleGrads {
+    pub dq: Act,
+    pub dk: Act,
+    pub dv: Act,
+    pub dg: F32s,
+    pub db: Act,
+    pub dw: Act,
+    /// Gradient of the initial states, when they were given.
+    pub dh0: Option<F32s>,
 }
 
-/// Shared input checks of forward and backward.
-#[allow(clippy::too_many_arguments)]
-fn check_inputs(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    g: &[f32],
-    b: &[f32],
-    w: &[f32],
-    seqs: &Seqs,
-    s: RuleShape,
-    h0: Option<&[f32]>,
-) -> Result<()> {
-    if s.hk == 0 || s.hv == 0 || s.dk == 0 || s.dv == 0 {
-        return Err(GdnError::Invalid(format!(
-            "gdn2 rule: zero dimension in {s:?}"
-        )));
-    }
-    if !s.hv.is_multiple_of(s.hk) {
-        return Err(GdnError::Invalid(format!(
-            "gdn2 rule: value heads ({}) must be a multiple of key heads ({})",
-            s.hv, s.hk
-        )));
-    }
-    let n = seqs.tokens();
-    check_len("q", q, n * s.hk * s.dk)?;
-    check_len("k", k, n * s.hk * s.dk)?;
-    check_len("v", v, n * s.hv * s.dv)?;
-    check_len("g", g, n * s.hv * s.dk)?;
-    check_len("b", b, n * s.hv * s.dk)?;
-    check_len("w", w, n * s.hv * s.dv)?;
-    if let Some(h0) = h0 {
-        check_len("initial_state", h0, seqs.count() * s.hv * s.dk * s.dv)?;
-    }
-    Ok(())
-}
-
-/// Forward. Returns `o` `[tokens, Hv, Dv]` and, if `output_final_state`, the final states
-/// `[N, Hv, Dk, Dv]`.
+/// Forward. Returns `o` `[tokens, Hv, Dv]` and, if `want_final`, the final states
+/// `[N, Hv, Dk, Dv]` (fp32).
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    g: &[f32],
-    b: &[f32],
-    w: &[f32],
+    q: &Act,
+    k: &Act,
+    v: &Act,
+    g: &F32s,
+    b: &Act,
+    w: &Act,
     seqs: &Seqs,
-    shape: RuleShape,
-    opts: RuleOpts,
-    initial_state: Option<&[f32]>,
-    output_final_state: bool,
-) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
-    check_inputs(q, k, v, g, b, w, seqs, shape, initial_state)?;
-    let x = cpu::Inputs { q, k, v, g, b, w };
-    Ok(cpu::forward(
-        &x,
-        seqs,
-        shape,
-        opts,
-        initial_state,
-        output_final_state,
-    ))
+    s: RuleShape,
+    o: RuleOpts,
+    h0: Option<&F32s>,
+    want_final: bool,
+) -> Result<(Act, Option<F32s>)> {
+    match (q, k, v, g, b, w) {
+        (Act::Host(q), Act::Host(k), Act::Host(v), F32s::Host(g), Act::Host(b), Act::Host(w)) => {
+            let (out, fin) = cpu::forward(q, k, v, g, b, w, seqs, s, o, host_f32(h0)?, want_final)?;
+            Ok((Act::Host(out), fin.map(F32s::Host)))
+        }
+        (Act::Dev(q), Act::Dev(k), Act::Dev(v), F32s::Dev(g), Act::Dev(b), Act::Dev(w)) => {
+            let gpu = q.gpu().clone();
+            let (out, fin) =
+                cuda::forward(&gpu, q, k, v, g, b, w, seqs, s, o, dev_f32(h0)?, want_final)?;
+            Ok((Act::Dev(out), fin.map(F32s::Dev)))
+        }
+        _ => Err(mixed("GDN2 rule")),
+    }
 }
 
-/// Backward from `d_o` `[tokens, Hv, Dv]` and optionally the gradient of the final states
-/// `[N, Hv, Dk, Dv]`.
+/// Backward from `d_o` `[tokens, Hv, Dv]` and optionally the gradient of the final states.
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    g: &[f32],
-    b: &[f32],
-    w: &[f32],
+    q: &Act,
+    k: &Act,
+    v: &Act,
+    g: &F32s,
+    b: &Act,
+    w: &Act,
     seqs: &Seqs,
-    shape: RuleShape,
-    opts: RuleOpts,
-    initial_state: Option<&[f32]>,
-    d_o: &[f32],
-    d_final_state: Option<&[f32]>,
-) -> Result<Gdn2Grads> {
-    check_inputs(q, k, v, g, b, w, seqs, shape, initial_state)?;
-    check_len("d_o", d_o, seqs.tokens() * shape.hv * shape.dv)?;
-    if let Some(d) = d_final_state {
-        check_len(
-            "d_final_state",
-            d,
-            seqs.count() * shape.hv * shape.dk * shape.dv,
-        )?;
+    s: RuleShape,
+    o: RuleOpts,
+    h0: Option<&F32s>,
+    d_o: &Act,
+    d_final: Option<&F32s>,
+) -> Result<RuleGrads> {
+    match (q, k, v, g, b, w, d_o) {
+        (
+            Act::Host(q),
+            Act::Host(k),
+            Act::Host(v),
+            F32s::Host(g),
+            Act::Host(b),
+            Act::Host(w),
+            Act::Host(d_o),
+        ) => {
+            let (h0, d_final) = (host_f32(h0)?, host_f32(d_final)?);
+            let r = cpu::backward(q, k, v, g, b, w, seqs, s, o, h0, d_o, d_final)?;
+            Ok(RuleGrads {
+                dq: Act::Host(r.dq),
+                dk: Act::Host(r.dk),
+                dv: Act::Host(r.dv),
+                dg: F32s::Host(r.dg),
+                db: Act::Host(r.db),
+                dw: Act::Host(r.dw),
+                dh0: r.dh0.map(F32s::Host),
+            })
+        }
+        (
+            Act::Dev(q),
+            Act::Dev(k),
+            Act::Dev(v),
+            F32s::Dev(g),
+            Act::Dev(b),
+            Act::Dev(w),
+            Act::Dev(d_o),
+        ) => {
+            let gpu = q.gpu().clone();
+            let (h0, d_final) = (dev_f32(h0)?, dev_f32(d_final)?);
+            let r = cuda::backward(&gpu, q, k, v, g, b, w, seqs, s, o, h0, d_o, d_final)?;
+            Ok(RuleGrads {
+                dq: Act::Dev(r.dq),
+                dk: Act::Dev(r.dk),
+                dv: Act::Dev(r.dv),
+                dg: F32s::Dev(r.dg),
+                db: Act::Dev(r.db),
+                dw: Act::Dev(r.dw),
+                dh0: r.dh0.map(F32s::Dev),
+            })
+        }
+        _ => Err(mixed("GDN2 rule backward")),
     }
-    let x = cpu::Inputs { q, k, v, g, b, w };
-    Ok(cpu::backward(
-        &x,
-        seqs,
-        shape,
-        opts,
-        initial_state,
-        d_o,
-        d_final_state,
-    ))
 }

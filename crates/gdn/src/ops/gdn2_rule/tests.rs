@@ -1,5 +1,6 @@
 use rand::Rng;
 
+use super::cpu::{backward, forward, Grads as Gdn2Grads};
 use super::reference::{self, RefInputs};
 use super::*;
 use crate::ops::gated_delta_rule;
@@ -446,7 +447,7 @@ fn reduces_to_gated_delta_rule() {
         broadcast(&beta, shape.dv),
     );
     let (h0, dht) = (c.h0.as_deref(), c.dht.as_deref());
-    let (o1, f1) = gated_delta_rule::forward(
+    let (o1, f1) = gated_delta_rule::cpu::forward(
         &c.q, &c.k, &c.v, &g1, &beta, &c.seqs, shape, c.opts, h0, true,
     )
     .unwrap();
@@ -454,7 +455,7 @@ fn reduces_to_gated_delta_rule() {
         &c.q, &c.k, &c.v, &g2, &b2, &w2, &c.seqs, shape, c.opts, h0, true,
     )
     .unwrap();
-    let g_1 = gated_delta_rule::backward(
+    let g_1 = gated_delta_rule::cpu::backward(
         &c.q, &c.k, &c.v, &g1, &beta, &c.seqs, shape, c.opts, h0, &c.d_o, dht,
     )
     .unwrap();

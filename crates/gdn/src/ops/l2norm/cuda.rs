@@ -4,11 +4,11 @@
 
 use cudarc::driver::PushKernelArg;
 
-use crate::device::cuda::{DBuf, GBuf};
-use crate::error::{GdnError, Result};
-use crate::ops::norm::cuda::{
+use crate::backend::cuda::{DBuf, GBuf};
+use crate::backend::launch::{
     arg_d, arg_dm, check_d, check_g, check_gpu, int, kernel, launch, rows_cfg,
 };
+use crate::error::{GdnError, Result};
 
 const MODULE: &str = "l2norm";
 
@@ -22,17 +22,8 @@ fn check_x(x: &DBuf, rows: usize, dim: usize) -> Result<()> {
     check_d("l2norm x", x, rows.saturating_mul(dim), x.dtype())
 }
 
-/// Forward over `x` `[rows, dim]`: returns `y` `[rows, dim]` (dtype of `x`) and `rstd` `[rows]`.
-pub fn l2norm_forward(x: &DBuf, rows: usize, dim: usize) -> Result<(DBuf, GBuf<f32>)> {
-    let gpu = x.gpu();
-    let mut y = DBuf::uninit(gpu, rows.saturating_mul(dim), x.dtype())?;
-    let mut rstd = gpu.uninit(rows)?;
-    l2norm_forward_into(x, rows, dim, &mut y, &mut rstd)?;
-    Ok((y, rstd))
-}
-
 /// [`l2norm_forward`] into caller-provided `y` and `rstd`.
-pub fn l2norm_forward_into(
+pub fn forward(
     x: &DBuf,
     rows: usize,
     dim: usize,
@@ -61,7 +52,7 @@ pub fn l2norm_forward_into(
 }
 
 /// Only the `rstd` `[rows]` of [`l2norm_forward`] (same bits), for a backward that did not keep it.
-pub fn l2norm_rstd(x: &DBuf, rows: usize, dim: usize) -> Result<GBuf<f32>> {
+pub fn rstd(x: &DBuf, rows: usize, dim: usize) -> Result<GBuf<f32>> {
     check_x(x, rows, dim)?;
     let gpu = x.gpu().clone();
     let mut rstd = gpu.uninit(rows)?;
@@ -81,21 +72,8 @@ pub fn l2norm_rstd(x: &DBuf, rows: usize, dim: usize) -> Result<GBuf<f32>> {
     Ok(rstd)
 }
 
-/// Backward of [`l2norm_forward`]: from `x`, `rstd` and `dy`, returns `dx` `[rows, dim]`.
-pub fn l2norm_backward(
-    x: &DBuf,
-    rows: usize,
-    dim: usize,
-    rstd: &GBuf<f32>,
-    dy: &DBuf,
-) -> Result<DBuf> {
-    let mut dx = DBuf::uninit(x.gpu(), rows.saturating_mul(dim), x.dtype())?;
-    l2norm_backward_into(x, rows, dim, rstd, dy, &mut dx)?;
-    Ok(dx)
-}
-
 /// [`l2norm_backward`] into a caller-provided `dx`.
-pub fn l2norm_backward_into(
+pub fn backward(
     x: &DBuf,
     rows: usize,
     dim: usize,

@@ -8,53 +8,46 @@
 //! The batch functions run the single-row helpers [`l2norm_row`] and [`l2norm_row_backward`]
 //! (also used inside the gated-delta-rule kernel), so both give identical bits.
 
-pub(crate) mod cpu;
+pub mod cpu;
 pub mod cuda;
 #[doc(hidden)]
 pub mod reference;
 #[cfg(test)]
 mod tests;
 
-pub use cpu::{l2norm_row, l2norm_row_backward};
+pub use crate::ops::common::l2norm::{l2norm_row, l2norm_row_backward, L2NORM_EPS};
 
-use crate::error::{GdnError, Result};
-use crate::ops::check_len;
+use crate::backend::cuda::DBuf;
+use crate::backend::{mixed, Act};
+use crate::error::Result;
 
-/// The epsilon added to `sum(x^2)` under the root.
-pub const L2NORM_EPS: f32 = 1e-6;
-
-fn check_x(x: &[f32], rows: usize, dim: usize) -> Result<()> {
-    if dim == 0 {
-        return Err(GdnError::Invalid(
-            "l2norm: the row length must be > 0, got 0".into(),
-        ));
+/// L2 norm of every row of `x` `[rows, dim]`: `y = x * rsqrt(sum(x^2) + eps)`.
+pub fn forward(x: &Act, rows: usize, dim: usize) -> Result<Act> {
+    match x {
+        Act::Host(x) => Ok(Act::Host(cpu::forward(x, rows, dim)?.0)),
+        Act::Dev(x) => {
+            let gpu = x.gpu();
+            let mut y = DBuf::uninit(gpu, rows.saturating_mul(dim), x.dtype())?;
+            let mut rstd = gpu.uninit(rows)?;
+            cuda::forward(x, rows, dim, &mut y, &mut rstd)?;
+            Ok(Act::Dev(y))
+        }
     }
-    check_len("l2norm x", x, rows.saturating_mul(dim))
 }
 
-/// Forward over `x` `[rows, dim]`: returns `y` `[rows, dim]` and `rstd` `[rows]`.
-pub fn l2norm_forward(x: &[f32], rows: usize, dim: usize) -> Result<(Vec<f32>, Vec<f32>)> {
-    check_x(x, rows, dim)?;
-    Ok(cpu::l2norm_forward(x, dim))
-}
-
-/// Only the `rstd` `[rows]` of [`l2norm_forward`] (same bits), for a backward that did not keep it.
-pub fn l2norm_rstd(x: &[f32], rows: usize, dim: usize) -> Result<Vec<f32>> {
-    check_x(x, rows, dim)?;
-    Ok(cpu::l2norm_rstd(x, dim))
-}
-
-/// Backward of [`l2norm_forward`]: from `x` `[rows, dim]`, `rstd` `[rows]` and `dy` `[rows, dim]`,
-/// returns `dx` `[rows, dim]`.
-pub fn l2norm_backward(
-    x: &[f32],
-    rows: usize,
-    dim: usize,
-    rstd: &[f32],
-    dy: &[f32],
-) -> Result<Vec<f32>> {
-    check_x(x, rows, dim)?;
-    check_len("l2norm rstd", rstd, rows)?;
-    check_len("l2norm dy", dy, rows.saturating_mul(dim))?;
-    Ok(cpu::l2norm_backward(x, dim, rstd, dy))
+/// Backward of [`forward`] from `x` (the inverse norms are recomputed) and `dy` `[rows, dim]`.
+pub fn backward(x: &Act, rows: usize, dim: usize, dy: &Act) -> Result<Act> {
+    match (x, dy) {
+        (Act::Host(x), Act::Host(dy)) => {
+            let r = cpu::rstd(x, rows, dim)?;
+            Ok(Act::Host(cpu::backward(x, rows, dim, &r, dy)?))
+        }
+        (Act::Dev(x), Act::Dev(dy)) => {
+            let r = cuda::rstd(x, rows, dim)?;
+            let mut dx = DBuf::uninit(x.gpu(), rows.saturating_mul(dim), x.dtype())?;
+            cuda::backward(x, rows, dim, &r, dy, &mut dx)?;
+            Ok(Act::Dev(dx))
+        }
+        _ => Err(mixed("l2norm backward")),
+    }
 }

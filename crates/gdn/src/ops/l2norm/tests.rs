@@ -1,3 +1,4 @@
+use super::cpu::{backward as l2norm_backward, forward as l2norm_forward, rstd as l2norm_rstd};
 use super::*;
 use crate::testutil::*;
 

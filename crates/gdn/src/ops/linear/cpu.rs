@@ -1,9 +1,11 @@
-//! CPU linear: three GEMMs through `ops::gemm`.
+//! CPU linear: three GEMMs through `ops::common::gemm`.
 
-use crate::ops::gemm::{matmul, MatRef};
+use crate::error::Result;
+use crate::ops::check_len;
+use crate::ops::common::gemm::{matmul, MatRef};
 
 /// See [`super::linear_forward`]; arguments are validated.
-pub(crate) fn linear_forward(
+fn linear_forward_unchecked(
     x: &[f32],
     rows: usize,
     in_dim: usize,
@@ -18,7 +20,7 @@ pub(crate) fn linear_forward(
 }
 
 /// See [`super::linear_backward`]; arguments are validated.
-pub(crate) fn linear_backward(
+fn linear_backward_unchecked(
     x: &[f32],
     rows: usize,
     in_dim: usize,
@@ -48,4 +50,35 @@ pub(crate) fn linear_backward(
         true,
     );
     (dx, dw)
+}
+
+// ---- validated entries on host slices (the op's `forward` / `backward` dispatch here) ----
+
+/// `y = x W^T` for `x` `[rows, in_dim]` and `w` `[out_dim, in_dim]`; returns `y` `[rows, out_dim]`.
+pub fn forward(
+    x: &[f32],
+    rows: usize,
+    in_dim: usize,
+    w: &[f32],
+    out_dim: usize,
+) -> Result<Vec<f32>> {
+    check_len("linear x", x, rows.saturating_mul(in_dim))?;
+    check_len("linear weight", w, out_dim.saturating_mul(in_dim))?;
+    Ok(linear_forward_unchecked(x, rows, in_dim, w, out_dim))
+}
+
+/// Backward of [`forward`]: returns `dx = dy W` `[rows, in_dim]` and `dW = dy^T x`
+/// `[out_dim, in_dim]`.
+pub fn backward(
+    x: &[f32],
+    rows: usize,
+    in_dim: usize,
+    w: &[f32],
+    out_dim: usize,
+    dy: &[f32],
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    check_len("linear x", x, rows.saturating_mul(in_dim))?;
+    check_len("linear weight", w, out_dim.saturating_mul(in_dim))?;
+    check_len("linear dy", dy, rows.saturating_mul(out_dim))?;
+    Ok(linear_backward_unchecked(x, rows, in_dim, w, out_dim, dy))
 }

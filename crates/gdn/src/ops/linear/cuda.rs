@@ -17,9 +17,9 @@
 use cudarc::cublaslt::{result as lt, sys};
 use cudarc::driver::{DevicePtr, DevicePtrMut, PushKernelArg};
 
-use crate::device::cuda::{DBuf, DType, GBuf, Gpu, BLASLT_WORKSPACE_BYTES};
+use crate::backend::cuda::{DBuf, DType, GBuf, Gpu, BLASLT_WORKSPACE_BYTES};
+use crate::backend::launch::{check_d, check_g, check_gpu, elem_cfg, launch};
 use crate::error::{GdnError, Result};
-use crate::ops::norm::cuda::{check_d, check_g, check_gpu, elem_cfg, launch};
 
 const MODULE: &str = "linear";
 
@@ -170,22 +170,8 @@ fn zero_d(gpu: &Gpu, d: &mut DBuf) -> Result<()> {
     r.map_err(|e| GdnError::Device(format!("memset: {e:?}")))
 }
 
-/// `y = x W^T` for `x` `[rows, in_dim]` and `w` `[out_dim, in_dim]`; returns `y` `[rows, out_dim]`
-/// (dtype of `x`).
-pub fn linear_forward(
-    x: &DBuf,
-    rows: usize,
-    in_dim: usize,
-    w: &GBuf<f32>,
-    out_dim: usize,
-) -> Result<DBuf> {
-    let mut y = DBuf::uninit(x.gpu(), rows.saturating_mul(out_dim), x.dtype())?;
-    linear_forward_into(x, rows, in_dim, w, out_dim, &mut y)?;
-    Ok(y)
-}
-
 /// [`linear_forward`] into a caller-provided `y`.
-pub fn linear_forward_into(
+pub fn forward(
     x: &DBuf,
     rows: usize,
     in_dim: usize,
@@ -240,26 +226,9 @@ pub fn linear_forward_into(
     }
 }
 
-/// Backward of [`linear_forward`]: returns `dx = dy W` `[rows, in_dim]` (dtype of `x`) and
-/// `dW = dy^T x` `[out_dim, in_dim]` (fp32).
-pub fn linear_backward(
-    x: &DBuf,
-    rows: usize,
-    in_dim: usize,
-    w: &GBuf<f32>,
-    out_dim: usize,
-    dy: &DBuf,
-) -> Result<(DBuf, GBuf<f32>)> {
-    let gpu = x.gpu();
-    let mut dx = DBuf::uninit(gpu, rows.saturating_mul(in_dim), x.dtype())?;
-    let mut dw = gpu.uninit(out_dim.saturating_mul(in_dim))?;
-    linear_backward_into(x, rows, in_dim, w, out_dim, dy, &mut dx, &mut dw)?;
-    Ok((dx, dw))
-}
-
 /// [`linear_backward`] into caller-provided `dx` and `dw` (`dw` is overwritten, not accumulated).
 #[allow(clippy::too_many_arguments)]
-pub fn linear_backward_into(
+pub fn backward(
     x: &DBuf,
     rows: usize,
     in_dim: usize,

@@ -2,46 +2,57 @@
 //! `[rows, in]`, `y` `[rows, out]`.
 //!
 //! Backward: `dx = dy W` `[rows, in]`, `dW = dy^T x` `[out, in]`. All three products go through
-//! the `gemm` crate ([`crate::ops::gemm::matmul`]) with rayon. `dW` reduces over the token axis
+//! the `gemm` crate ([`crate::ops::common::gemm::matmul`]) with rayon. `dW` reduces over the token axis
 //! (the GEMM's inner dimension); the `gemm` crate splits work over the output only and blocks the
 //! inner dimension by cache sizes, never by thread count, so `dW` has the same bits under any
 //! number of threads (checked by a test).
 
-pub(crate) mod cpu;
+pub mod cpu;
 pub mod cuda;
 #[doc(hidden)]
 pub mod reference;
 #[cfg(test)]
 mod tests;
 
+use crate::backend::cuda::DBuf;
+use crate::backend::{mixed, Act, F32s, P};
 use crate::error::Result;
-use crate::ops::check_len;
 
-/// `y = x W^T` for `x` `[rows, in_dim]` and `w` `[out_dim, in_dim]`; returns `y` `[rows, out_dim]`.
-pub fn linear_forward(
-    x: &[f32],
-    rows: usize,
-    in_dim: usize,
-    w: &[f32],
-    out_dim: usize,
-) -> Result<Vec<f32>> {
-    check_len("linear x", x, rows.saturating_mul(in_dim))?;
-    check_len("linear weight", w, out_dim.saturating_mul(in_dim))?;
-    Ok(cpu::linear_forward(x, rows, in_dim, w, out_dim))
+/// `y = x W^T`: `x` `[rows, in_dim]`, `W` `[out_dim, in_dim]`, returns `y` `[rows, out_dim]`.
+pub fn forward(x: &Act, rows: usize, in_dim: usize, w: P, out_dim: usize) -> Result<Act> {
+    match (x, w) {
+        (Act::Host(x), P::Host(w)) => Ok(Act::Host(cpu::forward(x, rows, in_dim, w, out_dim)?)),
+        (Act::Dev(x), P::Dev(w)) => {
+            let mut y = DBuf::uninit(x.gpu(), rows.saturating_mul(out_dim), x.dtype())?;
+            cuda::forward(x, rows, in_dim, w, out_dim, &mut y)?;
+            Ok(Act::Dev(y))
+        }
+        _ => Err(mixed("linear")),
+    }
 }
 
-/// Backward of [`linear_forward`]: returns `dx = dy W` `[rows, in_dim]` and `dW = dy^T x`
+/// Backward of [`forward`]: returns `dx = dy W` `[rows, in_dim]` and `dW = dy^T x`
 /// `[out_dim, in_dim]`.
-pub fn linear_backward(
-    x: &[f32],
+pub fn backward(
+    x: &Act,
     rows: usize,
     in_dim: usize,
-    w: &[f32],
+    w: P,
     out_dim: usize,
-    dy: &[f32],
-) -> Result<(Vec<f32>, Vec<f32>)> {
-    check_len("linear x", x, rows.saturating_mul(in_dim))?;
-    check_len("linear weight", w, out_dim.saturating_mul(in_dim))?;
-    check_len("linear dy", dy, rows.saturating_mul(out_dim))?;
-    Ok(cpu::linear_backward(x, rows, in_dim, w, out_dim, dy))
+    dy: &Act,
+) -> Result<(Act, F32s)> {
+    match (x, w, dy) {
+        (Act::Host(x), P::Host(w), Act::Host(dy)) => {
+            let (dx, dw) = cpu::backward(x, rows, in_dim, w, out_dim, dy)?;
+            Ok((Act::Host(dx), F32s::Host(dw)))
+        }
+        (Act::Dev(x), P::Dev(w), Act::Dev(dy)) => {
+            let gpu = x.gpu();
+            let mut dx = DBuf::uninit(gpu, rows.saturating_mul(in_dim), x.dtype())?;
+            let mut dw = gpu.uninit(out_dim.saturating_mul(in_dim))?;
+            cuda::backward(x, rows, in_dim, w, out_dim, dy, &mut dx, &mut dw)?;
+            Ok((Act::Dev(dx), F32s::Dev(dw)))
+        }
+        _ => Err(mixed("linear backward")),
+    }
 }

@@ -1,3 +1,4 @@
+use super::cpu::{backward as linear_backward, forward as linear_forward};
 use super::*;
 use crate::testutil::*;
 

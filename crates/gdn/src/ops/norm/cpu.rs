@@ -1,102 +1,18 @@
 //! CPU (f32, rayon) pre-norm. The row helpers are shared with `ops::gated_norm`.
 
+use crate::error::{GdnError, Result};
+use crate::ops::check_len;
+use crate::ops::common::norm::{check_eps, check_norm_params};
 use rayon::prelude::*;
 
 use super::NormStats;
 use crate::config::Normalization;
+use crate::ops::common::norm::{gain, row_backward, row_forward, row_stats};
+use crate::ops::common::task_rows;
 use crate::ops::REDUCE_BLOCK;
 
-/// Rows per parallel task for row-wise work on rows of `dim` values (about 16K values per task).
-pub(crate) fn task_rows(dim: usize) -> usize {
-    (16384 / dim.max(1)).max(1)
-}
-
-/// The gain `w`, or `1 + w` when zero-centered.
-pub(crate) fn gain(w: &[f32], zero_centered: bool) -> Vec<f32> {
-    w.iter()
-        .map(|&v| if zero_centered { 1.0 + v } else { v })
-        .collect()
-}
-
-/// `(mean, rstd)` of one row (mean is 0 for RMSNorm). Sums run left to right in f32.
-pub(crate) fn row_stats(x: &[f32], kind: Normalization, eps: f32) -> (f32, f32) {
-    let n = x.len() as f32;
-    match kind {
-        Normalization::RMSNorm => {
-            let ss: f32 = x.iter().map(|v| v * v).sum();
-            (0.0, 1.0 / (ss / n + eps).sqrt())
-        }
-        Normalization::LayerNorm => {
-            let mean = x.iter().sum::<f32>() / n;
-            let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
-            (mean, 1.0 / (var + eps).sqrt())
-        }
-    }
-}
-
-/// `y = (x - mean) * rstd * g (+ b)` for one row.
-#[inline]
-pub(crate) fn row_forward(
-    x: &[f32],
-    g: &[f32],
-    b: Option<&[f32]>,
-    mean: f32,
-    rstd: f32,
-    y: &mut [f32],
-) {
-    match b {
-        Some(b) => {
-            for i in 0..x.len() {
-                y[i] = (x[i] - mean) * rstd * g[i] + b[i];
-            }
-        }
-        None => {
-            for i in 0..x.len() {
-                y[i] = (x[i] - mean) * rstd * g[i];
-            }
-        }
-    }
-}
-
-/// Backward of one row given `dy` of the norm's output: writes `dx` and adds `dy * xhat` into
-/// `dw` and, for LayerNorm (`layer`), `dy` into `db`.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-pub(crate) fn row_backward(
-    x: &[f32],
-    g: &[f32],
-    layer: bool,
-    mean: f32,
-    rstd: f32,
-    dy: &[f32],
-    dx: &mut [f32],
-    dw: &mut [f32],
-    db: &mut [f32],
-) {
-    let n = x.len() as f32;
-    let (mut s1, mut s2) = (0.0f32, 0.0f32);
-    for i in 0..x.len() {
-        let xhat = (x[i] - mean) * rstd;
-        let dxhat = dy[i] * g[i];
-        s1 += dxhat;
-        s2 += dxhat * xhat;
-        dw[i] += dy[i] * xhat;
-    }
-    let m1 = if layer { s1 / n } else { 0.0 };
-    let m2 = s2 / n;
-    for i in 0..x.len() {
-        let xhat = (x[i] - mean) * rstd;
-        dx[i] = rstd * (dy[i] * g[i] - m1 - xhat * m2);
-    }
-    if layer {
-        for i in 0..x.len() {
-            db[i] += dy[i];
-        }
-    }
-}
-
 /// See [`super::norm_forward`]; arguments are validated.
-pub(crate) fn norm_forward(
+fn norm_forward_unchecked(
     x: &[f32],
     dim: usize,
     w: &[f32],
@@ -129,7 +45,7 @@ pub(crate) fn norm_forward(
 }
 
 /// See [`super::norm_backward`]; arguments are validated.
-pub(crate) fn norm_backward(
+fn norm_backward_unchecked(
     x: &[f32],
     dim: usize,
     w: &[f32],
@@ -171,4 +87,66 @@ pub(crate) fn norm_backward(
     }
     let db = acc.split_off(dim);
     (dx, acc, layer.then_some(db))
+}
+
+// ---- validated entries on host slices (the op's `forward` / `backward` dispatch here) ----
+
+/// Forward of the pre-norm over `x` `[rows, dim]`: returns `y` `[rows, dim]` and the statistics
+/// backward needs. `b` is required for LayerNorm and must be `None` for RMSNorm.
+#[allow(clippy::too_many_arguments)]
+pub fn forward(
+    x: &[f32],
+    rows: usize,
+    dim: usize,
+    w: &[f32],
+    b: Option<&[f32]>,
+    kind: Normalization,
+    eps: f32,
+    zero_centered: bool,
+) -> Result<(Vec<f32>, NormStats)> {
+    check_norm_params("norm", dim, w, b, kind)?;
+    check_eps("norm", eps)?;
+    check_len("norm x", x, rows.saturating_mul(dim))?;
+    Ok(norm_forward_unchecked(
+        x,
+        dim,
+        w,
+        b,
+        kind,
+        eps,
+        zero_centered,
+    ))
+}
+
+/// Backward of [`forward`]: from `x`, the statistics forward returned and `dy` `[rows, dim]`,
+/// returns `dx` `[rows, dim]`, `dw` `[dim]` and, for LayerNorm, `db` `[dim]`.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+pub fn backward(
+    x: &[f32],
+    rows: usize,
+    dim: usize,
+    w: &[f32],
+    kind: Normalization,
+    zero_centered: bool,
+    stats: &NormStats,
+    dy: &[f32],
+) -> Result<(Vec<f32>, Vec<f32>, Option<Vec<f32>>)> {
+    if dim == 0 {
+        return Err(GdnError::Invalid(
+            "norm: the normalized dimension must be > 0, got 0".into(),
+        ));
+    }
+    check_len("norm weight", w, dim)?;
+    check_len("norm x", x, rows.saturating_mul(dim))?;
+    check_len("norm dy", dy, rows.saturating_mul(dim))?;
+    stats.check("norm stats", rows, kind)?;
+    Ok(norm_backward_unchecked(
+        x,
+        dim,
+        w,
+        kind,
+        zero_centered,
+        stats,
+        dy,
+    ))
 }

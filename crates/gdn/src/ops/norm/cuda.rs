@@ -7,294 +7,24 @@
 //!
 //! Also home of the small launch and validation helpers shared by the other ops' CUDA wrappers.
 
-use std::sync::Arc;
+use cudarc::driver::PushKernelArg;
 
-use cudarc::driver::{CudaFunction, LaunchArgs, LaunchConfig, PushKernelArg};
-
+use crate::backend::cuda::{DBuf, GBuf};
+use crate::backend::launch::{
+    arg_d, arg_dm, check_d, check_g, check_gpu, check_part_dims, chunks, int, kernel, launch,
+    lin_cfg, part_cfg, rows_cfg, NULL_PTR,
+};
 use crate::config::Normalization;
-use crate::device::cuda::{DBuf, DType, GBuf, Gpu};
 use crate::error::{GdnError, Result};
-use crate::ops::REDUCE_BLOCK;
+use crate::ops::common::norm::{arg_mean, check_params, GpuNormStats};
 
 const MODULE: &str = "norm";
 
-/// Per-row statistics kept by a norm's forward on the GPU (fp32), the device twin of
-/// [`super::NormStats`].
-pub struct GpuNormStats {
-    /// `1 / sqrt(mean(x^2) + eps)` (RMSNorm) or `1 / sqrt(var(x) + eps)` (LayerNorm), per row.
-    pub rstd: GBuf<f32>,
-    /// Mean per row; LayerNorm only.
-    pub mean: Option<GBuf<f32>>,
-}
-
-impl GpuNormStats {
-    /// Uninitialized statistics of `rows` rows of a `kind` norm.
-    pub fn uninit(gpu: &Arc<Gpu>, rows: usize, kind: Normalization) -> Result<Self> {
-        Ok(GpuNormStats {
-            rstd: gpu.uninit(rows)?,
-            mean: match kind {
-                Normalization::LayerNorm => Some(gpu.uninit(rows)?),
-                Normalization::RMSNorm => None,
-            },
-        })
-    }
-    /// Bytes held (4 per stored f32).
-    pub fn bytes(&self) -> usize {
-        self.rstd.bytes() + self.mean.as_ref().map_or(0, |m| m.bytes())
-    }
-    /// Copy to the host.
-    pub fn download(&self) -> Result<super::NormStats> {
-        let gpu = self.rstd.gpu();
-        Ok(super::NormStats {
-            rstd: gpu.download(&self.rstd)?,
-            mean: self.mean.as_ref().map(|m| gpu.download(m)).transpose()?,
-        })
-    }
-    pub(crate) fn check(&self, name: &str, rows: usize, kind: Normalization) -> Result<()> {
-        check_g(&format!("{name}.rstd"), &self.rstd, rows)?;
-        match (kind, &self.mean) {
-            (Normalization::LayerNorm, Some(m)) => check_g(&format!("{name}.mean"), m, rows),
-            (Normalization::LayerNorm, None) => Err(GdnError::Invalid(format!(
-                "{name}: LayerNorm statistics need the per-row mean, got none"
-            ))),
-            (Normalization::RMSNorm, None) => Ok(()),
-            (Normalization::RMSNorm, Some(_)) => Err(GdnError::Invalid(format!(
-                "{name}: RMSNorm statistics hold no mean, got one (LayerNorm statistics?)"
-            ))),
-        }
-    }
-}
-
-// ---- helpers shared by the CUDA wrappers of the ops ----
-
-/// Threads per block of every kernel of the ops.
-pub(crate) const THREADS: u32 = 256;
-
-/// A null device pointer, for optional pointer arguments the kernel does not touch (its flag is 0).
-pub(crate) static NULL_PTR: u64 = 0;
-
-/// Kernel-name suffix of a storage type.
-pub(crate) fn suffix(dt: DType) -> &'static str {
-    match dt {
-        DType::F32 => "f32",
-        DType::Bf16 => "bf16",
-    }
-}
-
-/// Kernel `{base}_{f32|bf16}` of `module`.
-pub(crate) fn kernel(
-    gpu: &Gpu,
-    module: &'static str,
-    base: &str,
-    dt: DType,
-) -> Result<CudaFunction> {
-    gpu.function(module, &format!("{base}_{}", suffix(dt)))
-}
-
-/// Push a [`DBuf`] as a kernel pointer argument.
-pub(crate) fn arg_d<'a, 'b: 'a>(b: &mut LaunchArgs<'a>, d: &'b DBuf) {
-    match d {
-        DBuf::F32(g) => b.arg(&g.slice),
-        DBuf::Bf16(g) => b.arg(&g.slice),
-    };
-}
-
-/// Push a [`DBuf`] as a kernel pointer argument that the kernel writes.
-pub(crate) fn arg_dm<'a, 'b: 'a>(b: &mut LaunchArgs<'a>, d: &'b mut DBuf) {
-    match d {
-        DBuf::F32(g) => b.arg(&mut g.slice),
-        DBuf::Bf16(g) => b.arg(&mut g.slice),
-    };
-}
-
-/// Launch, mapping the driver's error.
-pub(crate) fn launch(b: &mut LaunchArgs, cfg: LaunchConfig, what: &str) -> Result<()> {
-    // SAFETY: every caller passes the argument list of the named kernel, with buffers whose lengths
-    // were validated against the sizes the kernel reads and writes.
-    unsafe { b.launch(cfg) }
-        .map(|_| ())
-        .map_err(|e| GdnError::Device(format!("launching {what}: {e:?}")))
-}
-
-/// One warp per row, 8 rows per block.
-pub(crate) fn rows_cfg(rows: usize) -> LaunchConfig {
-    let warps = (THREADS / 32) as usize;
-    LaunchConfig {
-        grid_dim: (rows.div_ceil(warps) as u32, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
-/// Grid-stride elementwise launch over `n` elements.
-pub(crate) fn elem_cfg(n: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (n.div_ceil(THREADS as usize).clamp(1, 1 << 20) as u32, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
-/// Column-partial launch: block (32 columns x 8 lanes), grid (row chunks, column tiles).
-pub(crate) fn part_cfg(chunks: usize, cols: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (chunks as u32, cols.div_ceil(32) as u32, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
-/// Checks that the partial-sum layout fits the grid limits.
-pub(crate) fn check_part_dims(op: &str, chunks: usize, cols: usize) -> Result<()> {
-    if chunks > i32::MAX as usize || cols.div_ceil(32) > 65535 {
-        return Err(GdnError::Invalid(format!(
-            "{op}: {chunks} row chunks x {cols} columns exceed the CUDA grid (at most 2^31-1 chunks and 2097120 columns)"
-        )));
-    }
-    Ok(())
-}
-
-/// A length that kernels take as a 32-bit int.
-pub(crate) fn int(name: &str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| {
-        GdnError::Invalid(format!(
-            "{name}: {v} exceeds the CUDA kernels' limit of 2^31-1"
-        ))
-    })
-}
-
-/// Error unless `d` holds `len` values of `dtype`.
-pub(crate) fn check_d(name: &str, d: &DBuf, len: usize, dtype: DType) -> Result<()> {
-    if d.dtype() != dtype {
-        return Err(GdnError::Invalid(format!(
-            "{name}: expected {dtype:?} storage, got {:?}",
-            d.dtype()
-        )));
-    }
-    if d.len() != len {
-        return Err(GdnError::Invalid(format!(
-            "{name}: expected {len} values, got {}",
-            d.len()
-        )));
-    }
-    Ok(())
-}
-
-/// Error unless `g` holds `len` values.
-pub(crate) fn check_g<T: cudarc::driver::DeviceRepr>(
-    name: &str,
-    g: &GBuf<T>,
-    len: usize,
-) -> Result<()> {
-    if g.len() != len {
-        return Err(GdnError::Invalid(format!(
-            "{name}: expected {len} values, got {}",
-            g.len()
-        )));
-    }
-    Ok(())
-}
-
-/// Error unless `b` lives on `gpu`.
-pub(crate) fn check_gpu(name: &str, gpu: &Arc<Gpu>, b: &Arc<Gpu>) -> Result<()> {
-    if !Arc::ptr_eq(gpu, b) {
-        return Err(GdnError::Invalid(format!(
-            "{name} lives on cuda:{}, the other operands on cuda:{}",
-            b.ordinal(),
-            gpu.ordinal()
-        )));
-    }
-    Ok(())
-}
-
-/// Number of partial-sum chunks of `rows` rows.
-pub(crate) fn chunks(rows: usize) -> usize {
-    rows.div_ceil(REDUCE_BLOCK)
-}
-
-/// Push the per-row means of `stats`, or a null pointer (RMSNorm).
-pub(crate) fn arg_mean<'a, 'b: 'a>(l: &mut LaunchArgs<'a>, stats: &'b GpuNormStats) {
-    match &stats.mean {
-        Some(m) => l.arg(&m.slice),
-        None => l.arg(&NULL_PTR),
-    };
-}
-
-/// A 1-D launch of `n` threads.
-pub(crate) fn lin_cfg(n: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (n.div_ceil(THREADS as usize).max(1) as u32, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
 // ---- the norm ----
-
-pub(crate) fn check_params(
-    op: &str,
-    gpu: &Arc<Gpu>,
-    dim: usize,
-    w: &GBuf<f32>,
-    b: Option<&GBuf<f32>>,
-    kind: Normalization,
-) -> Result<()> {
-    if dim == 0 {
-        return Err(GdnError::Invalid(format!(
-            "{op}: the normalized dimension must be > 0, got 0"
-        )));
-    }
-    int(&format!("{op} dim"), dim)?;
-    check_g(&format!("{op} weight"), w, dim)?;
-    check_gpu(&format!("{op} weight"), gpu, w.gpu())?;
-    match (kind, b) {
-        (Normalization::LayerNorm, Some(b)) => {
-            check_gpu(&format!("{op} bias"), gpu, b.gpu())?;
-            check_g(&format!("{op} bias"), b, dim)
-        }
-        (Normalization::LayerNorm, None) => Err(GdnError::Invalid(format!(
-            "{op}: LayerNorm needs a bias of {dim} values, got none"
-        ))),
-        (Normalization::RMSNorm, None) => Ok(()),
-        (Normalization::RMSNorm, Some(_)) => Err(GdnError::Invalid(format!(
-            "{op}: RMSNorm takes no bias, got one"
-        ))),
-    }
-}
-
-/// Forward of the pre-norm over `x` `[rows, dim]`: returns `y` (dtype of `x`) and the statistics.
-#[allow(clippy::too_many_arguments)]
-pub fn norm_forward(
-    x: &DBuf,
-    rows: usize,
-    dim: usize,
-    w: &GBuf<f32>,
-    b: Option<&GBuf<f32>>,
-    kind: Normalization,
-    eps: f32,
-    zero_centered: bool,
-) -> Result<(DBuf, GpuNormStats)> {
-    let gpu = x.gpu();
-    let mut y = DBuf::uninit(gpu, rows.saturating_mul(dim), x.dtype())?;
-    let mut stats = GpuNormStats::uninit(gpu, rows, kind)?;
-    norm_forward_into(
-        x,
-        rows,
-        dim,
-        w,
-        b,
-        kind,
-        eps,
-        zero_centered,
-        &mut y,
-        &mut stats,
-    )?;
-    Ok((y, stats))
-}
 
 /// [`norm_forward`] into caller-provided `y` `[rows, dim]` and `stats`.
 #[allow(clippy::too_many_arguments)]
-pub fn norm_forward_into(
+pub fn forward(
     x: &DBuf,
     rows: usize,
     dim: usize,
@@ -308,7 +38,7 @@ pub fn norm_forward_into(
 ) -> Result<()> {
     let gpu = x.gpu().clone();
     check_params("norm", &gpu, dim, w, b, kind)?;
-    super::check_eps("norm", eps)?;
+    crate::ops::common::norm::check_eps("norm", eps)?;
     let n = rows.saturating_mul(dim);
     check_d("norm x", x, n, x.dtype())?;
     check_d("norm y", y, n, x.dtype())?;
@@ -344,45 +74,9 @@ pub fn norm_forward_into(
     launch(&mut l, rows_cfg(rows), "norm_fwd")
 }
 
-/// Backward of [`norm_forward`]: returns `dx` `[rows, dim]` (dtype of `x`), `dw` `[dim]` and, for
-/// LayerNorm, `db` `[dim]` (fp32).
-#[allow(clippy::too_many_arguments, clippy::type_complexity)]
-pub fn norm_backward(
-    x: &DBuf,
-    rows: usize,
-    dim: usize,
-    w: &GBuf<f32>,
-    kind: Normalization,
-    zero_centered: bool,
-    stats: &GpuNormStats,
-    dy: &DBuf,
-) -> Result<(DBuf, GBuf<f32>, Option<GBuf<f32>>)> {
-    let gpu = x.gpu();
-    let mut dx = DBuf::uninit(gpu, rows.saturating_mul(dim), x.dtype())?;
-    let mut dw = gpu.uninit(dim)?;
-    let mut db = match kind {
-        Normalization::LayerNorm => Some(gpu.uninit(dim)?),
-        Normalization::RMSNorm => None,
-    };
-    norm_backward_into(
-        x,
-        rows,
-        dim,
-        w,
-        kind,
-        zero_centered,
-        stats,
-        dy,
-        &mut dx,
-        &mut dw,
-        db.as_mut(),
-    )?;
-    Ok((dx, dw, db))
-}
-
 /// [`norm_backward`] into caller-provided `dx`, `dw` and (LayerNorm only) `db`.
 #[allow(clippy::too_many_arguments)]
-pub fn norm_backward_into(
+pub fn backward(
     x: &DBuf,
     rows: usize,
     dim: usize,

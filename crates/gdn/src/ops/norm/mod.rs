@@ -13,133 +13,90 @@
 //! fixed-order (blocks of [`crate::ops::REDUCE_BLOCK`] rows), so they do not depend on the number
 //! of threads.
 
-pub(crate) mod cpu;
+pub mod cpu;
 pub mod cuda;
 #[doc(hidden)]
 pub mod reference;
 #[cfg(test)]
 mod tests;
 
+use crate::backend::cuda::DBuf;
+use crate::backend::{dev, host, mixed, Act, F32s, P};
 use crate::config::Normalization;
-use crate::error::{GdnError, Result};
-use crate::ops::check_len;
-
-/// Per-row statistics kept by a norm's forward for its backward.
-#[derive(Clone, Debug, PartialEq, Default)]
-pub struct NormStats {
-    /// `1 / sqrt(mean(x^2) + eps)` (RMSNorm) or `1 / sqrt(var(x) + eps)` (LayerNorm), per row.
-    pub rstd: Vec<f32>,
-    /// Mean per row; LayerNorm only.
-    pub mean: Option<Vec<f32>>,
-}
-
-impl NormStats {
-    /// Bytes held (4 per stored f32).
-    pub fn bytes(&self) -> usize {
-        4 * (self.rstd.len() + self.mean.as_ref().map_or(0, |m| m.len()))
-    }
-
-    /// Error unless these are the stats of `rows` rows of a `kind` norm.
-    pub(crate) fn check(&self, name: &str, rows: usize, kind: Normalization) -> Result<()> {
-        check_len(&format!("{name}.rstd"), &self.rstd, rows)?;
-        match (kind, &self.mean) {
-            (Normalization::LayerNorm, Some(m)) => check_len(&format!("{name}.mean"), m, rows),
-            (Normalization::LayerNorm, None) => Err(GdnError::Invalid(format!(
-                "{name}: LayerNorm statistics need the per-row mean, got none"
-            ))),
-            (Normalization::RMSNorm, None) => Ok(()),
-            (Normalization::RMSNorm, Some(_)) => Err(GdnError::Invalid(format!(
-                "{name}: RMSNorm statistics hold no mean, got one (LayerNorm statistics?)"
-            ))),
-        }
-    }
-}
-
-/// Shared argument checks of the norms (also used by `ops::gated_norm`): `dim > 0`, `w` of `dim`
-/// values, `b` present (`dim` values) exactly for LayerNorm.
-pub(crate) fn check_norm_params(
-    op: &str,
-    dim: usize,
-    w: &[f32],
-    b: Option<&[f32]>,
-    kind: Normalization,
-) -> Result<()> {
-    if dim == 0 {
-        return Err(GdnError::Invalid(format!(
-            "{op}: the normalized dimension must be > 0, got 0"
-        )));
-    }
-    check_len(&format!("{op} weight"), w, dim)?;
-    match (kind, b) {
-        (Normalization::LayerNorm, Some(b)) => check_len(&format!("{op} bias"), b, dim),
-        (Normalization::LayerNorm, None) => Err(GdnError::Invalid(format!(
-            "{op}: LayerNorm needs a bias of {dim} values, got none"
-        ))),
-        (Normalization::RMSNorm, None) => Ok(()),
-        (Normalization::RMSNorm, Some(_)) => Err(GdnError::Invalid(format!(
-            "{op}: RMSNorm takes no bias, got one"
-        ))),
-    }
-}
-
-/// Error unless `eps` is finite and `>= 0`.
-pub(crate) fn check_eps(op: &str, eps: f32) -> Result<()> {
-    if !(eps.is_finite() && eps >= 0.0) {
-        return Err(GdnError::Invalid(format!(
-            "{op}: eps must be finite and >= 0, got {eps}"
-        )));
-    }
-    Ok(())
-}
+use crate::error::Result;
+pub use crate::ops::common::norm::{GpuNormStats, NormStats, Stats};
 
 /// Forward of the pre-norm over `x` `[rows, dim]`: returns `y` `[rows, dim]` and the statistics
 /// backward needs. `b` is required for LayerNorm and must be `None` for RMSNorm.
 #[allow(clippy::too_many_arguments)]
-pub fn norm_forward(
-    x: &[f32],
+pub fn forward(
+    x: &Act,
     rows: usize,
     dim: usize,
-    w: &[f32],
-    b: Option<&[f32]>,
+    w: P,
+    b: Option<P>,
     kind: Normalization,
     eps: f32,
-    zero_centered: bool,
-) -> Result<(Vec<f32>, NormStats)> {
-    check_norm_params("norm", dim, w, b, kind)?;
-    check_eps("norm", eps)?;
-    check_len("norm x", x, rows.saturating_mul(dim))?;
-    Ok(cpu::norm_forward(x, dim, w, b, kind, eps, zero_centered))
+    zc: bool,
+) -> Result<(Act, Stats)> {
+    match (x, w) {
+        (Act::Host(x), P::Host(w)) => {
+            let (y, s) = cpu::forward(x, rows, dim, w, host(b, "norm")?, kind, eps, zc)?;
+            Ok((Act::Host(y), Stats::Host(s)))
+        }
+        (Act::Dev(x), P::Dev(w)) => {
+            let b = dev(b, "norm")?;
+            let gpu = x.gpu();
+            let mut y = DBuf::uninit(gpu, rows.saturating_mul(dim), x.dtype())?;
+            let mut s = GpuNormStats::uninit(gpu, rows, kind)?;
+            cuda::forward(x, rows, dim, w, b, kind, eps, zc, &mut y, &mut s)?;
+            Ok((Act::Dev(y), Stats::Dev(s)))
+        }
+        _ => Err(mixed("norm")),
+    }
 }
 
-/// Backward of [`norm_forward`]: from `x`, the statistics forward returned and `dy` `[rows, dim]`,
+/// Backward of [`forward`]: from `x`, the statistics forward returned and `dy` `[rows, dim]`,
 /// returns `dx` `[rows, dim]`, `dw` `[dim]` and, for LayerNorm, `db` `[dim]`.
-#[allow(clippy::too_many_arguments, clippy::type_complexity)]
-pub fn norm_backward(
-    x: &[f32],
+#[allow(clippy::too_many_arguments)]
+pub fn backward(
+    x: &Act,
     rows: usize,
     dim: usize,
-    w: &[f32],
+    w: P,
     kind: Normalization,
-    zero_centered: bool,
-    stats: &NormStats,
-    dy: &[f32],
-) -> Result<(Vec<f32>, Vec<f32>, Option<Vec<f32>>)> {
-    if dim == 0 {
-        return Err(GdnError::Invalid(
-            "norm: the normalized dimension must be > 0, got 0".into(),
-        ));
+    zc: bool,
+    stats: &Stats,
+    dy: &Act,
+) -> Result<(Act, F32s, Option<F32s>)> {
+    match (x, w, stats, dy) {
+        (Act::Host(x), P::Host(w), Stats::Host(s), Act::Host(dy)) => {
+            let (dx, dw, db) = cpu::backward(x, rows, dim, w, kind, zc, s, dy)?;
+            Ok((Act::Host(dx), F32s::Host(dw), db.map(F32s::Host)))
+        }
+        (Act::Dev(x), P::Dev(w), Stats::Dev(s), Act::Dev(dy)) => {
+            let gpu = x.gpu();
+            let mut dx = DBuf::uninit(gpu, rows.saturating_mul(dim), x.dtype())?;
+            let mut dw = gpu.uninit(dim)?;
+            let mut db = match kind {
+                Normalization::LayerNorm => Some(gpu.uninit(dim)?),
+                Normalization::RMSNorm => None,
+            };
+            cuda::backward(
+                x,
+                rows,
+                dim,
+                w,
+                kind,
+                zc,
+                s,
+                dy,
+                &mut dx,
+                &mut dw,
+                db.as_mut(),
+            )?;
+            Ok((Act::Dev(dx), F32s::Dev(dw), db.map(F32s::Dev)))
+        }
+        _ => Err(mixed("norm backward")),
     }
-    check_len("norm weight", w, dim)?;
-    check_len("norm x", x, rows.saturating_mul(dim))?;
-    check_len("norm dy", dy, rows.saturating_mul(dim))?;
-    stats.check("norm stats", rows, kind)?;
-    Ok(cpu::norm_backward(
-        x,
-        dim,
-        w,
-        kind,
-        zero_centered,
-        stats,
-        dy,
-    ))
 }

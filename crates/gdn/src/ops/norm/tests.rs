@@ -1,3 +1,4 @@
+use super::cpu::{backward as norm_backward, forward as norm_forward};
 use super::*;
 use crate::testutil::*;
 

@@ -270,6 +270,12 @@ impl Gpu {
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
+    /// Free and total bytes of this GPU's memory (the driver's `cuMemGetInfo`).
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        self.ctx
+            .mem_get_info()
+            .map_err(|e| dev_err("querying free GPU memory", e))
+    }
     /// Bytes currently held by our buffers.
     pub fn live_bytes(&self) -> usize {
         self.live.load(Ordering::Relaxed)

@@ -1,11 +1,18 @@
-//! Devices: the CPU (always) and CUDA GPUs (found at run time).
+//! The backend: devices (the CPU, always, and CUDA GPUs found at run time), device buffers, the
+//! counting allocator, kernel sources and their compile cache, and the launch helpers.
 //!
 //! The CUDA libraries are loaded dynamically (cudarc's `dynamic-loading`), so the crate builds,
 //! and its CPU path runs and is tested, on machines with no CUDA at all. Every CUDA entry point
 //! checks for the libraries first and returns a [`GdnError::Device`] naming what is missing.
 
+pub mod buf;
 pub mod cuda;
 pub mod kernels;
+#[doc(hidden)]
+pub mod launch;
+
+pub(crate) use buf::{dev, dev_f32, host, host_f32, mixed};
+pub use buf::{Act, F32s, P};
 
 use std::fmt;
 use std::str::FromStr;

@@ -5,12 +5,12 @@
 use crate::error::{GdnError, Result};
 
 /// Helpers shared by every kernel file.
-pub const COMMON: &str = include_str!("../kernels/common.cuh");
+pub const COMMON: &str = include_str!("kernels/common.cuh");
 
 /// (module name, source) of every kernel file.
 pub const MODULES: &[(&str, &str)] = &[
-    ("smoke", include_str!("../kernels/smoke.cu")),
-    ("layer", include_str!("../kernels/layer.cu")),
+    ("smoke", include_str!("kernels/smoke.cu")),
+    ("layout", include_str!("../ops/layout/layout.cu")),
     (
         "gated_delta_rule",
         include_str!("../ops/gated_delta_rule/gated_delta_rule.cu"),
