@@ -40,7 +40,7 @@ fn setup(d: &Path) -> (PathBuf, PathBuf, PathBuf) {
     let c = d.join("config.toml");
     std::fs::write(&c, cfg.to_toml_string()).unwrap();
     let w = d.join("weights.safetensors");
-    write_tensors(&w, &Params::init(&cfg, 1).iter().collect::<Vec<_>>()).unwrap();
+    write_tensors(&w, &Params::init(&cfg, 1).unwrap().iter().collect::<Vec<_>>()).unwrap();
     let x = d.join("x.safetensors");
     write_tensors(
         &x,
@@ -394,7 +394,7 @@ fn check_finite_checks_the_weights() {
     let d = tmpdir("finite-w");
     let (c, _, x) = setup(&d);
     let cfg = small_cfg();
-    let mut p = Params::init(&cfg, 1);
+    let mut p = Params::init(&cfg, 1).unwrap();
     let mut a = p.get("A_log").unwrap().clone();
     a.data_mut()[1] = f32::NAN;
     p.set("A_log", a);

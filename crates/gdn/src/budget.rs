@@ -101,7 +101,7 @@ pub fn check_host(what: &str, needed: u128) -> Result<()> {
 }
 
 /// Error unless `needed` bytes are free on `gpu` now (the driver's free memory).
-pub fn check_gpu(gpu: &crate::device::cuda::Gpu, what: &str, needed: u128) -> Result<()> {
+pub fn check_gpu(gpu: &crate::backend::cuda::Gpu, what: &str, needed: u128) -> Result<()> {
     let (free, _total) = gpu.mem_info()?;
     if needed > free as u128 {
         return Err(GdnError::Memory {

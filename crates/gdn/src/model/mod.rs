@@ -268,7 +268,7 @@ impl Model {
     pub fn gdn_layers_to_device(
         &mut self,
         device: crate::Device,
-        dtype: crate::device::cuda::DType,
+        dtype: crate::backend::cuda::DType,
     ) -> Result<()> {
         self.layers = std::mem::take(&mut self.layers)
             .into_iter()

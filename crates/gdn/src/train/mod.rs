@@ -96,7 +96,7 @@ impl Trainer {
     pub fn gdn_layers_to_device(
         &mut self,
         device: crate::Device,
-        dtype: crate::device::cuda::DType,
+        dtype: crate::backend::cuda::DType,
     ) -> Result<()> {
         self.model.gdn_layers_to_device(device, dtype)
     }
