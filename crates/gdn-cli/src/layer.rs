@@ -340,7 +340,7 @@ fn run_job(job: Job) -> Result<()> {
         out.len(),
         job.output.display()
     ));
-    eprintln!("{line}");
+    errln!("{line}");
     Ok(())
 }
 
@@ -433,7 +433,7 @@ fn example(dir: &Path, check_finite: bool, force: bool) -> Result<()> {
     io::write_tensors(&input, &[("x", &x)])?;
     io::write_tensors(&grad, &[("dy", &dy)])?;
 
-    eprintln!(
+    errln!(
         "gdn layer --example: wrote {} ; running:\n  gdn layer --config {} --weights {} --input {} --grad-output {} --output {}",
         dir.display(),
         config.display(),

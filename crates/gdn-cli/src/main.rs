@@ -10,8 +10,9 @@
 //!
 //! Output never kills a command: [`outln!`] and [`errln!`] write to stdout / stderr and, when a
 //! stream fails (closed pipe, full device), turn that stream off with one note on the other.
-//! Training goes on and saves its checkpoints. As a last resort, a `println!` that fails (the
-//! standard library panics then) ends the command with a `gdn: error:` line instead of a panic.
+//! Training goes on and saves its checkpoints. Commands whose printed output is their product
+//! (`gdn info`, `gdn memory`) print through [`emit!`] instead: a failed write ends them with a
+//! `gdn: error:` line. No command uses `println!` (it panics on a failed write).
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,6 +28,18 @@ macro_rules! outln {
 macro_rules! errln {
     ($($arg:tt)*) => {
         $crate::write_err(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `println!` for a command whose printed output is its product (`gdn info`, `gdn memory`): a
+/// failed write (closed pipe, full device) is an error, returned for `?`, so the command ends with
+/// a `gdn: error:` line and a non-zero exit.
+macro_rules! emit {
+    () => {
+        $crate::emit_out(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::emit_out(format_args!("{}\n", format_args!($($arg)*)))
     };
 }
 
@@ -190,14 +203,12 @@ fn write_to(
     }
 }
 
-/// The message of the panic with which `println!` / `print!` / `eprintln!` report a failed write
-/// ("failed printing to stdout: ..."), or None for any other panic.
-fn print_failure(payload: &(dyn std::any::Any + Send)) -> Option<&str> {
-    let s = match payload.downcast_ref::<String>() {
-        Some(s) => s.as_str(),
-        None => *payload.downcast_ref::<&str>()?,
-    };
-    s.starts_with("failed printing to std").then_some(s)
+/// Write to stdout (through [`emit!`]); a failed write is an error naming stdout.
+pub fn emit_out(args: std::fmt::Arguments) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_fmt(args)
+        .and_then(|()| out.flush())
+        .map_err(|e| anyhow::anyhow!("cannot write to stdout: {e}"))
 }
 
 /// The error and its causes, each once (library errors already quote their source).
@@ -218,37 +229,21 @@ fn report(e: &anyhow::Error) -> String {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // A plain `println!` to a closed pipe or a full device panics (Rust ignores SIGPIPE, so the
-    // write returns an error). The commands print through `outln!` / `errln!`; any `println!` left
-    // ends the command with an error line instead of a panic message.
-    let default_hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        if print_failure(info.payload()).is_none() {
-            default_hook(info);
-        }
-    }));
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match cli.cmd {
+    let result = match cli.cmd {
         Cmd::Train(args) => train::run(args),
         Cmd::Layer(args) => layer::run(args),
         Cmd::Memory(args) => memory::run(args),
         Cmd::Info => info::run(),
-    }));
+    };
     match result {
-        Ok(Ok(())) => ExitCode::SUCCESS,
-        Ok(Err(e)) => match e.downcast_ref::<train::Interrupted>() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => match e.downcast_ref::<train::Interrupted>() {
             // the summary already said where the run stopped and how to continue it
             Some(i) => ExitCode::from(i.exit_code()),
             None => {
                 errln!("gdn: error: {}", report(&e));
                 ExitCode::FAILURE
             }
-        },
-        Err(payload) => match print_failure(&*payload) {
-            Some(msg) => {
-                errln!("gdn: error: {msg}");
-                ExitCode::FAILURE
-            }
-            None => std::panic::resume_unwind(payload),
         },
     }
 }

@@ -232,9 +232,10 @@ impl Progress {
         self.done += 1;
         match &self.bar {
             Some(b) => b.inc(1),
-            None => eprintln!(
+            None => errln!(
                 "gdn memory: timing [{}/{}] {what}: {ms:.1} ms",
-                self.done, self.total
+                self.done,
+                self.total
             ),
         }
     }
@@ -376,7 +377,7 @@ pub fn run(args: MemoryArgs) -> Result<()> {
         Normalization::RMSNorm => "RMSNorm",
         Normalization::LayerNorm => "LayerNorm",
     };
-    println!(
+    emit!(
         "gdn memory: {} layer, hidden {}, {} key heads x {}, {} value heads x {}, conv {}, {norm}; \
          device {}",
         match base.variant {
@@ -393,20 +394,20 @@ pub fn run(args: MemoryArgs) -> Result<()> {
             DeviceArg::Cpu => "cpu, f32 (4 bytes/value)",
             DeviceArg::Cuda => "cuda:0, bf16 activations (2 bytes/value; norm statistics, decays and states fp32)",
         },
-    );
-    println!(
+    )?;
+    emit!(
         "bytes/token: Saved::bytes() after a forward over {MEASURE_TOKENS} tokens, divided by \
          {MEASURE_TOKENS} (exact for every row: it divides, and {} tokens keep exactly twice as much)",
         2 * MEASURE_TOKENS
-    );
+    )?;
     if args.time {
-        println!(
+        emit!(
             "time: forward + backward, batch 1 x {tokens} tokens, median of {reps} rounds after 1 warm-up \
              round (settings interleaved), {} rayon threads",
             rayon::current_num_threads()
-        );
+        )?;
     }
-    println!();
+    emit!()?;
     let name_w = settings.iter().map(|s| s.name.len()).max().unwrap_or(0);
     let mib_h = format!("MiB@{tokens}");
     let mut header = format!(
@@ -416,7 +417,7 @@ pub fn run(args: MemoryArgs) -> Result<()> {
     if args.time {
         header.push_str(&format!("  {:>10}  {:>7}", "fwd+bwd ms", "x none"));
     }
-    println!("{header}");
+    emit!("{header}")?;
     let none = &rows[0];
     for r in &rows {
         // u128: bytes per token x tokens cannot overflow for any --tokens.
@@ -429,17 +430,15 @@ pub fn run(args: MemoryArgs) -> Result<()> {
         if let (Some(ms), Some(ms0)) = (r.ms, none.ms) {
             line.push_str(&format!("  {:>10.1}  {:>7.2}", ms, ms / ms0));
         }
-        println!("{line}");
+        emit!("{line}")?;
     }
-    println!();
-    println!("settings (each replaces the config's recompute fields and l2norm placement):");
+    emit!()?;
+    emit!("settings (each replaces the config's recompute fields and l2norm placement):")?;
     for s in &settings {
-        println!("  {:<name_w$}  {}", s.name, s.describe());
+        emit!("  {:<name_w$}  {}", s.name, s.describe())?;
     }
     if settings.len() < SETTINGS.len() {
-        println!(
-            "  (the l2norm_in_kernel rows are left out: the config has use_qk_l2norm = false)"
-        );
+        emit!("  (the l2norm_in_kernel rows are left out: the config has use_qk_l2norm = false)")?;
     }
     Ok(())
 }
