@@ -407,13 +407,22 @@ fn start_resumed(args: &TrainArgs, dir: &Path, device: Device) -> Result<Option<
     if device != Device::Cpu {
         trainer.gdn_layers_to_device(device, gdn::device::cuda::DType::Bf16)?;
     }
+    if args.steps.is_some() && cfg.train.train_iters < trainer.step_count() {
+        bail!(
+            "--steps {} is below the {} steps this run has taken (checkpoint {}); a resumed run can \
+             only be continued or extended",
+            cfg.train.train_iters,
+            trainer.step_count(),
+            path.display()
+        );
+    }
     let mpath = dir.join(rundir::METRICS);
     let (metrics, changed) = read_metrics(&mpath, trainer.step_count())?;
     if changed {
         write_metrics(&mpath, &metrics)?;
     }
     if cfg.train.train_iters != file_iters {
-        // --steps extends (or shortens) the run: the one key a resume changes.
+        // --steps extends the run (or ends it where it is): the one key a resume changes.
         gdn::io::write_atomic(&dir.join(rundir::CONFIG), cfg.to_toml_string().as_bytes())?;
     }
     Ok(Some(Setup {

@@ -170,6 +170,12 @@ fn config_mismatch_names_the_key_and_config_is_not_rewritten() {
         "4",
     ]));
     assert_eq!(std::fs::read_to_string(&cpath).unwrap(), commented);
+    // --steps below the steps taken cannot shorten the run: refused, config.toml untouched
+    expect_fail(
+        &gdn(&["train", "--resume", &s(&run), "--steps", "3"]),
+        &["--steps 3 is below the 4 steps this run has taken"],
+    );
+    assert_eq!(std::fs::read_to_string(&cpath).unwrap(), commented);
     // --steps extends the run: train_iters is the one key rewritten
     let out = ok(&gdn(&["train", "--resume", &s(&run), "--steps", "10"]));
     assert!(out.contains("done: 10 steps"), "{out}");
