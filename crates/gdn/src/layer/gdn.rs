@@ -398,7 +398,15 @@ impl GatedDeltaNet {
 
     fn batch_dims(&self, x: &Tensor) -> Result<(usize, usize)> {
         match x.shape() {
-            &[b, t, h] if h == self.cfg.hidden_size => Ok((b, t)),
+            &[b, t, h] if h == self.cfg.hidden_size => {
+                // Per-sequence bookkeeping (boundaries, states) grows with B even when T = 0 and
+                // x holds no values: refuse a B the machine cannot hold instead of aborting.
+                crate::budget::check_host(
+                    "the sequence boundaries of x's batch",
+                    crate::budget::bytes_of(&[b, 1], std::mem::size_of::<usize>()),
+                )?;
+                Ok((b, t))
+            }
             s => Err(GdnError::shape(
                 "x",
                 s,

@@ -678,3 +678,19 @@ fn decode_errors_leave_the_cache_unchanged() {
         .unwrap_err();
     assert!(matches!(e, GdnError::CuSeqlens(_)), "{e:?}");
 }
+
+/// `x` `[2^40, 0, hidden]` holds no values, but its batch would need 2^40 sequence boundaries:
+/// an error naming the bytes, not an abort of the process.
+#[test]
+fn huge_batch_of_empty_sequences_is_an_error_not_an_abort() {
+    let cfg = tiny(Normalization::RMSNorm, false, 1);
+    let l = layer(&cfg, 1);
+    let x = Tensor::from_vec(&[1 << 40, 0, cfg.hidden_size], Vec::new()).unwrap();
+    let e = l.forward(&x).unwrap_err().to_string();
+    assert!(e.contains("sequence boundaries"), "{e}");
+    assert!(e.contains(&(8u128 << 40).to_string()), "{e}");
+    // a small empty batch still works: zero tokens out
+    let x = Tensor::from_vec(&[2, 0, cfg.hidden_size], Vec::new()).unwrap();
+    let (y, _) = l.forward(&x).unwrap();
+    assert_eq!(y.shape(), &[2, 0, cfg.hidden_size]);
+}
