@@ -7,33 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 mod common;
-use common::{expect_fail, gdn, ok, stderr, tmpdir};
-
-/// A tiny run: 1 block of width 16 on MQAR; 8 steps, checkpoints at 4 and 8.
-const TINY: &str = r#"
-[model]
-hidden_size = 16
-num_layers = 1
-ffn_hidden_size = 32
-linear_num_key_heads = 1
-linear_num_value_heads = 2
-linear_key_head_dim = 8
-linear_value_head_dim = 8
-[data]
-seq_length = 16
-batch_size = 4
-num_kv_pairs = 4
-key_vocab_size = 16
-value_vocab_size = 16
-eval_sequences = 16
-[optimizer]
-lr_warmup_iters = 2
-[train]
-train_iters = 8
-log_interval = 2
-eval_interval = 4
-save_interval = 4
-"#;
+use common::{expect_fail, gdn, ok, stderr, tmpdir, TINY};
 
 /// The same model for a million steps, a line every step, no periodic eval or checkpoint: only
 /// a signal (or the end, hours away) writes a checkpoint.

@@ -9,31 +9,9 @@ use std::process::{Command, Output};
 mod common;
 use common::{expect_fail, gdn, ok, stderr, tmpdir};
 
-/// 1 block of width 16 on MQAR with 4 pairs in 16 tokens; 8 steps, a checkpoint every 2.
-const TINY: &str = r#"
-[model]
-hidden_size = 16
-num_layers = 1
-ffn_hidden_size = 32
-linear_num_key_heads = 1
-linear_num_value_heads = 2
-linear_key_head_dim = 8
-linear_value_head_dim = 8
-[data]
-seq_length = 16
-batch_size = 4
-num_kv_pairs = 4
-key_vocab_size = 16
-value_vocab_size = 16
-eval_sequences = 16
-[optimizer]
-lr_warmup_iters = 2
-[train]
-train_iters = 8
-log_interval = 2
-eval_interval = 4
-save_interval = 2
-"#;
+/// [`common::TINY`] with a checkpoint every 2 steps.
+static TINY: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| common::TINY.replace("save_interval = 4", "save_interval = 2"));
 
 fn s(p: &Path) -> String {
     p.display().to_string()
@@ -51,7 +29,7 @@ fn gdn_in(cwd: &Path, args: &[&str]) -> Output {
 /// A run of TINY in `d/run`, stopped at `stop` (checkpoints every 2 steps).
 fn stopped_run(d: &Path, stop: u64) -> PathBuf {
     let cfg = d.join("tiny.toml");
-    std::fs::write(&cfg, TINY).unwrap();
+    std::fs::write(&cfg, &*TINY).unwrap();
     let run = d.join("run");
     ok(&gdn(&[
         "train",
@@ -194,7 +172,7 @@ fn config_mismatch_names_the_key_and_config_is_not_rewritten() {
 #[test]
 fn text_data_change_and_another_working_directory() {
     let d = tmpdir("textdata");
-    std::fs::write(d.join("tiny.toml"), TINY).unwrap();
+    std::fs::write(d.join("tiny.toml"), &*TINY).unwrap();
     let body: String = (0..400)
         .map(|i| format!("line {i}: the quick brown fox jumps over the lazy dog.\n"))
         .collect();
@@ -328,7 +306,7 @@ fn failed_start_leaves_nothing_behind() {
     assert_eq!(std::fs::read_dir(&empty).unwrap().count(), 0);
     // the same --out is usable afterwards
     let good = d.join("tiny.toml");
-    std::fs::write(&good, TINY).unwrap();
+    std::fs::write(&good, &*TINY).unwrap();
     ok(&gdn(&[
         "train",
         "--config",

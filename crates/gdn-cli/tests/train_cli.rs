@@ -4,36 +4,10 @@
 use std::path::Path;
 
 mod common;
-use common::{expect_fail, gdn, ok, tmpdir};
+use common::{expect_fail, gdn, ok, tmpdir, TINY};
 
 use gdn::io::read_tensors;
 use gdn::train::RunConfig;
-
-/// A tiny run: 1 block of width 16 on MQAR with 4 pairs in 16 tokens; 8 steps.
-const TINY: &str = r#"
-[model]
-hidden_size = 16
-num_layers = 1
-ffn_hidden_size = 32
-linear_num_key_heads = 1
-linear_num_value_heads = 2
-linear_key_head_dim = 8
-linear_value_head_dim = 8
-[data]
-seq_length = 16
-batch_size = 4
-num_kv_pairs = 4
-key_vocab_size = 16
-value_vocab_size = 16
-eval_sequences = 16
-[optimizer]
-lr_warmup_iters = 2
-[train]
-train_iters = 8
-log_interval = 2
-eval_interval = 4
-save_interval = 4
-"#;
 
 fn write_tiny(dir: &Path) -> String {
     let p = dir.join("run.toml");

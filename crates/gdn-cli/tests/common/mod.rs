@@ -4,6 +4,33 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+/// A tiny `gdn train` run config: 1 block of width 16 on MQAR with 4 pairs in 16 tokens;
+/// 8 steps, a line every 2, held-out evaluation every 4, checkpoints every 4.
+pub const TINY: &str = r#"
+[model]
+hidden_size = 16
+num_layers = 1
+ffn_hidden_size = 32
+linear_num_key_heads = 1
+linear_num_value_heads = 2
+linear_key_head_dim = 8
+linear_value_head_dim = 8
+[data]
+seq_length = 16
+batch_size = 4
+num_kv_pairs = 4
+key_vocab_size = 16
+value_vocab_size = 16
+eval_sequences = 16
+[optimizer]
+lr_warmup_iters = 2
+[train]
+train_iters = 8
+log_interval = 2
+eval_interval = 4
+save_interval = 4
+"#;
+
 /// A fresh empty directory under the system temp dir.
 pub fn tmpdir(tag: &str) -> PathBuf {
     use std::sync::atomic::{AtomicUsize, Ordering};

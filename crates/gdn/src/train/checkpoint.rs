@@ -463,7 +463,12 @@ fn config_diff(ckpt: &ModelConfig, run: &ModelConfig) -> String {
         );
         t.into_iter().map(|(k, v)| (k, v.to_string())).collect()
     };
-    let (a, b) = (flat(ckpt), flat(run));
+    diff_keys(&flat(ckpt), &flat(run))
+}
+
+/// `key = a in the checkpoint, b in this run` for every key whose values differ between two
+/// flattened configs (a missing key reads `unset`), joined by `; `.
+pub(crate) fn diff_keys(a: &[(String, String)], b: &[(String, String)]) -> String {
     let mut keys: Vec<&String> = a.iter().chain(b.iter()).map(|(k, _)| k).collect();
     keys.sort();
     keys.dedup();
@@ -475,7 +480,7 @@ fn config_diff(ckpt: &ModelConfig, run: &ModelConfig) -> String {
     let diffs: Vec<String> = keys
         .into_iter()
         .filter_map(|k| {
-            let (x, y) = (get(&a, k), get(&b, k));
+            let (x, y) = (get(a, k), get(b, k));
             (x != y).then(|| format!("{k} = {x} in the checkpoint, {y} in this run"))
         })
         .collect();

@@ -300,27 +300,7 @@ fn run_config_matches(
     if &then == run {
         return Ok(());
     }
-    let (a, b) = (flat_config(&then), flat_config(run));
-    let mut keys: Vec<&String> = a.iter().chain(b.iter()).map(|(k, _)| k).collect();
-    keys.sort();
-    keys.dedup();
-    let get = |v: &[(String, String)], k: &str| {
-        v.iter()
-            .find(|(x, _)| x == k)
-            .map_or("unset".to_string(), |(_, v)| v.clone())
-    };
-    let diffs: Vec<String> = keys
-        .into_iter()
-        .filter_map(|k| {
-            let (x, y) = (get(&a, k), get(&b, k));
-            (x != y).then(|| format!("{k} = {x} in the checkpoint, {y} in this run"))
-        })
-        .collect();
-    let diffs = if diffs.is_empty() {
-        "the configs differ".to_string()
-    } else {
-        diffs.join("; ")
-    };
+    let diffs = checkpoint::diff_keys(&flat_config(&then), &flat_config(run));
     Err(format!(
         "the run config differs from the one the checkpoint was written with: {diffs} \
          (a resume may change only {}; resume with the run's own config.toml)",
