@@ -35,7 +35,7 @@ const MAX_FLA_JSON_BYTES: u64 = 16 << 20;
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     /// A batch shape `BxT` (B sequences of T tokens); repeat for more. Default: 1x32768 and
-    /// 4x8192 on CUDA, 1x1024 on the CPU.
+    /// 4x8192 on CUDA, 1x256 on the CPU.
     #[arg(long = "shape", value_name = "BxT")]
     pub shapes: Vec<String>,
     /// Layer config (TOML). Default: Qwen3-Next's layer (hidden 2048, 16 key / 32 value heads,
@@ -590,7 +590,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let d: &[&str] = if on_gpu {
             &["1x32768", "4x8192"]
         } else {
-            &["1x1024"]
+            &["1x256"]
         };
         d.iter()
             .map(|s| parse_shape(s, cfg.hidden_size))

@@ -40,11 +40,7 @@ fn setup(d: &Path) -> (PathBuf, PathBuf, PathBuf) {
     let c = d.join("config.toml");
     std::fs::write(&c, cfg.to_toml_string()).unwrap();
     let w = d.join("weights.safetensors");
-    write_tensors(
-        &w,
-        &Params::init(&cfg, 1).unwrap().iter().collect::<Vec<_>>(),
-    )
-    .unwrap();
+    write_tensors(&w, &Params::init(&cfg, 1).unwrap().iter().collect::<Vec<_>>()).unwrap();
     let x = d.join("x.safetensors");
     write_tensors(
         &x,
