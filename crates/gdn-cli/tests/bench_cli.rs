@@ -62,7 +62,7 @@ fn bench(cfg: &Path, extra: &[&str]) -> std::process::Output {
 }
 
 /// The lines of the block of shape `BbTt` (from its title to the next blank line).
-fn block<'a>(out: &'a str, b: usize, t: usize) -> Vec<&'a str> {
+fn block(out: &str, b: usize, t: usize) -> Vec<&str> {
     let title = format!("shape B{b} T{t} ({} tokens)", b * t);
     let mut lines = out.lines().skip_while(|l| *l != title);
     assert!(lines.next().is_some(), "no block {title:?} in:\n{out}");
