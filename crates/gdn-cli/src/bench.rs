@@ -24,6 +24,10 @@ use serde_json::json;
 
 use crate::memory::{self, median, values, VariantArg};
 
+/// The last row of the stage split: the pass's time outside the layer's stage marks.
+/// (host work: x and dy to the device, y, dx and the gradients back, conversions).
+const OUTSIDE_STAGES: &str = "outside the stages (host work)";
+
 /// Most `--reps`.
 pub const MAX_REPS: u64 = 10_000;
 /// Most `--warmup`.
@@ -774,14 +778,27 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         let total: f64 = r.stages.iter().map(|s| s.1).sum();
         outln!(
-            "stages of one profiled fwd+bwd (the layer's own stage marks, each after a device sync; \
-             {:.2} ms in all, {:.2} ms in stages):",
-            r.profiled_ms,
-            total
+            "stages of one profiled fwd+bwd ({:.2} ms in all; the layer's own stage marks, each \
+             after a device sync; % of the whole pass):",
+            r.profiled_ms
         );
-        let w = r.stages.iter().map(|s| s.0.len()).max().unwrap_or(0);
-        for (name, ms) in &r.stages {
-            let pct = if total > 0.0 { 100.0 * ms / total } else { 0.0 };
+        let outside = OUTSIDE_STAGES;
+        let w = r
+            .stages
+            .iter()
+            .map(|s| s.0.len())
+            .chain([outside.len()])
+            .max()
+            .unwrap_or(0);
+        let whole = r.profiled_ms.max(total);
+        let rest = (whole - total).max(0.0);
+        for (name, ms) in r
+            .stages
+            .iter()
+            .map(|(n, ms)| (n.as_str(), *ms))
+            .chain([(outside, rest)])
+        {
+            let pct = if whole > 0.0 { 100.0 * ms / whole } else { 0.0 };
             outln!("  {name:<w$}  {ms:>10.2} ms  {pct:>5.1}%");
         }
         if !r.rule_kernels.is_empty() {

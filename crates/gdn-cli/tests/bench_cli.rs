@@ -155,6 +155,7 @@ fn small_shapes_print_every_column() {
             "bwd rule",
             "bwd conv",
             "bwd in_proj",
+            "outside the stages",
         ] {
             assert!(
                 stages.iter().any(|l| l.trim_start().starts_with(s)),
@@ -239,6 +240,8 @@ fn json_has_every_field() {
         assert!(r["fla"].is_null());
         let stages = r["stages"].as_array().unwrap();
         assert_eq!(stages.len(), 11, "{stages:?}");
+        let in_stages: f64 = stages.iter().map(|s| s["ms"].as_f64().unwrap()).sum();
+        assert!(in_stages <= r["profiled_ms"].as_f64().unwrap());
         assert_eq!(stages[0]["stage"], "fwd in_proj (norm + GEMM) + split");
         assert!(stages.iter().all(|s| s["ms"].as_f64().unwrap() >= 0.0));
         assert!(r["profiled_ms"].as_f64().unwrap() > 0.0);
