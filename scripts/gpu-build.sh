@@ -22,5 +22,6 @@ if ls crates/gdn/examples/bench_*.rs >/dev/null 2>&1; then
 fi
 strip .gpu/test-* .gpu/gdn .gpu/bench_* 2>/dev/null || true
 cp /work/shared/bench/fla_anchor.py .gpu/ 2>/dev/null || cp ../shared/bench/fla_anchor.py .gpu/ 2>/dev/null || true
+cp bench/fla_layer_json.py .gpu/
 du -sh .gpu
 ls .gpu

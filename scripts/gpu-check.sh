@@ -24,6 +24,23 @@ if [ "$what" = all ] || [ "$what" = tests ]; then
     done
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
+    if [ -d .whl ]; then
+        python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+    fi
+    # gdn bench on the default shapes (1x32768, 4x8192); with FLA's wheels, FLA's layer and rule
+    # on the same shapes first, and the ratio ours/FLA per row. FLA's first run on a fresh machine
+    # spends minutes compiling and autotuning its Triton kernels (over 200 s seen on the H200).
+    fla=()
+    if [ -d .whl ] && [ -f .gpu/fla_layer_json.py ]; then
+        PYTHONUNBUFFERED=1 timeout 420 python3 .gpu/fla_layer_json.py --out "$OUT/fla_layer.json" 1x32768 4x8192 > "$OUT/fla_layer.log" 2>&1
+        rc=$?
+        table+="fla_layer_json: rc=$rc"$'\n'
+        tail -5 "$OUT/fla_layer.log"
+        if [ $rc -eq 0 ]; then fla=(--fla-json "$OUT/fla_layer.json"); fi
+    fi
+    timeout 300 .gpu/gdn bench --device cuda --shape 1x32768 --shape 4x8192 --json "$OUT/gdn_bench.json" "${fla[@]}" > "$OUT/gdn_bench.log" 2> "$OUT/gdn_bench.err"
+    table+="gdn bench: rc=$?"$'\n'
+    cat "$OUT/gdn_bench.log"; tail -5 "$OUT/gdn_bench.err"
     for b in .gpu/bench_*; do
         [ -x "$b" ] || continue
         "$b" > "$OUT/$(basename "$b").log" 2>&1
@@ -31,7 +48,6 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
         tail -25 "$OUT/$(basename "$b").log"
     done
     if [ -d .whl ]; then
-        python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
         PYTHONUNBUFFERED=1 python3 .gpu/fla_anchor.py > "$OUT/fla_anchor.log" 2>&1
         table+="fla_anchor: rc=$?"$'\n'
         tail -15 "$OUT/fla_anchor.log"

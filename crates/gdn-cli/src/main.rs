@@ -43,6 +43,7 @@ macro_rules! emit {
     };
 }
 
+mod bench;
 mod info;
 mod layer;
 mod memory;
@@ -93,6 +94,12 @@ enum Cmd {
     /// --tokens tokens and the share of `none`; with --time also forward + backward time and its
     /// ratio to `none`.
     Memory(memory::MemoryArgs),
+    /// Time the layer (and the gated delta rule alone) forward and forward + backward.
+    ///
+    /// Per `--shape BxT`: host wall time and, on CUDA, GPU time from events (median, min, max),
+    /// kept bytes per token, the allocator's peak, the split of the step by stage, and with
+    /// --fla-json the ratio to FLA's layer on the same shapes.
+    Bench(bench::BenchArgs),
     /// Print version, build, threads, devices and the default configs.
     Info,
 }
@@ -233,6 +240,7 @@ fn main() -> ExitCode {
         Cmd::Train(args) => train::run(args),
         Cmd::Layer(args) => layer::run(args),
         Cmd::Memory(args) => memory::run(args),
+        Cmd::Bench(args) => bench::run(args),
         Cmd::Info => info::run(),
     };
     match result {

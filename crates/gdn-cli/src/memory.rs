@@ -64,8 +64,8 @@ pub enum DeviceArg {
 }
 
 /// One row of the table: the config fields it sets.
-struct Setting {
-    name: &'static str,
+pub(crate) struct Setting {
+    pub(crate) name: &'static str,
     granularity: Option<RecomputeGranularity>,
     modules: &'static [&'static str],
     in_kernel: bool,
@@ -74,7 +74,7 @@ struct Setting {
 const SEL: Option<RecomputeGranularity> = Some(RecomputeGranularity::Selective);
 
 /// The rows, from keeping everything to keeping only the layer input.
-const SETTINGS: &[Setting] = &[
+pub(crate) const SETTINGS: &[Setting] = &[
     Setting {
         name: "none",
         granularity: None,
@@ -127,7 +127,7 @@ const SETTINGS: &[Setting] = &[
 
 impl Setting {
     /// `base` with this setting's recompute fields and l2norm placement.
-    fn apply(&self, base: &GdnConfig) -> Result<GdnConfig> {
+    pub(crate) fn apply(&self, base: &GdnConfig) -> Result<GdnConfig> {
         let cfg = GdnConfig {
             use_qk_l2norm_in_kernel: self.in_kernel,
             recompute_granularity: self.granularity,
@@ -155,7 +155,7 @@ impl Setting {
 }
 
 /// Deterministic values in [-1, 1) (SplitMix64), so inputs need no RNG crate.
-fn values(shape: &[usize], seed: u64) -> Result<Tensor> {
+pub(crate) fn values(shape: &[usize], seed: u64) -> Result<Tensor> {
     let n = shape.iter().product();
     let mut s = seed;
     let data = (0..n)
@@ -256,7 +256,7 @@ fn time_once(layer: &GatedDeltaNet, x: &Tensor, dy: &Tensor) -> Result<f64> {
     Ok(ms)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     let m = v.len() / 2;
     if v.len() % 2 == 1 {

@@ -117,10 +117,12 @@ impl Deref for GatedDeltaNet2 {
     }
 }
 
-/// Per-step wall times, printed to stderr when the environment variable `GDN_PROFILE` is set.
+/// Per-step wall times, printed to stderr when the environment variable `GDN_PROFILE` is set,
+/// and handed to [`profile::capture`](super::profile::capture) when one is under way.
 /// On a GPU each mark synchronizes the stream, so the times are the steps' device times.
 struct Prof {
     on: bool,
+    print: bool,
     gpu: Option<Arc<Gpu>>,
     last: std::time::Instant,
     rows: Vec<(&'static str, f64)>,
@@ -128,8 +130,10 @@ struct Prof {
 
 impl Prof {
     fn new(gpu: Option<Arc<Gpu>>) -> Self {
+        let print = std::env::var_os("GDN_PROFILE").is_some();
         Prof {
-            on: std::env::var_os("GDN_PROFILE").is_some(),
+            on: print || super::profile::capturing(),
+            print,
             gpu,
             last: std::time::Instant::now(),
             rows: Vec::new(),
@@ -147,7 +151,8 @@ impl Prof {
         }
     }
     fn report(&self) {
-        if self.on {
+        super::profile::record(&self.rows);
+        if self.print {
             let total: f64 = self.rows.iter().map(|r| r.1).sum();
             for (step, ms) in &self.rows {
                 eprintln!("gdn profile: {step:<45} {ms:9.2} ms");

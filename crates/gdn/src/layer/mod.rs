@@ -2,6 +2,7 @@
 
 pub(crate) mod gdn;
 pub mod params;
+pub mod profile;
 #[doc(hidden)]
 pub mod reference;
 mod saved;
