@@ -11,13 +11,13 @@
 //! Determinism: cuBLAS(Lt) documents that, for a given toolkit version, GPU architecture and SM
 //! count, every routine gives bitwise-identical results run to run (its split-K reductions are
 //! ordered, no atomics). Each GEMM here is one fixed configuration (same descriptors, heuristic
-//! query, workspace size and stream every call), so two runs on the same inputs give the same bits;
+//! algorithm, workspace size and stream every call: one cached plan per shape), so two runs on the same inputs give the same bits;
 //! the GPU tests check it.
 
 use cudarc::cublaslt::{result as lt, sys};
 use cudarc::driver::{DevicePtr, DevicePtrMut, PushKernelArg};
 
-use crate::backend::cuda::{DBuf, DType, GBuf, Gpu, BLASLT_WORKSPACE_BYTES};
+use crate::backend::cuda::{DBuf, DType, GBuf, GemmKey, GemmPlan, Gpu, BLASLT_WORKSPACE_BYTES};
 use crate::backend::launch::{check_d, check_g, check_gpu, elem_cfg, launch};
 use crate::error::{GdnError, Result};
 
@@ -41,20 +41,6 @@ struct Gemm {
     ldd: i64,
 }
 
-struct Layout(sys::cublasLtMatrixLayout_t);
-impl Drop for Layout {
-    fn drop(&mut self) {
-        // SAFETY: created once by cublasLtMatrixLayoutCreate.
-        let _ = unsafe { lt::destroy_matrix_layout(self.0) };
-    }
-}
-struct Desc(sys::cublasLtMatmulDesc_t);
-impl Drop for Desc {
-    fn drop(&mut self) {
-        // SAFETY: created once by cublasLtMatmulDescCreate.
-        let _ = unsafe { lt::destroy_matmul_desc(self.0) };
-    }
-}
 struct Pref(sys::cublasLtMatmulPreference_t);
 impl Drop for Pref {
     fn drop(&mut self) {
@@ -63,7 +49,77 @@ impl Drop for Pref {
     }
 }
 
-/// Run `g` with A, B of type `ab` and D of type `d` (device pointers), fp32 compute and scale.
+/// Build the plan of `key`: layouts, matmul descriptor (fp32 compute and scale, the transposes)
+/// and the heuristic's first algorithm for the fixed workspace; the same objects and the same
+/// query every uncached call made before plans were cached.
+fn make_plan(handle: sys::cublasLtHandle_t, key: &GemmKey) -> Result<GemmPlan> {
+    let mut p = GemmPlan::empty();
+    let (ar, ac) = if key.transa {
+        (key.k, key.m)
+    } else {
+        (key.m, key.k)
+    };
+    let (br, bc) = if key.transb {
+        (key.n, key.k)
+    } else {
+        (key.k, key.n)
+    };
+    // Each handle goes into `p` as soon as it exists, so an error below destroys it (drop).
+    p.la =
+        lt::create_matrix_layout(key.ab, ar, ac, key.lda).map_err(|e| blas_err("layout A", e))?;
+    p.lb =
+        lt::create_matrix_layout(key.ab, br, bc, key.ldb).map_err(|e| blas_err("layout B", e))?;
+    p.ld = lt::create_matrix_layout(key.d, key.m, key.n, key.ldd)
+        .map_err(|e| blas_err("layout D", e))?;
+    p.desc = lt::create_matmul_desc(
+        sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        sys::cudaDataType_t::CUDA_R_32F,
+    )
+    .map_err(|e| blas_err("matmul desc", e))?;
+    for (attr, t) in [
+        (
+            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+            key.transa,
+        ),
+        (
+            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
+            key.transb,
+        ),
+    ] {
+        let v: i32 = t as i32; // CUBLAS_OP_N = 0, CUBLAS_OP_T = 1
+                               // SAFETY: `p.desc` is a live descriptor; the value is one i32.
+        unsafe {
+            lt::set_matmul_desc_attribute(
+                p.desc,
+                attr,
+                (&v) as *const i32 as *const _,
+                std::mem::size_of::<i32>(),
+            )
+        }
+        .map_err(|e| blas_err("transpose attribute", e))?;
+    }
+    let pref = Pref(lt::create_matmul_pref().map_err(|e| blas_err("preference", e))?);
+    let ws: usize = BLASLT_WORKSPACE_BYTES;
+    // SAFETY: `pref.0` is live; the value is one usize.
+    unsafe {
+        lt::set_matmul_pref_attribute(
+            pref.0,
+            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+            (&ws) as *const usize as *const _,
+            std::mem::size_of::<usize>(),
+        )
+    }
+    .map_err(|e| blas_err("workspace preference", e))?;
+    // SAFETY: all handles are live.
+    let heur =
+        unsafe { lt::get_matmul_algo_heuristic(handle, p.desc, p.la, p.lb, p.ld, p.ld, pref.0) }
+            .map_err(|e| blas_err(&format!("no algorithm for {key:?}"), e))?;
+    p.algo = heur.algo;
+    Ok(p)
+}
+
+/// Run `g` with A, B of type `ab` and D of type `d` (device pointers), fp32 compute and scale,
+/// through the GPU's cached plan for this shape (made at its first use).
 ///
 /// # Safety
 /// The pointers must hold the matrices `g` describes, of the given types, on `gpu`.
@@ -77,71 +133,38 @@ unsafe fn lt_gemm(
     d: u64,
 ) -> Result<()> {
     let blas = gpu.blaslt()?;
-    let (ar, ac) = if g.transa { (g.k, g.m) } else { (g.m, g.k) };
-    let (br, bc) = if g.transb { (g.n, g.k) } else { (g.k, g.n) };
-    let la =
-        Layout(lt::create_matrix_layout(ab, ar, ac, g.lda).map_err(|e| blas_err("layout A", e))?);
-    let lb =
-        Layout(lt::create_matrix_layout(ab, br, bc, g.ldb).map_err(|e| blas_err("layout B", e))?);
-    let ld = Layout(
-        lt::create_matrix_layout(dty, g.m, g.n, g.ldd).map_err(|e| blas_err("layout D", e))?,
-    );
-    let desc = Desc(
-        lt::create_matmul_desc(
-            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            sys::cudaDataType_t::CUDA_R_32F,
-        )
-        .map_err(|e| blas_err("matmul desc", e))?,
-    );
-    for (attr, t) in [
-        (
-            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-            g.transa,
-        ),
-        (
-            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
-            g.transb,
-        ),
-    ] {
-        let v: i32 = t as i32; // CUBLAS_OP_N = 0, CUBLAS_OP_T = 1
-        lt::set_matmul_desc_attribute(
-            desc.0,
-            attr,
-            (&v) as *const i32 as *const _,
-            std::mem::size_of::<i32>(),
-        )
-        .map_err(|e| blas_err("transpose attribute", e))?;
-    }
-    let pref = Pref(lt::create_matmul_pref().map_err(|e| blas_err("preference", e))?);
-    let ws: usize = BLASLT_WORKSPACE_BYTES;
-    lt::set_matmul_pref_attribute(
-        pref.0,
-        sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-        (&ws) as *const usize as *const _,
-        std::mem::size_of::<usize>(),
-    )
-    .map_err(|e| blas_err("workspace preference", e))?;
-    let heur = lt::get_matmul_algo_heuristic(blas.handle(), desc.0, la.0, lb.0, ld.0, ld.0, pref.0)
-        .map_err(|e| blas_err(&format!("no algorithm for {g:?}"), e))?;
+    let key = GemmKey {
+        transa: g.transa,
+        transb: g.transb,
+        m: g.m,
+        n: g.n,
+        k: g.k,
+        lda: g.lda,
+        ldb: g.ldb,
+        ldd: g.ldd,
+        ab,
+        d: dty,
+    };
+    let plan = blas.plan(key, || make_plan(blas.handle(), &key))?;
     let stream = gpu.stream();
     let (wsp, _rec) = blas.workspace().device_ptr(stream);
     let (alpha, beta) = (1.0f32, 0.0f32);
     lt::matmul(
         blas.handle(),
-        desc.0,
+        plan.desc,
         (&alpha) as *const f32 as *const _,
         (&beta) as *const f32 as *const _,
         a as *const _,
-        la.0,
+        plan.la,
         b as *const _,
-        lb.0,
+        plan.lb,
         d as *const _,
-        ld.0,
+        plan.ld,
         d as *mut _,
-        ld.0,
-        (&heur.algo) as *const _,
+        plan.ld,
+        (&plan.algo) as *const _,
         wsp as *mut _,
-        ws,
+        BLASLT_WORKSPACE_BYTES,
         stream.cu_stream() as *mut _,
     )
     .map_err(|e| blas_err(&format!("matmul {g:?}"), e))
