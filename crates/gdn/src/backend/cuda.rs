@@ -120,6 +120,7 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
     let name = ctx.name().unwrap_or_else(|_| "unknown".into());
     check_capability(ordinal, &name, maj, min)?;
     let stream = ctx.default_stream();
+    keep_pool_memory(&ctx)?;
     let g = Arc::new(Gpu {
         ordinal,
         ctx,
@@ -133,6 +134,42 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
     });
     m.insert(ordinal, g.clone());
     Ok(g)
+}
+
+/// The memory pool our allocations come from, when cudarc allocates stream-ordered
+/// (`cuMemAllocAsync` from the device's current pool, used when the device supports pools).
+fn async_pool(ctx: &CudaContext) -> Result<Option<cudarc::driver::sys::CUmemoryPool>> {
+    if !ctx.has_async_alloc() {
+        return Ok(None);
+    }
+    ctx.bind_to_thread()
+        .map_err(|e| dev_err("binding the CUDA context", e))?;
+    // SAFETY: the device handle is the context's own.
+    let pool = unsafe { cudarc::driver::result::device::get_mem_pool(ctx.cu_device()) }
+        .map_err(|e| dev_err("cuDeviceGetMemPool", e))?;
+    Ok(Some(pool))
+}
+
+/// Make the stream-ordered pool a caching pool: by default (release threshold 0) it returns every
+/// freed block to the driver at each synchronization, so a step's multi-GB workspaces were
+/// obtained from the driver again after every sync. With the threshold at `u64::MAX` freed blocks
+/// stay in the pool and steady-state steps allocate nothing from the driver. The allocator's
+/// live/peak counters count our buffers (not the pool), so they are unchanged; [`Gpu::mem_info`]
+/// counts the pool's idle blocks as free.
+fn keep_pool_memory(ctx: &CudaContext) -> Result<()> {
+    let Some(pool) = async_pool(ctx)? else {
+        return Ok(());
+    };
+    let mut v: u64 = u64::MAX;
+    // SAFETY: `pool` is the device's live pool; this attribute's value is a cuuint64_t.
+    unsafe {
+        cudarc::driver::result::mem_pool::set_attribute(
+            pool,
+            cudarc::driver::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut v) as *mut u64 as *mut std::ffi::c_void,
+        )
+    }
+    .map_err(|e| dev_err("raising the memory pool's release threshold", e))
 }
 
 /// A device buffer whose bytes are counted by its GPU's allocator while it lives.
@@ -270,11 +307,35 @@ impl Gpu {
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
-    /// Free and total bytes of this GPU's memory (the driver's `cuMemGetInfo`).
+    /// Free and total bytes of this GPU's memory: the driver's `cuMemGetInfo`, plus the bytes
+    /// the caching pool holds but no buffer uses (reserved - used), which our next allocations
+    /// get without asking the driver.
     pub fn mem_info(&self) -> Result<(usize, usize)> {
-        self.ctx
+        let (free, total) = self
+            .ctx
             .mem_get_info()
-            .map_err(|e| dev_err("querying free GPU memory", e))
+            .map_err(|e| dev_err("querying free GPU memory", e))?;
+        let Some(pool) = async_pool(&self.ctx)? else {
+            return Ok((free, total));
+        };
+        let attr = |a| -> Result<u64> {
+            let mut v: u64 = 0;
+            // SAFETY: `pool` is live; these attributes' values are cuuint64_t.
+            unsafe {
+                cudarc::driver::result::mem_pool::get_attribute(
+                    pool,
+                    a,
+                    (&mut v) as *mut u64 as *mut std::ffi::c_void,
+                )
+            }
+            .map_err(|e| dev_err("querying the memory pool", e))?;
+            Ok(v)
+        };
+        use cudarc::driver::sys::CUmemPool_attribute as A;
+        let reserved = attr(A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?;
+        let used = attr(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?;
+        let idle = usize::try_from(reserved.saturating_sub(used)).unwrap_or(usize::MAX);
+        Ok((free.saturating_add(idle).min(total), total))
     }
     /// Bytes currently held by our buffers.
     pub fn live_bytes(&self) -> usize {
