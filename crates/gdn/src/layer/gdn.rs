@@ -45,10 +45,44 @@ pub struct GatedDeltaNet {
     dev_params: OnceLock<Arc<DevParams>>,
 }
 
-/// Parameters resident on a GPU.
+/// Parameters resident on a GPU: the fp32 master weights and, for bf16 storage, the bf16 copies
+/// of the two projection weights the GEMMs read (made here, once per upload, i.e. once per
+/// parameter update, instead of once per GEMM call). Both are parameter memory (counted by the
+/// allocator's live bytes, not in `Saved::bytes()`).
 struct DevParams {
     gpu: Arc<Gpu>,
     map: Vec<(String, GBuf<f32>)>,
+    bf16: Vec<(String, GBuf<u16>)>,
+}
+
+/// The weights the GEMMs read as bf16 copies under bf16 storage.
+const GEMM_WEIGHTS: [&str; 2] = ["in_proj.weight", "out_proj.weight"];
+
+/// Parameter bytes on `device` with activations in `dtype`: the fp32 master weights, plus the
+/// bf16 copies of the projection weights on a GPU with bf16 storage.
+pub(crate) fn device_param_bytes(cfg: &GdnConfig, device: Device, dtype: DType) -> u128 {
+    let mut b = cfg.param_bytes();
+    if matches!(device, Device::Cuda(_)) && dtype == DType::Bf16 {
+        let h = cfg.hidden_size as u128;
+        b += 2 * h * (cfg.in_proj_dim() as u128 + cfg.v_dim() as u128);
+    }
+    b
+}
+
+impl DevParams {
+    /// Remake the bf16 copies of the GEMM weights from the fp32 masters (after they changed).
+    fn refresh_bf16(&mut self, dtype: DType) -> Result<()> {
+        self.bf16.clear();
+        if dtype == DType::Bf16 {
+            for name in GEMM_WEIGHTS {
+                if let Some((_, w)) = self.map.iter().find(|(n, _)| n == name) {
+                    self.bf16
+                        .push((name.to_string(), linear::cuda::cast_bf16(w)?));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for DevParams {
@@ -76,6 +110,13 @@ impl ParamView<'_> {
                 .iter()
                 .find(|(n, _)| n == name)
                 .map(|(_, b)| P::Dev(b)),
+        }
+    }
+    /// The kept bf16 copy of a GEMM weight (device, bf16 storage), else `None`.
+    fn bf16(&self, name: &str) -> Option<&GBuf<u16>> {
+        match self {
+            ParamView::Host(_) => None,
+            ParamView::Dev(d) => d.bf16.iter().find(|(n, _)| n == name).map(|(_, b)| b),
         }
     }
 }
@@ -246,7 +287,7 @@ impl GatedDeltaNet {
                 crate::budget::check_gpu(
                     &gpu,
                     &self.cfg.describe_params(),
-                    self.cfg.param_bytes(),
+                    device_param_bytes(&self.cfg, device, dtype),
                 )?;
             }
         }
@@ -262,6 +303,12 @@ impl GatedDeltaNet {
     /// The config.
     pub fn config(&self) -> &GdnConfig {
         &self.cfg
+    }
+    /// Bytes the parameters take where the layer runs: f32 masters, plus on a GPU with bf16
+    /// storage the bf16 copies of `in_proj.weight` and `out_proj.weight` that the GEMMs read
+    /// (made once per parameter update).
+    pub fn param_bytes(&self) -> u128 {
+        device_param_bytes(&self.cfg, self.device, self.dtype)
     }
     /// The parameters (host copy, f32).
     pub fn params(&self) -> &Params {
@@ -291,7 +338,13 @@ impl GatedDeltaNet {
         for (name, t) in self.params.iter() {
             map.push((name.to_string(), gpu.upload(t.data())?));
         }
-        let d = Arc::new(DevParams { gpu, map });
+        let mut d = DevParams {
+            gpu,
+            map,
+            bf16: Vec::new(),
+        };
+        d.refresh_bf16(self.dtype)?;
+        let d = Arc::new(d);
         let _ = self.dev_params.set(d.clone());
         Ok(ParamView::Dev(d))
     }
@@ -529,7 +582,14 @@ impl GatedDeltaNet {
             c.layernorm_epsilon,
             c.layernorm_zero_centered_gamma,
         )?;
-        let proj = linear::forward(&xn, n, c.hidden_size, p.get("in_proj.weight"), pd)?;
+        let proj = linear::forward(
+            &xn,
+            n,
+            c.hidden_size,
+            p.get("in_proj.weight"),
+            p.bf16("in_proj.weight"),
+            pd,
+        )?;
         drop(xn);
         let qkv_pre = layout::take_cols(&proj, pd, 0, cd)?;
         let z = layout::take_cols(&proj, pd, cd, vd)?;
@@ -566,7 +626,14 @@ impl GatedDeltaNet {
             c.layernorm_zero_centered_gamma,
         )?;
         prof.mark("fwd gated norm");
-        let y = linear::forward(&norm_out, n, vd, p.get("out_proj.weight"), c.hidden_size)?;
+        let y = linear::forward(
+            &norm_out,
+            n,
+            vd,
+            p.get("out_proj.weight"),
+            p.bf16("out_proj.weight"),
+            c.hidden_size,
+        )?;
         Ok((y, norm_out, o_stats))
     }
 
@@ -786,8 +853,15 @@ impl GatedDeltaNet {
                 .0
             }
         };
-        let (d_norm_out, d_wout) =
-            linear::backward(&norm_out, n, vd, p.get("out_proj.weight"), h, dy)?;
+        let (d_norm_out, d_wout) = linear::backward(
+            &norm_out,
+            n,
+            vd,
+            p.get("out_proj.weight"),
+            p.bf16("out_proj.weight"),
+            h,
+            dy,
+        )?;
         drop(norm_out);
         set("out_proj.weight", &[h, vd], d_wout)?;
         prof.mark("bwd out_proj (+ norm_out rebuild)");
@@ -950,7 +1024,15 @@ impl GatedDeltaNet {
             eps,
             zc,
         )?;
-        let (dxn, d_win) = linear::backward(&xn, n, h, p.get("in_proj.weight"), pd, &dproj)?;
+        let (dxn, d_win) = linear::backward(
+            &xn,
+            n,
+            h,
+            p.get("in_proj.weight"),
+            p.bf16("in_proj.weight"),
+            pd,
+            &dproj,
+        )?;
         drop(xn);
         drop(dproj);
         set("in_proj.weight", &[pd, h], d_win)?;

@@ -2,8 +2,9 @@
 //! signatures as [`super::linear_forward`] and [`super::linear_backward`] on device buffers.
 //!
 //! `x`, `y`, `dy`, `dx` are [`DBuf`] of one dtype; the weight `W` `[out, in]` and `dW` are fp32
-//! [`GBuf`] (master weights). bf16 storage: the GEMMs take bf16 inputs (a bf16 copy of `W` is made
-//! on the fly by `cast_f32_bf16` in `linear.cu`, round to nearest even) and accumulate in fp32
+//! [`GBuf`] (master weights). bf16 storage: the GEMMs take bf16 inputs (the bf16 copy of `W`, made by
+//! `cast_f32_bf16` in `linear.cu`, round to nearest even, once per parameter update by the caller
+//! or on the fly when none is given) and accumulate in fp32
 //! (`CUBLAS_COMPUTE_32F`); `y` and `dx` are written as bf16, `dW` as fp32. f32 storage: plain fp32
 //! GEMMs (`CUBLAS_COMPUTE_32F` on fp32 data: no TF32, which only `CUBLAS_COMPUTE_32F_FAST_TF32`
 //! would allow).
@@ -185,6 +186,41 @@ pub fn cast_bf16(w: &GBuf<f32>) -> Result<GBuf<u16>> {
     Ok(out)
 }
 
+/// A bf16 weight copy: the caller's, or one made for this call.
+enum Bf16W<'a> {
+    Kept(&'a GBuf<u16>),
+    Made(GBuf<u16>),
+}
+
+impl std::ops::Deref for Bf16W<'_> {
+    type Target = GBuf<u16>;
+    fn deref(&self) -> &GBuf<u16> {
+        match self {
+            Bf16W::Kept(b) => b,
+            Bf16W::Made(b) => b,
+        }
+    }
+}
+
+/// The bf16 copy of `w` for a bf16 GEMM: the caller's `wb` (made by [`cast_bf16`] when `w` was
+/// last updated; checked: same length and GPU), or one made now.
+fn bf16_weight<'a>(w: &GBuf<f32>, wb: Option<&'a GBuf<u16>>) -> Result<Bf16W<'a>> {
+    match wb {
+        Some(b) => {
+            if b.len() != w.len() {
+                return Err(GdnError::Invalid(format!(
+                    "linear bf16 weight copy has {} values, the weight {}",
+                    b.len(),
+                    w.len()
+                )));
+            }
+            check_gpu("linear bf16 weight copy", w.gpu(), b.gpu())?;
+            Ok(Bf16W::Kept(b))
+        }
+        None => Ok(Bf16W::Made(cast_bf16(w)?)),
+    }
+}
+
 fn zero_d(gpu: &Gpu, d: &mut DBuf) -> Result<()> {
     let r = match d {
         DBuf::F32(g) => gpu.stream().memset_zeros(&mut g.slice),
@@ -193,12 +229,14 @@ fn zero_d(gpu: &Gpu, d: &mut DBuf) -> Result<()> {
     r.map_err(|e| GdnError::Device(format!("memset: {e:?}")))
 }
 
-/// [`linear_forward`] into a caller-provided `y`.
+/// [`super::forward`] into a caller-provided `y`; `wb`: the bf16 copy of `w` for bf16 storage
+/// (`None`: made now; ignored for f32).
 pub fn forward(
     x: &DBuf,
     rows: usize,
     in_dim: usize,
     w: &GBuf<f32>,
+    wb: Option<&GBuf<u16>>,
     out_dim: usize,
     y: &mut DBuf,
 ) -> Result<()> {
@@ -237,7 +275,7 @@ pub fn forward(
             unsafe { lt_gemm(&gpu, g, f, f, a, b, d) }
         }
         (DBuf::Bf16(x), DBuf::Bf16(y)) => {
-            let wb = cast_bf16(w)?;
+            let wb = bf16_weight(w, wb)?;
             let (a, _ra) = wb.slice.device_ptr(s);
             let (b, _rb) = x.slice.device_ptr(s);
             let (d, _rd) = y.slice.device_ptr_mut(s);
@@ -249,13 +287,15 @@ pub fn forward(
     }
 }
 
-/// [`linear_backward`] into caller-provided `dx` and `dw` (`dw` is overwritten, not accumulated).
+/// [`super::backward`] into caller-provided `dx` and `dw` (`dw` is overwritten, not
+/// accumulated); `wb` as in [`forward`].
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     x: &DBuf,
     rows: usize,
     in_dim: usize,
     w: &GBuf<f32>,
+    wb: Option<&GBuf<u16>>,
     out_dim: usize,
     dy: &DBuf,
     dx: &mut DBuf,
@@ -304,7 +344,7 @@ pub fn backward(
         sys::cudaDataType_t::CUDA_R_16BF,
     );
     let wb = match dt {
-        DType::Bf16 if !dx.is_empty() && out_dim > 0 => Some(cast_bf16(w)?),
+        DType::Bf16 if !dx.is_empty() && out_dim > 0 => Some(bf16_weight(w, wb)?),
         _ => None,
     };
     if !dx.is_empty() {
