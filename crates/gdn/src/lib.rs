@@ -28,6 +28,6 @@ pub use backend as device;
 pub use backend::Device;
 pub use config::{GdnConfig, Normalization, Recompute, RecomputeGranularity, Variant};
 pub use error::{GdnError, Result};
-pub use layer::{GatedDeltaNet, GatedDeltaNet2, Grads, InferenceCache, Params, Saved};
+pub use layer::{DeviceGrads, GatedDeltaNet, GatedDeltaNet2, Grads, InferenceCache, Params, Saved};
 pub use seqs::Seqs;
 pub use tensor::Tensor;

@@ -188,9 +188,16 @@ fn saved_bytes_equal_allocator_live_bytes() {
             .unwrap();
         let mut rng = ChaCha8Rng::seed_from_u64(8);
         let x = randt(&mut rng, &[1, 1024, 2048]);
+        let base = gpu.live_bytes();
         let _ = l.forward_inference(&x).unwrap(); // parameters uploaded, kernels compiled
         gpu.sync().unwrap();
         let before = gpu.live_bytes();
+        // Parameter memory: fp32 masters, plus the bf16 copies of the GEMM weights under bf16.
+        assert_eq!(
+            (before - base) as u128,
+            l.param_bytes(),
+            "{mods:?} {dtype:?}: parameter bytes"
+        );
         gpu.reset_peak();
         let (_y, saved) = l.forward(&x).unwrap();
         gpu.sync().unwrap();
@@ -294,4 +301,81 @@ fn gpu_prefill_extend_and_decode_match_cpu() {
             assert!(e < tol, "{dtype:?} {what}: {e}");
         }
     }
+}
+
+/// The device-tensor API (`forward_dev` / `backward_dev`) gives the host API's bits (y, dx, every
+/// gradient) for f32 and bf16 storage, uniform and packed sequences, and two device-API runs give
+/// the same bits. Its input checks are errors, not panics.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn device_api_equals_host_api_bitwise() {
+    let gpu = cuda::gpu(0).unwrap();
+    for norm in [Normalization::RMSNorm, Normalization::LayerNorm] {
+        let c = cfg(norm);
+        let mut rng = ChaCha8Rng::seed_from_u64(12);
+        let x = randt(&mut rng, &[1, 300, 256]);
+        let dy = randt(&mut rng, &[1, 300, 256]);
+        for seqs in [
+            Seqs::uniform(1, 300),
+            Seqs::packed(&[0, 1, 100, 250], 300).unwrap(),
+        ] {
+            for dtype in [DType::F32, DType::Bf16] {
+                let l = GatedDeltaNet::new(&c, 11)
+                    .unwrap()
+                    .to_device(Device::Cuda(0), dtype)
+                    .unwrap();
+                let (y0, dx0, g0) = run(&l, &x, &dy, Some(&seqs));
+                let dev = || {
+                    let xd = cuda::DBuf::upload(&gpu, x.data(), dtype).unwrap();
+                    let dyd = cuda::DBuf::upload(&gpu, dy.data(), dtype).unwrap();
+                    let (y, saved) = l.forward_dev(xd, &seqs).unwrap();
+                    let (dx, g) = l.backward_dev(saved, dyd).unwrap();
+                    assert_eq!(y.dtype(), dtype);
+                    assert_eq!(dx.dtype(), dtype);
+                    let g = g.to_host().unwrap();
+                    (y.download().unwrap(), dx.download().unwrap(), g)
+                };
+                let (y1, dx1, g1) = dev();
+                let (y2, dx2, g2) = dev();
+                let b = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                let tag = format!("{norm:?} {dtype:?} {} seqs", seqs.count());
+                assert_eq!(b(&y1), bits(&y0), "{tag}: y device vs host API");
+                assert_eq!(b(&dx1), bits(&dx0), "{tag}: dx device vs host API");
+                assert_eq!(b(&y1), b(&y2), "{tag}: y device run to run");
+                assert_eq!(b(&dx1), b(&dx2), "{tag}: dx device run to run");
+                assert_eq!(g1.names(), g0.names(), "{tag}: gradient names and order");
+                for (name, t) in g0.iter() {
+                    assert_eq!(g1.get(name).unwrap().shape(), t.shape(), "{tag}: {name}");
+                    assert_eq!(
+                        bits(g1.get(name).unwrap()),
+                        bits(t),
+                        "{tag}: {name} device vs host API"
+                    );
+                    assert_eq!(
+                        bits(g1.get(name).unwrap()),
+                        bits(g2.get(name).unwrap()),
+                        "{tag}: {name} device run to run"
+                    );
+                }
+            }
+        }
+    }
+    // Errors: wrong dtype, wrong length, a CPU layer.
+    let c = cfg(Normalization::RMSNorm);
+    let l = GatedDeltaNet::new(&c, 1)
+        .unwrap()
+        .to_device(Device::Cuda(0), DType::Bf16)
+        .unwrap();
+    let seqs = Seqs::uniform(1, 8);
+    let f32x = cuda::DBuf::upload(&gpu, &[0.5; 8 * 256], DType::F32).unwrap();
+    assert!(l.forward_dev(f32x, &seqs).is_err(), "dtype");
+    let short = cuda::DBuf::upload(&gpu, &[0.5; 7 * 256], DType::Bf16).unwrap();
+    assert!(l.forward_dev(short, &seqs).is_err(), "length");
+    let xd = cuda::DBuf::upload(&gpu, &[0.5; 8 * 256], DType::Bf16).unwrap();
+    let cpu = GatedDeltaNet::new(&c, 1).unwrap();
+    assert!(cpu.forward_dev(xd, &seqs).is_err(), "CPU layer");
+    let xd = cuda::DBuf::upload(&gpu, &[0.5; 8 * 256], DType::Bf16).unwrap();
+    let (_y, saved) = l.forward_dev(xd, &seqs).unwrap();
+    let bad_dy = cuda::DBuf::upload(&gpu, &[0.5; 9 * 256], DType::Bf16).unwrap();
+    assert!(l.backward_dev(saved, bad_dy).is_err(), "dy length");
 }

@@ -417,13 +417,55 @@ fn linear_gemm() {
         );
         let o = twice(&format!("{op} {}", dts(dt)), || {
             let mut y = nan_d(&gpu, rows * out_dim, dt);
-            linear::cuda::forward(&xd, rows, in_dim, &wd, out_dim, &mut y).unwrap();
+            linear::cuda::forward(&xd, rows, in_dim, &wd, None, out_dim, &mut y).unwrap();
             let mut dx = nan_d(&gpu, rows * in_dim, dt);
             let mut dw = nan_g(&gpu, out_dim * in_dim);
-            linear::cuda::backward(&xd, rows, in_dim, &wd, out_dim, &dyd, &mut dx, &mut dw)
-                .unwrap();
+            linear::cuda::backward(
+                &xd, rows, in_dim, &wd, None, out_dim, &dyd, &mut dx, &mut dw,
+            )
+            .unwrap();
             vec![("y", dl(&y)), ("dx", dl(&dx)), ("dW", dlg(&dw))]
         });
+        // The bf16 copy made once (as the layer keeps it per parameter update) gives the bits of
+        // the copy made per call; the cached cuBLASLt plans give the bits of the first call.
+        let plans = gpu.blaslt().unwrap().plans();
+        let wb = linear::cuda::cast_bf16(&wd).unwrap();
+        let mut y = nan_d(&gpu, rows * out_dim, dt);
+        linear::cuda::forward(&xd, rows, in_dim, &wd, Some(&wb), out_dim, &mut y).unwrap();
+        let mut dx = nan_d(&gpu, rows * in_dim, dt);
+        let mut dw = nan_g(&gpu, out_dim * in_dim);
+        linear::cuda::backward(
+            &xd,
+            rows,
+            in_dim,
+            &wd,
+            Some(&wb),
+            out_dim,
+            &dyd,
+            &mut dx,
+            &mut dw,
+        )
+        .unwrap();
+        assert_eq!(
+            gpu.blaslt().unwrap().plans(),
+            plans,
+            "{op}: a shape got a second plan"
+        );
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (name, v) in [("y", dl(&y)), ("dx", dl(&dx)), ("dW", dlg(&dw))] {
+            assert_eq!(
+                bits(&v),
+                bits(get(&o, name)),
+                "{op} {}: {name} with the kept bf16 copy",
+                dts(dt)
+            );
+        }
+        let short = gpu.zeros::<u16>(3).unwrap();
+        let mut y = nan_d(&gpu, rows * out_dim, dt);
+        let r = linear::cuda::forward(&xd, rows, in_dim, &wd, Some(&short), out_dim, &mut y);
+        if dt == DType::Bf16 {
+            assert!(matches!(r, Err(GdnError::Invalid(_))), "{r:?}");
+        }
         match dt {
             DType::F32 => {
                 let y = linear::cpu::forward(&x, rows, in_dim, &w, out_dim).unwrap();
@@ -446,7 +488,7 @@ fn linear_gemm() {
     }
     let bad = Act::Dev(DBuf::upload(&gpu, &[1.0; 10], DType::F32).unwrap());
     assert!(matches!(
-        linear::forward(&bad, 4, 3, P::Dev(&wd), out_dim),
+        linear::forward(&bad, 4, 3, P::Dev(&wd), None, out_dim),
         Err(GdnError::Invalid(_))
     ));
 }

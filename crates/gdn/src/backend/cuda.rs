@@ -120,6 +120,7 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
     let name = ctx.name().unwrap_or_else(|_| "unknown".into());
     check_capability(ordinal, &name, maj, min)?;
     let stream = ctx.default_stream();
+    keep_pool_memory(&ctx)?;
     let g = Arc::new(Gpu {
         ordinal,
         ctx,
@@ -133,6 +134,42 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
     });
     m.insert(ordinal, g.clone());
     Ok(g)
+}
+
+/// The memory pool our allocations come from, when cudarc allocates stream-ordered
+/// (`cuMemAllocAsync` from the device's current pool, used when the device supports pools).
+fn async_pool(ctx: &CudaContext) -> Result<Option<cudarc::driver::sys::CUmemoryPool>> {
+    if !ctx.has_async_alloc() {
+        return Ok(None);
+    }
+    ctx.bind_to_thread()
+        .map_err(|e| dev_err("binding the CUDA context", e))?;
+    // SAFETY: the device handle is the context's own.
+    let pool = unsafe { cudarc::driver::result::device::get_mem_pool(ctx.cu_device()) }
+        .map_err(|e| dev_err("cuDeviceGetMemPool", e))?;
+    Ok(Some(pool))
+}
+
+/// Make the stream-ordered pool a caching pool: by default (release threshold 0) it returns every
+/// freed block to the driver at each synchronization, so a step's multi-GB workspaces were
+/// obtained from the driver again after every sync. With the threshold at `u64::MAX` freed blocks
+/// stay in the pool and steady-state steps allocate nothing from the driver. The allocator's
+/// live/peak counters count our buffers (not the pool), so they are unchanged; [`Gpu::mem_info`]
+/// counts the pool's idle blocks as free.
+fn keep_pool_memory(ctx: &CudaContext) -> Result<()> {
+    let Some(pool) = async_pool(ctx)? else {
+        return Ok(());
+    };
+    let mut v: u64 = u64::MAX;
+    // SAFETY: `pool` is the device's live pool; this attribute's value is a cuuint64_t.
+    unsafe {
+        cudarc::driver::result::mem_pool::set_attribute(
+            pool,
+            cudarc::driver::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut v) as *mut u64 as *mut std::ffi::c_void,
+        )
+    }
+    .map_err(|e| dev_err("raising the memory pool's release threshold", e))
 }
 
 /// A device buffer whose bytes are counted by its GPU's allocator while it lives.
@@ -270,11 +307,35 @@ impl Gpu {
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
-    /// Free and total bytes of this GPU's memory (the driver's `cuMemGetInfo`).
+    /// Free and total bytes of this GPU's memory: the driver's `cuMemGetInfo`, plus the bytes
+    /// the caching pool holds but no buffer uses (reserved - used), which our next allocations
+    /// get without asking the driver.
     pub fn mem_info(&self) -> Result<(usize, usize)> {
-        self.ctx
+        let (free, total) = self
+            .ctx
             .mem_get_info()
-            .map_err(|e| dev_err("querying free GPU memory", e))
+            .map_err(|e| dev_err("querying free GPU memory", e))?;
+        let Some(pool) = async_pool(&self.ctx)? else {
+            return Ok((free, total));
+        };
+        let attr = |a| -> Result<u64> {
+            let mut v: u64 = 0;
+            // SAFETY: `pool` is live; these attributes' values are cuuint64_t.
+            unsafe {
+                cudarc::driver::result::mem_pool::get_attribute(
+                    pool,
+                    a,
+                    (&mut v) as *mut u64 as *mut std::ffi::c_void,
+                )
+            }
+            .map_err(|e| dev_err("querying the memory pool", e))?;
+            Ok(v)
+        };
+        use cudarc::driver::sys::CUmemPool_attribute as A;
+        let reserved = attr(A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?;
+        let used = attr(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?;
+        let idle = usize::try_from(reserved.saturating_sub(used)).unwrap_or(usize::MAX);
+        Ok((free.saturating_add(idle).min(total), total))
     }
     /// Bytes currently held by our buffers.
     pub fn live_bytes(&self) -> usize {
@@ -380,12 +441,79 @@ pub fn cublaslt_present() -> bool {
 pub const BLASLT_WORKSPACE_BYTES: usize = 32 << 20;
 
 /// One GPU's cuBLASLt handle and workspace, created on first use (`Gpu::blaslt`) and kept for the
-/// life of the process. The workspace is not counted in `live_bytes`: like the context and the
-/// libraries' own memory, it is a fixed per-GPU cost, not a tensor.
+/// life of the process, and its GEMM plans (one per [`GemmKey`], made at a shape's first use).
+/// The workspace is not counted in `live_bytes`: like the context and the libraries' own memory,
+/// it is a fixed per-GPU cost, not a tensor.
 pub struct BlasLt {
     handle: cudarc::cublaslt::sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
+    plans: Mutex<HashMap<GemmKey, Arc<GemmPlan>>>,
 }
+
+/// A column-major cuBLASLt GEMM `D[m, n] = op(A) op(B)` (`op(A)` `[m, k]`, `op(B)` `[k, n]`) with
+/// A, B of type `ab` and D of type `d`: the key of its cached [`GemmPlan`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GemmKey {
+    pub transa: bool,
+    pub transb: bool,
+    pub m: u64,
+    pub n: u64,
+    pub k: u64,
+    pub lda: i64,
+    pub ldb: i64,
+    pub ldd: i64,
+    pub ab: cudarc::cublaslt::sys::cudaDataType,
+    pub d: cudarc::cublaslt::sys::cudaDataType,
+}
+
+/// A GEMM's cuBLASLt objects: the matmul descriptor, the layouts of A, B and D (C = D) and the
+/// algorithm the heuristic chose (its first result) for the fixed workspace. Made once per
+/// [`GemmKey`] and reused, so every call of a shape runs the same algorithm (the bits do not
+/// depend on whether the plan was cached). Null handles are not yet created (a plan being built);
+/// drop destroys the others.
+pub struct GemmPlan {
+    pub desc: cudarc::cublaslt::sys::cublasLtMatmulDesc_t,
+    pub la: cudarc::cublaslt::sys::cublasLtMatrixLayout_t,
+    pub lb: cudarc::cublaslt::sys::cublasLtMatrixLayout_t,
+    pub ld: cudarc::cublaslt::sys::cublasLtMatrixLayout_t,
+    pub algo: cudarc::cublaslt::sys::cublasLtMatmulAlgo_t,
+}
+
+impl GemmPlan {
+    /// A plan with no handles yet (filled in by its builder).
+    pub fn empty() -> Self {
+        GemmPlan {
+            desc: std::ptr::null_mut(),
+            la: std::ptr::null_mut(),
+            lb: std::ptr::null_mut(),
+            ld: std::ptr::null_mut(),
+            algo: cudarc::cublaslt::sys::cublasLtMatmulAlgo_t { data: [0; 8] },
+        }
+    }
+}
+
+impl Drop for GemmPlan {
+    fn drop(&mut self) {
+        use cudarc::cublaslt::result as lt;
+        // SAFETY: each non-null handle was created once by cuBLASLt and is destroyed once here;
+        // a plan is dropped only when no call uses it (it is shared through `Arc`).
+        unsafe {
+            for l in [self.la, self.lb, self.ld] {
+                if !l.is_null() {
+                    let _ = lt::destroy_matrix_layout(l);
+                }
+            }
+            if !self.desc.is_null() {
+                let _ = lt::destroy_matmul_desc(self.desc);
+            }
+        }
+    }
+}
+
+// SAFETY: a plan's descriptors are only read after it is built (cuBLASLt allows concurrent reads);
+// all our GEMMs go to the GPU's one stream.
+unsafe impl Send for GemmPlan {}
+unsafe impl Sync for GemmPlan {}
 
 // SAFETY: a cuBLASLt handle may be used from any thread; all our work goes to the GPU's one stream,
 // which orders every use of the shared workspace.
@@ -400,6 +528,27 @@ impl BlasLt {
     /// The workspace (`BLASLT_WORKSPACE_BYTES`).
     pub fn workspace(&self) -> &CudaSlice<u8> {
         &self.workspace
+    }
+    /// The plan of `key`: cached, or made by `make` at the key's first use (and cached if made).
+    pub fn plan(
+        &self,
+        key: GemmKey,
+        make: impl FnOnce() -> Result<GemmPlan>,
+    ) -> Result<Arc<GemmPlan>> {
+        let mut plans = self
+            .plans
+            .lock()
+            .map_err(|_| GdnError::Device("cuBLASLt plan cache poisoned".into()))?;
+        if let Some(p) = plans.get(&key) {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(make()?);
+        plans.insert(key, p.clone());
+        Ok(p)
+    }
+    /// Number of cached plans (tests).
+    pub fn plans(&self) -> usize {
+        self.plans.lock().map_or(0, |p| p.len())
     }
 }
 
@@ -437,7 +586,11 @@ impl Gpu {
             }
         };
         // A racing thread may have set it first; then ours is dropped (handle destroyed).
-        let _ = self.blaslt.set(BlasLt { handle, workspace });
+        let _ = self.blaslt.set(BlasLt {
+            handle,
+            workspace,
+            plans: Mutex::new(HashMap::new()),
+        });
         Ok(self.blaslt.get().expect("set above"))
     }
 }

@@ -19,7 +19,7 @@ use std::sync::{Arc, OnceLock};
 
 use crate::backend::cuda::{self, DBuf, DType, GBuf, Gpu};
 use crate::backend::Device;
-use crate::backend::{Act, F32s, P};
+use crate::backend::{mixed, Act, F32s, P};
 use crate::config::{GdnConfig, Normalization, Variant};
 use crate::error::{GdnError, Result};
 use crate::layer::saved::Acts;
@@ -45,10 +45,44 @@ pub struct GatedDeltaNet {
     dev_params: OnceLock<Arc<DevParams>>,
 }
 
-/// Parameters resident on a GPU.
+/// Parameters resident on a GPU: the fp32 master weights and, for bf16 storage, the bf16 copies
+/// of the two projection weights the GEMMs read (made here, once per upload, i.e. once per
+/// parameter update, instead of once per GEMM call). Both are parameter memory (counted by the
+/// allocator's live bytes, not in `Saved::bytes()`).
 struct DevParams {
     gpu: Arc<Gpu>,
     map: Vec<(String, GBuf<f32>)>,
+    bf16: Vec<(String, GBuf<u16>)>,
+}
+
+/// The weights the GEMMs read as bf16 copies under bf16 storage.
+const GEMM_WEIGHTS: [&str; 2] = ["in_proj.weight", "out_proj.weight"];
+
+/// Parameter bytes on `device` with activations in `dtype`: the fp32 master weights, plus the
+/// bf16 copies of the projection weights on a GPU with bf16 storage.
+pub(crate) fn device_param_bytes(cfg: &GdnConfig, device: Device, dtype: DType) -> u128 {
+    let mut b = cfg.param_bytes();
+    if matches!(device, Device::Cuda(_)) && dtype == DType::Bf16 {
+        let h = cfg.hidden_size as u128;
+        b += 2 * h * (cfg.in_proj_dim() as u128 + cfg.v_dim() as u128);
+    }
+    b
+}
+
+impl DevParams {
+    /// Remake the bf16 copies of the GEMM weights from the fp32 masters (after they changed).
+    fn refresh_bf16(&mut self, dtype: DType) -> Result<()> {
+        self.bf16.clear();
+        if dtype == DType::Bf16 {
+            for name in GEMM_WEIGHTS {
+                if let Some((_, w)) = self.map.iter().find(|(n, _)| n == name) {
+                    self.bf16
+                        .push((name.to_string(), linear::cuda::cast_bf16(w)?));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for DevParams {
@@ -76,6 +110,13 @@ impl ParamView<'_> {
                 .iter()
                 .find(|(n, _)| n == name)
                 .map(|(_, b)| P::Dev(b)),
+        }
+    }
+    /// The kept bf16 copy of a GEMM weight (device, bf16 storage), else `None`.
+    fn bf16(&self, name: &str) -> Option<&GBuf<u16>> {
+        match self {
+            ParamView::Host(_) => None,
+            ParamView::Dev(d) => d.bf16.iter().find(|(n, _)| n == name).map(|(_, b)| b),
         }
     }
 }
@@ -159,6 +200,52 @@ impl Prof {
             }
             eprintln!("gdn profile: {:<45} {total:9.2} ms", "total");
         }
+    }
+}
+
+/// Parameter gradients as backward produces them: (name, shape, buffer) in the parameters' order.
+type GradList = Vec<(String, Vec<usize>, F32s)>;
+
+/// Parameter gradients resident on a GPU (fp32), under the parameters' names and in their order
+/// ([`crate::layer::param_specs`]): what [`GatedDeltaNet::backward_dev`] returns. The layer never
+/// copies them to the host; [`to_host`](Self::to_host) does, for tests and host optimizers.
+pub struct DeviceGrads {
+    entries: Vec<(String, Vec<usize>, GBuf<f32>)>,
+}
+
+impl std::fmt::Debug for DeviceGrads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.entries.iter().map(|(n, _, _)| n.as_str()).collect();
+        write!(f, "DeviceGrads({names:?})")
+    }
+}
+
+impl DeviceGrads {
+    /// The gradient of parameter `name`.
+    pub fn get(&self, name: &str) -> Option<&GBuf<f32>> {
+        self.entries
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(_, _, b)| b)
+    }
+    /// (name, shape, buffer) in the parameters' order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &[usize], &GBuf<f32>)> {
+        self.entries
+            .iter()
+            .map(|(n, s, b)| (n.as_str(), s.as_slice(), b))
+    }
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.entries.iter().map(|(_, _, b)| b.bytes()).sum()
+    }
+    /// Copy to the host as [`Grads`] (synchronizes the stream).
+    pub fn to_host(&self) -> Result<Grads> {
+        let entries = self
+            .entries
+            .iter()
+            .map(|(n, s, b)| Ok((n.clone(), Tensor::from_vec(s, b.gpu().download(b)?)?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Params::from_entries(entries))
     }
 }
 
@@ -251,7 +338,7 @@ impl GatedDeltaNet {
                 crate::budget::check_gpu(
                     &gpu,
                     &self.cfg.describe_params(),
-                    self.cfg.param_bytes(),
+                    device_param_bytes(&self.cfg, device, dtype),
                 )?;
             }
         }
@@ -267,6 +354,12 @@ impl GatedDeltaNet {
     /// The config.
     pub fn config(&self) -> &GdnConfig {
         &self.cfg
+    }
+    /// Bytes the parameters take where the layer runs: f32 masters, plus on a GPU with bf16
+    /// storage the bf16 copies of `in_proj.weight` and `out_proj.weight` that the GEMMs read
+    /// (made once per parameter update).
+    pub fn param_bytes(&self) -> u128 {
+        device_param_bytes(&self.cfg, self.device, self.dtype)
     }
     /// The parameters (host copy, f32).
     pub fn params(&self) -> &Params {
@@ -296,7 +389,13 @@ impl GatedDeltaNet {
         for (name, t) in self.params.iter() {
             map.push((name.to_string(), gpu.upload(t.data())?));
         }
-        let d = Arc::new(DevParams { gpu, map });
+        let mut d = DevParams {
+            gpu,
+            map,
+            bf16: Vec::new(),
+        };
+        d.refresh_bf16(self.dtype)?;
+        let d = Arc::new(d);
         let _ = self.dev_params.set(d.clone());
         Ok(ParamView::Dev(d))
     }
@@ -427,18 +526,32 @@ impl GatedDeltaNet {
         h0: Option<&Tensor>,
         want_final: bool,
     ) -> Result<(Tensor, Option<Vec<f32>>, Saved)> {
-        let rc = self.cfg.recompute();
         let xa = self.act(x.data())?;
         let h0 = match h0 {
             Some(t) => Some(self.f32s(t.data())?),
             None => None,
         };
-        let f = self.run_forward(&xa, &seqs, h0.as_ref(), want_final)?;
-        let y = Tensor::from_vec(x.shape(), f.y.into_host()?)?;
-        let fin = match f.final_state {
+        let (y, fin, saved) = self.forward_act(xa, x.shape().to_vec(), seqs, h0, want_final)?;
+        let y = Tensor::from_vec(x.shape(), y.into_host()?)?;
+        let fin = match fin {
             Some(s) => Some(s.into_host()?),
             None => None,
         };
+        Ok((y, fin, saved))
+    }
+
+    /// The training forward of every API, on buffers where the layer computes: `x` is moved into
+    /// `Saved`; returns `y`, the final states (when wanted) and `Saved`.
+    fn forward_act(
+        &self,
+        xa: Act,
+        x_shape: Vec<usize>,
+        seqs: Seqs,
+        h0: Option<F32s>,
+        want_final: bool,
+    ) -> Result<(Act, Option<F32s>, Saved)> {
+        let rc = self.cfg.recompute();
+        let f = self.run_forward(&xa, &seqs, h0.as_ref(), want_final)?;
         let mut acts = f.acts;
         if rc.norm_out {
             // gdn_norm_out: out_proj has consumed the gated norm's output; drop it.
@@ -446,12 +559,117 @@ impl GatedDeltaNet {
         }
         let saved = Saved {
             seqs,
-            x_shape: x.shape().to_vec(),
+            x_shape,
             x: xa,
             h0,
             acts: (!rc.whole_layer).then_some(acts),
         };
-        Ok((y, fin, saved))
+        Ok((f.y, f.final_state, saved))
+    }
+
+    /// A device tensor handed to the device API: the layer is on a GPU, `t` on that GPU, in the
+    /// layer's storage dtype, `rows x hidden_size` values.
+    fn check_dev(&self, what: &str, t: &DBuf, rows: usize) -> Result<()> {
+        let Device::Cuda(i) = self.device else {
+            return Err(GdnError::Invalid(format!(
+                "{what}: the device API needs a layer on a GPU (to_device); this one runs on the CPU"
+            )));
+        };
+        if t.gpu().ordinal() != i {
+            return Err(GdnError::Device(format!(
+                "{what} lives on cuda:{} but the layer on cuda:{i}",
+                t.gpu().ordinal()
+            )));
+        }
+        if t.dtype() != self.dtype {
+            return Err(GdnError::Invalid(format!(
+                "{what} is {:?} but the layer stores activations as {:?}",
+                t.dtype(),
+                self.dtype
+            )));
+        }
+        let h = self.cfg.hidden_size;
+        if t.len() != rows.saturating_mul(h) {
+            return Err(GdnError::Invalid(format!(
+                "{what} has {} values, expected {rows} tokens x {h} (hidden_size)",
+                t.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Training forward on the layer's GPU with device tensors: `x` `[n, hidden]` (row-major,
+    /// `n = seqs.tokens()`, in the layer's storage dtype; packed or uniform sequences as `seqs`
+    /// says) is moved into `Saved` (backward needs it; no copy is made). Returns `y`
+    /// `[n, hidden]` in the same dtype. Nothing is copied to the host and nothing waits for the
+    /// GPU: the work is queued on the GPU's stream. [`forward_packed`](Self::forward_packed) on a
+    /// GPU layer is this with an upload before and a download after (same kernels, same bits).
+    pub fn forward_dev(&self, x: DBuf, seqs: &Seqs) -> Result<(DBuf, Saved)> {
+        let n = seqs.tokens();
+        self.check_dev("x", &x, n)?;
+        let shape = vec![n, self.cfg.hidden_size];
+        let (y, _, saved) = self.forward_act(Act::Dev(x), shape, seqs.clone(), None, false)?;
+        match y {
+            Act::Dev(y) => Ok((y, saved)),
+            Act::Host(_) => Err(mixed("layer forward")),
+        }
+    }
+
+    /// Backward of [`forward_dev`](Self::forward_dev) (or of a GPU layer's host-API forward) with
+    /// device tensors: `dy` `[n, hidden]` in the layer's storage dtype (consumed). Returns `dx`
+    /// `[n, hidden]` and the parameter gradients in fp32 device buffers ([`DeviceGrads`]).
+    /// Nothing is copied to the host and nothing waits for the GPU.
+    /// [`backward`](Self::backward) on a GPU layer is this with an upload and downloads.
+    pub fn backward_dev(&self, saved: Saved, dy: DBuf) -> Result<(DBuf, DeviceGrads)> {
+        self.check_dev("dy", &dy, saved.tokens())?;
+        if !matches!(saved.x, Act::Dev(_)) {
+            return Err(GdnError::Invalid(
+                "backward_dev: Saved comes from a forward on the CPU".into(),
+            ));
+        }
+        let (dx, grads, _) = self.backward_act(saved, &Act::Dev(dy), None)?;
+        let dx = match dx {
+            Act::Dev(d) => d,
+            Act::Host(_) => return Err(mixed("layer backward")),
+        };
+        Ok((dx, self.grads_dev(grads)?))
+    }
+
+    /// Gradients on the host as [`Grads`] (downloads device buffers), checked against the config.
+    fn grads_host(&self, g: GradList) -> Result<Grads> {
+        let entries = g
+            .into_iter()
+            .map(|(n, s, v)| Ok((n, Tensor::from_vec(&s, v.into_host()?)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let grads = Params::from_entries(entries);
+        grads.check_against(&self.cfg, "gradients")?;
+        Ok(grads)
+    }
+
+    /// Gradients kept on the device, checked: exactly the parameters' names, in order.
+    fn grads_dev(&self, g: GradList) -> Result<DeviceGrads> {
+        let want: Vec<&str> = super::param_specs(&self.cfg)
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        if !g
+            .iter()
+            .map(|(n, _, _)| n.as_str())
+            .eq(want.iter().copied())
+        {
+            let got: Vec<&str> = g.iter().map(|(n, _, _)| n.as_str()).collect();
+            return Err(GdnError::Invalid(format!(
+                "backward produced gradients {got:?}, the parameters are {want:?}"
+            )));
+        }
+        let entries = g
+            .into_iter()
+            .map(|(n, s, v)| match v {
+                F32s::Dev(b) => Ok((n, s, b)),
+                F32s::Host(_) => Err(mixed("layer gradients")),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(DeviceGrads { entries })
     }
 
     fn rule_shape(&self) -> RuleShape {
@@ -542,7 +760,14 @@ impl GatedDeltaNet {
             c.layernorm_epsilon,
             c.layernorm_zero_centered_gamma,
         )?;
-        let proj = linear::forward(&xn, n, c.hidden_size, p.get("in_proj.weight"), pd)?;
+        let proj = linear::forward(
+            &xn,
+            n,
+            c.hidden_size,
+            p.get("in_proj.weight"),
+            p.bf16("in_proj.weight"),
+            pd,
+        )?;
         drop(xn);
         let qkv_pre = layout::take_cols(&proj, pd, 0, cd)?;
         let z = layout::take_cols(&proj, pd, cd, vd)?;
@@ -579,7 +804,14 @@ impl GatedDeltaNet {
             c.layernorm_zero_centered_gamma,
         )?;
         prof.mark("fwd gated norm");
-        let y = linear::forward(&norm_out, n, vd, p.get("out_proj.weight"), c.hidden_size)?;
+        let y = linear::forward(
+            &norm_out,
+            n,
+            vd,
+            p.get("out_proj.weight"),
+            p.bf16("out_proj.weight"),
+            c.hidden_size,
+        )?;
         Ok((y, norm_out, o_stats))
     }
 
@@ -720,30 +952,39 @@ impl GatedDeltaNet {
         if let Some(d) = d_final_state {
             d.expect_shape("d_final_state", &st)?;
         }
+        let x_shape = saved.x_shape.clone();
+        let dya = self.act(dy.data())?;
+        let d_final = match d_final_state {
+            Some(t) => Some(self.f32s(t.data())?),
+            None => None,
+        };
+        let (dx, grads, dh0) = self.backward_act(saved, &dya, d_final.as_ref())?;
+        drop(dya);
+        let dx = Tensor::from_vec(&x_shape, dx.into_host()?)?;
+        let dh0 = match dh0 {
+            Some(d) => Some(Tensor::from_vec(&st, d.into_host()?)?),
+            None => None,
+        };
+        Ok((dx, self.grads_host(grads)?, dh0))
+    }
+
+    /// The backward of every API, on buffers where the layer computes: reruns forward under
+    /// whole-layer recompute, then [`run_backward`](Self::run_backward).
+    fn backward_act(
+        &self,
+        saved: Saved,
+        dy: &Act,
+        d_final: Option<&F32s>,
+    ) -> Result<(Act, GradList, Option<F32s>)> {
         let Saved {
-            seqs,
-            x_shape,
-            x,
-            h0,
-            acts,
+            seqs, x, h0, acts, ..
         } = saved;
         let acts = match acts {
             Some(a) => a,
             // Whole-layer recompute: rerun forward, keeping everything this time.
             None => self.run_forward(&x, &seqs, h0.as_ref(), false)?.acts,
         };
-        let dya = self.act(dy.data())?;
-        let d_final = match d_final_state {
-            Some(t) => Some(self.f32s(t.data())?),
-            None => None,
-        };
-        let (dx, grads, dh0) =
-            self.run_backward(&x, &seqs, h0.as_ref(), acts, &dya, d_final.as_ref())?;
-        let dh0 = match dh0 {
-            Some(d) => Some(Tensor::from_vec(&st, d.into_host()?)?),
-            None => None,
-        };
-        Ok((Tensor::from_vec(&x_shape, dx.into_host()?)?, grads, dh0))
+        self.run_backward(&x, &seqs, h0.as_ref(), acts, dy, d_final)
     }
 
     /// The layer, bottom to top.
@@ -755,7 +996,7 @@ impl GatedDeltaNet {
         a: Acts,
         dy: &Act,
         d_final: Option<&F32s>,
-    ) -> Result<(Act, Grads, Option<F32s>)> {
+    ) -> Result<(Act, GradList, Option<F32s>)> {
         let c = &self.cfg;
         let p = self.view()?;
         let n = seqs.tokens();
@@ -773,9 +1014,10 @@ impl GatedDeltaNet {
             c.layernorm_zero_centered_gamma,
         );
         // Gradients arrive bottom to top; they are put in the parameters' order at the end.
-        let mut grads: Vec<(String, Tensor)> = Vec::new();
+        // They stay where they were computed: no download, no synchronization here.
+        let mut grads: GradList = Vec::new();
         let mut set = |name: &str, shape: &[usize], g: F32s| -> Result<()> {
-            grads.push((name.to_string(), Tensor::from_vec(shape, g.into_host()?)?));
+            grads.push((name.to_string(), shape.to_vec(), g));
             Ok(())
         };
         let mut prof = Prof::new(self.gpu()?);
@@ -799,8 +1041,15 @@ impl GatedDeltaNet {
                 .0
             }
         };
-        let (d_norm_out, d_wout) =
-            linear::backward(&norm_out, n, vd, p.get("out_proj.weight"), h, dy)?;
+        let (d_norm_out, d_wout) = linear::backward(
+            &norm_out,
+            n,
+            vd,
+            p.get("out_proj.weight"),
+            p.bf16("out_proj.weight"),
+            h,
+            dy,
+        )?;
         drop(norm_out);
         set("out_proj.weight", &[h, vd], d_wout)?;
         prof.mark("bwd out_proj (+ norm_out rebuild)");
@@ -963,7 +1212,15 @@ impl GatedDeltaNet {
             eps,
             zc,
         )?;
-        let (dxn, d_win) = linear::backward(&xn, n, h, p.get("in_proj.weight"), pd, &dproj)?;
+        let (dxn, d_win) = linear::backward(
+            &xn,
+            n,
+            h,
+            p.get("in_proj.weight"),
+            p.bf16("in_proj.weight"),
+            pd,
+            &dproj,
+        )?;
         drop(xn);
         drop(dproj);
         set("in_proj.weight", &[pd, h], d_win)?;
@@ -993,9 +1250,7 @@ impl GatedDeltaNet {
                 .position(|(p, _)| *p == n)
                 .unwrap_or(usize::MAX)
         };
-        grads.sort_by_key(|(n, _)| pos(n));
-        let grads = Params::from_entries(grads);
-        grads.check_against(c, "gradients")?;
+        grads.sort_by_key(|(n, _, _)| pos(n));
         Ok((dx, grads, dh0))
     }
 }

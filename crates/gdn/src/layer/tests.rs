@@ -694,3 +694,26 @@ fn huge_batch_of_empty_sequences_is_an_error_not_an_abort() {
     let (y, _) = l.forward(&x).unwrap();
     assert_eq!(y.shape(), &[2, 0, cfg.hidden_size]);
 }
+
+/// Parameter memory where the layer runs: the fp32 masters, plus (GPU, bf16 storage) the bf16
+/// copies of in_proj.weight and out_proj.weight that the GEMMs read.
+#[test]
+fn param_bytes_count_the_bf16_gemm_weight_copies() {
+    use crate::backend::cuda::DType;
+    use crate::backend::Device;
+    use crate::layer::gdn::device_param_bytes;
+    for c in [
+        tiny(Normalization::RMSNorm, false, 2),
+        tiny2(Normalization::LayerNorm, false, 2),
+    ] {
+        let f32b = c.param_bytes();
+        assert_eq!(device_param_bytes(&c, Device::Cpu, DType::F32), f32b);
+        assert_eq!(device_param_bytes(&c, Device::Cuda(0), DType::F32), f32b);
+        let copies = 2 * (c.in_proj_dim() * c.hidden_size + c.hidden_size * c.v_dim()) as u128;
+        assert_eq!(
+            device_param_bytes(&c, Device::Cuda(1), DType::Bf16),
+            f32b + copies
+        );
+        assert_eq!(GatedDeltaNet::new(&c, 1).unwrap().param_bytes(), f32b);
+    }
+}

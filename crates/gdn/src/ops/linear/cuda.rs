@@ -2,8 +2,9 @@
 //! signatures as [`super::linear_forward`] and [`super::linear_backward`] on device buffers.
 //!
 //! `x`, `y`, `dy`, `dx` are [`DBuf`] of one dtype; the weight `W` `[out, in]` and `dW` are fp32
-//! [`GBuf`] (master weights). bf16 storage: the GEMMs take bf16 inputs (a bf16 copy of `W` is made
-//! on the fly by `cast_f32_bf16` in `linear.cu`, round to nearest even) and accumulate in fp32
+//! [`GBuf`] (master weights). bf16 storage: the GEMMs take bf16 inputs (the bf16 copy of `W`, made by
+//! `cast_f32_bf16` in `linear.cu`, round to nearest even, once per parameter update by the caller
+//! or on the fly when none is given) and accumulate in fp32
 //! (`CUBLAS_COMPUTE_32F`); `y` and `dx` are written as bf16, `dW` as fp32. f32 storage: plain fp32
 //! GEMMs (`CUBLAS_COMPUTE_32F` on fp32 data: no TF32, which only `CUBLAS_COMPUTE_32F_FAST_TF32`
 //! would allow).
@@ -11,13 +12,13 @@
 //! Determinism: cuBLAS(Lt) documents that, for a given toolkit version, GPU architecture and SM
 //! count, every routine gives bitwise-identical results run to run (its split-K reductions are
 //! ordered, no atomics). Each GEMM here is one fixed configuration (same descriptors, heuristic
-//! query, workspace size and stream every call), so two runs on the same inputs give the same bits;
+//! algorithm, workspace size and stream every call: one cached plan per shape), so two runs on the same inputs give the same bits;
 //! the GPU tests check it.
 
 use cudarc::cublaslt::{result as lt, sys};
 use cudarc::driver::{DevicePtr, DevicePtrMut, PushKernelArg};
 
-use crate::backend::cuda::{DBuf, DType, GBuf, Gpu, BLASLT_WORKSPACE_BYTES};
+use crate::backend::cuda::{DBuf, DType, GBuf, GemmKey, GemmPlan, Gpu, BLASLT_WORKSPACE_BYTES};
 use crate::backend::launch::{check_d, check_g, check_gpu, elem_cfg, launch};
 use crate::error::{GdnError, Result};
 
@@ -41,20 +42,6 @@ struct Gemm {
     ldd: i64,
 }
 
-struct Layout(sys::cublasLtMatrixLayout_t);
-impl Drop for Layout {
-    fn drop(&mut self) {
-        // SAFETY: created once by cublasLtMatrixLayoutCreate.
-        let _ = unsafe { lt::destroy_matrix_layout(self.0) };
-    }
-}
-struct Desc(sys::cublasLtMatmulDesc_t);
-impl Drop for Desc {
-    fn drop(&mut self) {
-        // SAFETY: created once by cublasLtMatmulDescCreate.
-        let _ = unsafe { lt::destroy_matmul_desc(self.0) };
-    }
-}
 struct Pref(sys::cublasLtMatmulPreference_t);
 impl Drop for Pref {
     fn drop(&mut self) {
@@ -63,7 +50,77 @@ impl Drop for Pref {
     }
 }
 
-/// Run `g` with A, B of type `ab` and D of type `d` (device pointers), fp32 compute and scale.
+/// Build the plan of `key`: layouts, matmul descriptor (fp32 compute and scale, the transposes)
+/// and the heuristic's first algorithm for the fixed workspace; the same objects and the same
+/// query every uncached call made before plans were cached.
+fn make_plan(handle: sys::cublasLtHandle_t, key: &GemmKey) -> Result<GemmPlan> {
+    let mut p = GemmPlan::empty();
+    let (ar, ac) = if key.transa {
+        (key.k, key.m)
+    } else {
+        (key.m, key.k)
+    };
+    let (br, bc) = if key.transb {
+        (key.n, key.k)
+    } else {
+        (key.k, key.n)
+    };
+    // Each handle goes into `p` as soon as it exists, so an error below destroys it (drop).
+    p.la =
+        lt::create_matrix_layout(key.ab, ar, ac, key.lda).map_err(|e| blas_err("layout A", e))?;
+    p.lb =
+        lt::create_matrix_layout(key.ab, br, bc, key.ldb).map_err(|e| blas_err("layout B", e))?;
+    p.ld = lt::create_matrix_layout(key.d, key.m, key.n, key.ldd)
+        .map_err(|e| blas_err("layout D", e))?;
+    p.desc = lt::create_matmul_desc(
+        sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        sys::cudaDataType_t::CUDA_R_32F,
+    )
+    .map_err(|e| blas_err("matmul desc", e))?;
+    for (attr, t) in [
+        (
+            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+            key.transa,
+        ),
+        (
+            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
+            key.transb,
+        ),
+    ] {
+        let v: i32 = t as i32; // CUBLAS_OP_N = 0, CUBLAS_OP_T = 1
+                               // SAFETY: `p.desc` is a live descriptor; the value is one i32.
+        unsafe {
+            lt::set_matmul_desc_attribute(
+                p.desc,
+                attr,
+                (&v) as *const i32 as *const _,
+                std::mem::size_of::<i32>(),
+            )
+        }
+        .map_err(|e| blas_err("transpose attribute", e))?;
+    }
+    let pref = Pref(lt::create_matmul_pref().map_err(|e| blas_err("preference", e))?);
+    let ws: usize = BLASLT_WORKSPACE_BYTES;
+    // SAFETY: `pref.0` is live; the value is one usize.
+    unsafe {
+        lt::set_matmul_pref_attribute(
+            pref.0,
+            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+            (&ws) as *const usize as *const _,
+            std::mem::size_of::<usize>(),
+        )
+    }
+    .map_err(|e| blas_err("workspace preference", e))?;
+    // SAFETY: all handles are live.
+    let heur =
+        unsafe { lt::get_matmul_algo_heuristic(handle, p.desc, p.la, p.lb, p.ld, p.ld, pref.0) }
+            .map_err(|e| blas_err(&format!("no algorithm for {key:?}"), e))?;
+    p.algo = heur.algo;
+    Ok(p)
+}
+
+/// Run `g` with A, B of type `ab` and D of type `d` (device pointers), fp32 compute and scale,
+/// through the GPU's cached plan for this shape (made at its first use).
 ///
 /// # Safety
 /// The pointers must hold the matrices `g` describes, of the given types, on `gpu`.
@@ -77,71 +134,38 @@ unsafe fn lt_gemm(
     d: u64,
 ) -> Result<()> {
     let blas = gpu.blaslt()?;
-    let (ar, ac) = if g.transa { (g.k, g.m) } else { (g.m, g.k) };
-    let (br, bc) = if g.transb { (g.n, g.k) } else { (g.k, g.n) };
-    let la =
-        Layout(lt::create_matrix_layout(ab, ar, ac, g.lda).map_err(|e| blas_err("layout A", e))?);
-    let lb =
-        Layout(lt::create_matrix_layout(ab, br, bc, g.ldb).map_err(|e| blas_err("layout B", e))?);
-    let ld = Layout(
-        lt::create_matrix_layout(dty, g.m, g.n, g.ldd).map_err(|e| blas_err("layout D", e))?,
-    );
-    let desc = Desc(
-        lt::create_matmul_desc(
-            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            sys::cudaDataType_t::CUDA_R_32F,
-        )
-        .map_err(|e| blas_err("matmul desc", e))?,
-    );
-    for (attr, t) in [
-        (
-            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-            g.transa,
-        ),
-        (
-            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
-            g.transb,
-        ),
-    ] {
-        let v: i32 = t as i32; // CUBLAS_OP_N = 0, CUBLAS_OP_T = 1
-        lt::set_matmul_desc_attribute(
-            desc.0,
-            attr,
-            (&v) as *const i32 as *const _,
-            std::mem::size_of::<i32>(),
-        )
-        .map_err(|e| blas_err("transpose attribute", e))?;
-    }
-    let pref = Pref(lt::create_matmul_pref().map_err(|e| blas_err("preference", e))?);
-    let ws: usize = BLASLT_WORKSPACE_BYTES;
-    lt::set_matmul_pref_attribute(
-        pref.0,
-        sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-        (&ws) as *const usize as *const _,
-        std::mem::size_of::<usize>(),
-    )
-    .map_err(|e| blas_err("workspace preference", e))?;
-    let heur = lt::get_matmul_algo_heuristic(blas.handle(), desc.0, la.0, lb.0, ld.0, ld.0, pref.0)
-        .map_err(|e| blas_err(&format!("no algorithm for {g:?}"), e))?;
+    let key = GemmKey {
+        transa: g.transa,
+        transb: g.transb,
+        m: g.m,
+        n: g.n,
+        k: g.k,
+        lda: g.lda,
+        ldb: g.ldb,
+        ldd: g.ldd,
+        ab,
+        d: dty,
+    };
+    let plan = blas.plan(key, || make_plan(blas.handle(), &key))?;
     let stream = gpu.stream();
     let (wsp, _rec) = blas.workspace().device_ptr(stream);
     let (alpha, beta) = (1.0f32, 0.0f32);
     lt::matmul(
         blas.handle(),
-        desc.0,
+        plan.desc,
         (&alpha) as *const f32 as *const _,
         (&beta) as *const f32 as *const _,
         a as *const _,
-        la.0,
+        plan.la,
         b as *const _,
-        lb.0,
+        plan.lb,
         d as *const _,
-        ld.0,
+        plan.ld,
         d as *mut _,
-        ld.0,
-        (&heur.algo) as *const _,
+        plan.ld,
+        (&plan.algo) as *const _,
         wsp as *mut _,
-        ws,
+        BLASLT_WORKSPACE_BYTES,
         stream.cu_stream() as *mut _,
     )
     .map_err(|e| blas_err(&format!("matmul {g:?}"), e))
@@ -162,6 +186,41 @@ pub fn cast_bf16(w: &GBuf<f32>) -> Result<GBuf<u16>> {
     Ok(out)
 }
 
+/// A bf16 weight copy: the caller's, or one made for this call.
+enum Bf16W<'a> {
+    Kept(&'a GBuf<u16>),
+    Made(GBuf<u16>),
+}
+
+impl std::ops::Deref for Bf16W<'_> {
+    type Target = GBuf<u16>;
+    fn deref(&self) -> &GBuf<u16> {
+        match self {
+            Bf16W::Kept(b) => b,
+            Bf16W::Made(b) => b,
+        }
+    }
+}
+
+/// The bf16 copy of `w` for a bf16 GEMM: the caller's `wb` (made by [`cast_bf16`] when `w` was
+/// last updated; checked: same length and GPU), or one made now.
+fn bf16_weight<'a>(w: &GBuf<f32>, wb: Option<&'a GBuf<u16>>) -> Result<Bf16W<'a>> {
+    match wb {
+        Some(b) => {
+            if b.len() != w.len() {
+                return Err(GdnError::Invalid(format!(
+                    "linear bf16 weight copy has {} values, the weight {}",
+                    b.len(),
+                    w.len()
+                )));
+            }
+            check_gpu("linear bf16 weight copy", w.gpu(), b.gpu())?;
+            Ok(Bf16W::Kept(b))
+        }
+        None => Ok(Bf16W::Made(cast_bf16(w)?)),
+    }
+}
+
 fn zero_d(gpu: &Gpu, d: &mut DBuf) -> Result<()> {
     let r = match d {
         DBuf::F32(g) => gpu.stream().memset_zeros(&mut g.slice),
@@ -170,12 +229,14 @@ fn zero_d(gpu: &Gpu, d: &mut DBuf) -> Result<()> {
     r.map_err(|e| GdnError::Device(format!("memset: {e:?}")))
 }
 
-/// [`linear_forward`] into a caller-provided `y`.
+/// [`super::forward`] into a caller-provided `y`; `wb`: the bf16 copy of `w` for bf16 storage
+/// (`None`: made now; ignored for f32).
 pub fn forward(
     x: &DBuf,
     rows: usize,
     in_dim: usize,
     w: &GBuf<f32>,
+    wb: Option<&GBuf<u16>>,
     out_dim: usize,
     y: &mut DBuf,
 ) -> Result<()> {
@@ -214,7 +275,7 @@ pub fn forward(
             unsafe { lt_gemm(&gpu, g, f, f, a, b, d) }
         }
         (DBuf::Bf16(x), DBuf::Bf16(y)) => {
-            let wb = cast_bf16(w)?;
+            let wb = bf16_weight(w, wb)?;
             let (a, _ra) = wb.slice.device_ptr(s);
             let (b, _rb) = x.slice.device_ptr(s);
             let (d, _rd) = y.slice.device_ptr_mut(s);
@@ -226,13 +287,15 @@ pub fn forward(
     }
 }
 
-/// [`linear_backward`] into caller-provided `dx` and `dw` (`dw` is overwritten, not accumulated).
+/// [`super::backward`] into caller-provided `dx` and `dw` (`dw` is overwritten, not
+/// accumulated); `wb` as in [`forward`].
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     x: &DBuf,
     rows: usize,
     in_dim: usize,
     w: &GBuf<f32>,
+    wb: Option<&GBuf<u16>>,
     out_dim: usize,
     dy: &DBuf,
     dx: &mut DBuf,
@@ -281,7 +344,7 @@ pub fn backward(
         sys::cudaDataType_t::CUDA_R_16BF,
     );
     let wb = match dt {
-        DType::Bf16 if !dx.is_empty() && out_dim > 0 => Some(cast_bf16(w)?),
+        DType::Bf16 if !dx.is_empty() && out_dim > 0 => Some(bf16_weight(w, wb)?),
         _ => None,
     };
     if !dx.is_empty() {

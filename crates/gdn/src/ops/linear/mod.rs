@@ -14,17 +14,28 @@ pub mod reference;
 #[cfg(test)]
 mod tests;
 
-use crate::backend::cuda::DBuf;
+use crate::backend::cuda::{DBuf, GBuf};
 use crate::backend::{mixed, Act, F32s, P};
 use crate::error::Result;
 
 /// `y = x W^T`: `x` `[rows, in_dim]`, `W` `[out_dim, in_dim]`, returns `y` `[rows, out_dim]`.
-pub fn forward(x: &Act, rows: usize, in_dim: usize, w: P, out_dim: usize) -> Result<Act> {
+/// `w_bf16`: on a GPU with bf16 storage, the bf16 copy of `W` made when `W` was last updated
+/// ([`cuda::cast_bf16`]); `None` makes it on the fly (same kernel, same bits). Host: `None`.
+pub fn forward(
+    x: &Act,
+    rows: usize,
+    in_dim: usize,
+    w: P,
+    w_bf16: Option<&GBuf<u16>>,
+    out_dim: usize,
+) -> Result<Act> {
     match (x, w) {
-        (Act::Host(x), P::Host(w)) => Ok(Act::Host(cpu::forward(x, rows, in_dim, w, out_dim)?)),
+        (Act::Host(x), P::Host(w)) if w_bf16.is_none() => {
+            Ok(Act::Host(cpu::forward(x, rows, in_dim, w, out_dim)?))
+        }
         (Act::Dev(x), P::Dev(w)) => {
             let mut y = DBuf::uninit(x.gpu(), rows.saturating_mul(out_dim), x.dtype())?;
-            cuda::forward(x, rows, in_dim, w, out_dim, &mut y)?;
+            cuda::forward(x, rows, in_dim, w, w_bf16, out_dim, &mut y)?;
             Ok(Act::Dev(y))
         }
         _ => Err(mixed("linear")),
@@ -32,17 +43,18 @@ pub fn forward(x: &Act, rows: usize, in_dim: usize, w: P, out_dim: usize) -> Res
 }
 
 /// Backward of [`forward`]: returns `dx = dy W` `[rows, in_dim]` and `dW = dy^T x`
-/// `[out_dim, in_dim]`.
+/// `[out_dim, in_dim]`. `w_bf16` as in [`forward`].
 pub fn backward(
     x: &Act,
     rows: usize,
     in_dim: usize,
     w: P,
+    w_bf16: Option<&GBuf<u16>>,
     out_dim: usize,
     dy: &Act,
 ) -> Result<(Act, F32s)> {
     match (x, w, dy) {
-        (Act::Host(x), P::Host(w), Act::Host(dy)) => {
+        (Act::Host(x), P::Host(w), Act::Host(dy)) if w_bf16.is_none() => {
             let (dx, dw) = cpu::backward(x, rows, in_dim, w, out_dim, dy)?;
             Ok((Act::Host(dx), F32s::Host(dw)))
         }
@@ -50,7 +62,7 @@ pub fn backward(
             let gpu = x.gpu();
             let mut dx = DBuf::uninit(gpu, rows.saturating_mul(in_dim), x.dtype())?;
             let mut dw = gpu.uninit(out_dim.saturating_mul(in_dim))?;
-            cuda::backward(x, rows, in_dim, w, out_dim, dy, &mut dx, &mut dw)?;
+            cuda::backward(x, rows, in_dim, w, w_bf16, out_dim, dy, &mut dx, &mut dw)?;
             Ok((Act::Dev(dx), F32s::Dev(dw)))
         }
         _ => Err(mixed("linear backward")),
