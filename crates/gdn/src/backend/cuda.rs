@@ -11,6 +11,7 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits,
 };
 use cudarc::nvrtc::{CompileOptions, Ptx};
+use rayon::prelude::*;
 
 use super::kernels;
 use crate::error::{GdnError, Result};
@@ -210,6 +211,10 @@ pub enum DType {
     Bf16,
 }
 
+/// Values per rayon task of the host-side f32 <-> bf16 conversions of `DBuf::upload` /
+/// `download` (the host API's copies of x, dy, y, dx: 67M values each at T 32768, hidden 2048).
+const CONVERT_CHUNK: usize = 1 << 16;
+
 /// A device tensor's storage: f32 or bf16 (raw 16-bit words).
 pub enum DBuf {
     F32(GBuf<f32>),
@@ -247,8 +252,10 @@ impl DBuf {
         Ok(match dtype {
             DType::F32 => DBuf::F32(gpu.upload(host)?),
             DType::Bf16 => {
+                // Elementwise, order kept: the same bits as a sequential conversion.
                 let h: Vec<u16> = host
-                    .iter()
+                    .par_iter()
+                    .with_min_len(CONVERT_CHUNK)
                     .map(|&x| half::bf16::from_f32(x).to_bits())
                     .collect();
                 DBuf::Bf16(gpu.upload(&h)?)
@@ -276,7 +283,8 @@ impl DBuf {
             DBuf::Bf16(b) => Ok(b
                 .gpu()
                 .download(b)?
-                .into_iter()
+                .into_par_iter()
+                .with_min_len(CONVERT_CHUNK)
                 .map(|x| half::bf16::from_bits(x).to_f32())
                 .collect()),
         }

@@ -87,8 +87,9 @@ fn make_plan(handle: sys::cublasLtHandle_t, key: &GemmKey) -> Result<GemmPlan> {
             key.transb,
         ),
     ] {
-        let v: i32 = t as i32; // CUBLAS_OP_N = 0, CUBLAS_OP_T = 1
-                               // SAFETY: `p.desc` is a live descriptor; the value is one i32.
+        // CUBLAS_OP_N = 0, CUBLAS_OP_T = 1
+        let v: i32 = t as i32;
+        // SAFETY: `p.desc` is a live descriptor; the value is one i32.
         unsafe {
             lt::set_matmul_desc_attribute(
                 p.desc,
