@@ -415,6 +415,9 @@ struct Row {
     shape: Shape,
     layer_fwd: Timing,
     layer_fwd_bwd: Timing,
+    /// CUDA only: the device-resident API (`forward_dev` / `backward_dev`): x, dy, y, dx and
+    /// the gradients stay on the GPU (each call starts from a device copy of x and dy).
+    layer_dev: Option<(Timing, Timing)>,
     rule_fwd: Timing,
     rule_fwd_bwd: Timing,
     kept_bytes: usize,
@@ -466,6 +469,26 @@ fn bench_shape(
         Ok(layer.backward(saved, &dy)?)
     };
     let layer_fwd_bwd = clock.time(warmup, reps, fb)?;
+
+    // The device-resident API: no host copies, no sync inside the calls.
+    let layer_dev = match &clock.gpu {
+        None => None,
+        Some(g) => {
+            errln!("gdn bench: {tag}: layer forward (+ backward), device API");
+            let xd = DBuf::upload(g, x.data(), dtype)?;
+            let dyd = DBuf::upload(g, dy.data(), dtype)?;
+            let seqs = Seqs::uniform(shape.b, shape.t);
+            let fwd = clock.time(warmup, reps, || {
+                Ok(layer.forward_dev(xd.try_clone()?, &seqs)?)
+            })?;
+            let fwd_bwd = clock.time(warmup, reps, || {
+                let (y, saved) = layer.forward_dev(xd.try_clone()?, &seqs)?;
+                drop(y);
+                Ok(layer.backward_dev(saved, dyd.try_clone()?)?)
+            })?;
+            Some((fwd, fwd_bwd))
+        }
+    };
 
     // Peak bytes of one more forward + backward (allocator counters; CUDA only).
     let peak = match &clock.gpu {
@@ -530,6 +553,7 @@ fn bench_shape(
         shape,
         layer_fwd,
         layer_fwd_bwd,
+        layer_dev,
         rule_fwd,
         rule_fwd_bwd,
         kept_bytes,
@@ -714,7 +738,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         outln!("");
         outln!("shape B{b} T{t} ({tokens} tokens)");
         let mut header = format!(
-            "{:<14}  {:>28}  {:>28}",
+            "{:<26}  {:>28}  {:>28}",
             "what", "host ms (min..max)", "gpu ms (min..max)"
         );
         if fla.is_some() {
@@ -735,9 +759,20 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 fla_row.and_then(|f| f.rule_fwd_bwd_ms),
             ),
         ];
-        for (what, tm, theirs) in lines {
+        let dev_lines: Vec<(&str, &Timing, Option<f64>)> = match &r.layer_dev {
+            None => Vec::new(),
+            Some((f, fb)) => vec![
+                ("layer fwd (device API)", f, fla_row.map(|f| f.fwd_ms)),
+                (
+                    "layer fwd+bwd (device API)",
+                    fb,
+                    fla_row.map(|f| f.fwd_bwd_ms),
+                ),
+            ],
+        };
+        for (what, tm, theirs) in lines.into_iter().chain(dev_lines) {
             let mut line = format!(
-                "{what:<14}  {:>28}  {:>28}",
+                "{what:<26}  {:>28}  {:>28}",
                 fmt_stat(Some(tm.host)),
                 fmt_stat(tm.gpu)
             );
@@ -831,6 +866,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     "tokens": r.shape.tokens(),
                     "layer_fwd": r.layer_fwd.json(),
                     "layer_fwd_bwd": r.layer_fwd_bwd.json(),
+                    "layer_dev_fwd": r.layer_dev.as_ref().map(|d| d.0.json()),
+                    "layer_dev_fwd_bwd": r.layer_dev.as_ref().map(|d| d.1.json()),
                     "rule_fwd": r.rule_fwd.json(),
                     "rule_fwd_bwd": r.rule_fwd_bwd.json(),
                     "kept_bytes": r.kept_bytes,

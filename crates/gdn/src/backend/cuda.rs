@@ -276,6 +276,21 @@ impl DBuf {
             DType::Bf16 => DBuf::Bf16(gpu.zeros(n)?),
         })
     }
+    /// A copy on the same GPU and stream (device to device, no sync), same dtype and bits.
+    pub fn try_clone(&self) -> Result<DBuf> {
+        fn dup<T: DeviceRepr>(b: &GBuf<T>) -> Result<GBuf<T>> {
+            let mut c = b.gpu.uninit::<T>(b.len())?;
+            b.gpu
+                .stream
+                .memcpy_dtod(&b.slice, &mut c.slice)
+                .map_err(|e| dev_err("cuMemcpyDtoDAsync", e))?;
+            Ok(c)
+        }
+        Ok(match self {
+            DBuf::F32(b) => DBuf::F32(dup(b)?),
+            DBuf::Bf16(b) => DBuf::Bf16(dup(b)?),
+        })
+    }
     /// Download as f32 (synchronizes).
     pub fn download(&self) -> Result<Vec<f32>> {
         match self {
