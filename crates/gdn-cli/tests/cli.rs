@@ -1,32 +1,15 @@
 //! End-to-end tests of the `gdn` binary.
 
 use std::path::{Path, PathBuf};
-use std::process::Output;
 
 mod common;
-use common::{expect_fail, gdn, ok, stderr, tmpdir};
+use common::{expect_fail, gdn, layer_run, ok, stderr, tmpdir};
 
 use gdn::io::{read_tensors, write_tensors};
 use gdn::layer::param_specs;
 use gdn::{GdnConfig, Normalization, Params, Tensor};
 
 const HIDDEN: usize = 32;
-
-/// `gdn layer --config c --weights w --input x --output out`, then `extra`.
-fn layer(c: &Path, w: &Path, x: &Path, out: &Path, extra: &[&str]) -> Output {
-    let args = [
-        "layer",
-        "--config",
-        s(c),
-        "--weights",
-        s(w),
-        "--input",
-        s(x),
-        "--output",
-        s(out),
-    ];
-    gdn(&[&args[..], extra].concat())
-}
 
 fn small_cfg() -> GdnConfig {
     GdnConfig {
@@ -113,7 +96,7 @@ fn bad_config_names_the_field() {
         format!("hidden_size = {HIDDEN}\nlinear_num_key_heads = 2\nlinear_num_value_heads = 3\n"),
     )
     .unwrap();
-    let o = layer(&c, &w, &x, &out, &[]);
+    let o = layer_run(&c, &w, &x, &out, &[]);
     expect_fail(&o, &["linear_num_value_heads", "bad.toml"]);
     assert!(!out.exists());
 
@@ -156,7 +139,7 @@ fn missing_weight_tensor_is_named() {
     let x = d.join("x.safetensors");
     write_x(&x, &ramp(&[1, 4, HIDDEN], 0), None);
     let out = d.join("out.safetensors");
-    let o = layer(&c, &w, &x, &out, &[]);
+    let o = layer_run(&c, &w, &x, &out, &[]);
     expect_fail(&o, &["dt_bias", "partial.safetensors"]);
     assert!(!out.exists());
 
@@ -164,7 +147,7 @@ fn missing_weight_tensor_is_named() {
     let mut p2 = p.clone();
     p2.set("out_norm.weight", Tensor::zeros(&[3]));
     write_tensors(&w, &p2.iter().collect::<Vec<_>>()).unwrap();
-    let o = layer(&c, &w, &x, &out, &[]);
+    let o = layer_run(&c, &w, &x, &out, &[]);
     expect_fail(&o, &["out_norm.weight", "[3]"]);
     assert!(!out.exists());
     std::fs::remove_dir_all(&d).unwrap();
@@ -182,7 +165,7 @@ fn wrong_x_shape_fails() {
         vec![1, 1, 4, HIDDEN],
     ] {
         write_x(&x, &ramp(&shape, 0), None);
-        let o = layer(&c, &w, &x, &out, &[]);
+        let o = layer_run(&c, &w, &x, &out, &[]);
         expect_fail(&o, &["x has shape"]);
         assert!(!out.exists());
     }
@@ -192,15 +175,15 @@ fn wrong_x_shape_fails() {
         &ramp(&[1, 4, HIDDEN], 0),
         Some(&ramp(&[1, 5, HIDDEN], 1)),
     );
-    let o = layer(&c, &w, &x, &out, &[]);
+    let o = layer_run(&c, &w, &x, &out, &[]);
     expect_fail(&o, &["dy has shape"]);
     // packed needs [1, T, hidden]
     write_x(&x, &ramp(&[2, 4, HIDDEN], 0), None);
-    let o = layer(&c, &w, &x, &out, &["--cu-seqlens", "0,4,8"]);
+    let o = layer_run(&c, &w, &x, &out, &["--cu-seqlens", "0,4,8"]);
     expect_fail(&o, &["[1, T, 32]"]);
     // no x at all
     write_tensors(&x, &[("X", &ramp(&[1, 4, HIDDEN], 0))]).unwrap();
-    let o = layer(&c, &w, &x, &out, &[]);
+    let o = layer_run(&c, &w, &x, &out, &[]);
     expect_fail(&o, &["unexpected tensor X"]);
     assert!(!out.exists());
     std::fs::remove_dir_all(&d).unwrap();
@@ -215,14 +198,14 @@ fn nan_with_check_finite_fails_without_output() {
     let mut xt = ramp(&[2, 4, HIDDEN], 0);
     xt.data_mut()[37] = f32::NAN;
     write_x(&x, &xt, None);
-    let o = layer(&c, &w, &x, &out, &["--check-finite"]);
+    let o = layer_run(&c, &w, &x, &out, &["--check-finite"]);
     expect_fail(&o, &["x", "non-finite", "37"]);
     assert!(!out.exists());
 
     let mut dy = ramp(&[2, 4, HIDDEN], 1);
     dy.data_mut()[5] = f32::INFINITY;
     write_x(&x, &ramp(&[2, 4, HIDDEN], 0), Some(&dy));
-    let o = layer(&c, &w, &x, &out, &["--check-finite"]);
+    let o = layer_run(&c, &w, &x, &out, &["--check-finite"]);
     expect_fail(&o, &["dy", "non-finite"]);
     assert!(!out.exists());
     assert_eq!(
@@ -239,15 +222,15 @@ fn unreadable_input_fails() {
     let (c, w) = setup(&d);
     let out = d.join("out.safetensors");
     let x = d.join("does-not-exist.safetensors");
-    let o = layer(&c, &w, &x, &out, &[]);
+    let o = layer_run(&c, &w, &x, &out, &[]);
     expect_fail(&o, &["does-not-exist.safetensors"]);
     assert!(!out.exists());
 
     let junk = d.join("junk.safetensors");
     std::fs::write(&junk, b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all").unwrap();
-    let o = layer(&c, &w, &junk, &out, &[]);
+    let o = layer_run(&c, &w, &junk, &out, &[]);
     expect_fail(&o, &["junk.safetensors", "not a valid safetensors file"]);
-    let o = layer(&c, &junk, &junk, &out, &[]);
+    let o = layer_run(&c, &junk, &junk, &out, &[]);
     expect_fail(&o, &["junk.safetensors"]);
     assert!(!out.exists());
     std::fs::remove_dir_all(&d).unwrap();
@@ -327,7 +310,7 @@ fn forward_and_backward_write_every_tensor() {
     write_tensors(&dy, &[("dy", &ramp(&[2, 9, HIDDEN], 1))]).unwrap();
 
     // forward only
-    let o = layer(&c, &w, &x, &out, &[]);
+    let o = layer_run(&c, &w, &x, &out, &[]);
     ok(&o);
     assert!(stderr(&o).contains("saved"), "{}", stderr(&o));
     let t = read_tensors(&out).unwrap();
@@ -403,7 +386,7 @@ fn packed_sequences_run() {
         &ramp(&[1, 12, HIDDEN], 0),
         Some(&ramp(&[1, 12, HIDDEN], 1)),
     );
-    let o = layer(&c, &w, &x, &out, &["--cu-seqlens", "0,5,5,12"]);
+    let o = layer_run(&c, &w, &x, &out, &["--cu-seqlens", "0,5,5,12"]);
     ok(&o);
     let n = names(&out);
     assert!(

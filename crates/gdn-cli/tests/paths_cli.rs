@@ -3,10 +3,9 @@
 
 use std::os::unix::fs::{symlink, FileTypeExt};
 use std::path::{Path, PathBuf};
-use std::process::Output;
 
 mod common;
-use common::{expect_fail, gdn, ok, tmpdir};
+use common::{expect_fail, gdn, layer_run, ok, tmpdir};
 
 use gdn::io::{read_tensors, write_tensors};
 use gdn::{GdnConfig, Normalization, Params, Tensor};
@@ -57,21 +56,6 @@ fn setup(d: &Path) -> (PathBuf, PathBuf, PathBuf) {
     (c, w, x)
 }
 
-fn layer(c: &Path, w: &Path, x: &Path, out: &Path, extra: &[&str]) -> Output {
-    let args = [
-        "layer",
-        "--config",
-        s(c),
-        "--weights",
-        s(w),
-        "--input",
-        s(x),
-        "--output",
-        s(out),
-    ];
-    gdn(&[&args[..], extra].concat())
-}
-
 fn is_symlink(p: &Path) -> bool {
     std::fs::symlink_metadata(p)
         .unwrap()
@@ -97,13 +81,13 @@ fn output_symlink_is_written_through() {
     let link = d.join("out.safetensors");
     symlink("real.safetensors", &link).unwrap();
     // a dangling link: the file it names is created
-    ok(&layer(&c, &w, &x, &link, &[]));
+    ok(&layer_run(&c, &w, &x, &link, &[]));
     assert!(is_symlink(&link), "the link was replaced");
     let t = read_tensors(&real).unwrap();
     assert!(t.iter().any(|(n, _)| n == "y") && t.iter().any(|(n, _)| n == "dx"));
     // and again onto the existing target
     std::fs::write(&real, b"old").unwrap();
-    ok(&layer(&c, &w, &x, &link, &[]));
+    ok(&layer_run(&c, &w, &x, &link, &[]));
     assert!(is_symlink(&link));
     assert!(read_tensors(&real).unwrap().iter().any(|(n, _)| n == "y"));
     assert_eq!(
@@ -135,7 +119,7 @@ fn output_device_node_stays_a_device() {
             return;
         }
     }
-    ok(&layer(&c, &w, &x, &null, &[]));
+    ok(&layer_run(&c, &w, &x, &null, &[]));
     let m = std::fs::symlink_metadata(&null).unwrap();
     assert!(
         m.file_type().is_char_device(),
@@ -168,7 +152,7 @@ fn output_fifo_is_written_in_place() {
             b
         })
     };
-    let o = layer(&c, &w, &x, &fifo, &[]);
+    let o = layer_run(&c, &w, &x, &fifo, &[]);
     let still_fifo = std::fs::symlink_metadata(&fifo)
         .unwrap()
         .file_type()
@@ -192,7 +176,7 @@ fn output_directory_is_refused() {
     let link = d.join("link");
     symlink(&sub, &link).unwrap();
     for p in [&sub, &link] {
-        expect_fail(&layer(&c, &w, &x, p, &[]), &["is a directory"]);
+        expect_fail(&layer_run(&c, &w, &x, p, &[]), &["is a directory"]);
     }
     assert!(sub.is_dir() && listing(&sub).is_empty());
     std::fs::remove_dir_all(&d).unwrap();
@@ -213,18 +197,18 @@ fn output_equal_to_an_input_is_refused() {
     // the same file by another spelling: ./dir/../dir/x
     let dir_name = d.file_name().unwrap().to_str().unwrap();
     let other = d.join("..").join(dir_name).join("x.safetensors");
-    let o = layer(&c, &w, &x, &other, &[]);
+    let o = layer_run(&c, &w, &x, &other, &[]);
     expect_fail(&o, &["is the same file as --input"]);
-    let o = layer(&c, &w, &x, &w, &[]);
+    let o = layer_run(&c, &w, &x, &w, &[]);
     expect_fail(&o, &["is the same file as --weights"]);
-    let o = layer(&c, &w, &x, &c, &[]);
+    let o = layer_run(&c, &w, &x, &c, &[]);
     expect_fail(&o, &["is the same file as --config"]);
-    let o = layer(&c, &w, &x_only, &dy, &["--grad-output", s(&dy)]);
+    let o = layer_run(&c, &w, &x_only, &dy, &["--grad-output", s(&dy)]);
     expect_fail(&o, &["is the same file as --grad-output"]);
     // through a symbolic link
     let link = d.join("link.safetensors");
     symlink("weights.safetensors", &link).unwrap();
-    let o = layer(&c, &w, &x, &link, &[]);
+    let o = layer_run(&c, &w, &x, &link, &[]);
     expect_fail(&o, &["is the same file as --weights"]);
     // a relative spelling, from the directory itself
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_gdn"))
@@ -303,7 +287,7 @@ fn example_refuses_to_clobber_and_force_overwrites() {
     // --force needs --example
     let (c, w, x) = setup(&d);
     expect_fail(
-        &layer(&c, &w, &x, &d.join("o.safetensors"), &["--force"]),
+        &layer_run(&c, &w, &x, &d.join("o.safetensors"), &["--force"]),
         &["--example"],
     );
     std::fs::remove_dir_all(&d).unwrap();
@@ -316,19 +300,19 @@ fn endless_config_and_inputs_are_refused() {
     let out = d.join("out.safetensors");
     let zero = Path::new("/dev/zero");
     expect_fail(
-        &layer(zero, &w, &x, &out, &[]),
+        &layer_run(zero, &w, &x, &out, &[]),
         &["/dev/zero", "larger than the 16777216 bytes allowed"],
     );
     for (c, w, x) in [(&*c, zero, &*x), (&*c, &*w, zero)] {
         expect_fail(
-            &layer(c, w, x, &out, &[]),
+            &layer_run(c, w, x, &out, &[]),
             &["/dev/zero", "not a valid safetensors file"],
         );
     }
     let x_only = d.join("xo.safetensors");
     write_tensors(&x_only, &[("x", &ramp(&[1, 6, HIDDEN]))]).unwrap();
     expect_fail(
-        &layer(&c, &w, &x_only, &out, &["--grad-output", "/dev/zero"]),
+        &layer_run(&c, &w, &x_only, &out, &["--grad-output", "/dev/zero"]),
         &["/dev/zero", "not a valid safetensors file"],
     );
     // a huge config file is refused by its size
@@ -336,7 +320,7 @@ fn endless_config_and_inputs_are_refused() {
     let f = std::fs::File::create(&big).unwrap();
     f.set_len(17 << 20).unwrap();
     expect_fail(
-        &layer(&big, &w, &x, &out, &[]),
+        &layer_run(&big, &w, &x, &out, &[]),
         &["big.toml", "bytes allowed"],
     );
     // an input whose header claims far more data than the file has
@@ -347,7 +331,7 @@ fn endless_config_and_inputs_are_refused() {
     b.extend_from_slice(header);
     std::fs::write(&lie, &b).unwrap();
     expect_fail(
-        &layer(&c, &w, &lie, &out, &[]),
+        &layer_run(&c, &w, &lie, &out, &[]),
         &["lie.safetensors", "declares 64000000000000 data bytes"],
     );
     assert!(!out.exists());
@@ -360,7 +344,7 @@ fn cu_seqlens_out_of_range_is_named() {
     let (c, w, x) = setup(&d);
     let out = d.join("out.safetensors");
     let e = expect_fail(
-        &layer(
+        &layer_run(
             &c,
             &w,
             &x,
@@ -371,12 +355,12 @@ fn cu_seqlens_out_of_range_is_named() {
     );
     assert!(!e.contains("not a non-negative integer"), "{e}");
     expect_fail(
-        &layer(&c, &w, &x, &out, &["--cu-seqlens", "0,-2"]),
+        &layer_run(&c, &w, &x, &out, &["--cu-seqlens", "0,-2"]),
         &["is negative"],
     );
     // in range for the parser, beyond the 6 tokens of x
     expect_fail(
-        &layer(
+        &layer_run(
             &c,
             &w,
             &x,
@@ -386,7 +370,7 @@ fn cu_seqlens_out_of_range_is_named() {
         &["cu_seqlens", "exceeds the 6 tokens"],
     );
     expect_fail(
-        &layer(&c, &w, &x, &out, &["--cu-seqlens", "0,3,7"]),
+        &layer_run(&c, &w, &x, &out, &["--cu-seqlens", "0,3,7"]),
         &["cu_seqlens", "exceeds the 6 tokens"],
     );
     assert!(!out.exists());
@@ -406,7 +390,7 @@ fn check_finite_checks_the_weights() {
     write_tensors(&w, &p.iter().collect::<Vec<_>>()).unwrap();
     let out = d.join("out.safetensors");
     expect_fail(
-        &layer(&c, &w, &x, &out, &["--check-finite"]),
+        &layer_run(&c, &w, &x, &out, &["--check-finite"]),
         &["nan.safetensors", "A_log", "non-finite", "index 1"],
     );
     assert!(!out.exists());
@@ -427,9 +411,12 @@ fn empty_x_with_a_huge_batch_is_refused() {
     let mut b = (header.len() as u64).to_le_bytes().to_vec();
     b.extend_from_slice(header.as_bytes());
     std::fs::write(&x, &b).unwrap();
-    expect_fail(&layer(&c, &w, &x, &out, &[]), &["x has shape", "no tokens"]);
+    expect_fail(
+        &layer_run(&c, &w, &x, &out, &[]),
+        &["x has shape", "no tokens"],
+    );
     write_tensors(&x, &[("x", &ramp(&[1, 0, HIDDEN]))]).unwrap();
-    expect_fail(&layer(&c, &w, &x, &out, &[]), &["no tokens"]);
+    expect_fail(&layer_run(&c, &w, &x, &out, &[]), &["no tokens"]);
     assert!(!out.exists());
     std::fs::remove_dir_all(&d).unwrap();
 }

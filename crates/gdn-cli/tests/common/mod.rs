@@ -1,7 +1,7 @@
 //! Helpers shared by the end-to-end tests of the `gdn` binary.
 #![allow(dead_code)] // each test file uses its own subset
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// A tiny `gdn train` run config: 1 block of width 16 on MQAR with 4 pairs in 16 tokens;
@@ -79,4 +79,23 @@ pub fn expect_fail(o: &Output, needles: &[&str]) -> String {
         assert!(e.contains(n), "stderr lacks {n:?}:\n{e}");
     }
     e
+}
+
+/// `gdn layer --config c --weights w --input x --output out`, then `extra`.
+pub fn layer_run(c: &Path, w: &Path, x: &Path, out: &Path, extra: &[&str]) -> Output {
+    let p = |p: &Path| p.to_str().expect("UTF-8 test path").to_string();
+    let mut args = vec![
+        "layer".to_string(),
+        "--config".into(),
+        p(c),
+        "--weights".into(),
+        p(w),
+        "--input".into(),
+        p(x),
+        "--output".into(),
+        p(out),
+    ];
+    args.extend(extra.iter().map(|e| e.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    gdn(&args)
 }
