@@ -69,7 +69,19 @@ pub fn run(args: LayerArgs) -> Result<()> {
         bail!("--force applies only to --example DIR (an --output file is always replaced)");
     }
     if let Some(dir) = args.example {
-        return example(&dir, args.check_finite, args.force);
+        let device: gdn::Device = args.device.parse()?;
+        // the device, dtype and variant apply to the example too; a GPU that cannot be used is
+        // an error before any file is written
+        resolve_dtype(device, args.dtype.as_deref())?;
+        if let gdn::Device::Cuda(i) = device {
+            gdn::device::cuda::gpu(i)?;
+        }
+        let run = ExampleRun {
+            device,
+            dtype: args.dtype,
+            variant: args.variant,
+        };
+        return example(&dir, args.check_finite, args.force, run);
     }
     let missing = |what: &str| anyhow!("gdn layer needs --{what} (or --example DIR)");
     run_job(Job {
@@ -396,7 +408,14 @@ pub const EXAMPLE_FILES: [&str; 5] = [
 /// `gdn layer --example DIR`: write config.toml, weights.safetensors, input.safetensors (x) and
 /// dy.safetensors into DIR, then run forward + backward on them into DIR/out.safetensors.
 /// Files of those names already in DIR are an error naming them, unless `force`.
-fn example(dir: &Path, check_finite: bool, force: bool) -> Result<()> {
+/// Where and how `--example` runs its layer: the flags given with it.
+struct ExampleRun {
+    device: gdn::Device,
+    dtype: Option<String>,
+    variant: Option<gdn::Variant>,
+}
+
+fn example(dir: &Path, check_finite: bool, force: bool, run: ExampleRun) -> Result<()> {
     let [config, weights, input, grad, output] = EXAMPLE_FILES.map(|f| dir.join(f));
     if !force {
         // symlink_metadata: a dangling symbolic link is something of the user's too
@@ -416,7 +435,11 @@ fn example(dir: &Path, check_finite: bool, force: bool) -> Result<()> {
     }
     std::fs::create_dir_all(dir)
         .with_context(|| format!("cannot create directory {}", dir.display()))?;
-    let cfg = example_config();
+    let mut cfg = example_config();
+    if let Some(v) = run.variant {
+        // written into config.toml (the weights follow the variant's parameter shapes)
+        cfg.variant = v;
+    }
     cfg.validate()?;
 
     let text = format!(
@@ -433,8 +456,15 @@ fn example(dir: &Path, check_finite: bool, force: bool) -> Result<()> {
     io::write_tensors(&input, &[("x", &x)])?;
     io::write_tensors(&grad, &[("dy", &dy)])?;
 
+    let mut flags = String::new();
+    if run.device != gdn::Device::Cpu {
+        flags.push_str(&format!(" --device {}", run.device));
+    }
+    if let Some(d) = &run.dtype {
+        flags.push_str(&format!(" --dtype {d}"));
+    }
     errln!(
-        "gdn layer --example: wrote {} ; running:\n  gdn layer --config {} --weights {} --input {} --grad-output {} --output {}",
+        "gdn layer --example: wrote {} ; running:\n  gdn layer --config {} --weights {} --input {} --grad-output {} --output {}{flags}",
         dir.display(),
         config.display(),
         weights.display(),
@@ -451,8 +481,8 @@ fn example(dir: &Path, check_finite: bool, force: bool) -> Result<()> {
         output,
         cu_seqlens: None,
         check_finite,
-        device: gdn::Device::Cpu,
-        dtype: None,
+        device: run.device,
+        dtype: run.dtype,
         variant: None,
     })
 }

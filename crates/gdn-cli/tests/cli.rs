@@ -469,3 +469,35 @@ fn variant_gdn2_runs_and_bad_device_or_dtype_fail() {
     }
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// `--example` honours `--variant`, `--device` and `--dtype` (they were ignored: the example ran
+/// a GDN layer on the CPU whatever was asked), and a device or dtype that cannot be used is an
+/// error before any file is written.
+#[test]
+fn example_takes_device_dtype_and_variant() {
+    let d = tmpdir("example-flags");
+    let dir = d.join("ex2");
+    let o = gdn(&["layer", "--example", s(&dir), "--variant", "gdn2"]);
+    ok(&o);
+    let cfg = GdnConfig::from_toml_file(&dir.join("config.toml")).unwrap();
+    assert_eq!(cfg.variant, gdn::Variant::Gdn2);
+    let n = names(&dir.join("out.safetensors"));
+    for (name, _) in param_specs(&cfg) {
+        assert!(
+            n.iter().any(|m| m == name),
+            "GDN2 gradient {name} not in {n:?}"
+        );
+    }
+    let bad = d.join("never");
+    expect_fail(
+        &gdn(&["layer", "--example", s(&bad), "--dtype", "bf16"]),
+        &["--dtype bf16: the CPU path computes in f32 only"],
+    );
+    assert!(!bad.exists(), "a refused example wrote {}", bad.display());
+    if !gdn::device::cuda::driver_present() {
+        let o = gdn(&["layer", "--example", s(&bad), "--device", "cuda"]);
+        expect_fail(&o, &["libcuda"]);
+        assert!(!bad.exists(), "a refused example wrote {}", bad.display());
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}
