@@ -334,7 +334,17 @@ fn start_new(args: &TrainArgs, device: Device) -> Result<Option<Setup>> {
     let doc = cfg.to_toml_string();
     let dir = match (&args.out, &args.name) {
         (Some(d), _) => d.clone(),
-        (None, Some(n)) => PathBuf::from("runs").join(n),
+        (None, Some(n)) => {
+            // a name, not a path: it stays under runs/ (use --out for a directory elsewhere)
+            let one = std::path::Path::new(n).components().count() == 1;
+            if n.is_empty() || !one || n == "." || n == ".." || n.contains(['/', '\\']) {
+                bail!(
+                    "--name {n:?}: expected a plain directory name under runs/ (no '/', '.' or \
+                     '..'); use --out DIR for a run directory elsewhere"
+                );
+            }
+            PathBuf::from("runs").join(n)
+        }
         (None, None) => PathBuf::from("runs").join(timestamp()),
     };
     if args.print_config {

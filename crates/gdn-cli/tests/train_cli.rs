@@ -268,3 +268,15 @@ fn text_data_device_and_config_errors() {
     assert!(!Path::new("runs").join("x").exists());
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// `--name` is a directory name under runs/, not a path: `../x`, `a/b`, `..` and `` are refused
+/// (`../../x` used to put the run outside runs/).
+#[test]
+fn name_must_be_a_plain_directory_name() {
+    for n in ["../escape", "a/b", "..", ".", ""] {
+        expect_fail(
+            &gdn(&["train", "--name", n, "--steps", "1"]),
+            &["expected a plain directory name under runs/"],
+        );
+    }
+}
