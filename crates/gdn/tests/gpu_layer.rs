@@ -379,3 +379,63 @@ fn device_api_equals_host_api_bitwise() {
     let bad_dy = cuda::DBuf::upload(&gpu, &[0.5; 9 * 256], DType::Bf16).unwrap();
     assert!(l.backward_dev(saved, bad_dy).is_err(), "dy length");
 }
+
+/// The device API with recurrent states (`forward_dev_with_state` / `backward_dev_with_state`)
+/// gives the host API's bits (`forward_with_state` / `backward_with_state`): y, final states, dx,
+/// every gradient and the initial states' gradient, packed sequences, f32 and bf16; a state of
+/// the wrong size is an error.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn device_api_with_state_equals_host_api_bitwise() {
+    let gpu = cuda::gpu(0).unwrap();
+    let c = cfg(Normalization::RMSNorm);
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    let x = randt(&mut rng, &[1, 200, 256]);
+    let dy = randt(&mut rng, &[1, 200, 256]);
+    let seqs = Seqs::packed(&[0, 70, 70, 190], 200).unwrap();
+    for dtype in [DType::F32, DType::Bf16] {
+        let l = GatedDeltaNet::new(&c, 5)
+            .unwrap()
+            .to_device(Device::Cuda(0), dtype)
+            .unwrap();
+        let st = l.state_shape(&seqs);
+        let h0 = randt(&mut rng, &st);
+        let dfin = randt(&mut rng, &st);
+        let (y0, fin0, saved) = l.forward_with_state(&x, &seqs, Some(&h0)).unwrap();
+        let (dx0, g0, dh00) = l.backward_with_state(saved, &dy, Some(&dfin)).unwrap();
+        let dh00 = dh00.expect("host API: gradient of the initial states");
+
+        let xd = cuda::DBuf::upload(&gpu, x.data(), dtype).unwrap();
+        let dyd = cuda::DBuf::upload(&gpu, dy.data(), dtype).unwrap();
+        let h0d = gpu.upload(h0.data()).unwrap();
+        let dfind = gpu.upload(dfin.data()).unwrap();
+        let (y1, fin1, saved) = l.forward_dev_with_state(xd, &seqs, Some(h0d)).unwrap();
+        let (dx1, g1, dh01) = l.backward_dev_with_state(saved, dyd, Some(dfind)).unwrap();
+        let dh01 = dh01.expect("device API: gradient of the initial states");
+        let b = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let tag = format!("{dtype:?}");
+        assert_eq!(b(&y1.download().unwrap()), bits(&y0), "{tag}: y");
+        assert_eq!(
+            b(&gpu.download(&fin1).unwrap()),
+            bits(&fin0),
+            "{tag}: final states"
+        );
+        assert_eq!(b(&dx1.download().unwrap()), bits(&dx0), "{tag}: dx");
+        assert_eq!(
+            b(&gpu.download(&dh01).unwrap()),
+            bits(&dh00),
+            "{tag}: d initial states"
+        );
+        let g1 = g1.to_host().unwrap();
+        for (name, t) in g0.iter() {
+            assert_eq!(bits(g1.get(name).unwrap()), bits(t), "{tag}: {name}");
+        }
+        // a state of the wrong size
+        let xd = cuda::DBuf::upload(&gpu, x.data(), dtype).unwrap();
+        let short = gpu.upload(&h0.data()[1..]).unwrap();
+        assert!(
+            l.forward_dev_with_state(xd, &seqs, Some(short)).is_err(),
+            "{tag}: short initial state"
+        );
+    }
+}

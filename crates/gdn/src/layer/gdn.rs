@@ -615,6 +615,89 @@ impl GatedDeltaNet {
         }
     }
 
+    /// [`forward_dev`](Self::forward_dev) with per-sequence recurrent states on the device:
+    /// `initial_state` `[N, Hv, Dk, Dv]` fp32 (zeros when `None`; N = `seqs.count()`), moved into
+    /// `Saved`; returns `y`, the final states `[N, Hv, Dk, Dv]` fp32 and what backward needs.
+    /// [`forward_with_state`](Self::forward_with_state) on a GPU layer is this with uploads and
+    /// downloads (same kernels, same bits).
+    pub fn forward_dev_with_state(
+        &self,
+        x: DBuf,
+        seqs: &Seqs,
+        initial_state: Option<GBuf<f32>>,
+    ) -> Result<(DBuf, GBuf<f32>, Saved)> {
+        let n = seqs.tokens();
+        self.check_dev("x", &x, n)?;
+        let st = self.state_shape(seqs);
+        if let Some(h0) = &initial_state {
+            self.check_dev_state("initial_state", h0, &st)?;
+        }
+        let shape = vec![n, self.cfg.hidden_size];
+        let h0 = initial_state.map(F32s::Dev);
+        let (y, fin, saved) = self.forward_act(Act::Dev(x), shape, seqs.clone(), h0, true)?;
+        match (y, fin) {
+            (Act::Dev(y), Some(F32s::Dev(f))) => Ok((y, f, saved)),
+            (_, None) => Err(GdnError::Invalid("final state was not produced".into())),
+            _ => Err(mixed("layer forward")),
+        }
+    }
+
+    /// Backward of [`forward_dev_with_state`](Self::forward_dev_with_state): `dy` as in
+    /// [`backward_dev`](Self::backward_dev), and the gradient of the final states
+    /// `[N, Hv, Dk, Dv]` fp32 (`None`: zero). Returns `dx`, the parameter gradients and, when the
+    /// forward was given initial states, their gradient.
+    pub fn backward_dev_with_state(
+        &self,
+        saved: Saved,
+        dy: DBuf,
+        d_final_state: Option<GBuf<f32>>,
+    ) -> Result<(DBuf, DeviceGrads, Option<GBuf<f32>>)> {
+        self.check_dev("dy", &dy, saved.tokens())?;
+        if !matches!(saved.x, Act::Dev(_)) {
+            return Err(GdnError::Invalid(
+                "backward_dev_with_state: Saved comes from a forward on the CPU".into(),
+            ));
+        }
+        if let Some(d) = &d_final_state {
+            self.check_dev_state("d_final_state", d, &self.state_shape(&saved.seqs))?;
+        }
+        let d_final = d_final_state.map(F32s::Dev);
+        let (dx, grads, dh0) = self.backward_act(saved, &Act::Dev(dy), d_final.as_ref())?;
+        let dx = match dx {
+            Act::Dev(d) => d,
+            Act::Host(_) => return Err(mixed("layer backward")),
+        };
+        let dh0 = match dh0 {
+            None => None,
+            Some(F32s::Dev(d)) => Some(d),
+            Some(F32s::Host(_)) => return Err(mixed("layer backward")),
+        };
+        Ok((dx, self.grads_dev(grads)?, dh0))
+    }
+
+    /// A state handed to the device API: on the layer's GPU, `shape`'s number of fp32 values.
+    fn check_dev_state(&self, what: &str, t: &GBuf<f32>, shape: &[usize]) -> Result<()> {
+        let Device::Cuda(i) = self.device else {
+            return Err(GdnError::Invalid(format!(
+                "{what}: the device API needs a layer on a GPU (to_device); this one runs on the CPU"
+            )));
+        };
+        if t.gpu().ordinal() != i {
+            return Err(GdnError::Device(format!(
+                "{what} lives on cuda:{} but the layer on cuda:{i}",
+                t.gpu().ordinal()
+            )));
+        }
+        let want: usize = shape.iter().product();
+        if t.len() != want {
+            return Err(GdnError::Invalid(format!(
+                "{what} has {} values, expected {shape:?} = {want} (fp32)",
+                t.len()
+            )));
+        }
+        Ok(())
+    }
+
     /// Backward of [`forward_dev`](Self::forward_dev) (or of a GPU layer's host-API forward) with
     /// device tensors: `dy` `[n, hidden]` in the layer's storage dtype (consumed). Returns `dx`
     /// `[n, hidden]` and the parameter gradients in fp32 device buffers ([`DeviceGrads`]).
