@@ -567,20 +567,26 @@ impl GatedDeltaNet {
         Ok((f.y, f.final_state, saved))
     }
 
-    /// A device tensor handed to the device API: the layer is on a GPU, `t` on that GPU, in the
-    /// layer's storage dtype, `rows x hidden_size` values.
-    fn check_dev(&self, what: &str, t: &DBuf, rows: usize) -> Result<()> {
+    /// A buffer handed to the device API lives on `gpu`: the layer must be on that GPU.
+    fn check_on_layer_gpu(&self, what: &str, gpu: &Gpu) -> Result<()> {
         let Device::Cuda(i) = self.device else {
             return Err(GdnError::Invalid(format!(
                 "{what}: the device API needs a layer on a GPU (to_device); this one runs on the CPU"
             )));
         };
-        if t.gpu().ordinal() != i {
+        if gpu.ordinal() != i {
             return Err(GdnError::Device(format!(
                 "{what} lives on cuda:{} but the layer on cuda:{i}",
-                t.gpu().ordinal()
+                gpu.ordinal()
             )));
         }
+        Ok(())
+    }
+
+    /// A device tensor handed to the device API: the layer is on a GPU, `t` on that GPU, in the
+    /// layer's storage dtype, `rows x hidden_size` values.
+    fn check_dev(&self, what: &str, t: &DBuf, rows: usize) -> Result<()> {
+        self.check_on_layer_gpu(what, t.gpu())?;
         if t.dtype() != self.dtype {
             return Err(GdnError::Invalid(format!(
                 "{what} is {:?} but the layer stores activations as {:?}",
@@ -655,7 +661,7 @@ impl GatedDeltaNet {
         self.check_dev("dy", &dy, saved.tokens())?;
         if !matches!(saved.x, Act::Dev(_)) {
             return Err(GdnError::Invalid(
-                "backward_dev_with_state: Saved comes from a forward on the CPU".into(),
+                "backward_dev: Saved comes from a forward on the CPU".into(),
             ));
         }
         if let Some(d) = &d_final_state {
@@ -677,17 +683,7 @@ impl GatedDeltaNet {
 
     /// A state handed to the device API: on the layer's GPU, `shape`'s number of fp32 values.
     fn check_dev_state(&self, what: &str, t: &GBuf<f32>, shape: &[usize]) -> Result<()> {
-        let Device::Cuda(i) = self.device else {
-            return Err(GdnError::Invalid(format!(
-                "{what}: the device API needs a layer on a GPU (to_device); this one runs on the CPU"
-            )));
-        };
-        if t.gpu().ordinal() != i {
-            return Err(GdnError::Device(format!(
-                "{what} lives on cuda:{} but the layer on cuda:{i}",
-                t.gpu().ordinal()
-            )));
-        }
+        self.check_on_layer_gpu(what, t.gpu())?;
         let want: usize = shape.iter().product();
         if t.len() != want {
             return Err(GdnError::Invalid(format!(
@@ -704,18 +700,8 @@ impl GatedDeltaNet {
     /// Nothing is copied to the host and nothing waits for the GPU.
     /// [`backward`](Self::backward) on a GPU layer is this with an upload and downloads.
     pub fn backward_dev(&self, saved: Saved, dy: DBuf) -> Result<(DBuf, DeviceGrads)> {
-        self.check_dev("dy", &dy, saved.tokens())?;
-        if !matches!(saved.x, Act::Dev(_)) {
-            return Err(GdnError::Invalid(
-                "backward_dev: Saved comes from a forward on the CPU".into(),
-            ));
-        }
-        let (dx, grads, _) = self.backward_act(saved, &Act::Dev(dy), None)?;
-        let dx = match dx {
-            Act::Dev(d) => d,
-            Act::Host(_) => return Err(mixed("layer backward")),
-        };
-        Ok((dx, self.grads_dev(grads)?))
+        let (dx, grads, _) = self.backward_dev_with_state(saved, dy, None)?;
+        Ok((dx, grads))
     }
 
     /// Gradients on the host as [`Grads`] (downloads device buffers), checked against the config.
