@@ -183,19 +183,18 @@ fn panel(area: &Area, p: &Panel, x_max: f64) -> Result<()> {
 }
 
 /// Write the loss and accuracy curves of `metrics` to `path`, atomically: drawn into
-/// `<path>.tmp-<pid>.png` beside it (the encoder picks PNG by the extension), synced, renamed.
+/// `<path>.tmp-<pid>.png` beside it (the encoder picks PNG by the extension), then written to
+/// `path` through [`gdn::io::write_atomic`] (the one writer: symlinks, devices, temp cleanup).
 pub fn write_curves(path: &Path, metrics: &[Metric], chance: Option<f64>) -> Result<()> {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
     name.push(format!(".tmp-{}.png", std::process::id()));
     let tmp = path.with_file_name(name);
     let r = draw_curves(&tmp, metrics, chance).and_then(|()| {
-        std::fs::File::open(&tmp).and_then(|f| f.sync_all())?;
-        std::fs::rename(&tmp, path)?;
+        let png = std::fs::read(&tmp)?;
+        gdn::io::write_atomic(path, &png)?;
         Ok(())
     });
-    if r.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
+    let _ = std::fs::remove_file(&tmp);
     r
 }
 
