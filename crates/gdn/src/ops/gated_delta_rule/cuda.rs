@@ -374,7 +374,8 @@ fn scan_fwd(
 }
 
 /// Forward on the GPU. Returns `o` `[tokens, Hv, Dv]` (storage type of q) and, if
-/// `output_final_state`, the final states `[N, Hv, Dk, Dv]` fp32.
+/// `output_final_state`, the final states `[N, Hv, Dk, Dv]` fp32. Runs the kernels
+/// [`FwdKernel::from_env`] names (v5 unless `GDN_RULE_FWD=v6`).
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     gpu: &Arc<Gpu>,
@@ -389,8 +390,60 @@ pub fn forward(
     initial_state: Option<&GBuf<f32>>,
     output_final_state: bool,
 ) -> Result<(DBuf, Option<GBuf<f32>>)> {
+    forward_with(
+        gpu,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        seqs,
+        shape,
+        opts,
+        initial_state,
+        output_final_state,
+        FwdKernel::from_env(),
+    )
+}
+
+/// [`forward`] with the forward kernels chosen by the caller. `FwdKernel::V6` runs the v6 path
+/// where [`v6_supports`] says it can (bf16 storage, Dk 64 or 128, Dv a multiple of 16) and v5
+/// elsewhere. Backward does not depend on which forward ran (it recomputes from the inputs).
+#[allow(clippy::too_many_arguments)]
+pub fn forward_with(
+    gpu: &Arc<Gpu>,
+    q: &DBuf,
+    k: &DBuf,
+    v: &DBuf,
+    g: &GBuf<f32>,
+    beta: &DBuf,
+    seqs: &Seqs,
+    shape: RuleShape,
+    opts: RuleOpts,
+    initial_state: Option<&GBuf<f32>>,
+    output_final_state: bool,
+    kernel: FwdKernel,
+) -> Result<(DBuf, Option<GBuf<f32>>)> {
     let s = shape;
     let dt = check(gpu, q, k, v, g, beta, seqs, s, initial_state)?;
+    if let FwdKernel::V6 { warps } = kernel {
+        if v6_supports(dt, s) {
+            return forward_v6(
+                gpu,
+                q,
+                k,
+                v,
+                g,
+                beta,
+                seqs,
+                s,
+                opts,
+                initial_state,
+                output_final_state,
+                warps,
+            );
+        }
+    }
     let st = gpu.stream();
     let ch = Chunks::new(gpu, seqs)?;
     let norm = if opts.l2norm_in_kernel {
@@ -617,4 +670,381 @@ pub fn backward(
         dbeta,
         dh0,
     })
+}
+
+// ---------------------------------------------------------------------------------------------
+// v6 forward (issue 13, stage A): see the v6 section of gated_delta_rule.cu.
+
+/// Which kernels run the forward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FwdKernel {
+    /// v5: prep, scan (chunk-start states to memory), output; TF32 tensor cores for bf16.
+    V5,
+    /// v6: prep with bf16 W, A = QK^T on its own, then the scan and the output fused in one
+    /// kernel on bf16 tensor cores (mma.sync m16n8k16, ldmatrix, cp.async double buffering).
+    /// `warps` per CTA (1, 2, 4 or 8; each owns 16 state columns); 0 picks by shape.
+    V6 { warps: usize },
+}
+
+impl FwdKernel {
+    /// `GDN_RULE_FWD=v6` (with `GDN_RULE_V6_WARPS=1|2|4|8` to force the CTA width): v6;
+    /// anything else: v5.
+    pub fn from_env() -> FwdKernel {
+        match std::env::var("GDN_RULE_FWD").as_deref() {
+            Ok("v6") => FwdKernel::V6 {
+                warps: std::env::var("GDN_RULE_V6_WARPS")
+                    .ok()
+                    .and_then(|w| w.parse().ok())
+                    .unwrap_or(0),
+            },
+            _ => FwdKernel::V5,
+        }
+    }
+}
+
+/// Whether [`FwdKernel::V6`] runs for this storage type and shape (else v5 does).
+pub fn v6_supports(dt: DType, s: RuleShape) -> bool {
+    dt == DType::Bf16 && (s.dk == 64 || s.dk == 128) && s.dv.is_multiple_of(16)
+}
+
+/// Bytes of one pipeline stage of `gdr_fwd6` (the .cu file's `V6<DK, NW>::STAGE`): W, K, Q
+/// (64 rows of Dk + 8 bf16), A (64 rows of 72 bf16), the U tile (64 rows of 16 NW + 4 fp32),
+/// gam (64 fp32).
+pub fn v6_stage_bytes(dk: usize, warps: usize) -> usize {
+    3 * C * (dk + 8) * 2 + C * (C + 8) * 2 + C * (16 * warps + 4) * 4 + C * 4
+}
+
+/// CTA width of `gdr_fwd6` (warps, each 16 state columns): `forced` if it is valid, else the
+/// width with the lowest modelled cost. Every CTA needs more than half of an SM's shared memory
+/// (one CTA per SM), and each warp re-reads the chunk's W, K, Q and A fragments from shared
+/// memory, so the model is: waves x (shared-memory bytes per SM per chunk step).
+fn v6_warps(gpu: &Gpu, n_seq: usize, s: RuleShape, forced: usize) -> usize {
+    let fits = |w: usize| s.dv.is_multiple_of(16 * w);
+    if [1, 2, 4, 8].contains(&forced) && fits(forced) {
+        return forced;
+    }
+    let sms = gpu
+        .stream()
+        .context()
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .unwrap_or(132)
+        .max(1) as usize;
+    let per_warp = 3 * C * s.dk * 2 + C * C * 2 * 10 / 16;
+    let mut best = (usize::MAX, 1);
+    for w in [2, 4, 1, 8] {
+        if !fits(w) {
+            continue;
+        }
+        let ctas = n_seq * s.hv * (s.dv / (16 * w));
+        let waves = ctas.div_ceil(sms);
+        let cost = waves * (w * per_warp + v6_stage_bytes(s.dk, w));
+        if cost < best.0 {
+            best = (cost, w);
+        }
+    }
+    best.1
+}
+
+static PROFILE6: std::sync::Mutex<Vec<(String, f64, usize)>> = std::sync::Mutex::new(Vec::new());
+static PROFILING6: AtomicBool = AtomicBool::new(false);
+
+/// Benchmarks only: time every launch of the v6 kernels that do not go through the shared
+/// launcher (the fused forward and the chain microbenchmark), from now until [`profile6_take`].
+#[doc(hidden)]
+pub fn profile6_start() {
+    if let Ok(mut p) = PROFILE6.lock() {
+        p.clear();
+    }
+    PROFILING6.store(true, Ordering::Relaxed);
+}
+
+/// Stops [`profile6_start`]'s timing; returns (kernel, total ms, launches).
+#[doc(hidden)]
+pub fn profile6_take() -> Vec<(String, f64, usize)> {
+    PROFILING6.store(false, Ordering::Relaxed);
+    PROFILE6
+        .lock()
+        .map(|mut p| std::mem::take(&mut *p))
+        .unwrap_or_default()
+}
+
+fn dev6(what: &str, e: impl std::fmt::Debug) -> GdnError {
+    GdnError::Device(format!("gated delta rule v6: {what}: {e:?}"))
+}
+
+/// Launch `name` on `blocks` CTAs of `threads` threads (the shared launcher's blocks are 256).
+fn launch_threads(
+    gpu: &Gpu,
+    name: &str,
+    blocks: usize,
+    threads: u32,
+    smem_bytes: usize,
+    args: &[Arg],
+) -> Result<()> {
+    use cudarc::driver::sys::{CUevent_flags, CUfunction_attribute};
+    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    if blocks == 0 {
+        return Ok(());
+    }
+    if blocks > i32::MAX as usize {
+        return Err(GdnError::Invalid(format!(
+            "gated delta rule: {name} needs {blocks} blocks, more than a grid holds"
+        )));
+    }
+    let f = gpu.function(MODULE, name)?;
+    if smem_bytes > 48 * 1024 {
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem_bytes as i32,
+        )
+        .map_err(|e| dev6(&format!("shared memory of {name} ({smem_bytes} bytes)"), e))?;
+    }
+    let mut b = gpu.stream().launch_builder(&f);
+    for a in args {
+        match a {
+            Arg::Ptr(p) => b.arg(p),
+            Arg::I32(x) => b.arg(x),
+            Arg::I64(x) => b.arg(x),
+            Arg::F32(x) => b.arg(x),
+        };
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: smem_bytes as u32,
+    };
+    let st = gpu.stream();
+    let profiling = PROFILING6.load(Ordering::Relaxed);
+    let ev = || {
+        st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| dev6("recording an event", e))
+    };
+    let t0 = if profiling { Some(ev()?) } else { None };
+    // SAFETY: the argument lists match the v6 kernels' signatures in gated_delta_rule.cu; every
+    // buffer is sized by the callers for the indices the kernels touch.
+    unsafe { b.launch(cfg) }.map_err(|e| dev6(&format!("launching {name}"), e))?;
+    if let Some(t0) = t0 {
+        let t1 = ev()?;
+        let ms = t0.elapsed_ms(&t1).map_err(|e| dev6("timing a kernel", e))? as f64;
+        let mut p = PROFILE6
+            .lock()
+            .map_err(|_| GdnError::Device("profile poisoned".into()))?;
+        match p.iter_mut().find(|(n, _, _)| n == name) {
+            Some(e) => {
+                e.1 += ms;
+                e.2 += 1;
+            }
+            None => p.push((name.to_string(), ms, 1)),
+        }
+    }
+    Ok(())
+}
+
+/// An uninitialized bf16 buffer of `n` elements (at least one; poisoned in tests).
+fn ws_bf16(gpu: &Arc<Gpu>, n: usize) -> Result<GBuf<u16>> {
+    let b = gpu.uninit::<u16>(n.max(1))?;
+    poison(&b)?;
+    Ok(b)
+}
+
+/// The v6 forward (callers checked the inputs and [`v6_supports`]).
+#[allow(clippy::too_many_arguments)]
+fn forward_v6(
+    gpu: &Arc<Gpu>,
+    q: &DBuf,
+    k: &DBuf,
+    v: &DBuf,
+    g: &GBuf<f32>,
+    beta: &DBuf,
+    seqs: &Seqs,
+    s: RuleShape,
+    opts: RuleOpts,
+    h0: Option<&GBuf<f32>>,
+    want_final: bool,
+    warps: usize,
+) -> Result<(DBuf, Option<GBuf<f32>>)> {
+    let st = gpu.stream();
+    let dt = DType::Bf16;
+    let ch = Chunks::new(gpu, seqs)?;
+    let chh = ch.count * s.hv;
+    // With the in-kernel norm: the normalized q, k in fp32 (prep's K K^T and A = Q K^T keep
+    // their accuracy, as in v5) and in bf16 (the fused kernel's mma operands).
+    let norm = if opts.l2norm_in_kernel {
+        let rows = q.len() / s.dk;
+        let mut outs = Vec::with_capacity(2);
+        for x in [q, k] {
+            let y = out_f32(gpu, x.len())?;
+            let yb = ws_bf16(gpu, x.len())?;
+            launch(
+                gpu,
+                "gdr_l2norm2_bf16",
+                rows.div_ceil(ROWS_PER_BLOCK),
+                0,
+                &[
+                    dptr(x, st),
+                    ptr(&y, st),
+                    ptr(&yb, st),
+                    Arg::I64(rows as i64),
+                    i32_arg(s.dk),
+                ],
+            )?;
+            outs.push((DBuf::F32(y), DBuf::Bf16(yb)));
+        }
+        Some(outs)
+    } else {
+        None
+    };
+    let (qf, kf, qb, kb) = match &norm {
+        Some(o) => (&o[0].0, &o[1].0, &o[0].1, &o[1].1),
+        None => (q, k, q, k),
+    };
+    let ks = chunk_sfx(dt, opts);
+    // Prep: gam, W (bf16), U.
+    let gam = ws(gpu, chh * C)?;
+    let w = ws_bf16(gpu, chh * C * s.dk)?;
+    let u = ws(gpu, chh * C * s.dv)?;
+    launch(
+        gpu,
+        &format!("gdr_prep6_{ks}"),
+        chh,
+        (STAGE_F + 2 * MAT_F + 3 * C) * 4,
+        &[
+            dptr(kf, st),
+            dptr(v, st),
+            ptr(g, st),
+            dptr(beta, st),
+            ptr(&ch.t0, st),
+            ptr(&ch.len, st),
+            i32_arg(s.hk),
+            i32_arg(s.hv),
+            i32_arg(s.dk),
+            i32_arg(s.dv),
+            ptr(&gam, st),
+            Arg::Ptr(0),
+            ptr(&w, st),
+            ptr(&u, st),
+        ],
+    )?;
+    // A = lower_incl(Q K^T * Gamma), bf16.
+    let a = ws_bf16(gpu, chh * C * C)?;
+    launch(
+        gpu,
+        &format!("gdr_qk6_{ks}"),
+        chh,
+        (STAGE_F + MAT_F + 2 * C) * 4,
+        &[
+            dptr(qf, st),
+            dptr(kf, st),
+            ptr(&gam, st),
+            ptr(&ch.t0, st),
+            ptr(&ch.len, st),
+            i32_arg(s.hk),
+            i32_arg(s.hv),
+            i32_arg(s.dk),
+            ptr(&a, st),
+        ],
+    )?;
+    // Scan + output.
+    let fin = if want_final {
+        Some(out_f32(gpu, seqs.count() * s.hv * s.dk * s.dv)?)
+    } else {
+        None
+    };
+    let mut o = out_d(gpu, seqs.tokens() * s.hv * s.dv, dt)?;
+    let nw = v6_warps(gpu, seqs.count(), s, warps);
+    launch_threads(
+        gpu,
+        &format!("gdr_fwd6_d{}_w{nw}", s.dk),
+        seqs.count() * s.hv * (s.dv / (16 * nw)),
+        32 * nw as u32,
+        2 * v6_stage_bytes(s.dk, nw),
+        &[
+            dptr(qb, st),
+            dptr(kb, st),
+            ptr(&gam, st),
+            ptr(&w, st),
+            ptr(&u, st),
+            ptr(&a, st),
+            ptr(&ch.seq, st),
+            ptr(&ch.t0, st),
+            ptr(&ch.len, st),
+            i32_arg(s.hk),
+            i32_arg(s.hv),
+            i32_arg(s.dv),
+            Arg::F32(opts.scale),
+            optr(h0, st),
+            dptr(&o, st),
+            optr(fin.as_ref(), st),
+        ],
+    )?;
+    zero_tail(
+        "gated delta rule",
+        gpu,
+        &mut o,
+        seqs.used(),
+        seqs.tokens(),
+        s.hv * s.dv,
+    )?;
+    Ok((o, fin))
+}
+
+/// Operands of the chain microbenchmark ([`chain6`]): one chunk's W, K (bf16 bits, `[64][128]`),
+/// A (bf16 bits, `[64][64]`), U (`[64][16 warps]`) and gam (`[64]`), on the device.
+#[doc(hidden)]
+pub struct ChainInputs {
+    pub w: GBuf<u16>,
+    pub k: GBuf<u16>,
+    pub a: GBuf<u16>,
+    pub u: GBuf<f32>,
+    pub gam: GBuf<f32>,
+}
+
+/// Benchmarks and tests only: one CTA of `warps` warps (1, 2, 4 or 8; with `output`, 1 or 2)
+/// runs `steps` dependent chunk steps of the v6 scan's chain (Dk = 128) on operands loaded once,
+/// and returns the state S `[128][16 warps]` (fp32).
+#[doc(hidden)]
+pub fn chain6(
+    gpu: &Arc<Gpu>,
+    x: &ChainInputs,
+    warps: usize,
+    output: bool,
+    steps: usize,
+) -> Result<GBuf<f32>> {
+    let ok = if output {
+        [1, 2].contains(&warps)
+    } else {
+        [1, 2, 4, 8].contains(&warps)
+    };
+    if !ok || x.u.len() != C * 16 * warps || x.w.len() != C * 128 || x.k.len() != C * 128 {
+        return Err(GdnError::Invalid(format!(
+            "chain6: {warps} warps (output {output}) with W {}, K {}, U {} values",
+            x.w.len(),
+            x.k.len(),
+            x.u.len()
+        )));
+    }
+    if x.a.len() != C * C || x.gam.len() != C {
+        return Err(GdnError::Invalid(
+            "chain6: A must be 64 x 64 and gam 64".into(),
+        ));
+    }
+    let st = gpu.stream();
+    let out = out_f32(gpu, 128 * 16 * warps)?;
+    launch_threads(
+        gpu,
+        &format!("gdr_chain6_d128_w{warps}_o{}", output as u8),
+        1,
+        32 * warps as u32,
+        v6_stage_bytes(128, warps),
+        &[
+            ptr(&x.w, st),
+            ptr(&x.k, st),
+            ptr(&x.a, st),
+            ptr(&x.u, st),
+            ptr(&x.gam, st),
+            Arg::I32(steps.min(i32::MAX as usize) as i32),
+            ptr(&out, st),
+        ],
+    )?;
+    Ok(out)
 }

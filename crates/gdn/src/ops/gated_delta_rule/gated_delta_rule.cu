@@ -259,12 +259,13 @@ __device__ void gdr_l2norm(const TI* __restrict__ x, TO* __restrict__ y, i64 row
 
 // ---------------------------------------------------------------------------------------------
 // Per (chunk, value head): gam, M, T = (I+M)^-1, W, U (fp32 workspaces, 64 rows per chunk,
-// rows >= l zero). T is stored only when t_ws is not null (backward).
-template <typename TQ, typename T>
+// rows >= l zero). T is stored only when t_ws is not null (backward). W is stored as TW: fp32 for
+// the v5 kernels, bf16 for the v6 forward (which rounds it to bf16 as an mma operand anyway).
+template <typename TQ, typename T, typename TW = float>
 __device__ void gdr_prep(const TQ* __restrict__ k, const T* __restrict__ v, const float* __restrict__ g,
                          const T* __restrict__ beta, const i64* __restrict__ ch_t0,
                          const int* __restrict__ ch_len, int hk_n, int hv_n, int dk, int dv,
-                         float* __restrict__ gam_ws, float* __restrict__ t_ws, float* __restrict__ w_ws,
+                         float* __restrict__ gam_ws, float* __restrict__ t_ws, TW* __restrict__ w_ws,
                          float* __restrict__ u_ws) {
     constexpr bool TC = tc_of<T>();
     const int ratio = hv_n / hk_n;
@@ -359,7 +360,7 @@ __device__ void gdr_prep(const TQ* __restrict__ k, const T* __restrict__ v, cons
             [&](int m, int x) { return (m < l && j0 + x < dk) ? s_bge[m] * ld(kc, m * krow + j0 + x) : 0.f; },
             stage);
         tile_epi<TC>(acc, [&](int i, int x, float a) {
-            if (j0 + x < dk) w_ws[(cb * GDR_C + i) * dk + j0 + x] = a;
+            if (j0 + x < dk) st(w_ws, (cb * GDR_C + i) * dk + j0 + x, a);
         });
     }
     for (int j0 = 0; j0 < dv; j0 += 64) {
@@ -1241,6 +1242,418 @@ __device__ void gdr_reduce_qk(const T* __restrict__ q, const T* __restrict__ k, 
     }
 }
 
+// =============================================================================================
+// v6 forward (issue 13, stage A): bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation),
+// ldmatrix fragments, cp.async double buffering, the scan and the output fused so the chunk
+// states never reach memory. bf16 storage only (the f32 verification path keeps v5).
+//
+//   gdr_l2norm2   normalized q / k rows in fp32 (prep's K K^T, qk6's Q K^T) and in bf16 (gdr_fwd6)
+//   gdr_prep6     gdr_prep with W stored in bf16 (U, gam fp32, as before)
+//   gdr_qk6       per (chunk, value head): A = lower_incl(Q K^T * Gamma) in bf16 (computed as v5's
+//                 gdr_output does, TF32 products: a q.k that cancels keeps its accuracy)
+//   gdr_fwd6      per (sequence, value head, V tile of BV = 16 NW columns), NW warps; warp w owns
+//                 the tile's columns 16 w .. 16 w + 15 and keeps their S^T (16 x DK, fp32) in
+//                 registers as m16n8 accumulator fragments. Per chunk (operands in shared memory,
+//                 the next chunk's loads in flight):
+//                   X   = S^T W^T                 (16 x 64)        A operand: S^T as bf16
+//                   D^T = U^T - X                 (fp32, from the U tile)
+//                   S^T = e^gam_L S^T + (D^T diag(e^(gam_L - gam))) K          A: D~^T as bf16
+//                   O^T = scale (S0^T Q^T diag(e^gam) + D^T A^T)          A: S0^T, D^T as bf16
+//                 An accumulator fragment (rows g, g + 8; columns 2t, 2t + 1 of two adjacent
+//                 n8 tiles) is exactly the A fragment of the next product (FlashAttention-2's
+//                 register reuse), so the serial chain S -> D -> S never leaves the registers.
+//                 Each column of S evolves independently, so the V split is exact.
+//   gdr_chain6    one CTA, `steps` dependent chunk steps of the same chain on operands resident
+//                 in shared memory (the scan's latency floor; bench only)
+//
+// PTX fragment maps used (g = lane / 4, t = lane % 4), m16n8k16 .bf16:
+//   A (16 x 16, row): a0 = (g, 2t..2t+1), a1 = (g + 8, 2t..), a2 = (g, 2t + 8..), a3 = (g + 8, 2t + 8..)
+//   B (16 x 8, col):  b0 = (k 2t..2t+1, n g), b1 = (k 2t + 8.., n g)
+//   C (16 x 8):       c0, c1 = (g, 2t), (g, 2t + 1); c2, c3 = (g + 8, 2t), (g + 8, 2t + 1)
+// Each 32-bit register holds the element of the smaller k (or column) in its low half.
+// ldmatrix .x4: lanes 8m .. 8m + 7 give the row addresses of 8x8 matrix m; register m of a lane
+// receives row g, elements 2t, 2t + 1 of matrix m (with .trans: elements (2t, g), (2t + 1, g)).
+
+// Two fp32 as a bf16x2 register (round to nearest even), `lo` in the low half.
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// c += a b, m16n8k16, bf16 operands, fp32 accumulation.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+// 16 bytes global -> shared, asynchronous; `valid` false writes 16 zero bytes (reads nothing).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    unsigned n = valid ? 16u : 0u;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+__device__ __forceinline__ unsigned dyn_smem_bytes() {
+    unsigned r;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+    return r;
+}
+
+// Layout of one pipeline stage of gdr_fwd6 (bytes; every region 16-byte aligned, rows padded
+// so that ldmatrix's 8 row addresses fall in 8 different 16-byte bank groups). cuda.rs
+// (v6_stage_bytes) computes STAGE with the same formula.
+template <int DK, int NW>
+struct V6 {
+    static constexpr int BV = 16 * NW;
+    static constexpr int NT = 32 * NW;
+    static constexpr int LK = DK + 8;       // bf16 row stride of W, K, Q
+    static constexpr int LA = GDR_C + 8;    // bf16 row stride of A
+    static constexpr int LU = BV + 4;       // fp32 row stride of U (conflict-free C-layout reads)
+    static constexpr int W_OFF = 0;
+    static constexpr int K_OFF = W_OFF + GDR_C * LK * 2;
+    static constexpr int Q_OFF = K_OFF + GDR_C * LK * 2;
+    static constexpr int A_OFF = Q_OFF + GDR_C * LK * 2;
+    static constexpr int U_OFF = A_OFF + GDR_C * LA * 2;
+    static constexpr int G_OFF = U_OFF + GDR_C * LU * 4;
+    static constexpr int STAGE = G_OFF + GDR_C * 4;
+};
+
+// Issue one chunk's loads into a stage (all threads of the CTA), as one cp.async group: W
+// (64 x DK bf16, rows >= l are zero in the workspace), K and Q rows (rows >= l zero-filled,
+// never read: they may belong to the next sequence or lie past the buffer), A (64 x 64 bf16),
+// the CTA's U tile (64 x BV fp32) and gam (64 fp32).
+template <int DK, int NW>
+__device__ __forceinline__ void v6_load_stage(char* st, const bf16_t* wc, const bf16_t* kc, const bf16_t* qc,
+                                              i64 krow, int l, const bf16_t* ac, const float* uc, i64 urow,
+                                              const float* gc) {
+    typedef V6<DK, NW> L;
+    const int tid = threadIdx.x;
+    constexpr int CPR = DK / 8;  // 16-byte pieces per row of W, K, Q
+    for (int e = tid; e < GDR_C * CPR; e += L::NT) {
+        const int i = e / CPR, x = (e % CPR) * 8;
+        const bool ok = i < l;
+        const i64 r = ok ? i : 0;
+        cp_async16(st + L::W_OFF + (i * L::LK + x) * 2, wc + (i64)i * DK + x, true);
+        cp_async16(st + L::K_OFF + (i * L::LK + x) * 2, kc + r * krow + x, ok);
+        cp_async16(st + L::Q_OFF + (i * L::LK + x) * 2, qc + r * krow + x, ok);
+    }
+    for (int e = tid; e < GDR_C * 8; e += L::NT) {
+        const int i = e >> 3, x = (e & 7) * 8;
+        cp_async16(st + L::A_OFF + (i * L::LA + x) * 2, ac + i * GDR_C + x, true);
+    }
+    constexpr int UPR = L::BV / 4;
+    for (int e = tid; e < GDR_C * UPR; e += L::NT) {
+        const int i = e / UPR, x = (e % UPR) * 4;
+        cp_async16(st + L::U_OFF + (i * L::LU + x) * 4, uc + (i64)i * urow + x, true);
+    }
+    if (tid < GDR_C / 4) cp_async16(st + L::G_OFF + tid * 16, gc + tid * 4, true);
+    cp_async_commit();
+}
+
+// S^T (16 x DK fp32 accumulator fragments) as bf16 A fragments, one per 16-deep k step.
+template <int DK>
+__device__ __forceinline__ void v6_s_frags(const float (&s)[DK / 8][4], unsigned (&sa)[DK / 16][4]) {
+#pragma unroll
+    for (int ks = 0; ks < DK / 16; ++ks) {
+        sa[ks][0] = pack_bf16(s[2 * ks][0], s[2 * ks][1]);
+        sa[ks][1] = pack_bf16(s[2 * ks][2], s[2 * ks][3]);
+        sa[ks][2] = pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+        sa[ks][3] = pack_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+    }
+}
+
+// x (16 x 64, 8 n8 tiles over the chunk rows i) += sa (16 x DK) times M^T, where M (64 x DK,
+// bf16, row stride ld) is in shared memory: B[k][n] = M[n][k] is a row-major read of M.
+template <int DK>
+__device__ __forceinline__ void v6_mul_rows_t(float (&x)[8][4], const unsigned (&sa)[DK / 16][4],
+                                              const bf16_t* m, int ld) {
+    const int lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
+#pragma unroll
+    for (int ks = 0; ks < DK / 16; ++ks)
+#pragma unroll
+        for (int jp = 0; jp < 4; ++jp) {
+            unsigned b[4];
+            ldsm_x4(b, m + (16 * jp + 8 * (mi >> 1) + r) * ld + 16 * ks + 8 * (mi & 1));
+            mma_bf16(x[2 * jp], sa[ks], b[0], b[1]);
+            mma_bf16(x[2 * jp + 1], sa[ks], b[2], b[3]);
+        }
+}
+
+// One chunk step of the chain for this warp: D^T = U^T - S^T W^T, then S^T <- e^gl S^T +
+// (D^T diag(ed)) K. Leaves S0^T (the chunk-start state) as bf16 A fragments in `sa` and D^T
+// (unscaled) in `da`, for the output. `u` is the CTA's U tile (fp32, row stride lu) offset to
+// this warp's first column; s_gam the chunk's gam; l the valid rows.
+template <int DK>
+__device__ __forceinline__ void v6_chain_step(float (&s)[DK / 8][4], unsigned (&sa)[DK / 16][4],
+                                              unsigned (&da)[4][4], const bf16_t* sw, const bf16_t* sk,
+                                              int lk, const float* u, int lu, const float* s_gam, int l) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, mi = lane >> 3, r = lane & 7;
+    v6_s_frags<DK>(s, sa);
+    float x[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) x[j][c] = 0.f;
+    v6_mul_rows_t<DK>(x, sa, sw, lk);
+    const float gl = s_gam[l - 1];
+    unsigned dsa[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int j = 2 * kk + h, i0 = 8 * j + 2 * t;
+            const float e0 = i0 < l ? __expf(gl - s_gam[i0]) : 0.f;
+            const float e1 = i0 + 1 < l ? __expf(gl - s_gam[i0 + 1]) : 0.f;
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+                const int v = g + 8 * rr;
+                const float d0 = u[i0 * lu + v] - x[j][2 * rr];
+                const float d1 = u[(i0 + 1) * lu + v] - x[j][2 * rr + 1];
+                da[kk][rr + 2 * h] = pack_bf16(d0, d1);
+                dsa[kk][rr + 2 * h] = pack_bf16(e0 * d0, e1 * d1);
+            }
+        }
+    const float egl = __expf(gl);
+#pragma unroll
+    for (int nt = 0; nt < DK / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) s[nt][c] *= egl;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int np = 0; np < DK / 16; ++np) {
+            unsigned b[4];
+            ldsm_x4_t(b, sk + (16 * kk + 8 * (mi & 1) + r) * lk + 16 * np + 8 * (mi >> 1));
+            mma_bf16(s[2 * np], dsa[kk], b[0], b[1]);
+            mma_bf16(s[2 * np + 1], dsa[kk], b[2], b[3]);
+        }
+}
+
+// Forward, scan and output fused (see the v6 header above). Grid: N * Hv * (dv / BV) CTAs of
+// 32 NW threads, dynamic shared memory 2 * V6<DK, NW>::STAGE. q, k are bf16 (the normalized
+// copies with the in-kernel norm), W bf16, U fp32, A bf16 (gdr_qk6), gam fp32 (gdr_prep6).
+template <int DK, int NW>
+__device__ void gdr_fwd6(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+                         const float* __restrict__ gam_ws, const bf16_t* __restrict__ w_ws,
+                         const float* __restrict__ u_ws, const bf16_t* __restrict__ a_ws,
+                         const i64* __restrict__ seq_ch, const i64* __restrict__ ch_t0,
+                         const int* __restrict__ ch_len, int hk_n, int hv_n, int dv, float scale,
+                         const float* __restrict__ h0, bf16_t* __restrict__ o, float* __restrict__ fin) {
+    typedef V6<DK, NW> L;
+    // A launch with too little shared memory writes nothing (tests see the poisoned output).
+    if (dyn_smem_bytes() < 2u * L::STAGE) return;
+    char* sm = reinterpret_cast<char*>(gdr_smem);
+    const int nvt = dv / L::BV;
+    const i64 b = blockIdx.x;
+    const int vt = (int)(b % nvt);
+    const int hv = (int)((b / nvt) % hv_n);
+    const i64 n = b / ((i64)nvt * hv_n);
+    const int kh = hv / (hv_n / hk_n);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const i64 col0 = (i64)vt * L::BV;       // the CTA's first state column
+    const int wc0 = 16 * warp;              // this warp's first column inside the tile
+    const i64 st_base = (n * hv_n + hv) * (i64)DK * dv;
+    const i64 krow = (i64)hk_n * DK, vrow = (i64)hv_n * dv;
+
+    // s[nt][c] = S[8 nt + 2t + (c & 1)][col0 + wc0 + g + 8 (c >> 1)]
+    float s[DK / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < DK / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            s[nt][c] = h0 ? h0[st_base + (i64)(8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)] : 0.f;
+
+    const i64 c_beg = seq_ch[n], c_end = seq_ch[n + 1];
+    auto issue = [&](i64 c, int stage) {
+        const i64 cb = c * hv_n + hv;
+        const i64 t0 = ch_t0[c];
+        v6_load_stage<DK, NW>(sm + stage * L::STAGE, w_ws + cb * GDR_C * DK, k + t0 * krow + (i64)kh * DK,
+                              q + t0 * krow + (i64)kh * DK, krow, ch_len[c], a_ws + cb * GDR_C * GDR_C,
+                              u_ws + cb * GDR_C * dv + col0, (i64)dv, gam_ws + cb * GDR_C);
+    };
+    if (c_beg < c_end) issue(c_beg, 0);
+    const int mi = lane >> 3, r = lane & 7;
+    for (i64 c = c_beg; c < c_end; ++c) {
+        const int stg = (int)((c - c_beg) & 1);
+        cp_async_wait_all();
+        // Stage stg (chunk c) is complete and visible to all; every warp is done with the other
+        // stage (chunk c - 1), which now receives chunk c + 1 while this chunk computes.
+        __syncthreads();
+        if (c + 1 < c_end) issue(c + 1, stg ^ 1);
+        const char* sp = sm + stg * L::STAGE;
+        const bf16_t* sW = reinterpret_cast<const bf16_t*>(sp + L::W_OFF);
+        const bf16_t* sK = reinterpret_cast<const bf16_t*>(sp + L::K_OFF);
+        const bf16_t* sQ = reinterpret_cast<const bf16_t*>(sp + L::Q_OFF);
+        const bf16_t* sA = reinterpret_cast<const bf16_t*>(sp + L::A_OFF);
+        const float* sU = reinterpret_cast<const float*>(sp + L::U_OFF);
+        const float* sG = reinterpret_cast<const float*>(sp + L::G_OFF);
+        const int l = ch_len[c];
+        const i64 t0 = ch_t0[c];
+
+        unsigned sa[DK / 16][4], da[4][4];
+        v6_chain_step<DK>(s, sa, da, sW, sK, L::LK, sU + wc0, L::LU, sG, l);
+
+        // O^T = S0^T Q^T, scaled by e^gam per chunk row, + D^T A^T (A lower triangular: only
+        // the 16 x 16 blocks on or below the diagonal).
+        float oacc[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int cc = 0; cc < 4; ++cc) oacc[j][cc] = 0.f;
+        v6_mul_rows_t<DK>(oacc, sa, sQ, L::LK);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int i0 = 8 * j + 2 * t;
+            const float e0 = i0 < l ? __expf(sG[i0]) : 0.f;
+            const float e1 = i0 + 1 < l ? __expf(sG[i0 + 1]) : 0.f;
+            oacc[j][0] *= e0;
+            oacc[j][1] *= e1;
+            oacc[j][2] *= e0;
+            oacc[j][3] *= e1;
+        }
+#pragma unroll
+        for (int jp = 0; jp < 4; ++jp)
+#pragma unroll
+            for (int kk = 0; kk <= jp; ++kk) {
+                unsigned bb[4];
+                ldsm_x4(bb, sA + (16 * jp + 8 * (mi >> 1) + r) * L::LA + 16 * kk + 8 * (mi & 1));
+                mma_bf16(oacc[2 * jp], da[kk], bb[0], bb[1]);
+                mma_bf16(oacc[2 * jp + 1], da[kk], bb[2], bb[3]);
+            }
+        bf16_t* oc = o + t0 * vrow + (i64)hv * dv + col0 + wc0 + g;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int cc = 0; cc < 4; ++cc) {
+                const int i = 8 * j + 2 * t + (cc & 1);
+                if (i < l) st(oc, (i64)i * vrow + 8 * (cc >> 1), scale * oacc[j][cc]);
+            }
+    }
+    if (fin) {
+#pragma unroll
+        for (int nt = 0; nt < DK / 8; ++nt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                fin[st_base + (i64)(8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)] = s[nt][c];
+    }
+}
+
+// Chain microbenchmark: one CTA of NW warps runs `steps` dependent chunk steps of gdr_fwd6's
+// chain (no output unless OUT) on one chunk's operands (W, K bf16 [64][DK]; U fp32 [64][16 NW];
+// gam fp32 [64]) loaded once, then writes S [DK][16 NW] (fp32) to `out`.
+template <int DK, int NW, bool OUT>
+__device__ void gdr_chain6(const bf16_t* __restrict__ w, const bf16_t* __restrict__ kk,
+                           const bf16_t* __restrict__ a, const float* __restrict__ u,
+                           const float* __restrict__ gam, int steps, float* __restrict__ out) {
+    typedef V6<DK, NW> L;
+    if (dyn_smem_bytes() < (unsigned)L::STAGE) return;
+    char* sm = reinterpret_cast<char*>(gdr_smem);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int mi = lane >> 3, r = lane & 7;
+    const int wc0 = 16 * warp;
+    v6_load_stage<DK, NW>(sm, w, kk, kk, (i64)DK, GDR_C, a, u, (i64)L::BV, gam);
+    cp_async_wait_all();
+    __syncthreads();
+    const bf16_t* sW = reinterpret_cast<const bf16_t*>(sm + L::W_OFF);
+    const bf16_t* sK = reinterpret_cast<const bf16_t*>(sm + L::K_OFF);
+    const bf16_t* sQ = reinterpret_cast<const bf16_t*>(sm + L::Q_OFF);
+    const bf16_t* sA = reinterpret_cast<const bf16_t*>(sm + L::A_OFF);
+    const float* sU = reinterpret_cast<const float*>(sm + L::U_OFF);
+    const float* sG = reinterpret_cast<const float*>(sm + L::G_OFF);
+    float s[DK / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < DK / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) s[nt][c] = 0.f;
+    float osum = 0.f;
+    for (int step = 0; step < steps; ++step) {
+        unsigned sa[DK / 16][4], da[4][4];
+        v6_chain_step<DK>(s, sa, da, sW, sK, L::LK, sU + wc0, L::LU, sG, GDR_C);
+        if (OUT) {
+            float oacc[8][4];
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int cc = 0; cc < 4; ++cc) oacc[j][cc] = 0.f;
+            v6_mul_rows_t<DK>(oacc, sa, sQ, L::LK);
+#pragma unroll
+            for (int jp = 0; jp < 4; ++jp)
+#pragma unroll
+                for (int k2 = 0; k2 <= jp; ++k2) {
+                    unsigned bb[4];
+                    ldsm_x4(bb, sA + (16 * jp + 8 * (mi >> 1) + r) * L::LA + 16 * k2 + 8 * (mi & 1));
+                    mma_bf16(oacc[2 * jp], da[k2], bb[0], bb[1]);
+                    mma_bf16(oacc[2 * jp + 1], da[k2], bb[2], bb[3]);
+                }
+#pragma unroll
+            for (int j = 0; j < 8; ++j) osum += oacc[j][0] + oacc[j][1] + oacc[j][2] + oacc[j][3];
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < DK / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            out[(8 * nt + 2 * t + (c & 1)) * L::BV + wc0 + g + 8 * (c >> 1)] = s[nt][c] + 0.f * osum;
+}
+
+// A = lower_incl(Q K^T * Gamma) of a chunk, rounded to bf16 (rows >= l zero): gdr_output's
+// first product, on its own.
+template <typename TQ, typename T>
+__device__ void gdr_qk6(const TQ* __restrict__ q, const TQ* __restrict__ k, const float* __restrict__ gam_ws,
+                        const i64* __restrict__ ch_t0, const int* __restrict__ ch_len, int hk_n, int hv_n,
+                        int dk, bf16_t* __restrict__ a_ws) {
+    constexpr bool TC = tc_of<T>();
+    ChunkGeo G = chunk_geo(ch_t0, ch_len, hv_n, hv_n / hk_n);
+    const int l = G.l;
+    const i64 cb = G.c * hv_n + G.hv;
+    float* stage = gdr_smem;
+    float* sA = stage + GDR_STAGE;
+    float* s_gam = sA + GDR_MAT;
+    float* s_eg = s_gam + GDR_C;
+    const i64 krow = (i64)hk_n * dk;
+    const TQ* qc = q + G.t0 * krow + (i64)G.kh * dk;
+    const TQ* kc = k + G.t0 * krow + (i64)G.kh * dk;
+    load_gam(gam_ws, cb * GDR_C, l, s_gam, s_eg, nullptr);
+    chunk_qk<TC>(qc, kc, krow, dk, l, s_gam, sA, stage);
+    __syncthreads();
+    for (int e = threadIdx.x; e < GDR_C * GDR_C; e += GDR_NT)
+        a_ws[cb * (GDR_C * GDR_C) + e] = f32_to_bf16(sA[(e >> 6) * GDR_LD + (e & 63)]);
+}
+
+// L2 norm of rows (one warp per row) written twice: fp32 (y) and bf16 (yb).
+template <typename TI>
+__device__ void gdr_l2norm2(const TI* __restrict__ x, float* __restrict__ y, bf16_t* __restrict__ yb, i64 rows,
+                            int d) {
+    i64 row = (i64)blockIdx.x * (GDR_NT / 32) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    const TI* xr = x + row * d;
+    float ss = warp_row_dot(d, [&](int c) { float v = ld(xr, c); return v * v; });
+    float r = 1.f / sqrtf(ss + 1e-6f);
+    for (int c = threadIdx.x & 31; c < d; c += 32) {
+        float v = ld(xr, c) * r;
+        y[row * d + c] = v;
+        yb[row * d + c] = f32_to_bf16(v);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Entry points, one per storage type (f32: verification; bf16: training).
 
@@ -1322,3 +1735,59 @@ GDR_ROW_ENTRIES(bf16_t, bf16)
 GDR_ENTRIES(float, float, f32)
 GDR_ENTRIES(bf16_t, bf16_t, bf16)
 GDR_ENTRIES(float, bf16_t, bf16n)
+
+// v6 forward entries (bf16 storage only; suffix bf16n: normalized q, k in fp32 for the prep and
+// for A, as in v5).
+#define GDR_V6_ENTRIES(TQ, S)                                                                           \
+    extern "C" __global__ void __launch_bounds__(GDR_NT)                                                \
+        gdr_prep6_##S(const TQ* k, const bf16_t* v, const float* g, const bf16_t* beta, const i64* ch_t0, \
+                      const int* ch_len, int hk, int hv, int dk, int dv, float* gam_ws, float* t_ws,    \
+                      bf16_t* w_ws, float* u_ws) {                                                      \
+        gdr_prep<TQ, bf16_t, bf16_t>(k, v, g, beta, ch_t0, ch_len, hk, hv, dk, dv, gam_ws, t_ws, w_ws,  \
+                                     u_ws);                                                             \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(GDR_NT)                                                \
+        gdr_qk6_##S(const TQ* q, const TQ* k, const float* gam_ws, const i64* ch_t0, const int* ch_len, \
+                    int hk, int hv, int dk, bf16_t* a_ws) {                                             \
+        gdr_qk6<TQ, bf16_t>(q, k, gam_ws, ch_t0, ch_len, hk, hv, dk, a_ws);                             \
+    }
+
+GDR_V6_ENTRIES(bf16_t, bf16)
+GDR_V6_ENTRIES(float, bf16n)
+
+extern "C" __global__ void __launch_bounds__(GDR_NT)
+    gdr_l2norm2_bf16(const bf16_t* x, float* y, bf16_t* yb, i64 rows, int d) {
+    gdr_l2norm2<bf16_t>(x, y, yb, rows, d);
+}
+
+#define GDR_FWD6_ENTRY(DK, NW)                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * NW, 1) gdr_fwd6_d##DK##_w##NW(                    \
+        const bf16_t* q, const bf16_t* k, const float* gam_ws, const bf16_t* w_ws, const float* u_ws,   \
+        const bf16_t* a_ws, const i64* seq_ch, const i64* ch_t0, const int* ch_len, int hk, int hv,     \
+        int dv, float scale, const float* h0, bf16_t* o, float* fin) {                                  \
+        gdr_fwd6<DK, NW>(q, k, gam_ws, w_ws, u_ws, a_ws, seq_ch, ch_t0, ch_len, hk, hv, dv, scale, h0,  \
+                         o, fin);                                                                       \
+    }
+
+GDR_FWD6_ENTRY(64, 1)
+GDR_FWD6_ENTRY(64, 2)
+GDR_FWD6_ENTRY(64, 4)
+GDR_FWD6_ENTRY(64, 8)
+GDR_FWD6_ENTRY(128, 1)
+GDR_FWD6_ENTRY(128, 2)
+GDR_FWD6_ENTRY(128, 4)
+GDR_FWD6_ENTRY(128, 8)
+
+#define GDR_CHAIN6_ENTRY(NW, OUT)                                                                       \
+    extern "C" __global__ void __launch_bounds__(32 * NW, 1) gdr_chain6_d128_w##NW##_o##OUT(            \
+        const bf16_t* w, const bf16_t* k, const bf16_t* a, const float* u, const float* gam, int steps,  \
+        float* out) {                                                                                   \
+        gdr_chain6<128, NW, (OUT != 0)>(w, k, a, u, gam, steps, out);                                   \
+    }
+
+GDR_CHAIN6_ENTRY(1, 0)
+GDR_CHAIN6_ENTRY(2, 0)
+GDR_CHAIN6_ENTRY(4, 0)
+GDR_CHAIN6_ENTRY(8, 0)
+GDR_CHAIN6_ENTRY(1, 1)
+GDR_CHAIN6_ENTRY(2, 1)
