@@ -5,13 +5,25 @@
 //! same H200, 2026-11-30; `bench/NOTES.md` has the per-kernel history).
 //!
 //! `cargo run --release --example bench_rule` on a machine with a CUDA GPU.
+//!
+//! Modes (first argument):
+//! - none: the table above (the forward kernels `GDN_RULE_FWD` names, v5 by default);
+//! - `chain`: the scan's latency floor: per chunk step, v6's chain kernel (one CTA, 512
+//!   dependent steps on resident operands, 1/2/4/8 warps, with and without the output
+//!   products), then one CTA of the real scans (v5 `gdr_scan_fwd16`, v6 `gdr_fwd6` with its
+//!   loads and output) on a single 32768-token head;
+//! - `variants`: v5 against v6 forward (every CTA width) at B1 T32768 16/32 and B8 T4096 16/16,
+//!   CUDA events, medians, per-kernel times, and v6's o against v5's (RMS relative difference).
 
 use std::sync::Arc;
 
 use cudarc::driver::sys;
 use gdn::backend::launch::{profile_start, profile_take};
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
-use gdn::ops::gated_delta_rule::cuda::{backward as backward_cuda, forward as forward_cuda};
+use gdn::ops::gated_delta_rule::cuda::{
+    backward as backward_cuda, chain6, forward as forward_cuda, forward_with, profile6_start,
+    profile6_take, ChainInputs, FwdKernel,
+};
 use gdn::ops::gated_delta_rule::{RuleOpts, RuleShape, CHUNK};
 use gdn::Seqs;
 use rayon::prelude::*;
@@ -101,6 +113,11 @@ fn main() {
     let gpu = cuda::gpu(0).expect("a CUDA GPU");
     keep_pool(&gpu);
     println!("{gpu:?}");
+    match std::env::args().nth(1).as_deref() {
+        Some("chain") => return chain(&gpu),
+        Some("variants") => return variants(&gpu),
+        _ => {}
+    }
     let (dk, dv) = (128usize, 128usize);
     let (c, k, v) = (CHUNK as f64, dk as f64, dv as f64);
     // MACs per token per value head (reference/fla-gated-delta-rule.md 7.5), as FLOPs.
@@ -211,4 +228,191 @@ fn libm_erf(x: f32) -> f32 {
             * t
             * (-x * x).exp();
     s * y as f32
+}
+
+/// Inputs of one rule call (bf16 storage, FLA's distributions), on the device.
+struct Inputs {
+    q: DBuf,
+    k: DBuf,
+    v: DBuf,
+    g: GBuf<f32>,
+    beta: DBuf,
+    seqs: Seqs,
+    shape: RuleShape,
+    opts: RuleOpts,
+}
+
+fn inputs(
+    gpu: &Arc<Gpu>,
+    b: usize,
+    t: usize,
+    hk: usize,
+    hv: usize,
+    dk: usize,
+    dv: usize,
+) -> Inputs {
+    let tokens = b * t;
+    let up = |x: &[f32]| DBuf::upload(gpu, x, DType::Bf16).unwrap();
+    let g_host: Vec<f32> = normals(tokens * hv, 4)
+        .into_iter()
+        .map(|z| -((-z).exp().ln_1p()))
+        .collect();
+    let beta_host: Vec<f32> = normals(tokens * hv, 5)
+        .into_iter()
+        .map(|z| 0.5 * (1.0 + libm_erf(z / std::f32::consts::SQRT_2)))
+        .collect();
+    Inputs {
+        q: up(&normals(tokens * hk * dk, 1)),
+        k: up(&normals(tokens * hk * dk, 2)),
+        v: up(&normals(tokens * hv * dv, 3)),
+        g: gpu.upload(&g_host).unwrap(),
+        beta: up(&beta_host),
+        seqs: Seqs::uniform(b, t),
+        shape: RuleShape { hk, hv, dk, dv },
+        opts: RuleOpts {
+            scale: 1.0 / (dk as f32).sqrt(),
+            l2norm_in_kernel: true,
+        },
+    }
+}
+
+fn fwd(gpu: &Arc<Gpu>, x: &Inputs, kernel: FwdKernel) -> DBuf {
+    forward_with(
+        gpu, &x.q, &x.k, &x.v, &x.g, &x.beta, &x.seqs, x.shape, x.opts, None, false, kernel,
+    )
+    .unwrap()
+    .0
+}
+
+/// One forward with every kernel timed on its own (shared launcher and v6's own).
+fn kernel_times(gpu: &Arc<Gpu>, x: &Inputs, kernel: FwdKernel) -> Vec<(String, f64, usize)> {
+    gpu.sync().unwrap();
+    profile_start();
+    profile6_start();
+    drop(fwd(gpu, x, kernel));
+    gpu.sync().unwrap();
+    let mut p = profile_take();
+    p.extend(profile6_take());
+    p
+}
+
+fn fmt_times(p: &[(String, f64, usize)]) -> String {
+    p.iter()
+        .map(|(n, ms, c)| format!("{n}={ms:.3}ms/{c}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn kernel_ms(p: &[(String, f64, usize)], prefix: &str) -> f64 {
+    p.iter()
+        .filter(|(n, _, _)| n.starts_with(prefix))
+        .map(|(_, ms, _)| ms)
+        .sum()
+}
+
+const STEPS: usize = 512;
+
+/// The scan's latency floor (see the module doc).
+fn chain(gpu: &Arc<Gpu>) {
+    let bits = |x: &[f32]| -> Vec<u16> {
+        x.iter()
+            .map(|&v| half::bf16::from_f32(v).to_bits())
+            .collect()
+    };
+    let (c, dk) = (CHUNK, 128usize);
+    let w: Vec<f32> = normals(c * dk, 11).iter().map(|x| 0.05 * x).collect();
+    let k: Vec<f32> = normals(c * dk, 12)
+        .iter()
+        .map(|x| x / (dk as f32).sqrt())
+        .collect();
+    let a: Vec<f32> = normals(c * c, 13).iter().map(|x| 0.1 * x).collect();
+    let gam: Vec<f32> = (0..c).map(|i| -0.02 * (i + 1) as f32).collect();
+    println!("bench-chain | kernel | warps | output | us per chunk step (median of 10, {STEPS} steps, one CTA)");
+    for (warps, output) in [
+        (1, false),
+        (2, false),
+        (4, false),
+        (8, false),
+        (1, true),
+        (2, true),
+    ] {
+        let x = ChainInputs {
+            w: gpu.upload(&bits(&w)).unwrap(),
+            k: gpu.upload(&bits(&k)).unwrap(),
+            a: gpu.upload(&bits(&a)).unwrap(),
+            u: gpu.upload(&normals(c * 16 * warps, 14)).unwrap(),
+            gam: gpu.upload(&gam).unwrap(),
+        };
+        let ms = time_ms(gpu, 10, || {
+            drop(chain6(gpu, &x, warps, output, STEPS).unwrap());
+        });
+        let s = gpu
+            .download(&chain6(gpu, &x, warps, output, STEPS).unwrap())
+            .unwrap();
+        let finite = s.iter().all(|v| v.is_finite());
+        println!(
+            "bench-chain | gdr_chain6 (bf16 mma.sync, state in registers) | {warps} | {output} | {:.3} (state finite: {finite})",
+            ms * 1e3 / STEPS as f64
+        );
+    }
+    // One CTA of the real scans on one 32768-token head: v5's scan (BV 16, 256 threads,
+    // TF32, S in shared memory) and v6's fused kernel (1 warp for Dv 16, 2 warps for Dv 32).
+    for dv in [16usize, 32] {
+        let x = inputs(gpu, 1, 32768, 1, 1, 128, dv);
+        for kernel in [FwdKernel::V5, FwdKernel::V6 { warps: dv / 16 }] {
+            drop(fwd(gpu, &x, kernel)); // compile + warm up
+            let mut ms = Vec::new();
+            let mut line = String::new();
+            for _ in 0..5 {
+                let p = kernel_times(gpu, &x, kernel);
+                let m = match kernel {
+                    FwdKernel::V5 => kernel_ms(&p, "gdr_scan_fwd"),
+                    FwdKernel::V6 { .. } => kernel_ms(&p, "gdr_fwd6"),
+                };
+                ms.push(m as f32);
+                line = fmt_times(&p);
+            }
+            let m = median(ms);
+            println!(
+                "bench-chain | one CTA of the scan, Dv {dv}, {kernel:?} | {:.3} us per chunk step | {line}",
+                m * 1e3 / STEPS as f64
+            );
+        }
+    }
+}
+
+/// v5 against v6 forward (see the module doc).
+fn variants(gpu: &Arc<Gpu>) {
+    println!("bench-variants | case | kernel | fwd ms (median of 10) | per kernel");
+    for &(b, t, hk, hv) in &[(1usize, 32768usize, 16usize, 32usize), (8, 4096, 16, 16)] {
+        let x = inputs(gpu, b, t, hk, hv, 128, 128);
+        let o5 = fwd(gpu, &x, FwdKernel::V5).download().unwrap();
+        let mut kernels = vec![FwdKernel::V5, FwdKernel::V6 { warps: 0 }];
+        kernels.extend([1, 2, 4, 8].map(|warps| FwdKernel::V6 { warps }));
+        for kernel in kernels {
+            let ms = time_ms(gpu, 10, || drop(fwd(gpu, &x, kernel)));
+            let p = kernel_times(gpu, &x, kernel);
+            let diff = if kernel == FwdKernel::V5 {
+                String::new()
+            } else {
+                let o6 = fwd(gpu, &x, kernel).download().unwrap();
+                let (mut num, mut den) = (0f64, 0f64);
+                let mut finite = true;
+                for (a, b) in o6.iter().zip(&o5) {
+                    finite &= a.is_finite();
+                    num += ((a - b) as f64).powi(2);
+                    den += (*b as f64).powi(2);
+                }
+                format!(
+                    " | o vs v5: RMS rel diff {:.2e}, finite {finite}",
+                    (num / den).sqrt()
+                )
+            };
+            println!(
+                "bench-variants | B{b} T{t} {hk}/{hv} | {kernel:?} | {ms:.3} | {}{diff}",
+                fmt_times(&p)
+            );
+        }
+        gpu.reset_peak();
+    }
 }
