@@ -3,10 +3,10 @@
 # here (carry DIR; GPU_DIR=DIR if it is not .gpu). In order, everything logged under $OUT:
 #   1. bench_rule chain     the scan's latency floor: v6's chain kernel (one CTA, 512 dependent
 #                           chunk steps, 1/2/4/8 warps) and one CTA of the v5 / v6 scans, us/step
-#   2. bench_rule variants  v5 vs v6 forward (every v6 CTA width) at B1 T32768 16/32 and
+#   2. bench_rule variants  v5 vs v6 forward (every v6 CTA width, cp.async and bulk copies) at B1 T32768 16/32 and
 #                           B8 T4096 16/16: CUDA events, medians, per-kernel times, o v6 vs v5
 #   3. test-gpu_rule        every rule GPU test (v6's own included), then the bf16 tests again
-#                           with GDN_RULE_FWD=v6 (the whole forward + backward through v6)
+#                           with GDN_RULE_FWD=v6 and =v6b (bulk-copy loads)
 # The first process compiles the kernels (NVRTC, cached in $GDN_KERNEL_CACHE for the others).
 # Expected device time: ~1-2 min of compilation, ~1 min of benchmarks, ~1-2 min of tests.
 set -uo pipefail
@@ -38,5 +38,7 @@ step test-gpu_rule 300 "$g/test-gpu_rule" --include-ignored --test-threads=1 --n
 grep -E "gdr-check (v6|chain6)|^test |panicked|test result" "$OUT/test-gpu_rule.log" | cut -c1-300
 step test-gpu_rule-env-v6 240 env GDN_RULE_FWD=v6 "$g/test-gpu_rule" --include-ignored --test-threads=1 --nocapture bf16 two_runs
 grep -E "gdr-check bf16|^test |panicked|test result" "$OUT/test-gpu_rule-env-v6.log" | cut -c1-300
+step test-gpu_rule-env-v6b 240 env GDN_RULE_FWD=v6b "$g/test-gpu_rule" --include-ignored --test-threads=1 --nocapture bf16 two_runs
+grep -E "gdr-check bf16|^test |panicked|test result" "$OUT/test-gpu_rule-env-v6b.log" | cut -c1-300
 echo "================ summary"
 printf '%s' "$table"

@@ -11,8 +11,9 @@
 //! - `chain`: the scan's latency floor: per chunk step, v6's chain kernel (one CTA, 512
 //!   dependent steps on resident operands, 1/2/4/8 warps, with and without the output
 //!   products), then one CTA of the real scans (v5 `gdr_scan_fwd16`, v6 `gdr_fwd6` with its
-//!   loads and output) on a single 32768-token head;
-//! - `variants`: v5 against v6 forward (every CTA width) at B1 T32768 16/32 and B8 T4096 16/16,
+//!   loads and output: cp.async, bulk copies, and without reloads) on a single 32768-token head;
+//! - `variants`: v5 against v6 forward (every CTA width, cp.async and bulk-copy loads) at B1
+//!   T32768 16/32 and B8 T4096 16/16,
 //!   CUDA events, medians, per-kernel times, and v6's o against v5's (RMS relative difference).
 
 use std::sync::Arc;
@@ -359,7 +360,13 @@ fn chain(gpu: &Arc<Gpu>) {
     // TF32, S in shared memory) and v6's fused kernel (1 warp for Dv 16, 2 warps for Dv 32).
     for dv in [16usize, 32] {
         let x = inputs(gpu, 1, 32768, 1, 1, 128, dv);
-        for kernel in [FwdKernel::V5, FwdKernel::V6 { warps: dv / 16 }] {
+        let warps = dv / 16;
+        for kernel in [
+            FwdKernel::V5,
+            FwdKernel::V6 { warps },
+            FwdKernel::V6Bulk { warps },
+            FwdKernel::V6NoReload { warps },
+        ] {
             drop(fwd(gpu, &x, kernel)); // compile + warm up
             let mut ms = Vec::new();
             let mut line = String::new();
@@ -367,7 +374,7 @@ fn chain(gpu: &Arc<Gpu>) {
                 let p = kernel_times(gpu, &x, kernel);
                 let m = match kernel {
                     FwdKernel::V5 => kernel_ms(&p, "gdr_scan_fwd"),
-                    FwdKernel::V6 { .. } => kernel_ms(&p, "gdr_fwd6"),
+                    _ => kernel_ms(&p, "gdr_fwd6"),
                 };
                 ms.push(m as f32);
                 line = fmt_times(&p);
@@ -389,6 +396,8 @@ fn variants(gpu: &Arc<Gpu>) {
         let o5 = fwd(gpu, &x, FwdKernel::V5).download().unwrap();
         let mut kernels = vec![FwdKernel::V5, FwdKernel::V6 { warps: 0 }];
         kernels.extend([1, 2, 4, 8].map(|warps| FwdKernel::V6 { warps }));
+        kernels.push(FwdKernel::V6Bulk { warps: 0 });
+        kernels.extend([1, 2, 4, 8].map(|warps| FwdKernel::V6Bulk { warps }));
         for kernel in kernels {
             let ms = time_ms(gpu, 10, || drop(fwd(gpu, &x, kernel)));
             let p = kernel_times(gpu, &x, kernel);

@@ -426,7 +426,14 @@ pub fn forward_with(
 ) -> Result<(DBuf, Option<GBuf<f32>>)> {
     let s = shape;
     let dt = check(gpu, q, k, v, g, beta, seqs, s, initial_state)?;
-    if let FwdKernel::V6 { warps } = kernel {
+    let v6 = match kernel {
+        FwdKernel::V5 => None,
+        FwdKernel::V6 { warps } => Some((warps, V6Loads::CpAsync)),
+        FwdKernel::V6Bulk { warps } if gpu_has_bulk_copies(gpu) => Some((warps, V6Loads::Bulk)),
+        FwdKernel::V6Bulk { warps } => Some((warps, V6Loads::CpAsync)),
+        FwdKernel::V6NoReload { warps } => Some((warps, V6Loads::NoReload)),
+    };
+    if let Some((warps, loads)) = v6 {
         if v6_supports(dt, s) {
             return forward_v6(
                 gpu,
@@ -441,6 +448,7 @@ pub fn forward_with(
                 initial_state,
                 output_final_state,
                 warps,
+                loads,
             );
         }
     }
@@ -684,19 +692,41 @@ pub enum FwdKernel {
     /// kernel on bf16 tensor cores (mma.sync m16n8k16, ldmatrix, cp.async double buffering).
     /// `warps` per CTA (1, 2, 4 or 8; each owns 16 state columns); 0 picks by shape.
     V6 { warps: usize },
+    /// v6 with the fused kernel's loads as Hopper bulk copies (the TMA engine, completing on
+    /// mbarriers) instead of cp.async; `V6` below sm_90.
+    V6Bulk { warps: usize },
+    /// Benchmarks only, wrong results: v6 whose fused kernel loads the first two chunks and then
+    /// reuses them (its time without the loads). Dk 128, 1 or 2 warps.
+    #[doc(hidden)]
+    V6NoReload { warps: usize },
+}
+
+/// How `gdr_fwd6` brings a chunk's operands into shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum V6Loads {
+    CpAsync,
+    Bulk,
+    NoReload,
+}
+
+/// Whether the GPU has the bulk-copy engine (sm_90 and newer).
+fn gpu_has_bulk_copies(gpu: &Gpu) -> bool {
+    !matches!(gpu.arch(), "sm_80" | "sm_86" | "sm_89")
 }
 
 impl FwdKernel {
-    /// `GDN_RULE_FWD=v6` (with `GDN_RULE_V6_WARPS=1|2|4|8` to force the CTA width): v6;
-    /// anything else: v5.
+    /// `GDN_RULE_FWD=v6` or `v6b` (bulk copies), with `GDN_RULE_V6_WARPS=1|2|4|8` to force
+    /// the CTA width; anything else: v5.
     pub fn from_env() -> FwdKernel {
+        let warps = || {
+            std::env::var("GDN_RULE_V6_WARPS")
+                .ok()
+                .and_then(|w| w.parse().ok())
+                .unwrap_or(0)
+        };
         match std::env::var("GDN_RULE_FWD").as_deref() {
-            Ok("v6") => FwdKernel::V6 {
-                warps: std::env::var("GDN_RULE_V6_WARPS")
-                    .ok()
-                    .and_then(|w| w.parse().ok())
-                    .unwrap_or(0),
-            },
+            Ok("v6") => FwdKernel::V6 { warps: warps() },
+            Ok("v6b") => FwdKernel::V6Bulk { warps: warps() },
             _ => FwdKernel::V5,
         }
     }
@@ -862,9 +892,15 @@ fn forward_v6(
     h0: Option<&GBuf<f32>>,
     want_final: bool,
     warps: usize,
+    loads: V6Loads,
 ) -> Result<(DBuf, Option<GBuf<f32>>)> {
     let st = gpu.stream();
     let dt = DType::Bf16;
+    if loads == V6Loads::NoReload && (s.dk != 128 || ![1, 2].contains(&warps)) {
+        return Err(GdnError::Invalid(
+            "gated delta rule v6 (no reload, benchmarks only): Dk 128 with 1 or 2 warps".into(),
+        ));
+    }
     let ch = Chunks::new(gpu, seqs)?;
     let chh = ch.count * s.hv;
     // With the in-kernel norm: the normalized q, k in fp32 (prep's K K^T and A = Q K^T keep
@@ -952,12 +988,17 @@ fn forward_v6(
     };
     let mut o = out_d(gpu, seqs.tokens() * s.hv * s.dv, dt)?;
     let nw = v6_warps(gpu, seqs.count(), s, warps);
+    let (name, bars) = match loads {
+        V6Loads::CpAsync => ("gdr_fwd6", 0),
+        V6Loads::Bulk => ("gdr_fwd6b", 16),
+        V6Loads::NoReload => ("gdr_fwd6n", 0),
+    };
     launch_threads(
         gpu,
-        &format!("gdr_fwd6_d{}_w{nw}", s.dk),
+        &format!("{name}_d{}_w{nw}", s.dk),
         seqs.count() * s.hv * (s.dv / (16 * nw)),
         32 * nw as u32,
-        2 * v6_stage_bytes(s.dk, nw),
+        2 * v6_stage_bytes(s.dk, nw) + bars,
         &[
             dptr(qb, st),
             dptr(kb, st),

@@ -1368,6 +1368,86 @@ __device__ __forceinline__ void v6_load_stage(char* st, const bf16_t* wc, const 
     cp_async_commit();
 }
 
+// Hopper bulk copies (the TMA engine, 1-D, sm_90): a copy of `bytes` (multiple of 16, 16-byte
+// aligned ends) global -> shared completes on an mbarrier by its byte count. Only compiled for
+// sm_90+ (the sm_80 build of the module keeps the symbols: the bodies are empty there and the
+// Rust side never selects them below sm_90).
+__device__ __forceinline__ void mbar_init(void* bar, unsigned count) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void fence_mbar_init() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// Orders this thread's generic-proxy shared-memory accesses before later async-proxy (bulk
+// copy) accesses of the same memory.
+__device__ __forceinline__ void fence_proxy_async() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_expect_tx(void* bar, unsigned bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, unsigned bytes, void* bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+#endif
+}
+// Wait until the barrier's phase with parity `parity` has completed (acquire: the bulk copies'
+// data is visible to this thread afterwards).
+__device__ __forceinline__ void mbar_wait(void* bar, unsigned parity) {
+#if __CUDA_ARCH__ >= 900
+    unsigned done = 0;
+    while (!done) {
+        asm volatile(
+            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+            : "=r"(done)
+            : "r"(smem_addr(bar)), "r"(parity)
+            : "memory");
+    }
+#endif
+}
+
+// The same stage as v6_load_stage, by bulk copies issued from warp 0 (one row each: the stage's
+// rows are padded, the sources are not contiguous in general), completing on `bar`. K, Q rows
+// >= l are not copied: they keep finite data of an earlier chunk (or the zeros the kernel
+// starts with), which only meets zero coefficients (D~ rows >= l are 0; O rows >= l are not
+// stored). Call from warp 0 only.
+template <int DK, int NW>
+__device__ __forceinline__ void v6_bulk_stage(char* st, void* bar, const bf16_t* wc, const bf16_t* kc,
+                                              const bf16_t* qc, i64 krow, int l, const bf16_t* ac,
+                                              const float* uc, i64 urow, const float* gc) {
+    typedef V6<DK, NW> L;
+    const int lane = threadIdx.x & 31;
+    constexpr unsigned RK = DK * 2, RA = GDR_C * 2, RU = L::BV * 4;
+    if (lane == 0) {
+        const unsigned bytes = GDR_C * RK + 2u * (unsigned)l * RK + GDR_C * RA + GDR_C * RU + GDR_C * 4;
+        mbar_expect_tx(bar, bytes);
+    }
+    __syncwarp();
+    fence_proxy_async();
+    for (int i = lane; i < GDR_C; i += 32) {
+        bulk_g2s(st + L::W_OFF + i * L::LK * 2, wc + (i64)i * DK, RK, bar);
+        if (i < l) {
+            bulk_g2s(st + L::K_OFF + i * L::LK * 2, kc + (i64)i * krow, RK, bar);
+            bulk_g2s(st + L::Q_OFF + i * L::LK * 2, qc + (i64)i * krow, RK, bar);
+        }
+        bulk_g2s(st + L::A_OFF + i * L::LA * 2, ac + i * GDR_C, RA, bar);
+        bulk_g2s(st + L::U_OFF + i * L::LU * 4, uc + (i64)i * urow, RU, bar);
+    }
+    if (lane == 0) bulk_g2s(st + L::G_OFF, gc, GDR_C * 4, bar);
+}
+
 // S^T (16 x DK fp32 accumulator fragments) as bf16 A fragments, one per 16-deep k step.
 template <int DK>
 __device__ __forceinline__ void v6_s_frags(const float (&s)[DK / 8][4], unsigned (&sa)[DK / 16][4]) {
@@ -1450,7 +1530,9 @@ __device__ __forceinline__ void v6_chain_step(float (&s)[DK / 8][4], unsigned (&
 // Forward, scan and output fused (see the v6 header above). Grid: N * Hv * (dv / BV) CTAs of
 // 32 NW threads, dynamic shared memory 2 * V6<DK, NW>::STAGE. q, k are bf16 (the normalized
 // copies with the in-kernel norm), W bf16, U fp32, A bf16 (gdr_qk6), gam fp32 (gdr_prep6).
-template <int DK, int NW>
+// LOADS: 0 cp.async (sm_80+), 1 bulk copies on mbarriers (sm_90), 2 diagnostic (benchmarks
+// only, wrong results): cp.async for the first two chunks, then every chunk reuses their stages.
+template <int DK, int NW, int LOADS>
 __device__ void gdr_fwd6(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
                          const float* __restrict__ gam_ws, const bf16_t* __restrict__ w_ws,
                          const float* __restrict__ u_ws, const bf16_t* __restrict__ a_ws,
@@ -1459,8 +1541,21 @@ __device__ void gdr_fwd6(const bf16_t* __restrict__ q, const bf16_t* __restrict_
                          const float* __restrict__ h0, bf16_t* __restrict__ o, float* __restrict__ fin) {
     typedef V6<DK, NW> L;
     // A launch with too little shared memory writes nothing (tests see the poisoned output).
-    if (dyn_smem_bytes() < 2u * L::STAGE) return;
+    if (dyn_smem_bytes() < 2u * L::STAGE + (LOADS == 1 ? 16u : 0u)) return;
     char* sm = reinterpret_cast<char*>(gdr_smem);
+    // LOADS 1: two mbarriers after the stages; the stages start zeroed (see v6_bulk_stage).
+    void* bars = sm + 2 * L::STAGE;
+    if (LOADS == 1) {
+        for (int e = threadIdx.x; e < 2 * L::STAGE / 16; e += L::NT)
+            reinterpret_cast<uint4*>(sm)[e] = make_uint4(0u, 0u, 0u, 0u);
+        fence_proxy_async();
+        if (threadIdx.x == 0) {
+            mbar_init(bars, 1);
+            mbar_init(reinterpret_cast<char*>(bars) + 8, 1);
+            fence_mbar_init();
+        }
+        __syncthreads();
+    }
     const int nvt = dv / L::BV;
     const i64 b = blockIdx.x;
     const int vt = (int)(b % nvt);
@@ -1485,15 +1580,26 @@ __device__ void gdr_fwd6(const bf16_t* __restrict__ q, const bf16_t* __restrict_
     auto issue = [&](i64 c, int stage) {
         const i64 cb = c * hv_n + hv;
         const i64 t0 = ch_t0[c];
-        v6_load_stage<DK, NW>(sm + stage * L::STAGE, w_ws + cb * GDR_C * DK, k + t0 * krow + (i64)kh * DK,
-                              q + t0 * krow + (i64)kh * DK, krow, ch_len[c], a_ws + cb * GDR_C * GDR_C,
-                              u_ws + cb * GDR_C * dv + col0, (i64)dv, gam_ws + cb * GDR_C);
+        if (LOADS == 1) {
+            if (warp == 0)
+                v6_bulk_stage<DK, NW>(sm + stage * L::STAGE, reinterpret_cast<char*>(bars) + 8 * stage,
+                                      w_ws + cb * GDR_C * DK, k + t0 * krow + (i64)kh * DK,
+                                      q + t0 * krow + (i64)kh * DK, krow, ch_len[c], a_ws + cb * GDR_C * GDR_C,
+                                      u_ws + cb * GDR_C * dv + col0, (i64)dv, gam_ws + cb * GDR_C);
+        } else if (LOADS == 0 || c < c_beg + 2) {
+            v6_load_stage<DK, NW>(sm + stage * L::STAGE, w_ws + cb * GDR_C * DK, k + t0 * krow + (i64)kh * DK,
+                                  q + t0 * krow + (i64)kh * DK, krow, ch_len[c], a_ws + cb * GDR_C * GDR_C,
+                                  u_ws + cb * GDR_C * dv + col0, (i64)dv, gam_ws + cb * GDR_C);
+        }
     };
     if (c_beg < c_end) issue(c_beg, 0);
     const int mi = lane >> 3, r = lane & 7;
     for (i64 c = c_beg; c < c_end; ++c) {
         const int stg = (int)((c - c_beg) & 1);
-        cp_async_wait_all();
+        if (LOADS == 1)
+            mbar_wait(reinterpret_cast<char*>(bars) + 8 * stg, (unsigned)(((c - c_beg) >> 1) & 1));
+        else
+            cp_async_wait_all();
         // Stage stg (chunk c) is complete and visible to all; every warp is done with the other
         // stage (chunk c - 1), which now receives chunk c + 1 while this chunk computes.
         __syncthreads();
@@ -1760,23 +1866,34 @@ extern "C" __global__ void __launch_bounds__(GDR_NT)
     gdr_l2norm2<bf16_t>(x, y, yb, rows, d);
 }
 
-#define GDR_FWD6_ENTRY(DK, NW)                                                                          \
-    extern "C" __global__ void __launch_bounds__(32 * NW, 1) gdr_fwd6_d##DK##_w##NW(                    \
+// gdr_fwd6_*: cp.async loads; gdr_fwd6b_*: bulk copies (sm_90); gdr_fwd6n_*: diagnostic.
+#define GDR_FWD6_ENTRY(NAME, LOADS, DK, NW)                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * NW, 1) NAME##_d##DK##_w##NW(                      \
         const bf16_t* q, const bf16_t* k, const float* gam_ws, const bf16_t* w_ws, const float* u_ws,   \
         const bf16_t* a_ws, const i64* seq_ch, const i64* ch_t0, const int* ch_len, int hk, int hv,     \
         int dv, float scale, const float* h0, bf16_t* o, float* fin) {                                  \
-        gdr_fwd6<DK, NW>(q, k, gam_ws, w_ws, u_ws, a_ws, seq_ch, ch_t0, ch_len, hk, hv, dv, scale, h0,  \
-                         o, fin);                                                                       \
+        gdr_fwd6<DK, NW, LOADS>(q, k, gam_ws, w_ws, u_ws, a_ws, seq_ch, ch_t0, ch_len, hk, hv, dv, scale, \
+                                h0, o, fin);                                                            \
     }
 
-GDR_FWD6_ENTRY(64, 1)
-GDR_FWD6_ENTRY(64, 2)
-GDR_FWD6_ENTRY(64, 4)
-GDR_FWD6_ENTRY(64, 8)
-GDR_FWD6_ENTRY(128, 1)
-GDR_FWD6_ENTRY(128, 2)
-GDR_FWD6_ENTRY(128, 4)
-GDR_FWD6_ENTRY(128, 8)
+GDR_FWD6_ENTRY(gdr_fwd6, 0, 64, 1)
+GDR_FWD6_ENTRY(gdr_fwd6, 0, 64, 2)
+GDR_FWD6_ENTRY(gdr_fwd6, 0, 64, 4)
+GDR_FWD6_ENTRY(gdr_fwd6, 0, 64, 8)
+GDR_FWD6_ENTRY(gdr_fwd6, 0, 128, 1)
+GDR_FWD6_ENTRY(gdr_fwd6, 0, 128, 2)
+GDR_FWD6_ENTRY(gdr_fwd6, 0, 128, 4)
+GDR_FWD6_ENTRY(gdr_fwd6, 0, 128, 8)
+GDR_FWD6_ENTRY(gdr_fwd6b, 1, 64, 1)
+GDR_FWD6_ENTRY(gdr_fwd6b, 1, 64, 2)
+GDR_FWD6_ENTRY(gdr_fwd6b, 1, 64, 4)
+GDR_FWD6_ENTRY(gdr_fwd6b, 1, 64, 8)
+GDR_FWD6_ENTRY(gdr_fwd6b, 1, 128, 1)
+GDR_FWD6_ENTRY(gdr_fwd6b, 1, 128, 2)
+GDR_FWD6_ENTRY(gdr_fwd6b, 1, 128, 4)
+GDR_FWD6_ENTRY(gdr_fwd6b, 1, 128, 8)
+GDR_FWD6_ENTRY(gdr_fwd6n, 2, 128, 1)
+GDR_FWD6_ENTRY(gdr_fwd6n, 2, 128, 2)
 
 #define GDR_CHAIN6_ENTRY(NW, OUT)                                                                       \
     extern "C" __global__ void __launch_bounds__(32 * NW, 1) gdr_chain6_d128_w##NW##_o##OUT(            \
