@@ -23,7 +23,7 @@ use gdn::backend::launch::{profile_start, profile_take};
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, chain6, forward as forward_cuda, forward_with, profile6_start,
-    profile6_take, ChainInputs, FwdKernel,
+    profile6_take, set_v6_stages, ChainInputs, FwdKernel,
 };
 use gdn::ops::gated_delta_rule::{RuleOpts, RuleShape, CHUNK};
 use gdn::Seqs;
@@ -361,12 +361,15 @@ fn chain(gpu: &Arc<Gpu>) {
     for dv in [16usize, 32] {
         let x = inputs(gpu, 1, 32768, 1, 1, 128, dv);
         let warps = dv / 16;
-        for kernel in [
-            FwdKernel::V5,
-            FwdKernel::V6 { warps },
-            FwdKernel::V6Bulk { warps },
-            FwdKernel::V6NoReload { warps },
+        for (kernel, stages) in [
+            (FwdKernel::V5, 0),
+            (FwdKernel::V6 { warps }, 2),
+            (FwdKernel::V6 { warps }, 3),
+            (FwdKernel::V6Bulk { warps }, 2),
+            (FwdKernel::V6Bulk { warps }, 3),
+            (FwdKernel::V6NoReload { warps }, 2),
         ] {
+            set_v6_stages(stages);
             drop(fwd(gpu, &x, kernel)); // compile + warm up
             let mut ms = Vec::new();
             let mut line = String::new();
@@ -381,9 +384,10 @@ fn chain(gpu: &Arc<Gpu>) {
             }
             let m = median(ms);
             println!(
-                "bench-chain | one CTA of the scan, Dv {dv}, {kernel:?} | {:.3} us per chunk step | {line}",
+                "bench-chain | one CTA of the scan, Dv {dv}, {kernel:?} stages {stages} | {:.3} us per chunk step | {line}",
                 m * 1e3 / STEPS as f64
             );
+            set_v6_stages(0);
         }
     }
 }
@@ -398,7 +402,14 @@ fn variants(gpu: &Arc<Gpu>) {
         kernels.extend([1, 2, 4, 8].map(|warps| FwdKernel::V6 { warps }));
         kernels.push(FwdKernel::V6Bulk { warps: 0 });
         kernels.extend([1, 2, 4, 8].map(|warps| FwdKernel::V6Bulk { warps }));
-        for kernel in kernels {
+        // (kernel, forced two stages): the defaults, then 1 and 2 warps with two stages
+        let mut runs: Vec<(FwdKernel, bool)> = kernels.into_iter().map(|k| (k, false)).collect();
+        for warps in [1, 2] {
+            runs.push((FwdKernel::V6 { warps }, true));
+            runs.push((FwdKernel::V6Bulk { warps }, true));
+        }
+        for (kernel, two) in runs {
+            set_v6_stages(if two { 2 } else { 0 });
             let ms = time_ms(gpu, 10, || drop(fwd(gpu, &x, kernel)));
             let p = kernel_times(gpu, &x, kernel);
             let diff = if kernel == FwdKernel::V5 {
@@ -418,9 +429,11 @@ fn variants(gpu: &Arc<Gpu>) {
                 )
             };
             println!(
-                "bench-variants | B{b} T{t} {hk}/{hv} | {kernel:?} | {ms:.3} | {}{diff}",
+                "bench-variants | B{b} T{t} {hk}/{hv} | {kernel:?}{} | {ms:.3} | {}{diff}",
+                if two { " 2 stages" } else { "" },
                 fmt_times(&p)
             );
+            set_v6_stages(0);
         }
         gpu.reset_peak();
     }

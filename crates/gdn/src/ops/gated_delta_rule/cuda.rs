@@ -775,6 +775,15 @@ fn v6_warps(gpu: &Gpu, n_seq: usize, s: RuleShape, forced: usize) -> usize {
     best.1
 }
 
+static V6_STAGES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Benchmarks only (process-wide): `2` makes the fused v6 kernel use two pipeline stages even
+/// where three fit; anything else restores the default (three where they fit).
+#[doc(hidden)]
+pub fn set_v6_stages(n: usize) {
+    V6_STAGES.store(n, Ordering::Relaxed);
+}
+
 static PROFILE6: std::sync::Mutex<Vec<(String, f64, usize)>> = std::sync::Mutex::new(Vec::new());
 static PROFILING6: AtomicBool = AtomicBool::new(false);
 
@@ -988,17 +997,26 @@ fn forward_v6(
     };
     let mut o = out_d(gpu, seqs.tokens() * s.hv * s.dv, dt)?;
     let nw = v6_warps(gpu, seqs.count(), s, warps);
-    let (name, bars) = match loads {
-        V6Loads::CpAsync => ("gdr_fwd6", 0),
-        V6Loads::Bulk => ("gdr_fwd6b", 16),
-        V6Loads::NoReload => ("gdr_fwd6n", 0),
+    // Three pipeline stages where they fit in shared memory (Dk 128, 1 or 2 warps), else two.
+    let three = s.dk == 128 && nw <= 2 && loads != V6Loads::NoReload;
+    let stages = match V6_STAGES.load(Ordering::Relaxed) {
+        2 => 2,
+        _ if three => 3,
+        _ => 2,
+    };
+    let (name, bars) = match (loads, stages) {
+        (V6Loads::CpAsync, 3) => ("gdr_fwd6s3", 0),
+        (V6Loads::CpAsync, _) => ("gdr_fwd6", 0),
+        (V6Loads::Bulk, 3) => ("gdr_fwd6bs3", 32),
+        (V6Loads::Bulk, _) => ("gdr_fwd6b", 32),
+        (V6Loads::NoReload, _) => ("gdr_fwd6n", 0),
     };
     launch_threads(
         gpu,
         &format!("{name}_d{}_w{nw}", s.dk),
         seqs.count() * s.hv * (s.dv / (16 * nw)),
         32 * nw as u32,
-        2 * v6_stage_bytes(s.dk, nw) + bars,
+        stages * v6_stage_bytes(s.dk, nw) + bars,
         &[
             dptr(qb, st),
             dptr(kb, st),

@@ -1310,6 +1310,11 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// Wait until at most N of this thread's most recent cp.async groups are pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
 
 __device__ __forceinline__ unsigned dyn_smem_bytes() {
     unsigned r;
@@ -1531,8 +1536,10 @@ __device__ __forceinline__ void v6_chain_step(float (&s)[DK / 8][4], unsigned (&
 // 32 NW threads, dynamic shared memory 2 * V6<DK, NW>::STAGE. q, k are bf16 (the normalized
 // copies with the in-kernel norm), W bf16, U fp32, A bf16 (gdr_qk6), gam fp32 (gdr_prep6).
 // LOADS: 0 cp.async (sm_80+), 1 bulk copies on mbarriers (sm_90), 2 diagnostic (benchmarks
-// only, wrong results): cp.async for the first two chunks, then every chunk reuses their stages.
-template <int DK, int NW, int LOADS>
+// only, wrong results): cp.async for the first NS chunks, then every chunk reuses their stages.
+// NS: pipeline stages (2 or 3): chunk c + NS - 1 is in flight while chunk c computes. Dynamic
+// shared memory: NS * STAGE (+ 32 bytes of mbarriers with LOADS 1).
+template <int DK, int NW, int LOADS, int NS>
 __device__ void gdr_fwd6(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
                          const float* __restrict__ gam_ws, const bf16_t* __restrict__ w_ws,
                          const float* __restrict__ u_ws, const bf16_t* __restrict__ a_ws,
@@ -1541,17 +1548,17 @@ __device__ void gdr_fwd6(const bf16_t* __restrict__ q, const bf16_t* __restrict_
                          const float* __restrict__ h0, bf16_t* __restrict__ o, float* __restrict__ fin) {
     typedef V6<DK, NW> L;
     // A launch with too little shared memory writes nothing (tests see the poisoned output).
-    if (dyn_smem_bytes() < 2u * L::STAGE + (LOADS == 1 ? 16u : 0u)) return;
+    static_assert(NS == 2 || NS == 3, "2 or 3 stages");
+    if (dyn_smem_bytes() < (unsigned)(NS * L::STAGE) + (LOADS == 1 ? 32u : 0u)) return;
     char* sm = reinterpret_cast<char*>(gdr_smem);
-    // LOADS 1: two mbarriers after the stages; the stages start zeroed (see v6_bulk_stage).
-    void* bars = sm + 2 * L::STAGE;
+    // LOADS 1: NS mbarriers after the stages; the stages start zeroed (see v6_bulk_stage).
+    char* bars = sm + NS * L::STAGE;
     if (LOADS == 1) {
-        for (int e = threadIdx.x; e < 2 * L::STAGE / 16; e += L::NT)
+        for (int e = threadIdx.x; e < NS * L::STAGE / 16; e += L::NT)
             reinterpret_cast<uint4*>(sm)[e] = make_uint4(0u, 0u, 0u, 0u);
         fence_proxy_async();
         if (threadIdx.x == 0) {
-            mbar_init(bars, 1);
-            mbar_init(reinterpret_cast<char*>(bars) + 8, 1);
+            for (int i = 0; i < NS; ++i) mbar_init(bars + 8 * i, 1);
             fence_mbar_init();
         }
         __syncthreads();
@@ -1582,28 +1589,37 @@ __device__ void gdr_fwd6(const bf16_t* __restrict__ q, const bf16_t* __restrict_
         const i64 t0 = ch_t0[c];
         if (LOADS == 1) {
             if (warp == 0)
-                v6_bulk_stage<DK, NW>(sm + stage * L::STAGE, reinterpret_cast<char*>(bars) + 8 * stage,
+                v6_bulk_stage<DK, NW>(sm + stage * L::STAGE, bars + 8 * stage,
                                       w_ws + cb * GDR_C * DK, k + t0 * krow + (i64)kh * DK,
                                       q + t0 * krow + (i64)kh * DK, krow, ch_len[c], a_ws + cb * GDR_C * GDR_C,
                                       u_ws + cb * GDR_C * dv + col0, (i64)dv, gam_ws + cb * GDR_C);
-        } else if (LOADS == 0 || c < c_beg + 2) {
+        } else if (LOADS == 0 || c < c_beg + NS) {
             v6_load_stage<DK, NW>(sm + stage * L::STAGE, w_ws + cb * GDR_C * DK, k + t0 * krow + (i64)kh * DK,
                                   q + t0 * krow + (i64)kh * DK, krow, ch_len[c], a_ws + cb * GDR_C * GDR_C,
                                   u_ws + cb * GDR_C * dv + col0, (i64)dv, gam_ws + cb * GDR_C);
+        } else {
+            cp_async_commit();  // an empty group keeps the group count of wait_group right
         }
     };
-    if (c_beg < c_end) issue(c_beg, 0);
+    // Prologue: chunks c_beg .. c_beg + NS - 2 in flight (cp.async: one group each, empty
+    // groups past the sequence's end).
+#pragma unroll
+    for (int p = 0; p < NS - 1; ++p) {
+        if (c_beg + p < c_end) issue(c_beg + p, p);
+        else if (LOADS != 1) cp_async_commit();
+    }
     const int mi = lane >> 3, r = lane & 7;
     for (i64 c = c_beg; c < c_end; ++c) {
-        const int stg = (int)((c - c_beg) & 1);
+        const int stg = (int)((c - c_beg) % NS);
         if (LOADS == 1)
-            mbar_wait(reinterpret_cast<char*>(bars) + 8 * stg, (unsigned)(((c - c_beg) >> 1) & 1));
+            mbar_wait(bars + 8 * stg, (unsigned)(((c - c_beg) / NS) & 1));
         else
-            cp_async_wait_all();
-        // Stage stg (chunk c) is complete and visible to all; every warp is done with the other
-        // stage (chunk c - 1), which now receives chunk c + 1 while this chunk computes.
+            cp_async_wait_group<NS - 2>();  // chunk c's group (only the NS - 2 newer may pend)
+        // Stage stg (chunk c) is complete and visible to all; every warp is done with stage
+        // (c - 1) % NS (chunk c - 1), which now receives chunk c + NS - 1.
         __syncthreads();
-        if (c + 1 < c_end) issue(c + 1, stg ^ 1);
+        if (c + NS - 1 < c_end) issue(c + NS - 1, (int)((c + NS - 1 - c_beg) % NS));
+        else if (LOADS != 1) cp_async_commit();
         const char* sp = sm + stg * L::STAGE;
         const bf16_t* sW = reinterpret_cast<const bf16_t*>(sp + L::W_OFF);
         const bf16_t* sK = reinterpret_cast<const bf16_t*>(sp + L::K_OFF);
@@ -1867,33 +1883,38 @@ extern "C" __global__ void __launch_bounds__(GDR_NT)
 }
 
 // gdr_fwd6_*: cp.async loads; gdr_fwd6b_*: bulk copies (sm_90); gdr_fwd6n_*: diagnostic.
-#define GDR_FWD6_ENTRY(NAME, LOADS, DK, NW)                                                             \
+#define GDR_FWD6_ENTRY(NAME, LOADS, NS, DK, NW)                                                         \
     extern "C" __global__ void __launch_bounds__(32 * NW, 1) NAME##_d##DK##_w##NW(                      \
         const bf16_t* q, const bf16_t* k, const float* gam_ws, const bf16_t* w_ws, const float* u_ws,   \
         const bf16_t* a_ws, const i64* seq_ch, const i64* ch_t0, const int* ch_len, int hk, int hv,     \
         int dv, float scale, const float* h0, bf16_t* o, float* fin) {                                  \
-        gdr_fwd6<DK, NW, LOADS>(q, k, gam_ws, w_ws, u_ws, a_ws, seq_ch, ch_t0, ch_len, hk, hv, dv, scale, \
-                                h0, o, fin);                                                            \
+        gdr_fwd6<DK, NW, LOADS, NS>(q, k, gam_ws, w_ws, u_ws, a_ws, seq_ch, ch_t0, ch_len, hk, hv, dv,     \
+                                    scale, h0, o, fin);                                                 \
     }
 
-GDR_FWD6_ENTRY(gdr_fwd6, 0, 64, 1)
-GDR_FWD6_ENTRY(gdr_fwd6, 0, 64, 2)
-GDR_FWD6_ENTRY(gdr_fwd6, 0, 64, 4)
-GDR_FWD6_ENTRY(gdr_fwd6, 0, 64, 8)
-GDR_FWD6_ENTRY(gdr_fwd6, 0, 128, 1)
-GDR_FWD6_ENTRY(gdr_fwd6, 0, 128, 2)
-GDR_FWD6_ENTRY(gdr_fwd6, 0, 128, 4)
-GDR_FWD6_ENTRY(gdr_fwd6, 0, 128, 8)
-GDR_FWD6_ENTRY(gdr_fwd6b, 1, 64, 1)
-GDR_FWD6_ENTRY(gdr_fwd6b, 1, 64, 2)
-GDR_FWD6_ENTRY(gdr_fwd6b, 1, 64, 4)
-GDR_FWD6_ENTRY(gdr_fwd6b, 1, 64, 8)
-GDR_FWD6_ENTRY(gdr_fwd6b, 1, 128, 1)
-GDR_FWD6_ENTRY(gdr_fwd6b, 1, 128, 2)
-GDR_FWD6_ENTRY(gdr_fwd6b, 1, 128, 4)
-GDR_FWD6_ENTRY(gdr_fwd6b, 1, 128, 8)
-GDR_FWD6_ENTRY(gdr_fwd6n, 2, 128, 1)
-GDR_FWD6_ENTRY(gdr_fwd6n, 2, 128, 2)
+GDR_FWD6_ENTRY(gdr_fwd6, 0, 2, 64, 1)
+GDR_FWD6_ENTRY(gdr_fwd6, 0, 2, 64, 2)
+GDR_FWD6_ENTRY(gdr_fwd6, 0, 2, 64, 4)
+GDR_FWD6_ENTRY(gdr_fwd6, 0, 2, 64, 8)
+GDR_FWD6_ENTRY(gdr_fwd6, 0, 2, 128, 1)
+GDR_FWD6_ENTRY(gdr_fwd6, 0, 2, 128, 2)
+GDR_FWD6_ENTRY(gdr_fwd6, 0, 2, 128, 4)
+GDR_FWD6_ENTRY(gdr_fwd6, 0, 2, 128, 8)
+GDR_FWD6_ENTRY(gdr_fwd6b, 1, 2, 64, 1)
+GDR_FWD6_ENTRY(gdr_fwd6b, 1, 2, 64, 2)
+GDR_FWD6_ENTRY(gdr_fwd6b, 1, 2, 64, 4)
+GDR_FWD6_ENTRY(gdr_fwd6b, 1, 2, 64, 8)
+GDR_FWD6_ENTRY(gdr_fwd6b, 1, 2, 128, 1)
+GDR_FWD6_ENTRY(gdr_fwd6b, 1, 2, 128, 2)
+GDR_FWD6_ENTRY(gdr_fwd6b, 1, 2, 128, 4)
+GDR_FWD6_ENTRY(gdr_fwd6b, 1, 2, 128, 8)
+GDR_FWD6_ENTRY(gdr_fwd6n, 2, 2, 128, 1)
+GDR_FWD6_ENTRY(gdr_fwd6n, 2, 2, 128, 2)
+// three stages (fit in shared memory for Dk 128 with 1 or 2 warps)
+GDR_FWD6_ENTRY(gdr_fwd6s3, 0, 3, 128, 1)
+GDR_FWD6_ENTRY(gdr_fwd6s3, 0, 3, 128, 2)
+GDR_FWD6_ENTRY(gdr_fwd6bs3, 1, 3, 128, 1)
+GDR_FWD6_ENTRY(gdr_fwd6bs3, 1, 3, 128, 2)
 
 #define GDR_CHAIN6_ENTRY(NW, OUT)                                                                       \
     extern "C" __global__ void __launch_bounds__(32 * NW, 1) gdr_chain6_d128_w##NW##_o##OUT(            \
