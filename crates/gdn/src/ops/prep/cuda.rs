@@ -157,10 +157,12 @@ pub fn forward(
             check_gpu("prep kn", &gpu, b.gpu())?;
         }
         (None, false) => {}
-        _ => return Err(GdnError::Invalid(format!(
+        _ => {
+            return Err(GdnError::Invalid(format!(
             "prep: normalized q, k buffers are needed exactly when the norm is on (l2norm = {})",
             s.l2norm
-        ))),
+        )))
+        }
     }
     if n == 0 {
         return Ok(());
