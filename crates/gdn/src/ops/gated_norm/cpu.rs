@@ -178,7 +178,11 @@ pub fn backward(
 
 /// Checks `zc` for `rows` rows of `dv` in a buffer of `len` values; returns heads per token.
 fn check_cols(name: &str, len: usize, zc: Cols, rows: usize, dv: usize) -> Result<usize> {
-    if dv == 0 || zc.width == 0 || zc.width % dv != 0 || rows % (zc.width / dv) != 0 {
+    if dv == 0
+        || zc.width == 0
+        || !zc.width.is_multiple_of(dv)
+        || !rows.is_multiple_of(zc.width / dv)
+    {
         return Err(GdnError::Invalid(format!(
             "{name}: a section of {} columns does not hold whole rows of {dv} ({rows} rows)",
             zc.width

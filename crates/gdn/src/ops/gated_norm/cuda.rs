@@ -27,7 +27,11 @@ const FUSED_MAX_DV: usize = 768;
 /// Checks `z` (read, or `dz` written) at `zc` for `rows` rows of `dv`: `zc.width` is a whole
 /// number of heads per token; returns (row stride, column offset, heads per token).
 fn check_z(name: &str, z: &DBuf, zc: Cols, rows: usize, dv: usize) -> Result<(i64, i32, i32)> {
-    if dv == 0 || zc.width == 0 || zc.width % dv != 0 || rows % (zc.width / dv) != 0 {
+    if dv == 0
+        || zc.width == 0
+        || !zc.width.is_multiple_of(dv)
+        || !rows.is_multiple_of(zc.width / dv)
+    {
         return Err(GdnError::Invalid(format!(
             "{name}: a section of {} columns does not hold whole rows of {dv} ({rows} rows)",
             zc.width

@@ -26,7 +26,7 @@ pub fn take_cols(x: &Act, cols: usize, c0: usize, w: usize) -> Result<Act> {
 /// Write the dense `[rows, c.width]` buffer `src` into the columns `c` of `dst` (rows of `c.ld`
 /// values); the other columns are left as they are.
 pub fn put_cols(dst: &mut Act, c: Cols, src: &Act) -> Result<()> {
-    let rows = if c.ld == 0 { 0 } else { dst.len() / c.ld };
+    let rows = dst.len().checked_div(c.ld).unwrap_or(0);
     c.check("put_cols dst", dst.len(), rows)?;
     if src.len() != rows.saturating_mul(c.width) {
         return Err(GdnError::Invalid(format!(
