@@ -153,7 +153,7 @@ fn small_shapes_print_every_column() {
             "bwd out_proj",
             "bwd gated norm",
             "bwd rule",
-            "bwd conv",
+            "bwd gates + l2norm + conv",
             "bwd in_proj",
             "outside the stages",
         ] {
