@@ -121,6 +121,77 @@ fn gpu_packed_sequences_match_cpu() {
     );
 }
 
+/// The fused prep path (conv + SiLU + q/k L2 norm + gates in one op, the in_proj output read in
+/// place, one d(in_proj output) buffer) against the CPU layer: GDN, packed sequences (an empty
+/// one, a one-token one, padding), the L2 norm caller-side and in the rule, with and without the
+/// conv bias, f32 (max rel <= 1e-4) and bf16 (RMS rel <= 2e-2) storage; `gdn_prep` recompute
+/// bitwise equal to keeping the rule's inputs.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_fused_prep_packed_matches_cpu_both_l2norm_settings() {
+    let mut rng = ChaCha8Rng::seed_from_u64(41);
+    let seqs = Seqs::packed(&[0, 0, 1, 70, 70, 181, 240], 250).unwrap();
+    let x = randt(&mut rng, &[1, 250, 256]);
+    let dy = randt(&mut rng, &[1, 250, 256]);
+    for (in_kernel, conv_bias) in [(false, true), (true, false)] {
+        let c = GdnConfig {
+            use_qk_l2norm_in_kernel: in_kernel,
+            conv_bias,
+            ..cfg(Normalization::RMSNorm)
+        };
+        let cpu = GatedDeltaNet::new(&c, 42).unwrap();
+        let (y0, dx0, g0) = run(&cpu, &x, &dy, Some(&seqs));
+        for (dtype, tol) in [(DType::F32, 1e-4), (DType::Bf16, 2e-2)] {
+            let tag = format!("l2norm in kernel={in_kernel} bias={conv_bias} {dtype:?}");
+            let gpu = cpu.clone().to_device(Device::Cuda(0), dtype).unwrap();
+            let (y, dx, g) = run(&gpu, &x, &dy, Some(&seqs));
+            let err = |a: &[f32], b: &[f32]| match dtype {
+                DType::F32 => rel(a, b),
+                DType::Bf16 => rms_rel(a, b),
+            };
+            let mut errs = vec![
+                ("y", err(y.data(), y0.data())),
+                ("dx", err(dx.data(), dx0.data())),
+            ];
+            for (name, t) in g0.iter() {
+                errs.push((name, err(g.get(name).unwrap().data(), t.data())));
+            }
+            for (name, e) in &errs {
+                eprintln!("{tag} {name:<28} err {e:.2e}");
+                assert!(*e <= tol, "{tag} {name}: err {e:.3e} > {tol}");
+            }
+            assert!(
+                y.data()[240 * 256..].iter().all(|&v| v == 0.0),
+                "{tag}: padding y"
+            );
+            assert!(
+                dx.data()[240 * 256..].iter().all(|&v| v == 0.0),
+                "{tag}: padding dx"
+            );
+            // gdn_prep rebuilds the rule's inputs with the same kernel: the same bits.
+            let cr = GdnConfig {
+                recompute_granularity: Some(RecomputeGranularity::Selective),
+                recompute_modules: Some(vec!["gdn_prep".to_string()]),
+                ..c.clone()
+            };
+            let l = GatedDeltaNet::with_params(&cr, cpu.params().clone())
+                .unwrap()
+                .to_device(Device::Cuda(0), dtype)
+                .unwrap();
+            let (y2, dx2, g2) = run(&l, &x, &dy, Some(&seqs));
+            assert_eq!(bits(&y2), bits(&y), "{tag}: gdn_prep y");
+            assert_eq!(bits(&dx2), bits(&dx), "{tag}: gdn_prep dx");
+            for (name, t) in g.iter() {
+                assert_eq!(
+                    bits(g2.get(name).unwrap()),
+                    bits(t),
+                    "{tag}: gdn_prep {name}"
+                );
+            }
+        }
+    }
+}
+
 fn bits(t: &Tensor) -> Vec<u32> {
     t.data().iter().map(|v| v.to_bits()).collect()
 }

@@ -13,10 +13,10 @@
 
 use std::sync::Arc;
 
-use gdn::backend::{Act, P};
+use gdn::backend::{Act, Cols, P};
 use gdn::config::Normalization;
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
-use gdn::ops::{conv1d, gated_norm, gates, l2norm, linear, norm};
+use gdn::ops::{conv1d, gated_norm, gates, l2norm, linear, norm, prep};
 use gdn::testutil::{bits, max_rel_err, normal, normal_mean, rms_rel_err, rng, to_f64, uniform};
 use gdn::{GdnError, Seqs};
 
@@ -866,16 +866,32 @@ fn gates_gdn_gdn2_sigmoid() {
     }
 }
 
-fn gated_norm_case(kind: Normalization, zc: bool, rows: usize, dv: usize, seed: u64) {
+/// `z` (and `dz`) at columns `zcols` of a `[rows / heads-per-token, zcols.ld]` buffer (the layer's
+/// in_proj output and its gradient): the columns outside the section must keep their values.
+fn gated_norm_case(kind: Normalization, zc: bool, rows: usize, dv: usize, zcols: Cols, seed: u64) {
     let gpu = gpu();
     let mut r = rng(seed);
     let layer = kind == Normalization::LayerNorm;
     let op = format!(
-        "gated_norm {kind:?}{} {rows}x{dv}",
+        "gated_norm {kind:?}{} {rows}x{dv} z {zcols:?}",
         if zc { " zero-centered" } else { "" }
     );
+    let tokens = rows / (zcols.width / dv);
     let o_ = normal(&mut r, rows * dv, 1.0);
-    let z = normal(&mut r, rows * dv, 1.0);
+    let zwide = normal(&mut r, tokens * zcols.ld, 1.0);
+    let inside = |i: usize| (zcols.off..zcols.off + zcols.width).contains(&(i % zcols.ld));
+    let sect = |x: &[f32]| -> Vec<f32> {
+        x.iter()
+            .enumerate()
+            .filter(|(i, _)| inside(*i))
+            .map(|(_, v)| *v)
+            .collect()
+    };
+    let z = sect(&zwide);
+    // dz's buffer before the backward: NaN in the section (must be written), 3.5 outside.
+    let dz_init: Vec<f32> = (0..zwide.len())
+        .map(|i| if inside(i) { f32::NAN } else { 3.5 })
+        .collect();
     let w = normal_mean(&mut r, dv, if zc { 0.0 } else { 1.0 }, 0.1);
     let b = layer.then(|| normal(&mut r, dv, 0.1));
     let dy = normal(&mut r, rows * dv, 1.0);
@@ -885,7 +901,7 @@ fn gated_norm_case(kind: Normalization, zc: bool, rows: usize, dv: usize, seed: 
     for dt in [DType::F32, DType::Bf16] {
         let (os, zs, dys) = (stored(&o_, dt), stored(&z, dt), stored(&dy, dt));
         let od = DBuf::upload(&gpu, &os, dt).unwrap();
-        let zd = DBuf::upload(&gpu, &zs, dt).unwrap();
+        let zd = DBuf::upload(&gpu, &stored(&zwide, dt), dt).unwrap();
         let dyd = DBuf::upload(&gpu, &dys, dt).unwrap();
         let n = rows * dv;
         let out = twice(&format!("{op} {}", dts(dt)), || {
@@ -897,6 +913,7 @@ fn gated_norm_case(kind: Normalization, zc: bool, rows: usize, dv: usize, seed: 
             gated_norm::cuda::forward(
                 &od,
                 &zd,
+                zcols,
                 rows,
                 dv,
                 &wd,
@@ -908,12 +925,16 @@ fn gated_norm_case(kind: Normalization, zc: bool, rows: usize, dv: usize, seed: 
                 &mut st,
             )
             .unwrap();
-            let (mut d_o, mut dz, mut dw) =
-                (nan_d(&gpu, n, dt), nan_d(&gpu, n, dt), nan_g(&gpu, dv));
+            let (mut d_o, mut dz, mut dw) = (
+                nan_d(&gpu, n, dt),
+                DBuf::upload(&gpu, &dz_init, dt).unwrap(),
+                nan_g(&gpu, dv),
+            );
             let mut db = layer.then(|| nan_g(&gpu, dv));
             gated_norm::cuda::backward(
                 &od,
                 &zd,
+                zcols,
                 rows,
                 dv,
                 &wd,
@@ -928,11 +949,19 @@ fn gated_norm_case(kind: Normalization, zc: bool, rows: usize, dv: usize, seed: 
                 db.as_mut(),
             )
             .unwrap();
+            let dzw = dl(&dz);
+            for (i, v) in dzw.iter().enumerate() {
+                assert!(
+                    inside(i) || *v == 3.5,
+                    "dz column {} outside the section was written",
+                    i % zcols.ld
+                );
+            }
             let mut v = vec![
                 ("y", dl(&y)),
                 ("rstd", dlg(&st.rstd)),
                 ("do", dl(&d_o)),
-                ("dz", dl(&dz)),
+                ("dz", sect(&dzw)),
                 ("dw", dlg(&dw)),
             ];
             if let Some(db) = &db {
@@ -1018,7 +1047,305 @@ fn gated_norm_case(kind: Normalization, zc: bool, rows: usize, dv: usize, seed: 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gated_norm_rms_and_layer() {
-    // 4096 tokens x 32 value heads, Dv = 128
-    gated_norm_case(Normalization::RMSNorm, false, 4096 * 32, 128, 8);
-    gated_norm_case(Normalization::LayerNorm, true, 4096 * 16, 128, 9);
+    // 4096 tokens x 32 value heads, Dv = 128, z read in place from a wider buffer (the layer's
+    // in_proj output: z after 8192 conv columns, gate columns after it)
+    let ld = 8192 + 32 * 128 + 64;
+    gated_norm_case(
+        Normalization::RMSNorm,
+        false,
+        4096 * 32,
+        128,
+        Cols::new(ld, 8192, 32 * 128),
+        8,
+    );
+    // dense z
+    gated_norm_case(
+        Normalization::LayerNorm,
+        true,
+        4096 * 16,
+        128,
+        Cols::dense(128),
+        9,
+    );
+    // rows wider than the fused backward's shared memory (separate partials kernel), 3 heads
+    gated_norm_case(
+        Normalization::RMSNorm,
+        true,
+        300 * 3,
+        800,
+        Cols::new(3 * 800 + 7, 5, 3 * 800),
+        10,
+    );
+}
+
+/// The fused prep op (conv + SiLU + q/k L2 norm + gates, forward and backward) against the CPU op
+/// (f32 storage: max-rel <= 1e-5; bf16: forward vs the f64 reference <= 5e-3 RMS, backward vs the
+/// CPU f32 op on the same rounded inputs <= 1e-2 RMS, since the GPU stores the raw conv output and
+/// d(raw output) in bf16 between steps as the separate ops did). Every output is poisoned with
+/// NaN and must be written; d(in_proj output) must be written exactly in its sections (a
+/// sentinel elsewhere survives); two runs give the same bits.
+#[allow(clippy::too_many_arguments)]
+fn prep_case(s: prep::PrepShape, cols: prep::PrepCols, seqs: &Seqs, bias: bool, seed: u64) {
+    use gdn::ops::prep::{cpu as pcpu, cuda as pcuda};
+    let gpu = gpu();
+    let mut r = rng(seed);
+    let n = seqs.tokens();
+    let ld = cols.qkv.ld;
+    let (qk, vd, cd, hv) = (s.qk(), s.vd(), s.conv_dim(), s.hv);
+    let op = format!(
+        "prep hk{} hv{} dk{} dv{} W{} l2={} bias={bias} tokens={n} used={}",
+        s.hk,
+        s.hv,
+        s.dk,
+        s.dv,
+        s.width,
+        s.l2norm,
+        seqs.used()
+    );
+    let x = normal(&mut r, n * ld, 1.0);
+    let w = normal(&mut r, cd * s.width, 0.4);
+    let b = bias.then(|| normal(&mut r, cd, 0.3));
+    let a_log = uniform(&mut r, hv, 0.0, 2.7);
+    let dt = normal(&mut r, hv, 0.5);
+    let dq = normal(&mut r, n * qk, 1.0);
+    let dk = normal(&mut r, n * qk, 1.0);
+    let dv = normal(&mut r, n * vd, 1.0);
+    let dg = normal(&mut r, n * hv, 1.0);
+    let dbeta = normal(&mut r, n * hv, 1.0);
+    let inside = |i: usize| {
+        let c = i % ld;
+        [cols.qkv, cols.beta, cols.alpha]
+            .iter()
+            .any(|q| c >= q.off && c < q.off + q.width)
+    };
+    let sect = |v: &[f32]| -> Vec<f32> {
+        v.iter()
+            .enumerate()
+            .filter(|(i, _)| inside(*i))
+            .map(|(_, v)| *v)
+            .collect()
+    };
+    let dproj_init: Vec<f32> = (0..x.len())
+        .map(|i| if inside(i) { f32::NAN } else { 3.5 })
+        .collect();
+    let (wd, ald, dtd, dgd) = (
+        gpu.upload(&w).unwrap(),
+        gpu.upload(&a_log).unwrap(),
+        gpu.upload(&dt).unwrap(),
+        gpu.upload(&dg).unwrap(),
+    );
+    let bd = b.as_ref().map(|b| gpu.upload(b).unwrap());
+    for dty in [DType::F32, DType::Bf16] {
+        let up = |v: &[f32]| DBuf::upload(&gpu, v, dty).unwrap();
+        let (xs, dqs, dks, dvs, dbs) = (
+            stored(&x, dty),
+            stored(&dq, dty),
+            stored(&dk, dty),
+            stored(&dv, dty),
+            stored(&dbeta, dty),
+        );
+        let (xd, dqd, dkd, dvd, dbd) = (up(&xs), up(&dqs), up(&dks), up(&dvs), up(&dbs));
+        let label = format!("{op} {}", dts(dty));
+        let out = twice(&label, || {
+            let mut o = pcuda::Out {
+                q: nan_d(&gpu, n * qk, dty),
+                k: nan_d(&gpu, n * qk, dty),
+                v: nan_d(&gpu, n * vd, dty),
+                qkn: s
+                    .l2norm
+                    .then(|| (nan_d(&gpu, n * qk, dty), nan_d(&gpu, n * qk, dty))),
+                g: nan_g(&gpu, n * hv),
+                beta: nan_d(&gpu, n * hv, dty),
+            };
+            pcuda::forward(&xd, cols, s, &wd, bd.as_ref(), &ald, &dtd, seqs, &mut o).unwrap();
+            let mut dproj = up(&dproj_init);
+            let mut g = pcuda::Grads {
+                conv_w: nan_g(&gpu, cd * s.width),
+                conv_b: bias.then(|| nan_g(&gpu, cd)),
+                a_log: nan_g(&gpu, hv),
+                dt_bias: nan_g(&gpu, hv),
+            };
+            pcuda::backward(
+                &xd,
+                cols,
+                s,
+                &wd,
+                bd.as_ref(),
+                &ald,
+                &dtd,
+                seqs,
+                pcuda::Dy {
+                    dq: &dqd,
+                    dk: &dkd,
+                    dv: &dvd,
+                    dg: &dgd,
+                    dbeta: &dbd,
+                },
+                &mut dproj,
+                &mut g,
+            )
+            .unwrap();
+            let dp = dl(&dproj);
+            for (i, v) in dp.iter().enumerate() {
+                assert!(
+                    inside(i) || *v == 3.5,
+                    "{label}: dproj column {} outside the sections was written",
+                    i % ld
+                );
+            }
+            let mut v = vec![
+                ("q", dl(&o.q)),
+                ("k", dl(&o.k)),
+                ("v", dl(&o.v)),
+                ("g", dlg(&o.g)),
+                ("beta", dl(&o.beta)),
+                ("dproj", sect(&dp)),
+                ("dconv_w", dlg(&g.conv_w)),
+                ("dA_log", dlg(&g.a_log)),
+                ("ddt_bias", dlg(&g.dt_bias)),
+            ];
+            if let Some((a, b)) = &o.qkn {
+                v.push(("qn", dl(a)));
+                v.push(("kn", dl(b)));
+            }
+            if let Some(b) = &g.conv_b {
+                v.push(("dconv_b", dlg(b)));
+            }
+            v
+        });
+        // The CPU op on the inputs the GPU saw.
+        let co = pcpu::forward(&xs, cols, s, &w, b.as_deref(), &a_log, &dt, seqs).unwrap();
+        let mut cdp = vec![0.0f32; x.len()];
+        let cg = pcpu::backward(
+            &xs,
+            cols,
+            s,
+            &w,
+            b.as_deref(),
+            &a_log,
+            &dt,
+            seqs,
+            pcpu::Dy {
+                dq: &dqs,
+                dk: &dks,
+                dv: &dvs,
+                dg: &dg,
+                dbeta: &dbs,
+            },
+            &mut cdp,
+        )
+        .unwrap();
+        let mut bwd: Vec<(&str, Vec<f32>)> = vec![
+            ("dproj", sect(&cdp)),
+            ("dconv_w", cg.conv_w.clone()),
+            ("dA_log", cg.a_log.clone()),
+            ("ddt_bias", cg.dt_bias.clone()),
+        ];
+        if let Some(b) = &cg.conv_b {
+            bwd.push(("dconv_b", b.clone()));
+        }
+        let (qn, kn) = match &co.qkn {
+            Some((a, b)) => (Some(a.clone()), Some(b.clone())),
+            None => (None, None),
+        };
+        match dty {
+            DType::F32 => {
+                let mut fwd: Vec<(&str, Vec<f32>)> = vec![
+                    ("q", co.q.clone()),
+                    ("k", co.k.clone()),
+                    ("v", co.v.clone()),
+                    ("g", co.g.clone()),
+                    ("beta", co.beta.clone()),
+                ];
+                if let (Some(a), Some(b)) = (qn, kn) {
+                    fwd.push(("qn", a));
+                    fwd.push(("kn", b));
+                }
+                for (name, want) in fwd.iter().chain(&bwd) {
+                    vs_cpu(&op, name, get(&out, name), want);
+                }
+            }
+            DType::Bf16 => {
+                let b64 = b.as_deref().map(to_f64);
+                let rf = prep::reference::forward(
+                    &to_f64(&xs),
+                    cols,
+                    s,
+                    &to_f64(&w),
+                    b64.as_deref(),
+                    &to_f64(&a_log),
+                    &to_f64(&dt),
+                    seqs,
+                );
+                let mut fwd: Vec<(&str, &[f64])> = vec![
+                    ("q", &rf.q),
+                    ("k", &rf.k),
+                    ("v", &rf.v),
+                    ("g", &rf.g),
+                    ("beta", &rf.beta),
+                ];
+                if s.l2norm {
+                    fwd.push(("qn", &rf.qn));
+                    fwd.push(("kn", &rf.kn));
+                }
+                for (name, want) in fwd {
+                    vs_ref(&op, name, get(&out, name), want);
+                }
+                for (name, want) in &bwd {
+                    let e = rms_rel_err(get(&out, name), &to_f64(want));
+                    eprintln!("| {op} | bf16 | {name} | rms-rel vs CPU f32 | {e:.2e} |");
+                    assert!(
+                        e <= 1e-2,
+                        "{op} bf16 {name}: rms rel err {e:.3e} vs CPU > 1e-2"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn prep_fused_conv_l2norm_gates() {
+    // The layer's in_proj layout: [q|k|v | z | beta | alpha]; packed sequences with an empty one,
+    // a one-token one, and padding rows at the end.
+    let layer_cols = |s: &prep::PrepShape| {
+        let (cd, vd, hv) = (s.conv_dim(), s.vd(), s.hv);
+        let ld = cd + vd + 2 * hv;
+        prep::PrepCols {
+            qkv: Cols::new(ld, 0, cd),
+            beta: Cols::new(ld, cd + vd, hv),
+            alpha: Cols::new(ld, cd + vd + hv, hv),
+        }
+    };
+    let seqs = Seqs::packed(&[0, 700, 701, 701, 2300, 3000], 3100).unwrap();
+    let s = prep::PrepShape {
+        hk: 4,
+        hv: 8,
+        dk: 128,
+        dv: 128,
+        width: 4,
+        l2norm: true,
+    };
+    prep_case(s, layer_cols(&s), &seqs, true, 31);
+    // the norm in the rule (no caller-side norm), no conv bias
+    let s2 = prep::PrepShape { l2norm: false, ..s };
+    prep_case(s2, layer_cols(&s2), &seqs, false, 32);
+    // odd sizes (heads straddle the 32-channel tiles, head dims not multiples of 32), sections
+    // in another order, uniform sequences
+    let s3 = prep::PrepShape {
+        hk: 3,
+        hv: 6,
+        dk: 40,
+        dv: 24,
+        width: 3,
+        l2norm: true,
+    };
+    let cd = s3.conv_dim();
+    let c3 = prep::PrepCols {
+        alpha: Cols::new(cd + 2 * 6 + 5, 0, 6),
+        beta: Cols::new(cd + 2 * 6 + 5, 6, 6),
+        qkv: Cols::new(cd + 2 * 6 + 5, 17, cd),
+    };
+    prep_case(s3, c3, &Seqs::uniform(3, 333), true, 33);
 }

@@ -16,14 +16,29 @@ fn every_kernel_compiles_for_sm90a() {
         eprintln!("NVRTC not found: kernel compilation not checked here");
         return;
     }
+    // Developer aids: `GDN_KERNELS=prep,gated_norm` compiles only those files;
+    // `GDN_PTX_OUT=dir` writes each PTX there (for `ptxas -v`).
+    let only = std::env::var("GDN_KERNELS").ok();
+    let out = std::env::var_os("GDN_PTX_OUT");
     let mut failures = Vec::new();
     for (name, _) in kernels::MODULES {
+        if let Some(o) = &only {
+            if !o.split(',').any(|n| n == *name) {
+                continue;
+            }
+        }
         for arch in ["sm_90a", "sm_80"] {
             match cuda::compile(name, arch) {
-                Ok(ptx) => assert!(
-                    ptx.to_src().contains(".entry"),
-                    "{name} for {arch}: no kernel entry in the PTX"
-                ),
+                Ok(ptx) => {
+                    assert!(
+                        ptx.to_src().contains(".entry"),
+                        "{name} for {arch}: no kernel entry in the PTX"
+                    );
+                    if let Some(d) = &out {
+                        let p = std::path::Path::new(d).join(format!("{name}.{arch}.ptx"));
+                        std::fs::write(&p, ptx.to_src()).expect("write PTX");
+                    }
+                }
                 Err(e) => failures.push(format!("{e}")),
             }
         }

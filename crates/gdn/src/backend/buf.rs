@@ -13,6 +13,63 @@ pub enum Act {
     Dev(DBuf),
 }
 
+/// Where an op's columns sit in a row-major buffer of `ld` values per row: columns
+/// `off .. off + width` of every row. Ops that read a section of a wider buffer in place (the
+/// in_proj output `[n, in_proj_dim]`: conv input, `z`, gate logits) or write their gradient into
+/// a section of one (`d(in_proj output)`) take the buffer and a `Cols`; a dense `[rows, width]`
+/// buffer is [`Cols::dense`]. Plain metadata: one buffer can be read (or written) through
+/// several `Cols` at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cols {
+    /// Values per row of the buffer (row stride).
+    pub ld: usize,
+    /// First column of the section.
+    pub off: usize,
+    /// Columns of the section.
+    pub width: usize,
+}
+
+impl Cols {
+    /// Columns `off .. off + width` of rows of `ld` values.
+    pub fn new(ld: usize, off: usize, width: usize) -> Self {
+        Cols { ld, off, width }
+    }
+    /// A whole dense `[rows, width]` buffer.
+    pub fn dense(width: usize) -> Self {
+        Cols {
+            ld: width,
+            off: 0,
+            width,
+        }
+    }
+    /// Whether the section is the whole row (a dense buffer).
+    pub fn is_dense(&self) -> bool {
+        self.off == 0 && self.width == self.ld
+    }
+    /// Index of (row `r`, section column `c`).
+    #[inline]
+    pub fn at(&self, r: usize, c: usize) -> usize {
+        r * self.ld + self.off + c
+    }
+    /// Error unless the section fits in its rows and a buffer of `len` values holds `rows`
+    /// rows of `ld` values.
+    pub fn check(&self, name: &str, len: usize, rows: usize) -> Result<()> {
+        if !matches!(self.off.checked_add(self.width), Some(e) if e <= self.ld) {
+            return Err(GdnError::Invalid(format!(
+                "{name}: columns {}..{}+{} do not fit rows of {} values",
+                self.off, self.off, self.width, self.ld
+            )));
+        }
+        if Some(len) != rows.checked_mul(self.ld) {
+            return Err(GdnError::Invalid(format!(
+                "{name}: expected {rows} rows x {} values, got {len} values",
+                self.ld
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// An fp32 buffer (statistics, decays, states, parameter gradients).
 pub enum F32s {
     Host(Vec<f32>),

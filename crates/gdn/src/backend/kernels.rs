@@ -25,6 +25,7 @@ pub const MODULES: &[(&str, &str)] = &[
         "gated_norm",
         include_str!("../ops/gated_norm/gated_norm.cu"),
     ),
+    ("prep", include_str!("../ops/prep/prep.cu")),
 ];
 
 /// The full source NVRTC compiles for `module`.

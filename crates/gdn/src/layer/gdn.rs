@@ -19,15 +19,16 @@ use std::sync::{Arc, OnceLock};
 
 use crate::backend::cuda::{self, DBuf, DType, GBuf, Gpu};
 use crate::backend::Device;
-use crate::backend::{mixed, Act, F32s, P};
+use crate::backend::{mixed, Act, Cols, F32s, P};
 use crate::config::{GdnConfig, Normalization, Variant};
 use crate::error::{GdnError, Result};
 use crate::layer::saved::Acts;
 use crate::layer::{Grads, Params, Saved};
 use crate::ops::gated_delta_rule::{RuleOpts, RuleShape};
 use crate::ops::norm::Stats;
+use crate::ops::prep::{PrepCols, PrepDy, PrepParams, PrepShape};
 use crate::ops::{
-    conv1d, gated_delta_rule, gated_norm, gates, gdn2_rule, l2norm, layout, linear, norm,
+    conv1d, gated_delta_rule, gated_norm, gates, gdn2_rule, l2norm, layout, linear, norm, prep,
 };
 use crate::seqs::Seqs;
 use crate::tensor::Tensor;
@@ -246,6 +247,34 @@ impl DeviceGrads {
             .map(|(n, s, b)| Ok((n.clone(), Tensor::from_vec(s, b.gpu().download(b)?)?)))
             .collect::<Result<Vec<_>>>()?;
         Ok(Params::from_entries(entries))
+    }
+}
+
+/// A buffer of `x`'s length and storage where `x` lives, for a backward to fill every element of
+/// (host: zeros; device: uninitialized).
+fn uninit_like(x: &Act) -> Result<Act> {
+    Ok(match x {
+        Act::Host(v) => Act::Host(vec![0.0; v.len()]),
+        Act::Dev(d) => Act::Dev(DBuf::uninit(d.gpu(), d.len(), d.dtype())?),
+    })
+}
+
+/// Column sections of the in_proj output (see [`GatedDeltaNet::proj_cols`]).
+struct ProjCols {
+    qkv: Cols,
+    z: Cols,
+    /// GDN `[beta, alpha]`, GDN2 `[f, b, w]`.
+    gates: Vec<Cols>,
+}
+
+impl ProjCols {
+    /// The fused prep op's sections (GDN).
+    fn prep(&self) -> PrepCols {
+        PrepCols {
+            qkv: self.qkv,
+            beta: self.gates[0],
+            alpha: self.gates[1],
+        }
     }
 }
 
@@ -765,6 +794,42 @@ impl GatedDeltaNet {
         }
     }
 
+    /// Where the sections of the in_proj output `[n, in_proj_dim]` sit: `[q|k|v]` (the conv
+    /// input), `z`, then the gate sections. The ops read them in place, and backward writes each
+    /// gradient into the same columns of one `d(in_proj output)` buffer.
+    fn proj_cols(&self) -> ProjCols {
+        let c = &self.cfg;
+        let (pd, cd, vd) = (c.in_proj_dim(), c.conv_dim(), c.v_dim());
+        let mut off = cd + vd;
+        let gates = self
+            .gate_sections()
+            .into_iter()
+            .map(|w| {
+                let g = Cols::new(pd, off, w);
+                off += w;
+                g
+            })
+            .collect();
+        ProjCols {
+            qkv: Cols::new(pd, 0, cd),
+            z: Cols::new(pd, cd, vd),
+            gates,
+        }
+    }
+
+    /// The fused prep op's shape (GDN).
+    fn prep_shape(&self) -> PrepShape {
+        let c = &self.cfg;
+        PrepShape {
+            hk: c.linear_num_key_heads,
+            hv: c.linear_num_value_heads,
+            dk: c.linear_key_head_dim,
+            dv: c.linear_value_head_dim,
+            width: c.linear_conv_kernel_dim,
+            l2norm: c.use_qk_l2norm && !c.use_qk_l2norm_in_kernel,
+        }
+    }
+
     /// The layer, top to bottom (Megatron's `GatedDeltaNet.forward`).
     fn run_forward(
         &self,
@@ -778,11 +843,12 @@ impl GatedDeltaNet {
         let n = seqs.tokens();
         let mut prof = Prof::new(self.gpu()?);
 
-        // 1-2. Fused pre-norm + in_proj -> [q | k | v | z | gate sections], split.
-        let (qkv_pre, z, gate_in, in_stats) = self.in_proj_split(&p, x, n)?;
-        prof.mark("fwd in_proj (norm + GEMM) + split");
+        // 1-2. Fused pre-norm + in_proj -> [q | k | v | z | gate sections], one buffer whose
+        // sections the ops below read in place.
+        let (proj, in_stats) = self.in_proj(&p, x, n)?;
+        prof.mark("fwd in_proj (norm + GEMM)");
         // 3-5. conv + SiLU, q/k L2 norm, gates.
-        let r = self.prep(&p, &qkv_pre, &gate_in, seqs)?;
+        let r = self.prep(&p, &proj, seqs)?;
         prof.mark("fwd conv + l2norm + gates");
         // 6. The rule.
         let (o, final_state) = self.rule_forward(&r, seqs, h0, want_final)?;
@@ -790,7 +856,7 @@ impl GatedDeltaNet {
         // Keep the rule's inputs (Megatron keeps these), unless `gdn_prep` rebuilds them.
         let rule_in = (!c.recompute().prep).then_some(r);
         // 7-8. Gated norm, out_proj.
-        let (y, norm_out, o_stats) = self.out_proj(&p, &o, &z, n, &mut prof)?;
+        let (y, norm_out, o_stats) = self.out_proj(&p, &o, &proj, n, &mut prof)?;
         prof.mark("fwd out_proj");
         prof.report();
         Ok(Forward {
@@ -798,9 +864,7 @@ impl GatedDeltaNet {
             final_state,
             acts: Acts {
                 in_stats,
-                qkv_pre,
-                z,
-                gate_in,
+                proj,
                 rule_in,
                 o,
                 o_stats,
@@ -809,16 +873,10 @@ impl GatedDeltaNet {
         })
     }
 
-    /// Fused pre-norm + in_proj over `n` rows, split into the pre-conv `[q | k | v]`, `z` and
-    /// the gate sections; also the norm's statistics.
-    fn in_proj_split(
-        &self,
-        p: &ParamView,
-        x: &Act,
-        n: usize,
-    ) -> Result<(Act, Act, Vec<Act>, Stats)> {
+    /// Fused pre-norm + in_proj over `n` rows: the in_proj output `[n, in_proj_dim]` (sections
+    /// at [`proj_cols`](Self::proj_cols)) and the norm's statistics.
+    fn in_proj(&self, p: &ParamView, x: &Act, n: usize) -> Result<(Act, Stats)> {
         let c = &self.cfg;
-        let (vd, cd, pd) = (c.v_dim(), c.conv_dim(), c.in_proj_dim());
         let (xn, in_stats) = norm::forward(
             x,
             n,
@@ -835,27 +893,33 @@ impl GatedDeltaNet {
             c.hidden_size,
             p.get("in_proj.weight"),
             p.bf16("in_proj.weight"),
-            pd,
+            c.in_proj_dim(),
         )?;
-        drop(xn);
-        let qkv_pre = layout::take_cols(&proj, pd, 0, cd)?;
-        let z = layout::take_cols(&proj, pd, cd, vd)?;
-        let mut gate_in = Vec::new();
-        let mut off = cd + vd;
-        for w in self.gate_sections() {
-            gate_in.push(layout::take_cols(&proj, pd, off, w)?);
-            off += w;
-        }
-        Ok((qkv_pre, z, gate_in, in_stats))
+        Ok((proj, in_stats))
     }
 
-    /// Gated norm `norm(o) * silu(z)` (norm first, then gate; one `[Dv]` weight for all heads)
-    /// and out_proj over `n` rows: `y`, the norm's output and its statistics.
+    /// The conv input `[n, conv_dim]` and the gate sections of the in_proj output as separate
+    /// buffers (copies): what the inference path's conv over cached rows and GDN2's gates take.
+    fn split_sections(&self, proj: &Act) -> Result<(Act, Vec<Act>)> {
+        let pc = self.proj_cols();
+        let take = |c: Cols| layout::take_cols(proj, c.ld, c.off, c.width);
+        let qkv_pre = take(pc.qkv)?;
+        let gate_in = pc
+            .gates
+            .iter()
+            .map(|&g| take(g))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((qkv_pre, gate_in))
+    }
+
+    /// Gated norm `norm(o) * silu(z)` (norm first, then gate; one `[Dv]` weight for all heads;
+    /// `z` read in place from the in_proj output `proj`) and out_proj over `n` rows: `y`, the
+    /// norm's output and its statistics.
     fn out_proj(
         &self,
         p: &ParamView,
         o: &Act,
-        z: &Act,
+        proj: &Act,
         n: usize,
         prof: &mut Prof,
     ) -> Result<(Act, Act, Stats)> {
@@ -863,7 +927,8 @@ impl GatedDeltaNet {
         let (hv, dv, vd) = (c.linear_num_value_heads, c.linear_value_head_dim, c.v_dim());
         let (norm_out, o_stats) = gated_norm::forward(
             o,
-            z,
+            proj,
+            self.proj_cols().z,
             n * hv,
             dv,
             p.get("out_norm.weight"),
@@ -884,27 +949,57 @@ impl GatedDeltaNet {
         Ok((y, norm_out, o_stats))
     }
 
-    /// conv + SiLU, q/k L2 norm and gates: the rule's inputs from in_proj's sections. Forward
-    /// runs it once; backward reruns it when `gdn_prep` dropped its results (same kernels, same
-    /// inputs, so the same bits).
-    fn prep(
-        &self,
-        p: &ParamView,
-        qkv_pre: &Act,
-        gate_in: &[Act],
-        seqs: &Seqs,
-    ) -> Result<RuleInputs> {
+    /// conv + SiLU, q/k L2 norm and gates: the rule's inputs from the in_proj output `proj`,
+    /// read in place. Forward runs it once; backward reruns it when `gdn_prep` dropped its
+    /// results (same kernels, same inputs, so the same bits). GDN: one fused op
+    /// ([`prep::forward`]); GDN2: conv1d on the `[q|k|v]` section, then its gates.
+    fn prep(&self, p: &ParamView, proj: &Act, seqs: &Seqs) -> Result<RuleInputs> {
         let c = &self.cfg;
         let (n, cd, w) = (seqs.tokens(), c.conv_dim(), c.linear_conv_kernel_dim);
-        let qkv = conv1d::forward(
-            qkv_pre,
-            cd,
-            p.get("conv1d.weight"),
-            w,
-            p.opt("conv1d.bias"),
-            seqs,
-        )?;
-        self.prep_after_conv(p, qkv, gate_in, n)
+        match c.variant {
+            Variant::Gdn => {
+                let o = prep::forward(
+                    proj,
+                    self.proj_cols().prep(),
+                    self.prep_shape(),
+                    self.prep_params(p),
+                    seqs,
+                )?;
+                Ok(RuleInputs {
+                    q: o.q,
+                    k: o.k,
+                    v: o.v,
+                    qkn: o.qkn,
+                    gates: Gates::Gdn {
+                        g: o.g,
+                        beta: o.beta,
+                    },
+                })
+            }
+            Variant::Gdn2 => {
+                let (qkv_pre, gate_in) = self.split_sections(proj)?;
+                let qkv = conv1d::forward(
+                    &qkv_pre,
+                    cd,
+                    p.get("conv1d.weight"),
+                    w,
+                    p.opt("conv1d.bias"),
+                    seqs,
+                )?;
+                drop(qkv_pre);
+                self.prep_after_conv(p, qkv, &gate_in, n)
+            }
+        }
+    }
+
+    /// The parameters of the fused prep op.
+    fn prep_params<'a>(&self, p: &'a ParamView) -> PrepParams<'a> {
+        PrepParams {
+            conv_w: p.get("conv1d.weight"),
+            conv_b: p.opt("conv1d.bias"),
+            a_log: p.get("A_log"),
+            dt_bias: p.get("dt_bias"),
+        }
     }
 
     /// q/k L2 norm and gates from the conv's output `qkv` `[n, conv_dim]` (the rest of
@@ -1091,6 +1186,7 @@ impl GatedDeltaNet {
         };
         let mut prof = Prof::new(self.gpu()?);
 
+        let pc = self.proj_cols();
         // 8. out_proj. Under gdn_norm_out its input is rebuilt here, by the same kernel on the
         // same inputs as in forward, so the bits are those forward had.
         let norm_out = match a.norm_out {
@@ -1098,7 +1194,8 @@ impl GatedDeltaNet {
             None => {
                 gated_norm::forward(
                     &a.o,
-                    &a.z,
+                    &a.proj,
+                    pc.z,
                     n * hv,
                     dv,
                     p.get("out_norm.weight"),
@@ -1123,10 +1220,15 @@ impl GatedDeltaNet {
         set("out_proj.weight", &[h, vd], d_wout)?;
         prof.mark("bwd out_proj (+ norm_out rebuild)");
 
-        // 7. Gated norm.
-        let (d_o, dz, d_onw, d_onb) = gated_norm::backward(
+        // d(in_proj output) `[n, in_proj_dim]`, one buffer: each backward below writes its own
+        // sections (z; gates; conv input), so nothing is concatenated.
+        let mut dproj = uninit_like(&a.proj)?;
+
+        // 7. Gated norm; dz into dproj's z columns.
+        let (d_o, d_onw, d_onb) = gated_norm::backward(
             &a.o,
-            &a.z,
+            &a.proj,
+            pc.z,
             n * hv,
             dv,
             p.get("out_norm.weight"),
@@ -1135,6 +1237,7 @@ impl GatedDeltaNet {
             zc,
             &a.o_stats,
             &d_norm_out,
+            &mut dproj,
         )?;
         drop(d_norm_out);
         set("out_norm.weight", &[dv], d_onw)?;
@@ -1143,14 +1246,15 @@ impl GatedDeltaNet {
         }
         prof.mark("bwd gated norm");
 
-        // 6. The rule (its inputs kept, or rebuilt under gdn_prep), then 5. gates and 4. L2 norm.
+        // 6. The rule (its inputs kept, or rebuilt under gdn_prep), then 5. gates, 4. L2 norm and
+        // 3. conv, each writing its sections of dproj.
         let r = match a.rule_in {
             Some(r) => r,
-            None => self.prep(&p, &a.qkv_pre, &a.gate_in, seqs)?,
+            None => self.prep(&p, &a.proj, seqs)?,
         };
         let (s, o) = (self.rule_shape(), self.rule_opts());
-        let gi = &a.gate_in;
-        let (dq, dk_, dv_, d_gate_in, dh0) = match &r.gates {
+        let w = c.linear_conv_kernel_dim;
+        let dh0 = match &r.gates {
             Gates::Gdn { g, beta } => {
                 let gated_delta_rule::RuleGrads {
                     dq,
@@ -1172,21 +1276,34 @@ impl GatedDeltaNet {
                     &d_o,
                     d_final,
                 )?;
-                let (dalpha, dbeta_raw, d_alog, d_dt) = gates::backward(
-                    &gi[1],
-                    &gi[0],
-                    n,
-                    hv,
-                    p.get("A_log"),
-                    p.get("dt_bias"),
-                    &dg,
-                    &dbeta,
+                drop(r);
+                prof.mark("bwd rule (+ prep rebuild)");
+                // gates + L2 norm + conv in one op.
+                let pg = prep::backward(
+                    &a.proj,
+                    pc.prep(),
+                    self.prep_shape(),
+                    self.prep_params(&p),
+                    seqs,
+                    PrepDy {
+                        dq: &dq,
+                        dk: &dkk,
+                        dv: &dvv,
+                        dg: &dg,
+                        dbeta: &dbeta,
+                    },
+                    &mut dproj,
                 )?;
-                set("A_log", &[hv], d_alog)?;
-                set("dt_bias", &[hv], d_dt)?;
-                (dq, dkk, dvv, vec![dbeta_raw, dalpha], dh0)
+                set("A_log", &[hv], pg.a_log)?;
+                set("dt_bias", &[hv], pg.dt_bias)?;
+                set("conv1d.weight", &[cd, 1, w], pg.conv_w)?;
+                if let Some(b) = pg.conv_b {
+                    set("conv1d.bias", &[cd], b)?;
+                }
+                prof.mark("bwd gates + l2norm + conv");
+                dh0
             }
-            Gates::Gdn2 { g, b, w, b_key } => {
+            Gates::Gdn2 { g, b, w: wg, b_key } => {
                 let gdn2_rule::RuleGrads {
                     dq,
                     dk: dkk,
@@ -1201,7 +1318,7 @@ impl GatedDeltaNet {
                     &r.v,
                     g,
                     b,
-                    w,
+                    wg,
                     seqs,
                     s,
                     o,
@@ -1209,6 +1326,8 @@ impl GatedDeltaNet {
                     &d_o,
                     d_final,
                 )?;
+                prof.mark("bwd rule (+ prep rebuild)");
+                let (qkv_pre, gi) = self.split_sections(&a.proj)?;
                 // The key-channel gates were repeated to the value heads: sum their gradients back.
                 let dg_key = layout::sum_heads_f32s(&dg, n, hk, hv, dk)?;
                 let db_key = layout::sum_heads(&db, n, hk, hv, dk)?;
@@ -1224,51 +1343,44 @@ impl GatedDeltaNet {
                 set("A_log", &[hk], d_alog)?;
                 set("dt_bias", &[qk], d_dt)?;
                 let db_raw = gates::sigmoid_backward(b_key, &db_key)?;
-                let dw_raw = gates::sigmoid_backward(w, &dw)?;
-                (dq, dkk, dvv, vec![df, db_raw, dw_raw], dh0)
+                let dw_raw = gates::sigmoid_backward(wg, &dw)?;
+                for (d, &col) in [&df, &db_raw, &dw_raw].into_iter().zip(&pc.gates) {
+                    layout::put_cols(&mut dproj, col, d)?;
+                }
+                drop((df, db_raw, dw_raw));
+                let (dq, dk_) = match &r.qkn {
+                    Some(_) => (
+                        l2norm::backward(&r.q, n * hk, dk, &dq)?,
+                        l2norm::backward(&r.k, n * hk, dk, &dkk)?,
+                    ),
+                    None => (dq, dkk),
+                };
+                drop(r);
+                let dqkv = layout::concat_cols(
+                    n,
+                    cd,
+                    &[(0, qk, &dq), (qk, qk, &dk_), (2 * qk, vd, &dvv)],
+                )?;
+                drop((dq, dk_, dvv));
+                let (dqkv_pre, dcw, dcb) = conv1d::backward(
+                    &qkv_pre,
+                    cd,
+                    p.get("conv1d.weight"),
+                    w,
+                    p.opt("conv1d.bias"),
+                    seqs,
+                    &dqkv,
+                )?;
+                drop(dqkv);
+                layout::put_cols(&mut dproj, pc.qkv, &dqkv_pre)?;
+                set("conv1d.weight", &[cd, 1, w], dcw)?;
+                if let Some(b) = dcb {
+                    set("conv1d.bias", &[cd], b)?;
+                }
+                prof.mark("bwd gates + l2norm + conv");
+                dh0
             }
         };
-        let (dq, dk_) = match &r.qkn {
-            Some(_) => (
-                l2norm::backward(&r.q, n * hk, dk, &dq)?,
-                l2norm::backward(&r.k, n * hk, dk, &dk_)?,
-            ),
-            None => (dq, dk_),
-        };
-        drop(r);
-        prof.mark("bwd rule (+ prep rebuild) + gates + l2norm");
-
-        // 3. conv.
-        let dqkv = layout::concat_cols(n, cd, &[(0, qk, &dq), (qk, qk, &dk_), (2 * qk, vd, &dv_)])?;
-        drop((dq, dk_, dv_));
-        let w = c.linear_conv_kernel_dim;
-        let (dqkv_pre, dcw, dcb) = conv1d::backward(
-            &a.qkv_pre,
-            cd,
-            p.get("conv1d.weight"),
-            w,
-            p.opt("conv1d.bias"),
-            seqs,
-            &dqkv,
-        )?;
-        drop(dqkv);
-        set("conv1d.weight", &[cd, 1, w], dcw)?;
-        if let Some(b) = dcb {
-            set("conv1d.bias", &[cd], b)?;
-        }
-        prof.mark("bwd conv");
-
-        // 2. Un-split into d(in_proj output).
-        let mut parts: Vec<(usize, usize, &Act)> = vec![(0, cd, &dqkv_pre), (cd, vd, &dz)];
-        let mut off = cd + vd;
-        for (d, w) in d_gate_in.iter().zip(self.gate_sections()) {
-            parts.push((off, w, d));
-            off += w;
-        }
-        let dproj = layout::concat_cols(n, pd, &parts)?;
-        drop(parts);
-        drop((dqkv_pre, dz, d_gate_in));
-        prof.mark("bwd un-split");
 
         // 1. in_proj and its fused norm; the normalized input is rebuilt from x.
         let (xn, _) = norm::forward(

@@ -26,11 +26,10 @@ pub struct Saved {
 pub(crate) struct Acts {
     /// Statistics of the fused input norm (rstd, and mean for LayerNorm), `[n]` each.
     pub in_stats: Stats,
-    /// in_proj output sections: conv input `[n, conv_dim]`, gate `z` `[n, v_dim]`, and the raw
-    /// gate inputs (`beta`/`alpha` for GDN; `f`, `b`, `w` for GDN2).
-    pub qkv_pre: Act,
-    pub z: Act,
-    pub gate_in: Vec<Act>,
+    /// The in_proj output `[n, in_proj_dim]`, `[q|k|v | z | gate sections]` per row (`beta`,
+    /// `alpha` for GDN; `f`, `b`, `w` for GDN2): the ops read their sections in place
+    /// (`GatedDeltaNet::proj_cols`).
+    pub proj: Act,
     /// The rule's inputs (conv outputs, normalized q/k when caller-side, gates); `None` under
     /// `gdn_prep`, which rebuilds them in backward.
     pub rule_in: Option<RuleInputs>,
@@ -49,9 +48,7 @@ impl Saved {
         let mut b = self.x.bytes() + self.h0.as_ref().map_or(0, F32s::bytes);
         if let Some(a) = &self.acts {
             b += a.in_stats.bytes()
-                + a.qkv_pre.bytes()
-                + a.z.bytes()
-                + a.gate_in.iter().map(Act::bytes).sum::<usize>()
+                + a.proj.bytes()
                 + a.rule_in.as_ref().map_or(0, RuleInputs::bytes)
                 + a.o.bytes()
                 + a.o_stats.bytes()

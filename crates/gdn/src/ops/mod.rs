@@ -13,6 +13,7 @@ pub mod l2norm;
 pub mod layout;
 pub mod linear;
 pub mod norm;
+pub mod prep;
 
 use crate::error::{GdnError, Result};
 

@@ -41,7 +41,8 @@ impl GatedDeltaNet {
             .final_state
             .ok_or_else(|| GdnError::Invalid("final state was not produced".into()))?;
         let state = Tensor::from_vec(&self.state_shape(seqs), fin.into_host()?)?;
-        let qkv_pre = f.acts.qkv_pre.into_host()?;
+        let (qkv_pre, _) = self.split_sections(&f.acts.proj)?;
+        let qkv_pre = qkv_pre.into_host()?;
         let n = seqs.count();
         let zeros = vec![0.0f32; (w - 1) * cd];
         let mut conv = Vec::with_capacity(n * (w - 1) * cd);
@@ -94,7 +95,8 @@ impl GatedDeltaNet {
         }
         let p = self.view()?;
         let mut prof = Prof::new(self.gpu()?);
-        let (qkv_pre, z, gate_in, _) = self.in_proj_split(&p, &self.act(x.data())?, t)?;
+        let (proj, _) = self.in_proj(&p, &self.act(x.data())?, t)?;
+        let (qkv_pre, gate_in) = self.split_sections(&proj)?;
         // conv + SiLU over each sequence's cached rows followed by its new rows; keep the new.
         let cur = qkv_pre.into_host()?;
         let mut cu_ext = vec![0u64];
@@ -130,7 +132,7 @@ impl GatedDeltaNet {
         };
         let mut run = || -> Result<(Tensor, F32s)> {
             let (o, fin) = self.rule_forward(&r, seqs, Some(&h0), true)?;
-            let (y, _, _) = self.out_proj(&p, &o, &z, t, &mut prof)?;
+            let (y, _, _) = self.out_proj(&p, &o, &proj, t, &mut prof)?;
             let mut y = y.into_host()?;
             y[seqs.used() * c.hidden_size..].fill(0.0);
             let fin =

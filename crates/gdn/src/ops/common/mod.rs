@@ -3,6 +3,7 @@
 //! row loaders and CUDA plumbing, and the f64 references several ops' references use.
 
 pub mod act;
+pub(crate) mod conv;
 pub mod gemm;
 pub mod l2norm;
 pub mod norm;

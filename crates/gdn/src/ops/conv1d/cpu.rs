@@ -4,61 +4,11 @@ use crate::error::{GdnError, Result};
 use crate::ops::check_len;
 use rayon::prelude::*;
 
+use crate::backend::Cols;
 use crate::ops::common::act::{silu, silu_grad};
+use crate::ops::common::conv::{backward_from_dpre, pre_row, seq_bounds, transpose};
 use crate::ops::common::task_rows;
-use crate::ops::REDUCE_BLOCK;
 use crate::seqs::Seqs;
-
-/// `(start, end)` of the sequence of each token below `seqs.used()`.
-fn seq_bounds(seqs: &Seqs) -> Vec<(usize, usize)> {
-    let mut b = vec![(0, 0); seqs.used()];
-    for i in 0..seqs.count() {
-        let r = seqs.range(i);
-        b[r.clone()].fill((r.start, r.end));
-    }
-    b
-}
-
-/// `w` `[ch, width]` to `[width, ch]`, so the inner loops run over contiguous channels.
-fn transpose(w: &[f32], ch: usize, width: usize) -> Vec<f32> {
-    let mut t = vec![0.0f32; w.len()];
-    for c in 0..ch {
-        for i in 0..width {
-            t[i * ch + c] = w[c * width + i];
-        }
-    }
-    t
-}
-
-/// Pre-activation of token `t` (sequence starting at `start`) into `acc` `[ch]`: bias first, then
-/// taps `i = 0..width` in order. Forward and backward both call this, so they agree bitwise.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-fn pre_row(
-    x: &[f32],
-    ch: usize,
-    wt: &[f32],
-    width: usize,
-    bias: Option<&[f32]>,
-    t: usize,
-    start: usize,
-    acc: &mut [f32],
-) {
-    match bias {
-        Some(b) => acc.copy_from_slice(b),
-        None => acc.fill(0.0),
-    }
-    for i in 0..width {
-        let back = width - 1 - i;
-        if t >= start + back {
-            let xr = &x[(t - back) * ch..(t - back + 1) * ch];
-            let wr = &wt[i * ch..(i + 1) * ch];
-            for c in 0..ch {
-                acc[c] += wr[c] * xr[c];
-            }
-        }
-    }
-}
 
 /// See [`super::conv1d_silu_forward`]; arguments are validated.
 fn conv1d_silu_forward_unchecked(
@@ -80,7 +30,7 @@ fn conv1d_silu_forward_unchecked(
         .for_each(|(bi, yb)| {
             for (r, yr) in yb.chunks_mut(ch).enumerate() {
                 let t = bi * tr + r;
-                pre_row(x, ch, &wt, width, bias, t, bounds[t].0, yr);
+                pre_row(x, Cols::dense(ch), &wt, width, bias, t, bounds[t].0, yr);
                 for v in yr.iter_mut() {
                     *v = silu(*v);
                 }
@@ -110,63 +60,24 @@ fn conv1d_silu_backward_unchecked(
         .for_each(|(bi, db)| {
             for (r, dr) in db.chunks_mut(ch).enumerate() {
                 let t = bi * tr + r;
-                pre_row(x, ch, &wt, width, bias, t, bounds[t].0, dr);
+                pre_row(x, Cols::dense(ch), &wt, width, bias, t, bounds[t].0, dr);
                 for (d, g) in dr.iter_mut().zip(&dy[t * ch..(t + 1) * ch]) {
                     *d = g * silu_grad(*d);
                 }
             }
         });
-    // dx per token; partial [dw^T (width x ch) | dbias (ch)] per block of REDUCE_BLOCK tokens.
     let mut dx = vec![0.0f32; seqs.tokens() * ch];
-    let plen = (width + 1) * ch;
-    let partials: Vec<Vec<f32>> = dx[..used * ch]
-        .par_chunks_mut(REDUCE_BLOCK * ch)
-        .enumerate()
-        .map(|(bi, dxb)| {
-            let mut p = vec![0.0f32; plen];
-            for (r, dxr) in dxb.chunks_mut(ch).enumerate() {
-                let t = bi * REDUCE_BLOCK + r;
-                let (start, end) = bounds[t];
-                let dp = &dpre[t * ch..(t + 1) * ch];
-                for i in 0..width {
-                    let back = width - 1 - i;
-                    let wr = &wt[i * ch..(i + 1) * ch];
-                    // token t feeds tap i of token t + back
-                    if t + back < end {
-                        let dn = &dpre[(t + back) * ch..(t + back + 1) * ch];
-                        for c in 0..ch {
-                            dxr[c] += wr[c] * dn[c];
-                        }
-                    }
-                    // tap i of token t reads token t - back
-                    if t >= start + back {
-                        let xr = &x[(t - back) * ch..(t - back + 1) * ch];
-                        let pr = &mut p[i * ch..(i + 1) * ch];
-                        for c in 0..ch {
-                            pr[c] += dp[c] * xr[c];
-                        }
-                    }
-                }
-                for (a, d) in p[width * ch..].iter_mut().zip(dp) {
-                    *a += d;
-                }
-            }
-            p
-        })
-        .collect();
-    let mut acc = vec![0.0f32; plen];
-    for p in &partials {
-        for (a, v) in acc.iter_mut().zip(p) {
-            *a += v;
-        }
-    }
-    let mut dw = vec![0.0f32; ch * width];
-    for c in 0..ch {
-        for i in 0..width {
-            dw[c * width + i] = acc[i * ch + c];
-        }
-    }
-    let dbias = bias.map(|_| acc[width * ch..].to_vec());
+    let (dw, db) = backward_from_dpre(
+        x,
+        Cols::dense(ch),
+        &wt,
+        width,
+        &bounds,
+        &dpre,
+        &mut dx,
+        Cols::dense(ch),
+    );
+    let dbias = bias.map(|_| db);
     (dx, dw, dbias)
 }
 

@@ -1,6 +1,7 @@
 //! CPU gated norm, built on the pre-norm's row helpers.
 
-use crate::error::Result;
+use crate::backend::Cols;
+use crate::error::{GdnError, Result};
 use crate::ops::check_len;
 use crate::ops::common::norm::{check_eps, check_norm_params};
 use rayon::prelude::*;
@@ -171,4 +172,83 @@ pub fn backward(
         stats,
         dy,
     ))
+}
+
+// ---- z read (dz written) in place in a wider buffer ----
+
+/// Checks `zc` for `rows` rows of `dv` in a buffer of `len` values; returns heads per token.
+fn check_cols(name: &str, len: usize, zc: Cols, rows: usize, dv: usize) -> Result<usize> {
+    if dv == 0
+        || zc.width == 0
+        || !zc.width.is_multiple_of(dv)
+        || !rows.is_multiple_of(zc.width / dv)
+    {
+        return Err(GdnError::Invalid(format!(
+            "{name}: a section of {} columns does not hold whole rows of {dv} ({rows} rows)",
+            zc.width
+        )));
+    }
+    let hpt = zc.width / dv;
+    zc.check(name, len, rows / hpt)?;
+    Ok(hpt)
+}
+
+/// The section `zc` of `z` as a dense `[tokens, zc.width]` buffer.
+fn gather(z: &[f32], zc: Cols, tokens: usize) -> Vec<f32> {
+    if zc.is_dense() {
+        return z.to_vec();
+    }
+    let mut out = vec![0.0f32; tokens * zc.width];
+    out.par_chunks_mut(zc.width)
+        .enumerate()
+        .for_each(|(t, r)| r.copy_from_slice(&z[zc.at(t, 0)..zc.at(t, zc.width)]));
+    out
+}
+
+/// [`forward`] with `z` read at `zc` of a wider buffer (`zc.width / dv` heads per token).
+#[allow(clippy::too_many_arguments)]
+pub fn forward_cols(
+    o: &[f32],
+    z: &[f32],
+    zc: Cols,
+    rows: usize,
+    dv: usize,
+    w: &[f32],
+    b: Option<&[f32]>,
+    kind: Normalization,
+    eps: f32,
+    zero_centered: bool,
+) -> Result<(Vec<f32>, NormStats)> {
+    let hpt = check_cols("gated_norm z", z.len(), zc, rows, dv)?;
+    let zd = gather(z, zc, rows / hpt);
+    forward(o, &zd, rows, dv, w, b, kind, eps, zero_centered)
+}
+
+/// [`backward`] with `z` read at `zc` and `dz` written at `zc` of `dz_out` (its other columns
+/// are left as they are); returns `do`, `dw` and (LayerNorm) `db`.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+pub fn backward_cols(
+    o: &[f32],
+    z: &[f32],
+    zc: Cols,
+    rows: usize,
+    dv: usize,
+    w: &[f32],
+    b: Option<&[f32]>,
+    kind: Normalization,
+    zero_centered: bool,
+    stats: &NormStats,
+    dy: &[f32],
+    dz_out: &mut [f32],
+) -> Result<(Vec<f32>, Vec<f32>, Option<Vec<f32>>)> {
+    let hpt = check_cols("gated_norm z", z.len(), zc, rows, dv)?;
+    check_cols("gated_norm dz", dz_out.len(), zc, rows, dv)?;
+    let tokens = rows / hpt;
+    let zd = gather(z, zc, tokens);
+    let (d_o, dz, dw, db) = backward(o, &zd, rows, dv, w, b, kind, zero_centered, stats, dy)?;
+    dz_out
+        .par_chunks_mut(zc.ld)
+        .zip(dz.par_chunks(zc.width.max(1)))
+        .for_each(|(r, d)| r[zc.off..zc.off + zc.width].copy_from_slice(d));
+    Ok((d_o, dw, db))
 }

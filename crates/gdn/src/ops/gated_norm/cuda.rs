@@ -6,22 +6,52 @@
 
 use cudarc::driver::PushKernelArg;
 
+use cudarc::driver::LaunchConfig;
+
 use crate::backend::cuda::{DBuf, GBuf};
 use crate::backend::launch::{
-    arg_d, arg_dm, check_d, check_g, check_gpu, check_part_dims, chunks, kernel, launch, lin_cfg,
-    part_cfg, rows_cfg, NULL_PTR,
+    arg_d, arg_dm, check_d, check_g, check_gpu, check_part_dims, chunks, int, kernel, launch,
+    part_cfg, rows_cfg, NULL_PTR, THREADS,
 };
+use crate::backend::Cols;
 use crate::config::Normalization;
 use crate::error::{GdnError, Result};
 use crate::ops::common::norm::{arg_mean, check_params, GpuNormStats};
 
 const MODULE: &str = "gated_norm";
 
-/// [`gated_norm_forward`] into caller-provided `y` and `stats`.
+/// Largest `dv` the backward with fused weight-gradient partials takes (its shared memory:
+/// 8 warps x 2 x dv floats in 48 KiB); wider rows use the separate partials kernel.
+const FUSED_MAX_DV: usize = 768;
+
+/// Checks `z` (read, or `dz` written) at `zc` for `rows` rows of `dv`: `zc.width` is a whole
+/// number of heads per token; returns (row stride, column offset, heads per token).
+fn check_z(name: &str, z: &DBuf, zc: Cols, rows: usize, dv: usize) -> Result<(i64, i32, i32)> {
+    if dv == 0
+        || zc.width == 0
+        || !zc.width.is_multiple_of(dv)
+        || !rows.is_multiple_of(zc.width / dv)
+    {
+        return Err(GdnError::Invalid(format!(
+            "{name}: a section of {} columns does not hold whole rows of {dv} ({rows} rows)",
+            zc.width
+        )));
+    }
+    let hpt = zc.width / dv;
+    zc.check(name, z.len(), rows / hpt)?;
+    Ok((
+        int(&format!("{name} row stride"), zc.ld)? as i64,
+        int(&format!("{name} offset"), zc.off)?,
+        int(&format!("{name} heads per token"), hpt)?,
+    ))
+}
+
+/// [`gated_norm_forward`] into caller-provided `y` and `stats`; `z` is read at `zcols`.
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     o: &DBuf,
     z: &DBuf,
+    zcols: Cols,
     rows: usize,
     dv: usize,
     w: &GBuf<f32>,
@@ -38,7 +68,8 @@ pub fn forward(
     let n = rows.saturating_mul(dv);
     let dt = o.dtype();
     check_d("gated_norm o", o, n, dt)?;
-    check_d("gated_norm z", z, n, dt)?;
+    check_d("gated_norm z", z, z.len(), dt)?;
+    let (zld, zoff, hpt) = check_z("gated_norm z", z, zcols, rows, dv)?;
     check_d("gated_norm y", y, n, dt)?;
     check_gpu("gated_norm z", &gpu, z.gpu())?;
     check_gpu("gated_norm y", &gpu, y.gpu())?;
@@ -49,7 +80,7 @@ pub fn forward(
     }
     let f = kernel(&gpu, MODULE, "gated_norm_fwd", dt)?;
     let layer = (kind == Normalization::LayerNorm) as i32;
-    let (rows_i, dim_i, zc, has_b) = (
+    let (rows_i, dim_i, zc_i, has_b) = (
         rows as i64,
         dv as i32,
         zero_centered as i32,
@@ -71,15 +102,24 @@ pub fn forward(
         Some(m) => l.arg(&mut m.slice),
         None => l.arg(&NULL_PTR),
     };
-    l.arg(&rows_i).arg(&dim_i).arg(&layer).arg(&eps).arg(&zc);
+    l.arg(&rows_i)
+        .arg(&dim_i)
+        .arg(&layer)
+        .arg(&eps)
+        .arg(&zc_i)
+        .arg(&zld)
+        .arg(&zoff)
+        .arg(&hpt);
     launch(&mut l, rows_cfg(rows), "gated_norm_fwd")
 }
 
-/// [`gated_norm_backward`] into caller-provided `do`, `dz`, `dw` and (LayerNorm only) `db`.
+/// [`gated_norm_backward`] into caller-provided `do`, `dz`, `dw` and (LayerNorm only) `db`; `z`
+/// is read and `dz` written at `zcols` (dz's other columns are left as they are).
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     o: &DBuf,
     z: &DBuf,
+    zcols: Cols,
     rows: usize,
     dv: usize,
     w: &GBuf<f32>,
@@ -98,10 +138,12 @@ pub fn backward(
     let n = rows.saturating_mul(dv);
     let dt = o.dtype();
     check_d("gated_norm o", o, n, dt)?;
-    check_d("gated_norm z", z, n, dt)?;
+    check_d("gated_norm z", z, z.len(), dt)?;
+    let (zld, zoff, hpt) = check_z("gated_norm z", z, zcols, rows, dv)?;
+    check_d("gated_norm dz", dz, dz.len(), dt)?;
+    check_z("gated_norm dz", dz, zcols, rows, dv)?;
     check_d("gated_norm dy", dy, n, dt)?;
     check_d("gated_norm do", d_o, n, dt)?;
-    check_d("gated_norm dz", dz, n, dt)?;
     stats.check("gated_norm stats", rows, kind)?;
     check_g("gated_norm dw", dw, dv)?;
     let layer = kind == Normalization::LayerNorm;
@@ -138,7 +180,38 @@ pub fn backward(
         zero_centered as i32,
         b.is_some() as i32,
     );
-    if rows > 0 {
+    let mut part = gpu.uninit::<f32>((nchunks * 2 * dv).max(1))?;
+    if rows > 0 && dv <= FUSED_MAX_DV {
+        // do, dz and the weight-gradient partials in one pass over o, z, dy.
+        let f = kernel(&gpu, MODULE, "gated_norm_bwd_fused", dt)?;
+        let mut l = gpu.stream().launch_builder(&f);
+        arg_d(&mut l, o);
+        arg_d(&mut l, z);
+        l.arg(&w.slice);
+        match b {
+            Some(b) => l.arg(&b.slice),
+            None => l.arg(&NULL_PTR),
+        };
+        l.arg(&has_b).arg(&stats.rstd.slice);
+        arg_mean(&mut l, stats);
+        arg_d(&mut l, dy);
+        arg_dm(&mut l, d_o);
+        arg_dm(&mut l, dz);
+        l.arg(&mut part.slice)
+            .arg(&rows_i)
+            .arg(&dim_i)
+            .arg(&layer_i)
+            .arg(&zc)
+            .arg(&zld)
+            .arg(&zoff)
+            .arg(&hpt);
+        let cfg = LaunchConfig {
+            grid_dim: (nchunks as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: (8 * 2 * dv * 4) as u32,
+        };
+        launch(&mut l, cfg, "gated_norm_bwd_fused")?;
+    } else if rows > 0 {
         let f = kernel(&gpu, MODULE, "gated_norm_bwd_dx", dt)?;
         let mut l = gpu.stream().launch_builder(&f);
         arg_d(&mut l, o);
@@ -153,11 +226,14 @@ pub fn backward(
         arg_d(&mut l, dy);
         arg_dm(&mut l, d_o);
         arg_dm(&mut l, dz);
-        l.arg(&rows_i).arg(&dim_i).arg(&layer_i).arg(&zc);
+        l.arg(&rows_i)
+            .arg(&dim_i)
+            .arg(&layer_i)
+            .arg(&zc)
+            .arg(&zld)
+            .arg(&zoff)
+            .arg(&hpt);
         launch(&mut l, rows_cfg(rows), "gated_norm_bwd_dx")?;
-    }
-    let mut part = gpu.uninit::<f32>((nchunks * 2 * dv).max(1))?;
-    if rows > 0 {
         let f = kernel(&gpu, MODULE, "gated_norm_bwd_part", dt)?;
         let mut l = gpu.stream().launch_builder(&f);
         arg_d(&mut l, o);
@@ -168,7 +244,10 @@ pub fn backward(
         l.arg(&mut part.slice)
             .arg(&rows_i)
             .arg(&dim_i)
-            .arg(&layer_i);
+            .arg(&layer_i)
+            .arg(&zld)
+            .arg(&zoff)
+            .arg(&hpt);
         launch(&mut l, part_cfg(nchunks, dv), "gated_norm_bwd_part")?;
     }
     let f = gpu.function(MODULE, "gated_norm_sum_parts")?;
@@ -180,5 +259,10 @@ pub fn backward(
         None => l.arg(&NULL_PTR),
     };
     l.arg(&layer_i);
-    launch(&mut l, lin_cfg(dv), "gated_norm_sum_parts")
+    let cfg = LaunchConfig {
+        grid_dim: (dv as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch(&mut l, cfg, "gated_norm_sum_parts")
 }

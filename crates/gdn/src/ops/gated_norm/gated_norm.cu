@@ -1,6 +1,8 @@
 // Output norm then gate: y = norm(o) * silu(z) per row of dv values (rows = tokens * heads), one
-// [dv] weight shared by all heads. One warp per row, fp32 math. dw, db: two-stage, fixed-order
-// sums over rows (chunks of GN_RB rows, then chunks in order); no atomics.
+// [dv] weight shared by all heads. One warp per row, fp32 math. z (and dz) are read (written) in
+// place in a buffer of zld values per token, from column zoff, hpt heads per token (the in_proj
+// output and its gradient). dw, db: two-stage, fixed-order sums over rows (chunks of GN_RB rows,
+// then chunks in order); no atomics.
 
 #define GN_RB 256  // rows per partial (crate::ops::REDUCE_BLOCK)
 
@@ -11,17 +13,24 @@ __device__ __forceinline__ float gn_silu_grad(float x) {
     return s * (1.f + x * (1.f - s));
 }
 
+// Start of row `row`'s z values: rows are (token, head) pairs, `hpt` heads per token, z read in
+// place from a buffer of `zld` values per token starting at column `zoff`.
+__device__ __forceinline__ long long gn_zrow(long long row, long long zld, int zoff, int hpt, int dim) {
+    long long t = row / hpt;
+    return t * zld + zoff + (row - t * hpt) * (long long)dim;
+}
+
 template <typename T>
 __device__ __forceinline__ void gn_fwd_impl(const T* __restrict__ o, const T* __restrict__ z,
                                             const float* __restrict__ w, const float* __restrict__ b, int has_b,
                                             T* __restrict__ y, float* __restrict__ rstd_out,
                                             float* __restrict__ mean_out, long long rows, int dim, int layer,
-                                            float eps, int zc) {
+                                            float eps, int zc, long long zld, int zoff, int hpt) {
     long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (row >= rows) return;
     const T* orow = o + row * dim;
-    const T* zr = z + row * dim;
+    const T* zr = z + gn_zrow(row, zld, zoff, hpt, dim);
     float mean = 0.f;
     if (layer) {
         float s = 0.f;
@@ -47,17 +56,18 @@ __device__ __forceinline__ void gn_fwd_impl(const T* __restrict__ o, const T* __
     }
 }
 
-// dz = dy * norm(o) * silu'(z); dn = dy * silu(z); do = norm backward of dn.
+// One row of the backward: dz = dy * norm(o) * silu'(z) (written in place at z's position in
+// dz's buffer), dn = dy * silu(z), do = norm backward of dn. With `acc` (shared memory of this
+// warp, [2][dim]), adds the row's dn * xhat and dn to the lane's own columns.
 template <typename T>
-__device__ __forceinline__ void gn_bwd_dx_impl(const T* __restrict__ o, const T* __restrict__ z,
-                                               const float* __restrict__ w, const float* __restrict__ b, int has_b,
-                                               const float* __restrict__ rstd_in, const float* __restrict__ mean_in,
-                                               const T* __restrict__ dy, T* __restrict__ d_o, T* __restrict__ dz,
-                                               long long rows, int dim, int layer, int zc) {
-    long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
-    if (row >= rows) return;
+__device__ __forceinline__ void gn_bwd_row(const T* __restrict__ o, const T* __restrict__ z,
+                                           const float* __restrict__ w, const float* __restrict__ b, int has_b,
+                                           const float* __restrict__ rstd_in, const float* __restrict__ mean_in,
+                                           const T* __restrict__ dy, T* __restrict__ d_o, T* __restrict__ dz,
+                                           long long row, int dim, int layer, int zc, long long zld, int zoff, int hpt,
+                                           int lane, float* acc) {
     long long base = row * dim;
+    long long zb = gn_zrow(row, zld, zoff, hpt, dim);
     float mean = layer ? mean_in[row] : 0.f;
     float rstd = rstd_in[row];
     float s1 = 0.f, s2 = 0.f;
@@ -66,11 +76,16 @@ __device__ __forceinline__ void gn_bwd_dx_impl(const T* __restrict__ o, const T*
         float xhat = (ld(o, base + i) - mean) * rstd;
         float n = xhat * g;
         if (has_b) n += b[i];
-        float zv = ld(z, base + i), d = ld(dy, base + i);
-        st(dz, base + i, d * n * gn_silu_grad(zv));
-        float dxh = d * gn_silu(zv) * g;
+        float zv = ld(z, zb + i), d = ld(dy, base + i);
+        st(dz, zb + i, d * n * gn_silu_grad(zv));
+        float dn = d * gn_silu(zv);
+        float dxh = dn * g;
         s1 += dxh;
         s2 += dxh * xhat;
+        if (acc) {
+            acc[i] += dn * xhat;
+            acc[dim + i] += dn;
+        }
     }
     s1 = warp_sum(s1);
     s2 = warp_sum(s2);
@@ -79,17 +94,65 @@ __device__ __forceinline__ void gn_bwd_dx_impl(const T* __restrict__ o, const T*
     for (int i = lane; i < dim; i += 32) {
         float g = zc ? 1.f + w[i] : w[i];
         float xhat = (ld(o, base + i) - mean) * rstd;
-        float dn = ld(dy, base + i) * gn_silu(ld(z, base + i));
+        float dn = ld(dy, base + i) * gn_silu(ld(z, zb + i));
         st(d_o, base + i, rstd * (dn * g - m1 - xhat * m2));
     }
 }
 
-// Stage 1 of dw = sum_rows dn * xhat, db = sum_rows dn (dn = dy * silu(z)). part: [chunk][2][dim].
+// Backward without the weight-gradient partials (they come from gn_bwd_part_impl): one warp per
+// row (rows wider than the fused kernel's shared memory holds).
+template <typename T>
+__device__ __forceinline__ void gn_bwd_dx_impl(const T* __restrict__ o, const T* __restrict__ z,
+                                               const float* __restrict__ w, const float* __restrict__ b, int has_b,
+                                               const float* __restrict__ rstd_in, const float* __restrict__ mean_in,
+                                               const T* __restrict__ dy, T* __restrict__ d_o, T* __restrict__ dz,
+                                               long long rows, int dim, int layer, int zc, long long zld, int zoff,
+                                               int hpt) {
+    long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    gn_bwd_row(o, z, w, b, has_b, rstd_in, mean_in, dy, d_o, dz, row, dim, layer, zc, zld, zoff, hpt, lane,
+               (float*)0);
+}
+
+// Backward with the weight-gradient partials fused: one block per chunk of GN_RB rows; warp wp
+// takes rows r0 + wp, r0 + wp + 8, ... in order and adds dn * xhat, dn to its own [2][dim] slice
+// of shared memory (each lane only its own columns: no races); then the 8 slices are summed in
+// warp order into part[chunk][2][dim]. Dynamic shared memory: 8 * 2 * dim floats.
+template <typename T>
+__device__ __forceinline__ void gn_bwd_fused_impl(const T* __restrict__ o, const T* __restrict__ z,
+                                                  const float* __restrict__ w, const float* __restrict__ b,
+                                                  int has_b, const float* __restrict__ rstd_in,
+                                                  const float* __restrict__ mean_in, const T* __restrict__ dy,
+                                                  T* __restrict__ d_o, T* __restrict__ dz, float* __restrict__ part,
+                                                  long long rows, int dim, int layer, int zc, long long zld, int zoff,
+                                                  int hpt) {
+    extern __shared__ float gn_acc[];
+    int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float* acc = gn_acc + (long long)wp * 2 * dim;
+    for (int i = lane; i < 2 * dim; i += 32) acc[i] = 0.f;
+    __syncwarp();
+    long long chunk = blockIdx.x;
+    long long r0 = chunk * GN_RB, r1 = min(r0 + GN_RB, rows);
+    for (long long row = r0 + wp; row < r1; row += nw)
+        gn_bwd_row(o, z, w, b, has_b, rstd_in, mean_in, dy, d_o, dz, row, dim, layer, zc, zld, zoff, hpt, lane,
+                   acc);
+    __syncthreads();
+    for (int i = threadIdx.x; i < 2 * dim; i += blockDim.x) {
+        float s = gn_acc[i];
+        for (int v = 1; v < nw; v++) s += gn_acc[(long long)v * 2 * dim + i];
+        part[chunk * 2 * dim + i] = s;
+    }
+}
+
+// Stage 1 of dw = sum_rows dn * xhat, db = sum_rows dn (dn = dy * silu(z)) for rows wider than the
+// fused kernel takes. part: [chunk][2][dim].
 template <typename T>
 __device__ __forceinline__ void gn_bwd_part_impl(const T* __restrict__ o, const T* __restrict__ z,
                                                  const float* __restrict__ rstd_in,
                                                  const float* __restrict__ mean_in, const T* __restrict__ dy,
-                                                 float* __restrict__ part, long long rows, int dim, int layer) {
+                                                 float* __restrict__ part, long long rows, int dim, int layer,
+                                                 long long zld, int zoff, int hpt) {
     __shared__ float sw[8][33], sb[8][33];
     int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
     int c = blockIdx.y * 32 + tx;
@@ -101,7 +164,7 @@ __device__ __forceinline__ void gn_bwd_part_impl(const T* __restrict__ o, const 
             long long i = r * dim + c;
             float mean = layer ? mean_in[r] : 0.f;
             float xhat = (ld(o, i) - mean) * rstd_in[r];
-            float dn = ld(dy, i) * gn_silu(ld(z, i));
+            float dn = ld(dy, i) * gn_silu(ld(z, gn_zrow(r, zld, zoff, hpt, dim) + c));
             aw += dn * xhat;
             ab += dn;
         }
@@ -123,34 +186,53 @@ __device__ __forceinline__ void gn_bwd_part_impl(const T* __restrict__ o, const 
 #define GN_KERNELS(S, T)                                                                                   \
     extern "C" __global__ void __launch_bounds__(256)                                                      \
         gated_norm_fwd_##S(const T* o, const T* z, const float* w, const float* b, int has_b, T* y,        \
-                           float* rstd, float* mean, long long rows, int dim, int layer, float eps, int zc) { \
-        gn_fwd_impl<T>(o, z, w, b, has_b, y, rstd, mean, rows, dim, layer, eps, zc);                       \
+                           float* rstd, float* mean, long long rows, int dim, int layer, float eps, int zc, \
+                           long long zld, int zoff, int hpt) {                                             \
+        gn_fwd_impl<T>(o, z, w, b, has_b, y, rstd, mean, rows, dim, layer, eps, zc, zld, zoff, hpt);       \
     }                                                                                                      \
     extern "C" __global__ void __launch_bounds__(256)                                                      \
         gated_norm_bwd_dx_##S(const T* o, const T* z, const float* w, const float* b, int has_b,           \
                               const float* rstd, const float* mean, const T* dy, T* d_o, T* dz,            \
-                              long long rows, int dim, int layer, int zc) {                                \
-        gn_bwd_dx_impl<T>(o, z, w, b, has_b, rstd, mean, dy, d_o, dz, rows, dim, layer, zc);               \
+                              long long rows, int dim, int layer, int zc, long long zld, int zoff, int hpt) { \
+        gn_bwd_dx_impl<T>(o, z, w, b, has_b, rstd, mean, dy, d_o, dz, rows, dim, layer, zc, zld, zoff, hpt); \
+    }                                                                                                      \
+    extern "C" __global__ void __launch_bounds__(256)                                                      \
+        gated_norm_bwd_fused_##S(const T* o, const T* z, const float* w, const float* b, int has_b,        \
+                                 const float* rstd, const float* mean, const T* dy, T* d_o, T* dz,         \
+                                 float* part, long long rows, int dim, int layer, int zc, long long zld,   \
+                                 int zoff, int hpt) {                                                      \
+        gn_bwd_fused_impl<T>(o, z, w, b, has_b, rstd, mean, dy, d_o, dz, part, rows, dim, layer, zc, zld,  \
+                             zoff, hpt);                                                                   \
     }                                                                                                      \
     extern "C" __global__ void __launch_bounds__(256)                                                      \
         gated_norm_bwd_part_##S(const T* o, const T* z, const float* rstd, const float* mean, const T* dy, \
-                                float* part, long long rows, int dim, int layer) {                         \
-        gn_bwd_part_impl<T>(o, z, rstd, mean, dy, part, rows, dim, layer);                                 \
+                                float* part, long long rows, int dim, int layer, long long zld, int zoff,  \
+                                int hpt) {                                                                 \
+        gn_bwd_part_impl<T>(o, z, rstd, mean, dy, part, rows, dim, layer, zld, zoff, hpt);                 \
     }
 
 GN_KERNELS(f32, float)
 GN_KERNELS(bf16, bf16_t)
 
-// Stage 2: out0[c] = sum_k part[k][0][c], out1[c] = sum_k part[k][1][c] (k in order).
-extern "C" __global__ void gated_norm_sum_parts(const float* __restrict__ part, long long chunks, int dim,
-                                                float* __restrict__ out0, float* __restrict__ out1, int has_out1) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= dim) return;
+// Stage 2, one block per column c: thread i sums chunks i, i + blockDim, ... in order, then the
+// block sums the threads in a fixed tree (block_sum): out0[c] = sum_k part[k][0][c],
+// out1[c] = sum_k part[k][1][c]. (One thread per column looping over every chunk took ~1 ms at
+// 4096 chunks: 128 threads in all, each a serial chain of 8192 loads.)
+extern "C" __global__ void __launch_bounds__(256) gated_norm_sum_parts(const float* __restrict__ part,
+                                                                       long long chunks, int dim,
+                                                                       float* __restrict__ out0,
+                                                                       float* __restrict__ out1, int has_out1) {
+    __shared__ float sh[32];
+    int c = blockIdx.x;
     float a = 0.f, b = 0.f;
-    for (long long k = 0; k < chunks; k++) {
+    for (long long k = threadIdx.x; k < chunks; k += blockDim.x) {
         a += part[(k * 2) * dim + c];
         b += part[(k * 2 + 1) * dim + c];
     }
-    out0[c] = a;
-    if (has_out1) out1[c] = b;
+    a = block_sum(a, sh);
+    b = block_sum(b, sh);
+    if (threadIdx.x == 0) {
+        out0[c] = a;
+        if (has_out1) out1[c] = b;
+    }
 }

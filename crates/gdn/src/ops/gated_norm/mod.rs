@@ -7,6 +7,10 @@
 //! ([`NormStats`]); backward recomputes `norm(o)` and `silu(z)` from them:
 //! `dz = dy * norm(o) * silu'(z)`, then the norm's backward with `dy * silu(z)`.
 //!
+//! `z` is read in place from a wider buffer (the layer's in_proj output) at a column section
+//! ([`Cols`]), and backward writes `dz` at the same section of a buffer of that shape (the
+//! layer's `d(in_proj output)`).
+//!
 //! [`gated_norm_forward`] is a pure function of its inputs: every row is computed by the same
 //! sequential code whatever the thread count, so calling it twice gives identical bits (a
 //! recompute in backward reproduces the kept output exactly). The weight gradients sum over rows
@@ -20,17 +24,20 @@ pub mod reference;
 mod tests;
 
 use crate::backend::cuda::DBuf;
-use crate::backend::{dev, host, mixed, Act, F32s, P};
+use crate::backend::{dev, host, mixed, Act, Cols, F32s, P};
 use crate::config::Normalization;
 use crate::error::Result;
 use crate::ops::common::norm::{GpuNormStats, Stats};
 
-/// Forward over `o`, `z` `[rows, dv]` with weight `w` `[dv]` (and bias `b` for LayerNorm):
-/// returns `y = norm(o) * silu(z)` `[rows, dv]` and the norm's per-row statistics.
+/// Forward over `o` `[rows, dv]` and `z` read at `zcols` (rows are (token, head) pairs:
+/// `zcols.width / dv` heads per token; `Cols::dense(dv)` for a plain `[rows, dv]` z) with weight
+/// `w` `[dv]` (and bias `b` for LayerNorm): returns `y = norm(o) * silu(z)` `[rows, dv]` and the
+/// norm's per-row statistics.
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     o: &Act,
     z: &Act,
+    zcols: Cols,
     rows: usize,
     dv: usize,
     w: P,
@@ -41,7 +48,18 @@ pub fn forward(
 ) -> Result<(Act, Stats)> {
     match (o, z, w) {
         (Act::Host(o), Act::Host(z), P::Host(w)) => {
-            let (y, s) = cpu::forward(o, z, rows, dv, w, host(b, "gated norm")?, kind, eps, zc)?;
+            let (y, s) = cpu::forward_cols(
+                o,
+                z,
+                zcols,
+                rows,
+                dv,
+                w,
+                host(b, "gated norm")?,
+                kind,
+                eps,
+                zc,
+            )?;
             Ok((Act::Host(y), Stats::Host(s)))
         }
         (Act::Dev(o), Act::Dev(z), P::Dev(w)) => {
@@ -49,18 +67,20 @@ pub fn forward(
             let gpu = o.gpu();
             let mut y = DBuf::uninit(gpu, rows.saturating_mul(dv), o.dtype())?;
             let mut s = GpuNormStats::uninit(gpu, rows, kind)?;
-            cuda::forward(o, z, rows, dv, w, b, kind, eps, zc, &mut y, &mut s)?;
+            cuda::forward(o, z, zcols, rows, dv, w, b, kind, eps, zc, &mut y, &mut s)?;
             Ok((Act::Dev(y), Stats::Dev(s)))
         }
         _ => Err(mixed("gated norm")),
     }
 }
 
-/// Backward of the gated norm: (do, dz, dw, db).
+/// Backward of the gated norm: writes `dz` into `dz_out` at `zcols` (a buffer shaped like the one
+/// `z` lives in; its other columns are left as they are) and returns (do, dw, db).
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     o: &Act,
     z: &Act,
+    zcols: Cols,
     rows: usize,
     dv: usize,
     w: P,
@@ -69,24 +89,31 @@ pub fn backward(
     zc: bool,
     stats: &Stats,
     dy: &Act,
-) -> Result<(Act, Act, F32s, Option<F32s>)> {
-    match (o, z, w, stats, dy) {
-        (Act::Host(o), Act::Host(z), P::Host(w), Stats::Host(s), Act::Host(dy)) => {
-            let (d_o, dz, dw, db) =
-                cpu::backward(o, z, rows, dv, w, host(b, "gated norm")?, kind, zc, s, dy)?;
-            Ok((
-                Act::Host(d_o),
-                Act::Host(dz),
-                F32s::Host(dw),
-                db.map(F32s::Host),
-            ))
+    dz_out: &mut Act,
+) -> Result<(Act, F32s, Option<F32s>)> {
+    match (o, z, w, stats, dy, dz_out) {
+        (Act::Host(o), Act::Host(z), P::Host(w), Stats::Host(s), Act::Host(dy), Act::Host(dz)) => {
+            let (d_o, dw, db) = cpu::backward_cols(
+                o,
+                z,
+                zcols,
+                rows,
+                dv,
+                w,
+                host(b, "gated norm")?,
+                kind,
+                zc,
+                s,
+                dy,
+                dz,
+            )?;
+            Ok((Act::Host(d_o), F32s::Host(dw), db.map(F32s::Host)))
         }
-        (Act::Dev(o), Act::Dev(z), P::Dev(w), Stats::Dev(s), Act::Dev(dy)) => {
+        (Act::Dev(o), Act::Dev(z), P::Dev(w), Stats::Dev(s), Act::Dev(dy), Act::Dev(dz)) => {
             let b = dev(b, "gated norm")?;
             let gpu = o.gpu();
             let n = rows.saturating_mul(dv);
             let mut d_o = DBuf::uninit(gpu, n, o.dtype())?;
-            let mut dz = DBuf::uninit(gpu, n, o.dtype())?;
             let mut dw = gpu.uninit(dv)?;
             let mut db = match kind {
                 Normalization::LayerNorm => Some(gpu.uninit(dv)?),
@@ -95,6 +122,7 @@ pub fn backward(
             cuda::backward(
                 o,
                 z,
+                zcols,
                 rows,
                 dv,
                 w,
@@ -104,16 +132,11 @@ pub fn backward(
                 s,
                 dy,
                 &mut d_o,
-                &mut dz,
+                dz,
                 &mut dw,
                 db.as_mut(),
             )?;
-            Ok((
-                Act::Dev(d_o),
-                Act::Dev(dz),
-                F32s::Dev(dw),
-                db.map(F32s::Dev),
-            ))
+            Ok((Act::Dev(d_o), F32s::Dev(dw), db.map(F32s::Dev)))
         }
         _ => Err(mixed("gated norm backward")),
     }

@@ -216,3 +216,54 @@ fn bad_arguments_are_errors() {
     .is_err());
     assert!(gated_norm_backward(&c.o, &c.z, rows, dv, &c.w, None, rms, false, &s, &c.dy).is_err());
 }
+
+#[test]
+fn z_read_and_dz_written_in_place() {
+    // 10 tokens x 3 heads of 8; z at columns 5..29 of rows of 31 values.
+    let (tokens, hpt, dv) = (10, 3, 8);
+    let rows = tokens * hpt;
+    let zc = Cols::new(31, 5, hpt * dv);
+    for kind in KINDS {
+        let c = case(7, rows, dv, kind);
+        let mut wide = vec![9.0f32; tokens * zc.ld];
+        for t in 0..tokens {
+            wide[zc.at(t, 0)..zc.at(t, zc.width)]
+                .copy_from_slice(&c.z[t * zc.width..(t + 1) * zc.width]);
+        }
+        let b = c.b.as_deref();
+        let (y0, s0) = fwd(&c, rows, dv, kind, true);
+        let (y1, s1) =
+            super::cpu::forward_cols(&c.o, &wide, zc, rows, dv, &c.w, b, kind, EPS, true).unwrap();
+        assert_eq!(bits(&y0), bits(&y1));
+        assert_eq!(bits(&s0.rstd), bits(&s1.rstd));
+        let (d_o0, dz0, dw0, db0) =
+            gated_norm_backward(&c.o, &c.z, rows, dv, &c.w, b, kind, true, &s0, &c.dy).unwrap();
+        let mut dzw = vec![-4.0f32; wide.len()];
+        let (d_o1, dw1, db1) = super::cpu::backward_cols(
+            &c.o, &wide, zc, rows, dv, &c.w, b, kind, true, &s0, &c.dy, &mut dzw,
+        )
+        .unwrap();
+        assert_eq!(bits(&d_o0), bits(&d_o1));
+        assert_eq!(bits(&dw0), bits(&dw1));
+        assert_eq!(db0.map(|v| bits(&v)), db1.map(|v| bits(&v)));
+        for t in 0..tokens {
+            for col in 0..zc.ld {
+                let v = dzw[t * zc.ld + col];
+                if (zc.off..zc.off + zc.width).contains(&col) {
+                    assert_eq!(v.to_bits(), dz0[t * zc.width + col - zc.off].to_bits());
+                } else {
+                    assert_eq!(v, -4.0, "column {col} outside z was written");
+                }
+            }
+        }
+        // a section that does not hold whole rows, and one past the row
+        let bad = Cols::new(31, 5, 20);
+        assert!(
+            super::cpu::forward_cols(&c.o, &wide, bad, rows, dv, &c.w, b, kind, EPS, true).is_err()
+        );
+        let bad = Cols::new(31, 8, 24);
+        assert!(
+            super::cpu::forward_cols(&c.o, &wide, bad, rows, dv, &c.w, b, kind, EPS, true).is_err()
+        );
+    }
+}

@@ -5,31 +5,9 @@ use crate::error::{GdnError, Result};
 use crate::ops::check_len;
 use rayon::prelude::*;
 
-use super::SOFTPLUS_THRESHOLD;
-use crate::ops::common::act::sigmoid;
+pub(crate) use crate::ops::common::act::{sigmoid, softplus, softplus_grad};
 use crate::ops::common::task_rows;
 use crate::ops::REDUCE_BLOCK;
-
-/// PyTorch's softplus: `x` above the threshold, else `log1p(exp(x))`.
-#[inline]
-pub(crate) fn softplus(x: f32) -> f32 {
-    if x > SOFTPLUS_THRESHOLD {
-        x
-    } else {
-        x.exp().ln_1p()
-    }
-}
-
-/// PyTorch's softplus backward factor: 1 above the threshold, else `z / (z + 1)`, `z = exp(x)`.
-#[inline]
-pub(crate) fn softplus_grad(x: f32) -> f32 {
-    if x > SOFTPLUS_THRESHOLD {
-        1.0
-    } else {
-        let z = x.exp();
-        z / (z + 1.0)
-    }
-}
 
 /// `-exp(A_log)` per `A_log` entry.
 fn neg_a(a_log: &[f32]) -> Vec<f32> {

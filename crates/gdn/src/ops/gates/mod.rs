@@ -26,7 +26,7 @@ use crate::backend::{mixed, Act, F32s, P};
 use crate::error::{GdnError, Result};
 
 /// PyTorch's softplus threshold: above it, `softplus(x) = x`.
-pub const SOFTPLUS_THRESHOLD: f32 = 20.0;
+pub use crate::ops::common::act::SOFTPLUS_THRESHOLD;
 
 /// GDN gates: returns g (fp32) and beta (activation storage on the device, f32 on the host).
 pub fn forward(

@@ -6,7 +6,7 @@ pub(crate) mod cpu;
 pub(crate) mod cuda;
 
 use crate::backend::cuda::DBuf;
-use crate::backend::{mixed, Act, F32s};
+use crate::backend::{mixed, Act, Cols, F32s};
 use crate::error::{GdnError, Result};
 
 /// Columns `[c0, c0+w)` of a row-major `[rows, cols]` matrix, as a new `[rows, w]` buffer.
@@ -20,6 +20,31 @@ pub fn take_cols(x: &Act, cols: usize, c0: usize, w: usize) -> Result<Act> {
             cuda::copy_cols(&gpu, x, cols, c0, &mut out, w, 0, rows, w)?;
             Ok(Act::Dev(out))
         }
+    }
+}
+
+/// Write the dense `[rows, c.width]` buffer `src` into the columns `c` of `dst` (rows of `c.ld`
+/// values); the other columns are left as they are.
+pub fn put_cols(dst: &mut Act, c: Cols, src: &Act) -> Result<()> {
+    let rows = dst.len().checked_div(c.ld).unwrap_or(0);
+    c.check("put_cols dst", dst.len(), rows)?;
+    if src.len() != rows.saturating_mul(c.width) {
+        return Err(GdnError::Invalid(format!(
+            "put_cols: src has {} values, expected {rows} x {}",
+            src.len(),
+            c.width
+        )));
+    }
+    match (dst, src) {
+        (Act::Host(d), Act::Host(s)) => {
+            cpu::put_cols(d, c.ld, c.off, s, c.width);
+            Ok(())
+        }
+        (Act::Dev(d), Act::Dev(s)) => {
+            let gpu = s.gpu().clone();
+            cuda::copy_cols(&gpu, s, c.width, 0, d, c.ld, c.off, rows, c.width)
+        }
+        _ => Err(mixed("put_cols")),
     }
 }
 
