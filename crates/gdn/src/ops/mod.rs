@@ -3,8 +3,12 @@
 //! rayon) or `cuda.rs` by where the inputs live; `reference.rs` is the f64 reference (tests).
 //! `common/` holds what several ops share; ops never import a sibling op.
 
+pub mod adamw;
+pub mod add;
 pub mod common;
 pub mod conv1d;
+pub mod cross_entropy;
+pub mod embedding;
 pub mod gated_delta_rule;
 pub mod gated_norm;
 pub mod gates;
@@ -13,6 +17,7 @@ pub mod l2norm;
 pub mod layout;
 pub mod linear;
 pub mod norm;
+pub mod swiglu;
 
 use crate::error::{GdnError, Result};
 

@@ -5,6 +5,7 @@
 
 use crate::error::{GdnError, Result};
 use crate::model::{Model, ModelGrads};
+use crate::ops::adamw;
 use crate::tensor::Tensor;
 use crate::train::config::{DecayStyle, OptimizerConfig};
 
@@ -34,12 +35,7 @@ pub fn lr_at(o: &OptimizerConfig, decay_iters: u64, step: u64) -> f64 {
 /// Global L2 norm of all gradients (f64, in parameter order).
 pub fn global_norm(g: &ModelGrads) -> f64 {
     g.iter()
-        .map(|(_, t)| {
-            t.data()
-                .iter()
-                .map(|&x| (x as f64) * (x as f64))
-                .sum::<f64>()
-        })
+        .map(|(_, t)| adamw::cpu::sum_squares(t.data()))
         .sum::<f64>()
         .sqrt()
 }
@@ -138,14 +134,24 @@ impl AdamW {
                     return;
                 }
             };
-            let wd = if p.shape().len() >= 2 { decay } else { 0.0 };
-            let m = self.exp_avg[i].data_mut();
-            let v = self.exp_avg_sq[i].data_mut();
-            for (((p, &g), m), v) in p.data_mut().iter_mut().zip(g.data()).zip(m).zip(v) {
-                *p -= wd * *p;
-                *m = b1 * *m + (1.0 - b1) * g;
-                *v = b2 * *v + (1.0 - b2) * g * g;
-                *p -= step_size * *m / (v.sqrt() / bc2_sqrt + eps);
+            let h = adamw::Hyper {
+                b1,
+                b2,
+                step_size,
+                bc2_sqrt,
+                eps,
+                wd: if p.shape().len() >= 2 { decay } else { 0.0 },
+                grad_scale: None,
+            };
+            if let Err(e) = adamw::cpu::step(
+                p.data_mut(),
+                self.exp_avg[i].data_mut(),
+                self.exp_avg_sq[i].data_mut(),
+                g.data(),
+                &h,
+            ) {
+                err = Some(e);
+                return;
             }
             i += 1;
         });
