@@ -10,3 +10,5 @@ pub fn swiglu_forward(u: &[f32], rows: usize, f: usize) -> Vec<f32> {
 pub fn swiglu_backward(u: &[f32], rows: usize, f: usize, da: &[f32]) -> Vec<f32> {
     crate::ops::swiglu::cpu::backward_unchecked(u, rows, f, da)
 }
+
+pub use crate::ops::swiglu::{backward, forward};

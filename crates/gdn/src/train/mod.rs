@@ -59,7 +59,7 @@ pub struct ResumeOptions {
 }
 
 /// A training run in memory.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Trainer {
     cfg: RunConfig,
     model: Model,
