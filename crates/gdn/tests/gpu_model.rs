@@ -286,3 +286,261 @@ fn adamw_matches_cpu_bitwise_and_sums_of_squares() {
         );
     }
 }
+
+// ---------------------------------------------------------------- the model and the trainer
+
+use gdn::config::{Normalization, RecomputeGranularity, Variant};
+use gdn::model::{Batch, Model, ModelConfig, IGNORE_INDEX};
+use gdn::train::{RunConfig, Trainer};
+use gdn::{Device, GdnConfig};
+use rand::Rng;
+
+/// A small model the GPU kernels take (head dims 64), two blocks.
+fn mcfg(norm: Normalization, variant: Variant, tied: bool) -> ModelConfig {
+    ModelConfig {
+        vocab_size: 97,
+        ffn_hidden_size: 192,
+        share_embeddings_and_output_weights: tied,
+        layer: GdnConfig {
+            hidden_size: 128,
+            num_layers: 2,
+            linear_num_key_heads: 1,
+            linear_num_value_heads: 2,
+            linear_key_head_dim: 64,
+            linear_value_head_dim: 64,
+            normalization: norm,
+            variant,
+            init_method_std: 0.1,
+            ..GdnConfig::default()
+        },
+    }
+}
+
+fn mbatch(cfg: &ModelConfig, b: usize, t: usize, seed: u64) -> Batch {
+    let mut r = rng(seed);
+    let v = cfg.vocab_size;
+    let tokens: Vec<u32> = (0..b * t).map(|_| r.gen_range(0..v as u32)).collect();
+    let targets: Vec<i32> = (0..b * t)
+        .map(|_| {
+            if r.gen_range(0..4) == 0 {
+                IGNORE_INDEX
+            } else {
+                r.gen_range(0..v as i32)
+            }
+        })
+        .collect();
+    Batch::new(tokens, targets, b, t).unwrap()
+}
+
+fn on_gpu(cfg: &ModelConfig, seed: u64, dt: DType) -> Model {
+    let mut m = Model::new(cfg, seed).unwrap();
+    m.to_device(Device::Cuda(0), dt).unwrap();
+    m
+}
+
+/// The whole model on the GPU against the CPU model with the same parameters: loss and every
+/// gradient (f32: RMS rel <= 1e-4; bf16: <= 2e-2, as the layer's GPU tests), for RMSNorm + tied
+/// GDN and LayerNorm + untied GDN2 with MLP recompute. Two GPU runs give the same bits.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn model_on_gpu_matches_cpu() {
+    let mut recompute = mcfg(Normalization::LayerNorm, Variant::Gdn2, false);
+    recompute.layer.recompute_granularity = Some(RecomputeGranularity::Selective);
+    recompute.layer.recompute_modules = Some(vec!["mlp".into()]);
+    for cfg in [mcfg(Normalization::RMSNorm, Variant::Gdn, true), recompute] {
+        let cpu = Model::new(&cfg, 3).unwrap();
+        let bt = mbatch(&cfg, 2, 160, 4);
+        let (cst, cs) = cpu.forward(&bt).unwrap();
+        let cg = cpu.backward(cs).unwrap();
+        for (dt, tol) in [(DType::F32, 1e-4), (DType::Bf16, 2e-2)] {
+            let m = on_gpu(&cfg, 3, dt);
+            assert_eq!(m.device(), Device::Cuda(0));
+            let run = || {
+                let (st, s) = m.forward(&bt).unwrap();
+                (st, m.backward(s).unwrap())
+            };
+            let (st, g) = run();
+            let (st2, g2) = run();
+            assert_eq!(st, st2, "{dt:?}: loss rerun");
+            assert_eq!(st.count, cst.count);
+            let le = (st.loss() - cst.loss()).abs() / cst.loss();
+            eprintln!("| model | {dt:?} | loss | rel vs CPU | {le:.2e} |");
+            assert!(le <= tol, "{dt:?}: loss {} vs {}", st.loss(), cst.loss());
+            for (name, t) in cg.iter() {
+                let got = g.get(name).unwrap_or_else(|| panic!("no gradient {name}"));
+                assert_eq!(
+                    bits(got.data()),
+                    bits(g2.get(name).unwrap().data()),
+                    "{name} rerun"
+                );
+                let e = rms_rel_err(got.data(), &to_f64(t.data()));
+                eprintln!("| model | {dt:?} | d {name} | rms-rel vs CPU | {e:.2e} |");
+                assert!(e <= tol, "{dt:?} {name}: rms rel err {e:.3e} > {tol}");
+            }
+            // evaluation gives the training forward's statistics
+            assert_eq!(m.evaluate(&bt).unwrap(), st, "{dt:?}: evaluate");
+        }
+    }
+}
+
+/// `ModelSaved::bytes()` is what the GPU's allocator holds after forward, exactly; the
+/// persistent gradients are written by `backward_into_grads` and equal `backward`'s.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn model_saved_bytes_are_live_bytes_and_grads_persist() {
+    let g = gpu();
+    let cfg = mcfg(Normalization::RMSNorm, Variant::Gdn, false);
+    for dt in [DType::F32, DType::Bf16] {
+        let mut m = on_gpu(&cfg, 5, dt);
+        let bt = mbatch(&cfg, 2, 128, 6);
+        let (_, s) = m.forward(&bt).unwrap(); // kernels compiled, plans made
+        let want = m.backward(s).unwrap();
+        g.sync().unwrap();
+        let before = g.live_bytes();
+        let (_, s) = m.forward(&bt).unwrap();
+        g.sync().unwrap();
+        assert_eq!(g.live_bytes() - before, s.bytes(), "{dt:?}: saved bytes");
+        m.backward_into_grads(s).unwrap();
+        g.sync().unwrap();
+        assert_eq!(
+            g.live_bytes(),
+            before,
+            "{dt:?}: backward leaves nothing behind"
+        );
+        let names = gdn::model::param_specs(&cfg);
+        let grads = m.device_grads().unwrap();
+        assert_eq!(grads.len(), names.len());
+        for ((name, _), buf) in names.iter().zip(grads) {
+            assert_eq!(
+                bits(&dlg(buf)),
+                bits(want.get(name).unwrap().data()),
+                "{dt:?} {name}"
+            );
+        }
+        let ss = m.grad_sum_squares().unwrap();
+        assert_eq!(ss.len(), names.len());
+    }
+}
+
+/// A small MQAR run the GPU kernels take.
+fn run_cfg() -> RunConfig {
+    RunConfig::from_toml_str(
+        r#"
+        [model]
+        hidden_size = 128
+        num_layers = 2
+        ffn_hidden_size = 192
+        linear_num_key_heads = 1
+        linear_num_value_heads = 2
+        linear_key_head_dim = 64
+        linear_value_head_dim = 64
+        [data]
+        seq_length = 64
+        batch_size = 4
+        num_kv_pairs = 8
+        key_vocab_size = 32
+        value_vocab_size = 32
+        eval_sequences = 16
+        [optimizer]
+        lr_warmup_iters = 2
+        clip_grad = 0.5
+        [train]
+        train_iters = 6
+        "#,
+    )
+    .unwrap()
+}
+
+fn tmpdir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("gdn-gpu-model-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn gpu_trainer(cfg: &RunConfig, dt: DType) -> Trainer {
+    let mut t = Trainer::new(cfg).unwrap();
+    t.to_device(Device::Cuda(0), dt).unwrap();
+    t
+}
+
+/// On the GPU a run is bitwise identical run to run, and across a checkpoint + resume (the
+/// parameters and AdamW moments downloaded, then uploaded), for bf16 and f32 storage.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn trainer_on_gpu_is_bitwise_run_to_run_and_across_resume() {
+    let cfg = run_cfg();
+    let dir = tmpdir("resume");
+    for dt in [DType::Bf16, DType::F32] {
+        let mut a = gpu_trainer(&cfg, dt);
+        let mut b = gpu_trainer(&cfg, dt);
+        let mut sa = Vec::new();
+        for _ in 0..6 {
+            let x = a.step().unwrap();
+            let y = b.step().unwrap();
+            assert_eq!(x, y, "{dt:?}: step stats run to run");
+            assert!(x.loss.loss().is_finite() && x.grad_norm > 0.0);
+            sa.push(x);
+        }
+        let (ca, cb) = (a.checkpoint().unwrap(), b.checkpoint().unwrap());
+        assert!(ca == cb, "{dt:?}: checkpoints differ run to run");
+
+        let mut first = gpu_trainer(&cfg, dt);
+        for _ in 0..3 {
+            first.step().unwrap();
+        }
+        let p = dir.join(format!("ck-{dt:?}.safetensors"));
+        first.save(&p).unwrap();
+        drop(first);
+        let mut resumed = Trainer::resume(&cfg, &p).unwrap();
+        resumed.to_device(Device::Cuda(0), dt).unwrap();
+        for s in &sa[3..] {
+            let x = resumed.step().unwrap();
+            assert_eq!(&x, s, "{dt:?}: resumed step stats");
+        }
+        let cr = resumed.checkpoint().unwrap();
+        assert!(
+            cr == ca,
+            "{dt:?}: resumed checkpoint differs from the straight run"
+        );
+        let e = a.evaluate().unwrap();
+        assert_eq!(e, resumed.evaluate().unwrap());
+    }
+}
+
+/// f32 storage on the GPU follows the CPU run: per-step losses and gradient norms close, and the
+/// parameters after the run within a few learning rates (AdamW normalizes tiny gradient
+/// differences up to the step size).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn trainer_on_gpu_f32_follows_cpu() {
+    let cfg = run_cfg();
+    let mut c = Trainer::new(&cfg).unwrap();
+    let mut g = gpu_trainer(&cfg, DType::F32);
+    for _ in 0..6 {
+        let (x, y) = (c.step().unwrap(), g.step().unwrap());
+        let le = (x.loss.loss() - y.loss.loss()).abs() / x.loss.loss();
+        let ne = (x.grad_norm - y.grad_norm).abs() / x.grad_norm;
+        eprintln!("step {}: loss rel {le:.2e}, grad norm rel {ne:.2e}", x.step);
+        assert!(le <= 1e-4 && ne <= 1e-3, "step {}: {x:?} vs {y:?}", x.step);
+        assert_eq!(
+            (x.lr, x.tokens, x.loss.count),
+            (y.lr, y.tokens, y.loss.count)
+        );
+    }
+    let (pc, pg) = (c.checkpoint().unwrap(), g.checkpoint().unwrap());
+    let lr = cfg.optimizer.lr as f32;
+    for (name, t) in pc.params.iter() {
+        let u = pg.params.get(name).unwrap();
+        let d = t
+            .data()
+            .iter()
+            .zip(u.data())
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            d <= 12.0 * lr,
+            "{name}: max abs difference {d} after 6 steps (lr {lr})"
+        );
+    }
+}
