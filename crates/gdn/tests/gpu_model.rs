@@ -489,7 +489,9 @@ fn trainer_on_gpu_is_bitwise_run_to_run_and_across_resume() {
         for _ in 0..3 {
             first.step().unwrap();
         }
-        let p = dir.join(format!("ck-{dt:?}.safetensors"));
+        let sub = dir.join(format!("{dt:?}"));
+        std::fs::create_dir_all(&sub).unwrap();
+        let p = sub.join(gdn::train::checkpoint::file_name(3));
         first.save(&p).unwrap();
         drop(first);
         let mut resumed = Trainer::resume(&cfg, &p).unwrap();
@@ -508,39 +510,55 @@ fn trainer_on_gpu_is_bitwise_run_to_run_and_across_resume() {
     }
 }
 
-/// f32 storage on the GPU follows the CPU run: per-step losses and gradient norms close, and the
-/// parameters after the run within a few learning rates (AdamW normalizes tiny gradient
-/// differences up to the step size).
+/// f32 storage on the GPU follows the CPU run: per-step losses and gradient norms close (step 1
+/// to f32 rounding; later steps within what the parameters' small differences give), and the
+/// parameters' total updates close in RMS (AdamW normalizes tiny gradient differences up to the
+/// step size, so single elements may differ by a few learning rates).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn trainer_on_gpu_f32_follows_cpu() {
     let cfg = run_cfg();
     let mut c = Trainer::new(&cfg).unwrap();
+    let p0 = c.checkpoint().unwrap().params;
     let mut g = gpu_trainer(&cfg, DType::F32);
     for _ in 0..6 {
         let (x, y) = (c.step().unwrap(), g.step().unwrap());
         let le = (x.loss.loss() - y.loss.loss()).abs() / x.loss.loss();
         let ne = (x.grad_norm - y.grad_norm).abs() / x.grad_norm;
         eprintln!("step {}: loss rel {le:.2e}, grad norm rel {ne:.2e}", x.step);
-        assert!(le <= 1e-4 && ne <= 1e-3, "step {}: {x:?} vs {y:?}", x.step);
+        let (lt, nt) = if x.step == 1 {
+            (1e-5, 1e-4)
+        } else {
+            (1e-3, 2e-2)
+        };
+        assert!(le <= lt && ne <= nt, "step {}: {x:?} vs {y:?}", x.step);
         assert_eq!(
             (x.lr, x.tokens, x.loss.count),
             (y.lr, y.tokens, y.loss.count)
         );
     }
-    let (pc, pg) = (c.checkpoint().unwrap(), g.checkpoint().unwrap());
-    let lr = cfg.optimizer.lr as f32;
-    for (name, t) in pc.params.iter() {
-        let u = pg.params.get(name).unwrap();
-        let d = t
+    let (pc, pg) = (
+        c.checkpoint().unwrap().params,
+        g.checkpoint().unwrap().params,
+    );
+    for (name, t) in pc.iter() {
+        let t0 = p0.get(name).unwrap().data();
+        let dc: Vec<f64> = t
             .data()
             .iter()
-            .zip(u.data())
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
-        assert!(
-            d <= 12.0 * lr,
-            "{name}: max abs difference {d} after 6 steps (lr {lr})"
-        );
+            .zip(t0)
+            .map(|(a, b)| (a - b) as f64)
+            .collect();
+        let dg: Vec<f32> = pg
+            .get(name)
+            .unwrap()
+            .data()
+            .iter()
+            .zip(t0)
+            .map(|(a, b)| a - b)
+            .collect();
+        let e = rms_rel_err(&dg, &dc);
+        eprintln!("| train f32 | {name} | update rms-rel vs CPU | {e:.2e} |");
+        assert!(e <= 5e-2, "{name}: update rms rel err {e:.3e}");
     }
 }

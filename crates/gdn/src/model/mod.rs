@@ -716,11 +716,13 @@ impl Model {
     /// downloads them; training on a GPU uses [`backward_into_grads`](Self::backward_into_grads)).
     pub fn backward(&self, saved: ModelSaved) -> Result<ModelGrads> {
         let g = self.run_backward(saved)?;
-        let specs = param_specs(&self.cfg);
         let entries = g
             .into_iter()
-            .zip(specs)
-            .map(|((n, v), (_, shape))| Ok((n, Tensor::from_vec(&shape, v.into_host()?)?)))
+            .zip(param_specs(&self.cfg))
+            .map(|((n, v), (want, shape))| {
+                check_grad_name(&n, &want)?;
+                Ok((n, Tensor::from_vec(&shape, v.into_host()?)?))
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(Params::from_entries(entries))
     }
@@ -734,8 +736,10 @@ impl Model {
             ));
         }
         let g = self.run_backward(saved)?;
+        let specs = param_specs(&self.cfg);
         let d = self.dev.as_mut().expect("checked");
-        for ((_, src), dst) in g.into_iter().zip(d.grads.iter_mut()) {
+        for (((name, src), dst), (want, _)) in g.into_iter().zip(d.grads.iter_mut()).zip(&specs) {
+            check_grad_name(&name, want)?;
             let F32s::Dev(src) = src else {
                 return Err(crate::backend::mixed("model gradients"));
             };
@@ -943,6 +947,7 @@ impl Model {
         hyper: impl Fn(&[usize]) -> adamw::Hyper,
     ) -> Result<()> {
         let specs = param_specs(&self.cfg);
+        let own_names: Vec<String> = self.own.iter().map(|(n, _)| n.to_string()).collect();
         let Model {
             cfg, layers, dev, ..
         } = self;
@@ -956,22 +961,34 @@ impl Model {
                 specs.len()
             )));
         }
-        let mut params: Vec<&mut GBuf<f32>> = Vec::with_capacity(specs.len());
-        let mut own = d.own.iter_mut();
+        let mut params: Vec<(String, &mut GBuf<f32>)> = Vec::with_capacity(specs.len());
+        let mut own = own_names.iter().cloned().zip(d.own.iter_mut());
         params.push(own.next().expect("embedding"));
         for (i, l) in layers.iter_mut().enumerate() {
-            params.extend(l.dev_params_mut()?.into_iter().map(|(_, b)| b));
+            params.extend(
+                l.dev_params_mut()?
+                    .into_iter()
+                    .map(|(n, b)| (format!("{}{n}", gdn_prefix(i)), b)),
+            );
             for _ in 0..mlp_specs(cfg, i).len() {
                 params.push(own.next().expect("mlp parameter"));
             }
         }
         params.extend(own);
-        for (((p, (m, v)), g), (name, shape)) in params
+        if params.len() != specs.len() {
+            return Err(GdnError::Invalid(format!(
+                "optimizer: {} device parameters for {} parameters",
+                params.len(),
+                specs.len()
+            )));
+        }
+        for ((((pname, p), (m, v)), g), (name, shape)) in params
             .into_iter()
             .zip(moments.iter_mut())
             .zip(&d.grads)
             .zip(&specs)
         {
+            check_grad_name(&pname, name)?;
             let n: usize = shape.iter().product();
             if p.len() != n {
                 return Err(GdnError::Invalid(format!(
@@ -989,6 +1006,17 @@ impl Model {
         }
         self.refresh_bf16()
     }
+}
+
+/// Error unless the gradient (or parameter) `got` is the parameter `want` of [`param_specs`] at
+/// its position (an internal ordering error).
+fn check_grad_name(got: &str, want: &str) -> Result<()> {
+    if got != want {
+        return Err(GdnError::Invalid(format!(
+            "internal error: gradient {got} where {want} was expected (parameter order)"
+        )));
+    }
+    Ok(())
 }
 
 /// Check that `p` holds exactly the parameters of `cfg` with their shapes; errors name the
