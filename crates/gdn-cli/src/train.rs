@@ -78,9 +78,30 @@ pub struct TrainArgs {
     /// Print the resolved run config (TOML) and exit.
     #[arg(long)]
     pub print_config: bool,
-    /// Where to train: cpu, or cuda[:N].
+    /// Where to train: cpu, or cuda[:N] (the whole model, its gradients and AdamW on the GPU).
     #[arg(long, value_name = "DEVICE", default_value = "cpu")]
     pub device: String,
+    /// Activation storage on a GPU: bf16 (default; fp32 accumulation, master weights, gradients
+    /// and optimizer state) or f32. The CPU computes in f32 only.
+    #[arg(long, value_name = "DTYPE")]
+    pub dtype: Option<String>,
+}
+
+/// The activation storage type of `--dtype` on `device`.
+fn train_dtype(args: &TrainArgs, device: Device) -> Result<gdn::device::cuda::DType> {
+    use gdn::device::cuda::DType;
+    let on_gpu = device != Device::Cpu;
+    let dt = match args.dtype.as_deref() {
+        None if on_gpu => DType::Bf16,
+        None => DType::F32,
+        Some("bf16") => DType::Bf16,
+        Some("f32") => DType::F32,
+        Some(o) => bail!("--dtype {o:?}: expected bf16 or f32"),
+    };
+    if !on_gpu && dt != DType::F32 {
+        bail!("--dtype bf16 needs --device cuda: the CPU path computes in f32 only");
+    }
+    Ok(dt)
 }
 
 /// One line of `metrics.jsonl`.
@@ -354,9 +375,8 @@ fn start_new(args: &TrainArgs, device: Device) -> Result<Option<Setup>> {
     NewRunDir::check(&dir)?;
     let mut trainer = Trainer::new(&cfg)?;
     if device != Device::Cpu {
-        // The GDN layers run there in bf16 storage (fp32 accumulation and master weights); the
-        // embedding, MLPs and head stay on the CPU.
-        trainer.gdn_layers_to_device(device, gdn::device::cuda::DType::Bf16)?;
+        // The whole model, its gradients and AdamW run there.
+        trainer.to_device(device, train_dtype(args, device)?)?;
     }
     let mut nd = NewRunDir::create(&dir)
         .with_context(|| format!("creating the run directory {}", dir.display()))?;
@@ -415,7 +435,7 @@ fn start_resumed(args: &TrainArgs, dir: &Path, device: Device) -> Result<Option<
         warn(&n);
     }
     if device != Device::Cpu {
-        trainer.gdn_layers_to_device(device, gdn::device::cuda::DType::Bf16)?;
+        trainer.to_device(device, train_dtype(args, device)?)?;
     }
     if args.steps.is_some() && cfg.train.train_iters < trainer.step_count() {
         bail!(
@@ -549,6 +569,7 @@ impl Progress {
 /// Run `gdn train`.
 pub fn run(args: TrainArgs) -> Result<()> {
     let device: Device = args.device.parse()?;
+    train_dtype(&args, device)?;
     if let Device::Cuda(i) = device {
         // Fail before creating the run directory when no GPU can be used.
         gdn::device::cuda::gpu(i)?;

@@ -240,6 +240,14 @@ fn text_data_device_and_config_errors() {
         &gdn(&["train", "--device", "tpu", "--out", &s(&d.join("c"))]),
         &["unknown device"],
     );
+    expect_fail(
+        &gdn(&["train", "--dtype", "bf16", "--out", &s(&d.join("c"))]),
+        &["--dtype bf16 needs --device cuda"],
+    );
+    expect_fail(
+        &gdn(&["train", "--dtype", "f16", "--out", &s(&d.join("c"))]),
+        &["--dtype \"f16\"", "bf16 or f32"],
+    );
     let bad = d.join("bad.toml");
     std::fs::write(&bad, "[model]\nhiden_size = 3\n").unwrap();
     expect_fail(

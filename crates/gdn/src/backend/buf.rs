@@ -83,6 +83,40 @@ pub enum P<'a> {
     Dev(&'a GBuf<f32>),
 }
 
+/// A mutably borrowed fp32 buffer (a parameter, an optimizer moment, a gradient accumulated in
+/// place).
+pub enum PMut<'a> {
+    Host(&'a mut [f32]),
+    Dev(&'a mut GBuf<f32>),
+}
+
+/// Borrowed integer ids (token ids `u32`, targets `i32`) on the host or a GPU.
+pub enum Ids<'a, T: cudarc::driver::DeviceRepr> {
+    Host(&'a [T]),
+    Dev(&'a GBuf<T>),
+}
+
+impl<T: cudarc::driver::DeviceRepr> Clone for Ids<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T: cudarc::driver::DeviceRepr> Copy for Ids<'_, T> {}
+
+impl<T: cudarc::driver::DeviceRepr> Ids<'_, T> {
+    /// Number of ids.
+    pub fn len(&self) -> usize {
+        match self {
+            Ids::Host(h) => h.len(),
+            Ids::Dev(d) => d.len(),
+        }
+    }
+    /// Whether empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 impl std::fmt::Debug for Act {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

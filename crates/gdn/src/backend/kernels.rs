@@ -26,6 +26,14 @@ pub const MODULES: &[(&str, &str)] = &[
         include_str!("../ops/gated_norm/gated_norm.cu"),
     ),
     ("prep", include_str!("../ops/prep/prep.cu")),
+    ("add", include_str!("../ops/add/add.cu")),
+    ("swiglu", include_str!("../ops/swiglu/swiglu.cu")),
+    ("embedding", include_str!("../ops/embedding/embedding.cu")),
+    (
+        "cross_entropy",
+        include_str!("../ops/cross_entropy/cross_entropy.cu"),
+    ),
+    ("adamw", include_str!("../ops/adamw/adamw.cu")),
 ];
 
 /// The full source NVRTC compiles for `module`.

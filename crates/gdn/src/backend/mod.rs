@@ -12,7 +12,7 @@ pub mod kernels;
 pub mod launch;
 
 pub(crate) use buf::{dev, dev_f32, host, host_f32, mixed};
-pub use buf::{Act, Cols, F32s, P};
+pub use buf::{Act, Cols, F32s, Ids, PMut, P};
 
 use std::fmt;
 use std::str::FromStr;

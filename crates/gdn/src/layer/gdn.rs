@@ -13,6 +13,7 @@
 
 use std::ops::Deref;
 
+mod dev;
 mod infer;
 pub use infer::InferenceCache;
 use std::sync::{Arc, OnceLock};

@@ -34,16 +34,21 @@ pub use config::ModelConfig;
 pub use loss::{LossStats, IGNORE_INDEX};
 pub use saved::ModelSaved;
 
+use std::sync::Arc;
+
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
 
+use crate::backend::cuda::{self, DType, GBuf, Gpu};
+use crate::backend::{Act, Device, F32s, Ids, PMut, P};
 use crate::config::Normalization;
 use crate::error::{GdnError, Result};
-use crate::layer::{param_specs as layer_param_specs, GatedDeltaNet, Params};
-use crate::ops::{linear, norm};
+use crate::layer::{param_specs as layer_param_specs, GatedDeltaNet, Params, Saved};
+use crate::ops::{adamw, add, cross_entropy, embedding, linear, norm};
+use crate::seqs::Seqs;
 use crate::tensor::Tensor;
-use saved::{BlockSaved, HeadSaved, MlpActs};
+use saved::{BlockSaved, DevIds, HeadSaved, MlpActs};
 
 /// Gradients of every model parameter, under the parameters' names, in parameter order.
 pub type ModelGrads = Params;
@@ -145,12 +150,75 @@ fn layer_seed(seed: u64, i: usize) -> u64 {
 }
 
 /// The model: its config, one GDN layer per block, and its own parameters (embedding, MLPs,
-/// final norm, head) by name.
-#[derive(Clone, Debug)]
+/// final norm, head) by name; on a GPU ([`Model::to_device`]) also their device copies and one
+/// persistent fp32 gradient buffer per parameter.
+#[derive(Debug)]
 pub struct Model {
     cfg: ModelConfig,
     layers: Vec<GatedDeltaNet>,
     own: Params,
+    dev: Option<DevModel>,
+}
+
+/// The model's own parameters on a GPU: fp32 masters (the values the optimizer updates; the host
+/// `own` is refreshed only by [`Model::try_params`] / [`Model::sync_to_host`]), bf16 copies of
+/// the GEMM weights under bf16 storage (remade after each update), and one fp32 gradient buffer
+/// per model parameter (GDN layers' included), in [`param_specs`] order, written by
+/// [`Model::backward_into_grads`].
+struct DevModel {
+    gpu: Arc<Gpu>,
+    dtype: DType,
+    /// Masters, in the order of `Model::own`.
+    own: Vec<GBuf<f32>>,
+    /// bf16 copies of the GEMM weights (`None` for the others, and everything under f32).
+    own_bf16: Vec<Option<GBuf<u16>>>,
+    /// Gradients, [`param_specs`] order.
+    grads: Vec<GBuf<f32>>,
+}
+
+impl std::fmt::Debug for DevModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DevModel({:?}, {:?}, {} own tensors, {} gradients)",
+            self.gpu,
+            self.dtype,
+            self.own.len(),
+            self.grads.len()
+        )
+    }
+}
+
+/// Whether the model's own parameter `name` is a GEMM weight (read as a bf16 copy under bf16
+/// storage): the MLP's two linears and the LM head (the embedding when tied).
+fn is_gemm_weight(cfg: &ModelConfig, name: &str) -> bool {
+    name.ends_with("linear_fc1.weight")
+        || name.ends_with("linear_fc2.weight")
+        || name == OUTPUT_LAYER
+        || (name == EMBEDDING && cfg.share_embeddings_and_output_weights)
+}
+
+/// Bytes of the model's parameters on `device` with `dtype` storage, as [`Model::to_device`]
+/// allocates them: fp32 masters, bf16 copies of the GEMM weights (bf16 on a GPU), and one fp32
+/// gradient per parameter (GPU).
+pub fn device_param_bytes(cfg: &ModelConfig, device: Device, dtype: DType) -> u128 {
+    let masters = cfg.param_bytes();
+    if device == Device::Cpu {
+        return masters;
+    }
+    let mut b = 2 * masters;
+    if dtype == DType::Bf16 {
+        for (name, shape) in param_specs(cfg) {
+            let n: u128 = shape.iter().map(|&d| d as u128).product();
+            if is_gemm_weight(cfg, &name)
+                || name.ends_with("in_proj.weight")
+                || name.ends_with("out_proj.weight")
+            {
+                b += 2 * n;
+            }
+        }
+    }
+    b
 }
 
 impl Model {
@@ -197,6 +265,7 @@ impl Model {
             cfg: cfg.clone(),
             layers,
             own: Params::from_entries(own),
+            dev: None,
         })
     }
 
@@ -262,6 +331,185 @@ impl Model {
         }
     }
 
+    /// Run the whole model on `device`: every parameter there (fp32 masters, and bf16 copies of
+    /// the GEMM weights under bf16 storage, remade after each update), activations in `dtype`
+    /// storage (bf16: fp32 accumulation; f32 for verification), one persistent fp32 gradient
+    /// buffer per parameter. `Device::Cpu` (f32 only) brings the parameters back to the host.
+    /// Checks the GPU's free memory first.
+    pub fn to_device(&mut self, device: Device, dtype: DType) -> Result<()> {
+        let Device::Cuda(i) = device else {
+            if dtype != DType::F32 {
+                return Err(GdnError::Invalid(
+                    "the CPU path computes in f32 only".into(),
+                ));
+            }
+            self.sync_to_host()?;
+            self.dev = None;
+            return self.gdn_layers_to_device(device, dtype);
+        };
+        let gpu = cuda::gpu(i)?;
+        self.sync_to_host()?;
+        self.dev = None;
+        crate::budget::check_gpu(
+            &gpu,
+            &format!(
+                "the model's parameters and gradients ({})",
+                self.cfg.describe_params()
+            ),
+            device_param_bytes(&self.cfg, device, dtype),
+        )?;
+        self.gdn_layers_to_device(device, dtype)?;
+        for l in &self.layers {
+            l.ensure_dev_params()?;
+        }
+        let own = self
+            .own
+            .iter()
+            .map(|(_, t)| gpu.upload(t.data()))
+            .collect::<Result<Vec<_>>>()?;
+        let grads = param_specs(&self.cfg)
+            .iter()
+            .map(|(_, s)| gpu.zeros::<f32>(s.iter().product()))
+            .collect::<Result<Vec<_>>>()?;
+        self.dev = Some(DevModel {
+            gpu,
+            dtype,
+            own_bf16: Vec::new(),
+            own,
+            grads,
+        });
+        self.refresh_bf16()
+    }
+
+    /// Where the model runs (the CPU, or the GPU of [`to_device`](Self::to_device); a model
+    /// with only its GDN layers on a GPU runs on the CPU).
+    pub fn device(&self) -> Device {
+        match &self.dev {
+            None => Device::Cpu,
+            Some(d) => Device::Cuda(d.gpu.ordinal()),
+        }
+    }
+
+    /// Activation storage type (f32 on the CPU).
+    pub fn dtype(&self) -> DType {
+        self.dev.as_ref().map_or(DType::F32, |d| d.dtype)
+    }
+
+    /// Bytes the parameters, their bf16 copies and the gradient buffers take on the GPU (0 on
+    /// the CPU).
+    pub fn device_bytes(&self) -> usize {
+        let Some(d) = &self.dev else { return 0 };
+        d.own.iter().map(GBuf::bytes).sum::<usize>()
+            + d.own_bf16.iter().flatten().map(GBuf::bytes).sum::<usize>()
+            + d.grads.iter().map(GBuf::bytes).sum::<usize>()
+            + self
+                .layers
+                .iter()
+                .map(|l| l.dev_param_bytes())
+                .sum::<usize>()
+    }
+
+    /// Remake the bf16 copies of the GEMM weights from the fp32 masters (after an update).
+    fn refresh_bf16(&mut self) -> Result<()> {
+        let cfg = &self.cfg;
+        let Some(d) = &mut self.dev else {
+            return Ok(());
+        };
+        d.own_bf16 = self
+            .own
+            .iter()
+            .zip(&d.own)
+            .map(|((n, _), w)| {
+                if d.dtype == DType::Bf16 && is_gemm_weight(cfg, n) {
+                    linear::cuda::cast_bf16(w).map(Some)
+                } else {
+                    Ok(None)
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for l in &mut self.layers {
+            l.refresh_dev_bf16()?;
+        }
+        Ok(())
+    }
+
+    /// Every parameter in [`param_specs`] order under its full name, from where it lives (a
+    /// GPU model downloads its masters; [`params`](Self::params) is the host copy).
+    pub fn try_params(&self) -> Result<Params> {
+        let Some(d) = &self.dev else {
+            return Ok(self.params());
+        };
+        let mut own = Vec::with_capacity(d.own.len());
+        for ((n, t), b) in self.own.iter().zip(&d.own) {
+            own.push((
+                n.to_string(),
+                Tensor::from_vec(t.shape(), d.gpu.download(b)?)?,
+            ));
+        }
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| l.download_params())
+            .collect::<Result<Vec<_>>>()?;
+        let mut out = Vec::new();
+        let mut own = own.into_iter();
+        out.push(own.next().expect("embedding"));
+        for (i, lp) in layers.iter().enumerate() {
+            for (n, t) in lp.iter() {
+                out.push((format!("{}{n}", gdn_prefix(i)), t.clone()));
+            }
+            for _ in 0..mlp_specs(&self.cfg, i).len() {
+                out.push(own.next().expect("mlp parameter"));
+            }
+        }
+        out.extend(own);
+        Ok(Params::from_entries(out))
+    }
+
+    /// Copy a GPU model's parameters to the host copy (what [`params`](Self::params) returns).
+    pub fn sync_to_host(&mut self) -> Result<()> {
+        if self.dev.is_none() {
+            return Ok(());
+        }
+        let p = self.try_params()?;
+        self.for_each_param_mut(|n, t| {
+            *t = p.get(n).expect("every parameter").clone();
+        });
+        Ok(())
+    }
+
+    /// The parameter `name` of the model's own (not a GDN layer's) where it lives.
+    fn wp(&self, name: &str) -> P<'_> {
+        match &self.dev {
+            None => P::Host(self.own.d(name)),
+            Some(_) => self
+                .wp_opt(name)
+                .unwrap_or_else(|| panic!("parameter {name} present by construction")),
+        }
+    }
+    fn wp_opt(&self, name: &str) -> Option<P<'_>> {
+        match &self.dev {
+            None => self.own.opt(name).map(P::Host),
+            Some(d) => {
+                let i = self.own.iter().position(|(n, _)| n == name)?;
+                Some(P::Dev(&d.own[i]))
+            }
+        }
+    }
+    /// The bf16 copy of a GEMM weight (GPU, bf16 storage).
+    fn wb(&self, name: &str) -> Option<&GBuf<u16>> {
+        let d = self.dev.as_ref()?;
+        let i = self.own.iter().position(|(n, _)| n == name)?;
+        d.own_bf16.get(i).and_then(Option::as_ref)
+    }
+    fn head_name(&self) -> &'static str {
+        if self.cfg.share_embeddings_and_output_weights {
+            EMBEDDING
+        } else {
+            OUTPUT_LAYER
+        }
+    }
+
     /// Run the GDN layers on `device` with `dtype` activation storage (bf16 or f32 on a GPU);
     /// the embedding, MLPs and head stay on the CPU, so each block's layer input and output
     /// cross to the device and back.
@@ -302,20 +550,6 @@ impl Model {
         }
     }
 
-    fn w(&self, name: &str) -> &[f32] {
-        self.own.d(name)
-    }
-    fn norm_bias(&self, prefix: &str) -> Option<&[f32]> {
-        self.own.opt(prefix)
-    }
-    fn head_weight(&self) -> &[f32] {
-        if self.cfg.share_embeddings_and_output_weights {
-            self.w(EMBEDDING)
-        } else {
-            self.w(OUTPUT_LAYER)
-        }
-    }
-
     fn check_batch(&self, batch: &Batch) -> Result<()> {
         let v = self.cfg.vocab_size;
         if let Some((i, &t)) = batch
@@ -343,7 +577,9 @@ impl Model {
         Ok(())
     }
 
-    /// Training forward: the loss statistics of `batch` and what backward needs.
+    /// Training forward: the loss statistics of `batch` and what backward needs. On a GPU the
+    /// token ids and targets are uploaded once, everything stays on the device, and the loss
+    /// statistics are the one download.
     pub fn forward(&self, batch: &Batch) -> Result<(LossStats, ModelSaved)> {
         let (st, saved) = self.run_forward(batch, true)?;
         Ok((st, saved.expect("kept")))
@@ -354,16 +590,37 @@ impl Model {
         Ok(self.run_forward(batch, false)?.0)
     }
 
-    /// Embedding lookup `[n, h]`.
-    fn embed(&self, tokens: &[u32]) -> Vec<f32> {
-        let h = self.cfg.hidden_size();
-        let e = self.w(EMBEDDING);
-        let mut x = Vec::with_capacity(tokens.len() * h);
-        for &t in tokens {
-            let t = t as usize;
-            x.extend_from_slice(&e[t * h..(t + 1) * h]);
+    /// Block `i`'s `h1 = x + GDN(x)`, and the layer's `Saved` when `keep`.
+    fn gdn_forward(
+        &self,
+        i: usize,
+        x: Act,
+        b: usize,
+        t: usize,
+        keep: bool,
+    ) -> Result<(Act, Option<Saved>)> {
+        let layer = &self.layers[i];
+        match x {
+            Act::Host(x) => {
+                let xt = Tensor::from_vec(&[b, t, self.cfg.hidden_size()], x)?;
+                let (y, saved) = if keep {
+                    let (y, s) = layer.forward(&xt)?;
+                    (y, Some(s))
+                } else {
+                    (layer.forward_inference(&xt)?, None)
+                };
+                let mut h1 = Act::Host(xt.into_vec());
+                add::add_assign(&mut h1, &Act::Host(y.into_vec()))?;
+                Ok((h1, saved))
+            }
+            Act::Dev(x) => {
+                // The layer keeps its input in `Saved`; the residual reads it there.
+                let (y, saved) = layer.forward_dev(x, &Seqs::uniform(b, t))?;
+                let mut h1 = Act::Dev(y);
+                add::add_assign(&mut h1, &saved.x)?;
+                Ok((h1, keep.then_some(saved)))
+            }
         }
-        x
     }
 
     /// The model, top to bottom.
@@ -378,44 +635,40 @@ impl Model {
             c.layer.layernorm_epsilon,
             c.layer.layernorm_zero_centered_gamma,
         );
+        // Token ids and targets where the model runs (one upload each on a GPU).
+        let (tok_dev, tgt_dev) = match &self.dev {
+            None => (None, None),
+            Some(d) => (
+                Some(d.gpu.upload(&batch.tokens)?),
+                Some(DevIds(d.gpu.upload(&batch.targets)?)),
+            ),
+        };
+        let ids = tok_dev.as_ref().map_or(Ids::Host(&batch.tokens), Ids::Dev);
         // Embedding.
-        let mut x = self.embed(&batch.tokens);
+        let mut x = embedding::forward(ids, self.wp(EMBEDDING), vsz, h, self.dtype())?;
+        drop(tok_dev);
         let mut blocks = Vec::new();
-        for (i, layer) in self.layers.iter().enumerate() {
+        for i in 0..self.layers.len() {
             // x = x + GDN(x)
-            let xt = Tensor::from_vec(&[b, t, h], x)?;
-            let (y, gdn_saved) = if keep {
-                let (y, s) = layer.forward(&xt)?;
-                (y, Some(s))
-            } else {
-                (layer.forward_inference(&xt)?, None)
-            };
-            let mut h1 = xt.into_vec();
-            for (a, yv) in h1.iter_mut().zip(y.data()) {
-                *a += yv;
-            }
+            let (h1, gdn_saved) = self.gdn_forward(i, x, b, t, keep)?;
             // x = x + fc2(swiglu(fc1(norm(x))))
             let p = format!("decoder.layers.{i}.mlp.");
-            let (hn, stats) = norm::cpu::forward(
-                &h1,
-                n,
-                h,
-                self.w(&format!("{p}linear_fc1.layer_norm_weight")),
-                self.norm_bias(&format!("{p}linear_fc1.layer_norm_bias")),
-                kind,
-                eps,
-                zc,
-            )?;
-            let u =
-                linear::cpu::forward(&hn, n, h, self.w(&format!("{p}linear_fc1.weight")), 2 * f)?;
+            let (nw, nb) = (
+                format!("{p}linear_fc1.layer_norm_weight"),
+                format!("{p}linear_fc1.layer_norm_bias"),
+            );
+            let (w1, w2) = (
+                format!("{p}linear_fc1.weight"),
+                format!("{p}linear_fc2.weight"),
+            );
+            let (hn, stats) =
+                norm::forward(&h1, n, h, self.wp(&nw), self.wp_opt(&nb), kind, eps, zc)?;
+            let u = linear::forward(&hn, n, h, self.wp(&w1), self.wb(&w1), 2 * f)?;
             drop(hn);
-            let a = swiglu::swiglu_forward(&u, n, f);
-            let mut out =
-                linear::cpu::forward(&a, n, f, self.w(&format!("{p}linear_fc2.weight")), h)?;
+            let a = swiglu::forward(&u, n, f)?;
+            let mut out = linear::forward(&a, n, f, self.wp(&w2), self.wb(&w2), h)?;
             drop(a);
-            for (o, r) in out.iter_mut().zip(&h1) {
-                *o += r;
-            }
+            add::add_assign(&mut out, &h1)?;
             if let Some(gdn) = gdn_saved {
                 let mlp = (!c.recompute_mlp()).then_some(MlpActs { stats, u });
                 blocks.push(BlockSaved { gdn, h1, mlp });
@@ -423,24 +676,30 @@ impl Model {
             x = out;
         }
         // Final norm, LM head, loss.
-        let (xf, fstats) = norm::cpu::forward(
+        let (xf, fstats) = norm::forward(
             &x,
             n,
             h,
-            self.w("decoder.final_layernorm.weight"),
-            self.norm_bias("decoder.final_layernorm.bias"),
+            self.wp("decoder.final_layernorm.weight"),
+            self.wp_opt("decoder.final_layernorm.bias"),
             kind,
             eps,
             zc,
         )?;
-        let logits = linear::cpu::forward(&xf, n, h, self.head_weight(), vsz)?;
+        let head = self.head_name();
+        let logits = linear::forward(&xf, n, h, self.wp(head), self.wb(head), vsz)?;
         drop(xf);
-        let (st, probs) = loss::cross_entropy_forward(&logits, n, vsz, &batch.targets, keep)?;
+        let tg = tgt_dev
+            .as_ref()
+            .map_or(Ids::Host(&batch.targets), |t| Ids::Dev(&t.0));
+        let (st, probs) = cross_entropy::forward(&logits, n, vsz, tg, keep)?;
+        drop(logits);
         let saved = probs.map(|probs| ModelSaved {
             batch: b,
             seq_len: t,
             tokens: batch.tokens.clone(),
             targets: batch.targets.clone(),
+            targets_dev: tgt_dev,
             count: st.count,
             blocks,
             head: HeadSaved {
@@ -453,8 +712,91 @@ impl Model {
     }
 
     /// Backward of the mean loss over the batch's target rows: consumes what forward kept and
-    /// returns every parameter's gradient, in [`param_specs`] order.
+    /// returns every parameter's gradient, in [`param_specs`] order, on the host (a GPU model
+    /// downloads them; training on a GPU uses [`backward_into_grads`](Self::backward_into_grads)).
     pub fn backward(&self, saved: ModelSaved) -> Result<ModelGrads> {
+        let g = self.run_backward(saved)?;
+        let entries = g
+            .into_iter()
+            .zip(param_specs(&self.cfg))
+            .map(|((n, v), (want, shape))| {
+                check_grad_name(&n, &want)?;
+                Ok((n, Tensor::from_vec(&shape, v.into_host()?)?))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Params::from_entries(entries))
+    }
+
+    /// GPU training backward: the gradients go into the model's persistent fp32 gradient
+    /// buffers (one per parameter, [`param_specs`] order); nothing is copied to the host.
+    pub fn backward_into_grads(&mut self, saved: ModelSaved) -> Result<()> {
+        if self.dev.is_none() {
+            return Err(GdnError::Invalid(
+                "backward_into_grads: the model runs on the CPU (use backward)".into(),
+            ));
+        }
+        let g = self.run_backward(saved)?;
+        let specs = param_specs(&self.cfg);
+        let d = self.dev.as_mut().expect("checked");
+        for (((name, src), dst), (want, _)) in g.into_iter().zip(d.grads.iter_mut()).zip(&specs) {
+            check_grad_name(&name, want)?;
+            let F32s::Dev(src) = src else {
+                return Err(crate::backend::mixed("model gradients"));
+            };
+            crate::backend::launch::check_g("gradient", &src, dst.len())?;
+            d.gpu
+                .stream()
+                .memcpy_dtod(&src.slice, &mut dst.slice)
+                .map_err(|e| GdnError::Device(format!("cuMemcpyDtoDAsync: {e:?}")))?;
+        }
+        Ok(())
+    }
+
+    /// The persistent gradient buffers of a GPU model (after
+    /// [`backward_into_grads`](Self::backward_into_grads)), [`param_specs`] order.
+    pub fn device_grads(&self) -> Option<&[GBuf<f32>]> {
+        self.dev.as_ref().map(|d| d.grads.as_slice())
+    }
+
+    /// Block `i`'s layer backward: `dh1` is the gradient at `h1 = x + GDN(x)`; returns the
+    /// gradient at `x` (`dh1 + d(layer input)`) and the layer's parameter gradients.
+    fn gdn_backward(
+        &self,
+        i: usize,
+        saved: Saved,
+        dh1: Act,
+        b: usize,
+        t: usize,
+    ) -> Result<(Act, Vec<(String, F32s)>)> {
+        let pre = gdn_prefix(i);
+        match dh1 {
+            Act::Host(dh1) => {
+                let dh1t = Tensor::from_vec(&[b, t, self.cfg.hidden_size()], dh1)?;
+                let (dxl, lg) = self.layers[i].backward(saved, &dh1t)?;
+                let mut dx = Act::Host(dh1t.into_vec());
+                add::add_assign(&mut dx, &Act::Host(dxl.into_vec()))?;
+                let g = lg
+                    .iter()
+                    .map(|(n, t)| (format!("{pre}{n}"), F32s::Host(t.data().to_vec())))
+                    .collect();
+                Ok((dx, g))
+            }
+            Act::Dev(dh1) => {
+                let (dxl, lg) = self.layers[i].backward_dev(saved, dh1.try_clone()?)?;
+                let mut dx = Act::Dev(dh1);
+                add::add_assign(&mut dx, &Act::Dev(dxl))?;
+                let g = lg
+                    .into_entries()
+                    .into_iter()
+                    .map(|(n, _, b)| (format!("{pre}{n}"), F32s::Dev(b)))
+                    .collect();
+                Ok((dx, g))
+            }
+        }
+    }
+
+    /// The model, bottom to top: every gradient, in [`param_specs`] order, where the model runs.
+    fn run_backward(&self, saved: ModelSaved) -> Result<Vec<(String, F32s)>> {
         let c = &self.cfg;
         if saved.blocks.len() != self.layers.len() {
             return Err(GdnError::Invalid(format!(
@@ -463,11 +805,18 @@ impl Model {
                 self.layers.len()
             )));
         }
+        let on_gpu = matches!(saved.head.x, Act::Dev(_));
+        if on_gpu != self.dev.is_some() {
+            return Err(GdnError::Invalid(
+                "backward: the saved state comes from a forward on another device".into(),
+            ));
+        }
         let ModelSaved {
             batch: b,
             seq_len: t,
             tokens,
             targets,
+            targets_dev,
             count,
             blocks,
             head,
@@ -479,135 +828,195 @@ impl Model {
             c.layer.layernorm_epsilon,
             c.layer.layernorm_zero_centered_gamma,
         );
-        let mut g: Vec<(String, Tensor)> = Vec::new();
 
         // Loss and LM head; the final norm's output is rebuilt from its input (same kernel,
         // same bits as forward).
-        let dlogits = loss::cross_entropy_backward(&head.probs, n, vsz, &targets, count)?;
+        let tg = targets_dev
+            .as_ref()
+            .map_or(Ids::Host(&targets), |t| Ids::Dev(&t.0));
+        let dlogits = cross_entropy::backward(&head.probs, n, vsz, tg, count)?;
         drop(head.probs);
-        let (xf, _) = norm::cpu::forward(
-            &head.x,
-            n,
-            h,
-            self.w("decoder.final_layernorm.weight"),
-            self.norm_bias("decoder.final_layernorm.bias"),
-            kind,
-            eps,
-            zc,
-        )?;
-        let (dxf, dw_head) = linear::cpu::backward(&xf, n, h, self.head_weight(), vsz, &dlogits)?;
+        drop(targets_dev);
+        let (fw, fb) = (
+            self.wp("decoder.final_layernorm.weight"),
+            self.wp_opt("decoder.final_layernorm.bias"),
+        );
+        let (xf, _) = norm::forward(&head.x, n, h, fw, fb, kind, eps, zc)?;
+        let hn = self.head_name();
+        let (dxf, dw_head) = linear::backward(&xf, n, h, self.wp(hn), self.wb(hn), vsz, &dlogits)?;
         drop((xf, dlogits));
-        let (mut dx, dfw, dfb) = norm::cpu::backward(
-            &head.x,
-            n,
-            h,
-            self.w("decoder.final_layernorm.weight"),
-            kind,
-            zc,
-            &head.stats,
-            &dxf,
-        )?;
+        let (mut dx, dfw, dfb) = norm::backward(&head.x, n, h, fw, kind, zc, &head.stats, &dxf)?;
         drop(dxf);
-        let mut tail = vec![(
-            "decoder.final_layernorm.weight".to_string(),
-            Tensor::from_vec(&[h], dfw)?,
-        )];
+        let mut tail = vec![("decoder.final_layernorm.weight".to_string(), dfw)];
         if let Some(db) = dfb {
-            tail.push((
-                "decoder.final_layernorm.bias".into(),
-                Tensor::from_vec(&[h], db)?,
-            ));
+            tail.push(("decoder.final_layernorm.bias".into(), db));
         }
 
         // Blocks, last to first.
-        let mut block_grads: Vec<Vec<(String, Tensor)>> = Vec::with_capacity(blocks.len());
+        let mut block_grads: Vec<Vec<(String, F32s)>> = Vec::with_capacity(blocks.len());
         for (i, bs) in blocks.into_iter().enumerate().rev() {
             let p = format!("decoder.layers.{i}.mlp.");
-            let nw = self.w(&format!("{p}linear_fc1.layer_norm_weight"));
-            let nb = self.norm_bias(&format!("{p}linear_fc1.layer_norm_bias"));
-            let w1 = self.w(&format!("{p}linear_fc1.weight"));
-            let w2 = self.w(&format!("{p}linear_fc2.weight"));
+            let (nwn, nbn) = (
+                format!("{p}linear_fc1.layer_norm_weight"),
+                format!("{p}linear_fc1.layer_norm_bias"),
+            );
+            let (w1n, w2n) = (
+                format!("{p}linear_fc1.weight"),
+                format!("{p}linear_fc2.weight"),
+            );
+            let (nw, nb) = (self.wp(&nwn), self.wp_opt(&nbn));
+            let (w1, w1b, w2, w2b) = (self.wp(&w1n), self.wb(&w1n), self.wp(&w2n), self.wb(&w2n));
             let BlockSaved { gdn, h1, mlp } = bs;
             // MLP: rebuild norm(h1) (and, under `mlp` recompute, the stats and fc1's output).
-            let (hn, stats) = norm::cpu::forward(&h1, n, h, nw, nb, kind, eps, zc)?;
+            let (hn, stats) = norm::forward(&h1, n, h, nw, nb, kind, eps, zc)?;
             let (stats, u) = match mlp {
                 Some(a) => (a.stats, a.u),
                 None => {
-                    let u = linear::cpu::forward(&hn, n, h, w1, 2 * f)?;
+                    let u = linear::forward(&hn, n, h, w1, w1b, 2 * f)?;
                     (stats, u)
                 }
             };
-            let a = swiglu::swiglu_forward(&u, n, f);
-            let (da, dw2) = linear::cpu::backward(&a, n, f, w2, h, &dx)?;
+            let a = swiglu::forward(&u, n, f)?;
+            let (da, dw2) = linear::backward(&a, n, f, w2, w2b, h, &dx)?;
             drop(a);
-            let du = swiglu::swiglu_backward(&u, n, f, &da);
+            let du = swiglu::backward(&u, n, f, &da)?;
             drop((u, da));
-            let (dhn, dw1) = linear::cpu::backward(&hn, n, h, w1, 2 * f, &du)?;
+            let (dhn, dw1) = linear::backward(&hn, n, h, w1, w1b, 2 * f, &du)?;
             drop((hn, du));
-            let (dh1, dnw, dnb) = norm::cpu::backward(&h1, n, h, nw, kind, zc, &stats, &dhn)?;
+            let (dh1, dnw, dnb) = norm::backward(&h1, n, h, nw, kind, zc, &stats, &dhn)?;
             drop((h1, dhn));
             // The residual: d h1 = d out + d(MLP input).
-            for (a, d) in dx.iter_mut().zip(&dh1) {
-                *a += d;
-            }
+            add::add_assign(&mut dx, &dh1)?;
             drop(dh1);
             // GDN: d x = d h1 + d(layer input).
-            let dh1t = Tensor::from_vec(&[b, t, h], dx)?;
-            let (dxl, lg) = self.layers[i].backward(gdn, &dh1t)?;
-            dx = dh1t.into_vec();
-            for (a, d) in dx.iter_mut().zip(dxl.data()) {
-                *a += d;
-            }
-            let mut bg: Vec<(String, Tensor)> = lg
-                .iter()
-                .map(|(n, t)| (format!("{}{n}", gdn_prefix(i)), t.clone()))
-                .collect();
-            bg.push((
-                format!("{p}linear_fc1.layer_norm_weight"),
-                Tensor::from_vec(&[h], dnw)?,
-            ));
+            let (dxn, mut bg) = self.gdn_backward(i, gdn, dx, b, t)?;
+            dx = dxn;
+            bg.push((nwn, dnw));
             if let Some(db) = dnb {
-                bg.push((
-                    format!("{p}linear_fc1.layer_norm_bias"),
-                    Tensor::from_vec(&[h], db)?,
-                ));
+                bg.push((nbn, db));
             }
-            bg.push((
-                format!("{p}linear_fc1.weight"),
-                Tensor::from_vec(&[2 * f, h], dw1)?,
-            ));
-            bg.push((
-                format!("{p}linear_fc2.weight"),
-                Tensor::from_vec(&[h, f], dw2)?,
-            ));
+            bg.push((w1n, dw1));
+            bg.push((w2n, dw2));
             block_grads.push(bg);
         }
 
-        // Embedding: the head's gradient when tied, plus each token's row, in token order.
-        let mut de = if c.share_embeddings_and_output_weights {
-            dw_head.clone()
+        // Embedding: the head's gradient when tied, plus each token's rows, in token order.
+        let tied = c.share_embeddings_and_output_weights;
+        let (mut de, dw_head) = if tied {
+            (dw_head, None)
         } else {
-            vec![0.0f32; vsz * h]
+            let z = match &dx {
+                Act::Host(_) => F32s::Host(vec![0.0f32; vsz * h]),
+                Act::Dev(d) => F32s::Dev(d.gpu().uninit(vsz * h)?),
+            };
+            (z, Some(dw_head))
         };
-        for (r, &tok) in tokens.iter().enumerate() {
-            let tok = tok as usize;
-            for (a, d) in de[tok * h..(tok + 1) * h]
-                .iter_mut()
-                .zip(&dx[r * h..(r + 1) * h])
-            {
-                *a += d;
-            }
-        }
-        g.push((EMBEDDING.into(), Tensor::from_vec(&[vsz, h], de)?));
+        let de_mut = match &mut de {
+            F32s::Host(v) => PMut::Host(v),
+            F32s::Dev(g) => PMut::Dev(g),
+        };
+        embedding::backward(&tokens, &dx, vsz, h, de_mut, tied)?;
+        drop(dx);
+        let mut g: Vec<(String, F32s)> = vec![(EMBEDDING.into(), de)];
         for bg in block_grads.into_iter().rev() {
             g.extend(bg);
         }
         g.extend(tail);
-        if !c.share_embeddings_and_output_weights {
-            g.push((OUTPUT_LAYER.into(), Tensor::from_vec(&[vsz, h], dw_head)?));
+        if let Some(dw) = dw_head {
+            g.push((OUTPUT_LAYER.into(), dw));
         }
-        Ok(Params::from_entries(g))
+        Ok(g)
     }
+
+    /// Sums of squares of the gradient buffers of a GPU model (f64, [`param_specs`] order; one
+    /// download): the global gradient norm is the square root of their sum in order.
+    pub fn grad_sum_squares(&self) -> Result<Vec<f64>> {
+        let d = self.dev.as_ref().ok_or_else(|| {
+            GdnError::Invalid("grad_sum_squares: the model runs on the CPU".into())
+        })?;
+        let ps: Vec<P> = d.grads.iter().map(P::Dev).collect();
+        adamw::sum_squares(&ps)
+    }
+
+    /// One AdamW update of every parameter of a GPU model from its gradient buffers, with the
+    /// moments `moments` (`(exp_avg, exp_avg_sq)` per parameter, [`param_specs`] order) and the
+    /// scalars `hyper(shape)` of each parameter; then the bf16 copies are remade.
+    pub fn adamw_step_on_device(
+        &mut self,
+        moments: &mut [(GBuf<f32>, GBuf<f32>)],
+        hyper: impl Fn(&[usize]) -> adamw::Hyper,
+    ) -> Result<()> {
+        let specs = param_specs(&self.cfg);
+        let own_names: Vec<String> = self.own.iter().map(|(n, _)| n.to_string()).collect();
+        let Model {
+            cfg, layers, dev, ..
+        } = self;
+        let d = dev.as_mut().ok_or_else(|| {
+            GdnError::Invalid("adamw_step_on_device: the model runs on the CPU".into())
+        })?;
+        if moments.len() != specs.len() {
+            return Err(GdnError::Invalid(format!(
+                "optimizer: {} moment pairs for {} parameters",
+                moments.len(),
+                specs.len()
+            )));
+        }
+        let mut params: Vec<(String, &mut GBuf<f32>)> = Vec::with_capacity(specs.len());
+        let mut own = own_names.iter().cloned().zip(d.own.iter_mut());
+        params.push(own.next().expect("embedding"));
+        for (i, l) in layers.iter_mut().enumerate() {
+            params.extend(
+                l.dev_params_mut()?
+                    .into_iter()
+                    .map(|(n, b)| (format!("{}{n}", gdn_prefix(i)), b)),
+            );
+            for _ in 0..mlp_specs(cfg, i).len() {
+                params.push(own.next().expect("mlp parameter"));
+            }
+        }
+        params.extend(own);
+        if params.len() != specs.len() {
+            return Err(GdnError::Invalid(format!(
+                "optimizer: {} device parameters for {} parameters",
+                params.len(),
+                specs.len()
+            )));
+        }
+        for ((((pname, p), (m, v)), g), (name, shape)) in params
+            .into_iter()
+            .zip(moments.iter_mut())
+            .zip(&d.grads)
+            .zip(&specs)
+        {
+            check_grad_name(&pname, name)?;
+            let n: usize = shape.iter().product();
+            if p.len() != n {
+                return Err(GdnError::Invalid(format!(
+                    "optimizer: parameter {name} has {} values, expected {n}",
+                    p.len()
+                )));
+            }
+            adamw::step(
+                PMut::Dev(p),
+                PMut::Dev(m),
+                PMut::Dev(v),
+                P::Dev(g),
+                &hyper(shape),
+            )?;
+        }
+        self.refresh_bf16()
+    }
+}
+
+/// Error unless the gradient (or parameter) `got` is the parameter `want` of [`param_specs`] at
+/// its position (an internal ordering error).
+fn check_grad_name(got: &str, want: &str) -> Result<()> {
+    if got != want {
+        return Err(GdnError::Invalid(format!(
+            "internal error: gradient {got} where {want} was expected (parameter order)"
+        )));
+    }
+    Ok(())
 }
 
 /// Check that `p` holds exactly the parameters of `cfg` with their shapes; errors name the

@@ -1,7 +1,9 @@
 //! `ModelSaved`: exactly what the model's forward keeps for its backward.
 
+use crate::backend::cuda::GBuf;
+use crate::backend::Act;
 use crate::layer::Saved;
-use crate::ops::norm::NormStats;
+use crate::ops::norm::Stats;
 
 /// What [`Model::forward`](super::Model::forward) keeps for backward. Every buffer held is listed
 /// here, so [`bytes`](ModelSaved::bytes) is the model's activation memory to the byte.
@@ -9,15 +11,27 @@ use crate::ops::norm::NormStats;
 pub struct ModelSaved {
     pub(crate) batch: usize,
     pub(crate) seq_len: usize,
-    /// Token ids `[n]` (u32): the embedding's backward scatters into their rows.
+    /// Token ids `[n]` (u32, host): the embedding's backward scatters into their rows (on a GPU
+    /// it builds its per-token position lists from them).
     pub(crate) tokens: Vec<u32>,
-    /// Targets `[n]` (i32): the loss's backward.
+    /// Targets `[n]` (i32, host): the loss's backward on the CPU.
     pub(crate) targets: Vec<i32>,
+    /// The targets on the GPU (a GPU model's loss backward), uploaded once by forward.
+    pub(crate) targets_dev: Option<DevIds>,
     /// Target rows (the loss is their mean).
     pub(crate) count: usize,
     /// One per block, first to last.
     pub(crate) blocks: Vec<BlockSaved>,
     pub(crate) head: HeadSaved,
+}
+
+/// Ids on a GPU (a `Debug` wrapper).
+pub(crate) struct DevIds(pub GBuf<i32>);
+
+impl std::fmt::Debug for DevIds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DevIds({} values)", self.0.len())
+    }
 }
 
 /// One block: the GDN layer's own `Saved`, and the MLP's.
@@ -26,7 +40,7 @@ pub(crate) struct BlockSaved {
     /// The layer's saved state (its input is the block's input; recompute options apply).
     pub gdn: Saved,
     /// The MLP's input `h1 = x + GDN(x)` `[n, h]`.
-    pub h1: Vec<f32>,
+    pub h1: Act,
     /// The rest of the MLP; `None` under `mlp` (or `full`) recompute, which rebuilds it from `h1`.
     pub mlp: Option<MlpActs>,
 }
@@ -35,42 +49,49 @@ pub(crate) struct BlockSaved {
 #[derive(Debug)]
 pub(crate) struct MlpActs {
     /// Norm statistics of `h1` (rstd, and mean for LayerNorm) `[n]` each.
-    pub stats: NormStats,
+    pub stats: Stats,
     /// `linear_fc1`'s output `[n, 2F]` (SwiGLU's input; its output is rebuilt in backward).
-    pub u: Vec<f32>,
+    pub u: Act,
 }
 
 /// The head: final norm input, its statistics, and the softmax.
 #[derive(Debug)]
 pub(crate) struct HeadSaved {
     /// Last block's output `[n, h]`.
-    pub x: Vec<f32>,
+    pub x: Act,
     /// Final norm statistics `[n]` (two for LayerNorm).
-    pub stats: NormStats,
-    /// Softmax of the logits `[n, V]` (zero rows where the target is ignored).
-    pub probs: Vec<f32>,
+    pub stats: Stats,
+    /// Softmax of the logits `[n, V]` (zero rows where the target is ignored), in the
+    /// activations' storage type.
+    pub probs: Act,
 }
 
 impl BlockSaved {
     fn bytes(&self) -> usize {
         self.gdn.bytes()
-            + 4 * self.h1.len()
+            + self.h1.bytes()
             + self
                 .mlp
                 .as_ref()
-                .map_or(0, |m| m.stats.bytes() + 4 * m.u.len())
+                .map_or(0, |m| m.stats.bytes() + m.u.bytes())
     }
 }
 
 impl ModelSaved {
-    /// Bytes held, exactly: every buffer above (f32, u32 and i32 values: 4 bytes each; the
-    /// shapes are metadata and not counted).
+    /// Bytes held where the model runs, exactly: every buffer above (f32, u32 and i32 values:
+    /// 4 bytes each, bf16 2; the shapes are metadata and not counted). On the CPU the token ids
+    /// and targets count; on a GPU the device targets do (the host copy of the token ids and
+    /// targets is the batch's, as on the CPU, but not GPU memory), so `bytes()` is what the GPU's
+    /// allocator holds for this state.
     pub fn bytes(&self) -> usize {
-        4 * (self.tokens.len() + self.targets.len())
-            + self.blocks.iter().map(BlockSaved::bytes).sum::<usize>()
-            + 4 * self.head.x.len()
+        let ids = match &self.targets_dev {
+            None => 4 * (self.tokens.len() + self.targets.len()),
+            Some(t) => t.0.bytes(),
+        };
+        ids + self.blocks.iter().map(BlockSaved::bytes).sum::<usize>()
+            + self.head.x.bytes()
             + self.head.stats.bytes()
-            + 4 * self.head.probs.len()
+            + self.head.probs.bytes()
     }
 
     /// Bytes held by the GDN layers' `Saved` alone (the sum over blocks of `Saved::bytes()`).

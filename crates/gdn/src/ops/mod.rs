@@ -3,8 +3,12 @@
 //! rayon) or `cuda.rs` by where the inputs live; `reference.rs` is the f64 reference (tests).
 //! `common/` holds what several ops share; ops never import a sibling op.
 
+pub mod adamw;
+pub mod add;
 pub mod common;
 pub mod conv1d;
+pub mod cross_entropy;
+pub mod embedding;
 pub mod gated_delta_rule;
 pub mod gated_norm;
 pub mod gates;
@@ -14,6 +18,7 @@ pub mod layout;
 pub mod linear;
 pub mod norm;
 pub mod prep;
+pub mod swiglu;
 
 use crate::error::{GdnError, Result};
 

@@ -21,9 +21,12 @@ pub use config::{DataConfig, DataKind, DecayStyle, OptimizerConfig, RunConfig, T
 pub use data::Dataset;
 pub use optim::AdamW;
 
+use crate::backend::cuda::{DType, GBuf};
+use crate::backend::Device;
 use crate::error::{GdnError, Result};
 use crate::layer::Params;
-use crate::model::{LossStats, Model};
+use crate::model::{param_specs, LossStats, Model};
+use crate::tensor::Tensor;
 
 /// What one training step did.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -59,13 +62,25 @@ pub struct ResumeOptions {
 }
 
 /// A training run in memory.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Trainer {
     cfg: RunConfig,
     model: Model,
     opt: AdamW,
     data: Dataset,
     step: u64,
+    /// AdamW's moments on the GPU when the model runs there (`opt` then keeps only the step
+    /// count and the names; its host moments are stale until a checkpoint downloads these).
+    dev_moments: Option<DevMoments>,
+}
+
+/// `(exp_avg, exp_avg_sq)` per parameter on a GPU, in parameter order.
+struct DevMoments(Vec<(GBuf<f32>, GBuf<f32>)>);
+
+impl std::fmt::Debug for DevMoments {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DevMoments({} parameters)", self.0.len())
+    }
 }
 
 impl Trainer {
@@ -89,7 +104,68 @@ impl Trainer {
             opt,
             data,
             step: 0,
+            dev_moments: None,
         })
+    }
+
+    /// Train on `device`: the whole model ([`Model::to_device`]) and AdamW's moments live there,
+    /// activations in `dtype` storage (bf16 or f32 on a GPU; the CPU is f32). A step then copies
+    /// to the host only the loss statistics and the gradient norm; checkpoints download the
+    /// parameters and moments. `Device::Cpu` brings everything back. Checks the GPU's free memory
+    /// first.
+    pub fn to_device(&mut self, device: Device, dtype: DType) -> Result<()> {
+        self.sync_moments_to_host()?;
+        self.dev_moments = None;
+        let Device::Cuda(i) = device else {
+            return self.model.to_device(device, dtype);
+        };
+        let gpu = crate::backend::cuda::gpu(i)?;
+        let mcfg = self.model.config().clone();
+        crate::budget::check_gpu(
+            &gpu,
+            &format!(
+                "the model's parameters, gradients and AdamW moments ({})",
+                mcfg.describe_params()
+            ),
+            crate::model::device_param_bytes(&mcfg, device, dtype) + 2 * mcfg.param_bytes(),
+        )?;
+        self.model.to_device(device, dtype)?;
+        let m = self
+            .opt
+            .exp_avg
+            .iter()
+            .zip(&self.opt.exp_avg_sq)
+            .map(|(m, v)| Ok((gpu.upload(m.data())?, gpu.upload(v.data())?)))
+            .collect::<Result<Vec<_>>>()?;
+        self.dev_moments = Some(DevMoments(m));
+        Ok(())
+    }
+
+    /// Where the run trains.
+    pub fn device(&self) -> Device {
+        self.model.device()
+    }
+
+    /// AdamW's moments from where they live (downloads on a GPU).
+    fn moments(&self) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
+        let Some(d) = &self.dev_moments else {
+            return Ok((self.opt.exp_avg.clone(), self.opt.exp_avg_sq.clone()));
+        };
+        let (mut ms, mut vs) = (Vec::new(), Vec::new());
+        for ((m, v), t) in d.0.iter().zip(&self.opt.exp_avg) {
+            ms.push(Tensor::from_vec(t.shape(), m.gpu().download(m)?)?);
+            vs.push(Tensor::from_vec(t.shape(), v.gpu().download(v)?)?);
+        }
+        Ok((ms, vs))
+    }
+
+    fn sync_moments_to_host(&mut self) -> Result<()> {
+        if self.dev_moments.is_some() {
+            let (m, v) = self.moments()?;
+            self.opt.exp_avg = m;
+            self.opt.exp_avg_sq = v;
+        }
+        Ok(())
     }
 
     /// Run the model's GDN layers on `device` (see [`Model::gdn_layers_to_device`]).
@@ -185,8 +261,8 @@ impl Trainer {
         Ok((t, notes))
     }
 
-    /// The checkpoint of the current state.
-    pub fn checkpoint(&self) -> Checkpoint {
+    /// The checkpoint of the current state (on a GPU: the parameters and moments downloaded).
+    pub fn checkpoint(&self) -> Result<Checkpoint> {
         let named = |v: &[crate::tensor::Tensor]| {
             Params::from_entries(
                 self.opt
@@ -197,21 +273,22 @@ impl Trainer {
                     .collect(),
             )
         };
-        Checkpoint {
+        let (m, v) = self.moments()?;
+        Ok(Checkpoint {
             step: self.step,
             data_seed: self.cfg.data.seed,
             model: self.model.config().clone(),
             run_config: self.cfg.to_toml_string(),
             data_file: self.data.fingerprint(),
-            params: self.model.params(),
-            exp_avg: named(&self.opt.exp_avg),
-            exp_avg_sq: named(&self.opt.exp_avg_sq),
-        }
+            params: self.model.try_params()?,
+            exp_avg: named(&m),
+            exp_avg_sq: named(&v),
+        })
     }
 
     /// Write the current state to `path` atomically.
     pub fn save(&self, path: &Path) -> Result<()> {
-        self.checkpoint().write(path)
+        self.checkpoint()?.write(path)
     }
 
     /// Steps taken.
@@ -237,11 +314,41 @@ impl Trainer {
         let batch = self.data.train_batch(s);
         let (loss, saved) = self.model.forward(&batch)?;
         let (activation_bytes, gdn_activation_bytes) = (saved.bytes(), saved.gdn_bytes());
-        let mut grads = self.model.backward(saved)?;
         let o = &self.cfg.optimizer;
-        let grad_norm = optim::clip_grad_norm(&mut grads, o.clip_grad, s)?;
         let lr = optim::lr_at(o, self.cfg.lr_decay_iters(), s);
-        self.opt.update(&mut self.model, &grads, o, lr)?;
+        let grad_norm = match &mut self.dev_moments {
+            None => {
+                let mut grads = self.model.backward(saved)?;
+                let grad_norm = optim::clip_grad_norm(&mut grads, o.clip_grad, s)?;
+                self.opt.update(&mut self.model, &grads, o, lr)?;
+                grad_norm
+            }
+            Some(moments) => {
+                // On the GPU: gradients into the model's buffers, their norm (one download),
+                // clipping folded into the AdamW kernel's gradient scale.
+                self.model.backward_into_grads(saved)?;
+                let ss = self.model.grad_sum_squares()?;
+                let norm = ss.iter().sum::<f64>().sqrt();
+                if !norm.is_finite() {
+                    let specs = param_specs(self.model.config());
+                    let bad = ss
+                        .iter()
+                        .position(|x| !x.is_finite())
+                        .map_or("?".to_string(), |k| specs[k].0.clone());
+                    return Err(GdnError::Invalid(format!(
+                        "step {s}: the gradient norm is {norm} (first non-finite gradient: {bad}); \
+                         training diverged, try a lower optimizer.lr or clip_grad"
+                    )));
+                }
+                let scale = optim::clip_scale(o.clip_grad, norm);
+                self.opt.steps += 1;
+                let t = self.opt.steps;
+                self.model.adamw_step_on_device(&mut moments.0, |shape| {
+                    optim::hyper(o, t, lr, shape.len() >= 2, scale)
+                })?;
+                norm
+            }
+        };
         self.step = s;
         Ok(StepStats {
             step: s,

@@ -5,6 +5,7 @@
 
 use crate::error::{GdnError, Result};
 use crate::model::{Model, ModelGrads};
+use crate::ops::adamw;
 use crate::tensor::Tensor;
 use crate::train::config::{DecayStyle, OptimizerConfig};
 
@@ -34,12 +35,7 @@ pub fn lr_at(o: &OptimizerConfig, decay_iters: u64, step: u64) -> f64 {
 /// Global L2 norm of all gradients (f64, in parameter order).
 pub fn global_norm(g: &ModelGrads) -> f64 {
     g.iter()
-        .map(|(_, t)| {
-            t.data()
-                .iter()
-                .map(|&x| (x as f64) * (x as f64))
-                .sum::<f64>()
-        })
+        .map(|(_, t)| adamw::cpu::sum_squares(t.data()))
         .sum::<f64>()
         .sqrt()
 }
@@ -59,16 +55,52 @@ pub fn clip_grad_norm(g: &mut ModelGrads, max_norm: f64, step: u64) -> Result<f6
              training diverged, try a lower optimizer.lr or clip_grad"
         )));
     }
-    if max_norm > 0.0 {
-        let coef = max_norm / (norm + 1e-6);
-        if coef < 1.0 {
-            let c = coef as f32;
-            for (_, t) in g.iter_mut() {
-                t.data_mut().iter_mut().for_each(|x| *x *= c);
-            }
+    if let Some(c) = clip_scale(max_norm, norm) {
+        for (_, t) in g.iter_mut() {
+            t.data_mut().iter_mut().for_each(|x| *x *= c);
         }
     }
     Ok(norm)
+}
+
+/// The scalars of AdamW update `t` (1-based) with learning rate `lr`: bias corrections in f64,
+/// then f32 as the update uses them; weight decay `lr * weight_decay` for matrices (`matrix`),
+/// none for vectors; `grad_scale` the clipping factor, if any.
+pub fn hyper(
+    o: &OptimizerConfig,
+    t: u64,
+    lr: f64,
+    matrix: bool,
+    grad_scale: Option<f32>,
+) -> adamw::Hyper {
+    let t = t as i32;
+    let bc1 = 1.0 - o.adam_beta1.powi(t);
+    let bc2 = 1.0 - o.adam_beta2.powi(t);
+    adamw::Hyper {
+        b1: o.adam_beta1 as f32,
+        b2: o.adam_beta2 as f32,
+        step_size: (lr / bc1) as f32,
+        bc2_sqrt: bc2.sqrt() as f32,
+        eps: o.adam_eps as f32,
+        wd: if matrix {
+            (lr * o.weight_decay) as f32
+        } else {
+            0.0
+        },
+        grad_scale,
+    }
+}
+
+/// The factor clipping by global norm multiplies the gradients by: `max_norm / (norm + 1e-6)`
+/// (as f32) when `max_norm > 0` and that is below 1, else `None`.
+pub fn clip_scale(max_norm: f64, norm: f64) -> Option<f32> {
+    if max_norm > 0.0 {
+        let coef = max_norm / (norm + 1e-6);
+        if coef < 1.0 {
+            return Some(coef as f32);
+        }
+    }
+    None
 }
 
 /// AdamW's state: first and second moments per parameter (PyTorch's `exp_avg`, `exp_avg_sq`),
@@ -114,14 +146,9 @@ impl AdamW {
         lr: f64,
     ) -> Result<()> {
         self.steps += 1;
-        let t = self.steps as i32;
-        let (b1, b2) = (o.adam_beta1 as f32, o.adam_beta2 as f32);
-        let bc1 = 1.0 - o.adam_beta1.powi(t);
-        let bc2 = 1.0 - o.adam_beta2.powi(t);
-        let step_size = (lr / bc1) as f32;
-        let bc2_sqrt = bc2.sqrt() as f32;
-        let eps = o.adam_eps as f32;
-        let decay = (lr * o.weight_decay) as f32;
+        let h = hyper(o, self.steps, lr, false, None);
+        let (b1, b2, step_size, bc2_sqrt, eps) = (h.b1, h.b2, h.step_size, h.bc2_sqrt, h.eps);
+        let decay = hyper(o, self.steps, lr, true, None).wd;
         let mut i = 0;
         let mut err = None;
         model.for_each_param_mut(|name, p| {
@@ -138,14 +165,24 @@ impl AdamW {
                     return;
                 }
             };
-            let wd = if p.shape().len() >= 2 { decay } else { 0.0 };
-            let m = self.exp_avg[i].data_mut();
-            let v = self.exp_avg_sq[i].data_mut();
-            for (((p, &g), m), v) in p.data_mut().iter_mut().zip(g.data()).zip(m).zip(v) {
-                *p -= wd * *p;
-                *m = b1 * *m + (1.0 - b1) * g;
-                *v = b2 * *v + (1.0 - b2) * g * g;
-                *p -= step_size * *m / (v.sqrt() / bc2_sqrt + eps);
+            let h = adamw::Hyper {
+                b1,
+                b2,
+                step_size,
+                bc2_sqrt,
+                eps,
+                wd: if p.shape().len() >= 2 { decay } else { 0.0 },
+                grad_scale: None,
+            };
+            if let Err(e) = adamw::cpu::step(
+                p.data_mut(),
+                self.exp_avg[i].data_mut(),
+                self.exp_avg_sq[i].data_mut(),
+                g.data(),
+                &h,
+            ) {
+                err = Some(e);
+                return;
             }
             i += 1;
         });

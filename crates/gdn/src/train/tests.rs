@@ -371,7 +371,10 @@ fn resume_is_bitwise_identical() {
         param_bits(&resumed) == param_bits(&straight),
         "parameters differ"
     );
-    let (a, b) = (resumed.checkpoint(), straight.checkpoint());
+    let (a, b) = (
+        resumed.checkpoint().unwrap(),
+        straight.checkpoint().unwrap(),
+    );
     assert!(a == b, "checkpoints differ");
     assert_eq!(resumed.evaluate().unwrap(), straight.evaluate().unwrap());
     // the checkpoint of the resumed run is the one of the straight run
