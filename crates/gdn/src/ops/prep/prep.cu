@@ -4,7 +4,7 @@
 // fp32 math; the raw conv outputs are rounded to the storage type before the norm reads them (as
 // when the separate ops stored them), and backward rounds d(raw output) the same way.
 //
-// Forward: one warp per (token, segment); segments are the Hk q heads, the Hk k heads, then the Hv
+// Forward: one warp per (segment, token), tokens fastest; segments are the Hk q heads, the Hk k heads, then the Hv
 // v heads; the warp of v head j also computes the gates of head j. Backward: (1) with the norm, one
 // warp per (token, q/k head) recomputes the raw output and stores rstd and <dqn, y rstd>; (2) one
 // block per tile of PREP_TT tokens x 32 channels (as conv1d's backward) recomputes the
@@ -68,8 +68,10 @@ __device__ __forceinline__ void prep_fwd_impl(const T* __restrict__ x, long long
     int lane = threadIdx.x & 31;
     int nseg = 2 * hk + hv;
     if (row >= tokens * nseg) return;
-    long long t = row / nseg;
-    int s = (int)(row - t * nseg);
+    // Token fastest: the 8 warps of a block take 8 consecutive tokens of one head, so the conv
+    // taps (rows t-W+1 .. t) they share are read from L1 rather than L2.
+    int s = (int)(row / tokens);
+    long long t = row - (long long)s * tokens;
     int qk = hk * dk, vd = hv * dv;
     int D, c0, l2n;
     T* out;
@@ -122,12 +124,13 @@ __device__ __forceinline__ void prep_bwd_stats_impl(const T* __restrict__ x, lon
     int lane = threadIdx.x & 31;
     int nseg = 2 * hk;
     if (row >= tokens * nseg) return;
-    long long t = row / nseg;
-    int s = (int)(row - t * nseg);
+    int s = (int)(row / tokens);  // token fastest, as in the forward
+    long long t = row - (long long)s * tokens;
+    long long si = t * nseg + s;  // stats are stored [token][2 Hk]
     if (t >= used) {
         if (lane == 0) {
-            st_r[row] = 0.f;
-            st_d[row] = 0.f;
+            st_r[si] = 0.f;
+            st_d[si] = 0.f;
         }
         return;
     }
@@ -149,8 +152,8 @@ __device__ __forceinline__ void prep_bwd_stats_impl(const T* __restrict__ x, lon
     }
     d = warp_sum(d);
     if (lane == 0) {
-        st_r[row] = r;
-        st_d[row] = d;
+        st_r[si] = r;
+        st_d[si] = d;
     }
 }
 
