@@ -493,8 +493,30 @@ fn linear_gemm() {
     ));
 }
 
-fn conv_case(tokens: usize, ch: usize, width: usize, cu: &[u64], with_bias: bool, seed: u64) {
+/// `x` read at columns `pad_l .. pad_l + ch` of rows of `pad_l + ch + pad_r` values (in place, as
+/// from the in_proj output), `dx` written at the same columns of a buffer of that shape (the
+/// other columns must keep their values).
+#[allow(clippy::too_many_arguments)]
+fn conv_case(
+    tokens: usize,
+    ch: usize,
+    width: usize,
+    cu: &[u64],
+    with_bias: bool,
+    seed: u64,
+    pad_l: usize,
+    pad_r: usize,
+) {
     let gpu = gpu();
+    let xc = Cols::new(pad_l + ch + pad_r, pad_l, ch);
+    let inside = |i: usize| (pad_l..pad_l + ch).contains(&(i % xc.ld));
+    let sect = |v: &[f32]| -> Vec<f32> {
+        v.iter()
+            .enumerate()
+            .filter(|(i, _)| inside(*i))
+            .map(|(_, v)| *v)
+            .collect()
+    };
     let seqs = Seqs::packed(cu, tokens).unwrap();
     let used = seqs.used();
     let op = format!(
@@ -503,7 +525,11 @@ fn conv_case(tokens: usize, ch: usize, width: usize, cu: &[u64], with_bias: bool
         seqs.count()
     );
     let mut r = rng(seed);
-    let x = normal(&mut r, tokens * ch, 1.0);
+    let xwide = normal(&mut r, tokens * xc.ld, 1.0);
+    let x = sect(&xwide);
+    let dx_init: Vec<f32> = (0..xwide.len())
+        .map(|i| if inside(i) { f32::NAN } else { 3.5 })
+        .collect();
     let w = normal(&mut r, ch * width, 0.5);
     let bias = with_bias.then(|| normal(&mut r, ch, 0.2));
     let dy = normal(&mut r, tokens * ch, 1.0);
@@ -512,18 +538,18 @@ fn conv_case(tokens: usize, ch: usize, width: usize, cu: &[u64], with_bias: bool
     for dt in [DType::F32, DType::Bf16] {
         let (xs, dys) = (stored(&x, dt), stored(&dy, dt));
         let (xd, dyd) = (
-            DBuf::upload(&gpu, &xs, dt).unwrap(),
+            DBuf::upload(&gpu, &stored(&xwide, dt), dt).unwrap(),
             DBuf::upload(&gpu, &dys, dt).unwrap(),
         );
         let o = twice(&format!("{op} {}", dts(dt)), || {
             let mut y = nan_d(&gpu, tokens * ch, dt);
-            conv1d::cuda::forward(&xd, ch, &wd, width, bd.as_ref(), &seqs, &mut y).unwrap();
-            let mut dx = nan_d(&gpu, tokens * ch, dt);
+            conv1d::cuda::forward(&xd, xc, &wd, width, bd.as_ref(), &seqs, &mut y).unwrap();
+            let mut dx = DBuf::upload(&gpu, &dx_init, dt).unwrap();
             let mut dw = nan_g(&gpu, ch * width);
             let mut db = with_bias.then(|| nan_g(&gpu, ch));
             conv1d::cuda::backward(
                 &xd,
-                ch,
+                xc,
                 &wd,
                 width,
                 bd.as_ref(),
@@ -534,7 +560,15 @@ fn conv_case(tokens: usize, ch: usize, width: usize, cu: &[u64], with_bias: bool
                 db.as_mut(),
             )
             .unwrap();
-            let mut o = vec![("y", dl(&y)), ("dx", dl(&dx)), ("dw", dlg(&dw))];
+            let dxw = dl(&dx);
+            for (i, v) in dxw.iter().enumerate() {
+                assert!(
+                    inside(i) || *v == 3.5,
+                    "dx column {} outside the section was written",
+                    i % xc.ld
+                );
+            }
+            let mut o = vec![("y", dl(&y)), ("dx", sect(&dxw)), ("dw", dlg(&dw))];
             if let Some(db) = &db {
                 o.push(("dbias", dlg(db)));
             }
@@ -586,14 +620,24 @@ fn conv_case(tokens: usize, ch: usize, width: usize, cu: &[u64], with_bias: bool
 fn conv1d_silu_packed_with_padding() {
     // hidden 1024-class layer: q, k (8 heads x 128) and v (16 x 128) channels; 5 sequences (one
     // empty, one of a single token, boundaries off the 128-token tiles) and 96 padding rows
-    conv_case(4096, 4096, 4, &[0, 1000, 1001, 2500, 2500, 4000], false, 4);
-    conv_case(1000, 384, 3, &[0, 7, 300, 301, 777, 1000], true, 5);
+    conv_case(
+        4096,
+        4096,
+        4,
+        &[0, 1000, 1001, 2500, 2500, 4000],
+        false,
+        4,
+        0,
+        0,
+    );
+    // x read in place from a wider buffer, dx written into its columns
+    conv_case(1000, 384, 3, &[0, 7, 300, 301, 777, 1000], true, 5, 40, 9);
     let gpu = gpu();
     let x = Act::Dev(DBuf::upload(&gpu, &[1.0; 64], DType::F32).unwrap());
     let w = gpu.upload(&[1.0f32; 16 * 40]).unwrap();
     let seqs = Seqs::uniform(1, 4);
     assert!(matches!(
-        conv1d::forward(&x, 16, P::Dev(&w), 40, None, &seqs),
+        conv1d::forward(&x, Cols::dense(16), P::Dev(&w), 40, None, &seqs),
         Err(GdnError::Invalid(_))
     ));
 }

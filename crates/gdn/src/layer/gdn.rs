@@ -899,18 +899,21 @@ impl GatedDeltaNet {
         Ok((proj, in_stats))
     }
 
-    /// The conv input `[n, conv_dim]` and the gate sections of the in_proj output as separate
-    /// buffers (copies): what the inference path's conv over cached rows and GDN2's gates take.
-    fn split_sections(&self, proj: &Act) -> Result<(Act, Vec<Act>)> {
-        let pc = self.proj_cols();
-        let take = |c: Cols| layout::take_cols(proj, c.ld, c.off, c.width);
-        let qkv_pre = take(pc.qkv)?;
-        let gate_in = pc
+    /// The gate sections of the in_proj output as separate buffers (copies): what the gates ops
+    /// of GDN2 (and of the inference path) take.
+    fn gate_sections_of(&self, proj: &Act) -> Result<Vec<Act>> {
+        self.proj_cols()
             .gates
             .iter()
-            .map(|&g| take(g))
-            .collect::<Result<Vec<_>>>()?;
-        Ok((qkv_pre, gate_in))
+            .map(|&g| layout::take_cols(proj, g.ld, g.off, g.width))
+            .collect()
+    }
+
+    /// The conv input `[n, conv_dim]` of the in_proj output as a separate buffer (a copy): what
+    /// the inference path's conv over cached rows takes.
+    fn conv_input_of(&self, proj: &Act) -> Result<Act> {
+        let c = self.proj_cols().qkv;
+        layout::take_cols(proj, c.ld, c.off, c.width)
     }
 
     /// Gated norm `norm(o) * silu(z)` (norm first, then gate; one `[Dv]` weight for all heads;
@@ -956,7 +959,7 @@ impl GatedDeltaNet {
     /// ([`prep::forward`]); GDN2: conv1d on the `[q|k|v]` section, then its gates.
     fn prep(&self, p: &ParamView, proj: &Act, seqs: &Seqs) -> Result<RuleInputs> {
         let c = &self.cfg;
-        let (n, cd, w) = (seqs.tokens(), c.conv_dim(), c.linear_conv_kernel_dim);
+        let (n, w) = (seqs.tokens(), c.linear_conv_kernel_dim);
         match c.variant {
             Variant::Gdn => {
                 let o = prep::forward(
@@ -978,16 +981,16 @@ impl GatedDeltaNet {
                 })
             }
             Variant::Gdn2 => {
-                let (qkv_pre, gate_in) = self.split_sections(proj)?;
+                let pc = self.proj_cols();
                 let qkv = conv1d::forward(
-                    &qkv_pre,
-                    cd,
+                    proj,
+                    pc.qkv,
                     p.get("conv1d.weight"),
                     w,
                     p.opt("conv1d.bias"),
                     seqs,
                 )?;
-                drop(qkv_pre);
+                let gate_in = self.gate_sections_of(proj)?;
                 self.prep_after_conv(p, qkv, &gate_in, n)
             }
         }
@@ -1328,7 +1331,7 @@ impl GatedDeltaNet {
                     d_final,
                 )?;
                 prof.mark("bwd rule (+ prep rebuild)");
-                let (qkv_pre, gi) = self.split_sections(&a.proj)?;
+                let gi = self.gate_sections_of(&a.proj)?;
                 // The key-channel gates were repeated to the value heads: sum their gradients back.
                 let dg_key = layout::sum_heads_f32s(&dg, n, hk, hv, dk)?;
                 let db_key = layout::sum_heads(&db, n, hk, hv, dk)?;
@@ -1363,17 +1366,18 @@ impl GatedDeltaNet {
                     &[(0, qk, &dq), (qk, qk, &dk_), (2 * qk, vd, &dvv)],
                 )?;
                 drop((dq, dk_, dvv));
-                let (dqkv_pre, dcw, dcb) = conv1d::backward(
-                    &qkv_pre,
-                    cd,
+                // conv reads its input in place and writes d(conv input) into dproj.
+                let (dcw, dcb) = conv1d::backward(
+                    &a.proj,
+                    pc.qkv,
                     p.get("conv1d.weight"),
                     w,
                     p.opt("conv1d.bias"),
                     seqs,
                     &dqkv,
+                    &mut dproj,
                 )?;
                 drop(dqkv);
-                layout::put_cols(&mut dproj, pc.qkv, &dqkv_pre)?;
                 set("conv1d.weight", &[cd, 1, w], dcw)?;
                 if let Some(b) = dcb {
                     set("conv1d.bias", &[cd], b)?;

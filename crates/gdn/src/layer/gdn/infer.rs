@@ -41,8 +41,7 @@ impl GatedDeltaNet {
             .final_state
             .ok_or_else(|| GdnError::Invalid("final state was not produced".into()))?;
         let state = Tensor::from_vec(&self.state_shape(seqs), fin.into_host()?)?;
-        let (qkv_pre, _) = self.split_sections(&f.acts.proj)?;
-        let qkv_pre = qkv_pre.into_host()?;
+        let qkv_pre = self.conv_input_of(&f.acts.proj)?.into_host()?;
         let n = seqs.count();
         let zeros = vec![0.0f32; (w - 1) * cd];
         let mut conv = Vec::with_capacity(n * (w - 1) * cd);
@@ -96,7 +95,7 @@ impl GatedDeltaNet {
         let p = self.view()?;
         let mut prof = Prof::new(self.gpu()?);
         let (proj, _) = self.in_proj(&p, &self.act(x.data())?, t)?;
-        let (qkv_pre, gate_in) = self.split_sections(&proj)?;
+        let (qkv_pre, gate_in) = (self.conv_input_of(&proj)?, self.gate_sections_of(&proj)?);
         // conv + SiLU over each sequence's cached rows followed by its new rows; keep the new.
         let cur = qkv_pre.into_host()?;
         let mut cu_ext = vec![0u64];
@@ -110,7 +109,7 @@ impl GatedDeltaNet {
         let seqs_ext = Seqs::packed(&cu_ext, ext.len() / cd)?;
         let conv_out = conv1d::forward(
             &self.act(&ext)?,
-            cd,
+            Cols::dense(cd),
             p.get("conv1d.weight"),
             w,
             p.opt("conv1d.bias"),

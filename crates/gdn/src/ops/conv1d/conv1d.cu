@@ -1,6 +1,8 @@
 // Causal depthwise conv1d + SiLU over packed sequences, fp32 math.
 //
-// x, y: [tokens, ch]; w: [ch, W] fp32; bias: [ch] fp32 (optional); cu: the int64 sequence
+// x: [tokens, xld] read at columns xoff .. xoff + ch (the in_proj output in place; xld = ch,
+// xoff = 0 for a dense input); dx written at the same columns of a buffer shaped like x; y, dy:
+// [tokens, ch]; w: [ch, W] fp32; bias: [ch] fp32 (optional); cu: the int64 sequence
 // boundaries (nseq + 1 values, cu[nseq] = used). Zero history at every sequence start; padding
 // rows (t >= used) get y = 0 and dx = 0 and add nothing to dw, dbias.
 //
@@ -34,7 +36,8 @@ template <typename T>
 __device__ __forceinline__ void conv_fwd_impl(const T* __restrict__ x, const float* __restrict__ w,
                                               const float* __restrict__ bias, int has_bias,
                                               const long long* __restrict__ cu, int nseq, long long used,
-                                              long long tokens, int ch, int W, T* __restrict__ y) {
+                                              long long tokens, int ch, int W, T* __restrict__ y, long long xld,
+                                              int xoff) {
     long long n = tokens * ch;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         long long t = i / ch;
@@ -47,7 +50,7 @@ __device__ __forceinline__ void conv_fwd_impl(const T* __restrict__ x, const flo
         float pre = has_bias ? bias[c] : 0.f;
         for (int k = 0; k < W; k++) {
             long long back = W - 1 - k;
-            if (t - back >= start) pre += w[(long long)c * W + k] * ld(x, (t - back) * ch + c);
+            if (t - back >= start) pre += w[(long long)c * W + k] * ld(x, (t - back) * xld + xoff + c);
         }
         st(y, i, conv_silu(pre));
     }
@@ -61,7 +64,7 @@ __device__ __forceinline__ void conv_bwd_impl(const T* __restrict__ x, const flo
                                               const float* __restrict__ bias, int has_bias,
                                               const long long* __restrict__ cu, int nseq, long long used,
                                               long long tokens, int ch, int W, const T* __restrict__ dy,
-                                              T* __restrict__ dx, float* __restrict__ part) {
+                                              T* __restrict__ dx, float* __restrict__ part, long long xld, int xoff) {
     extern __shared__ __align__(16) unsigned char conv_smem[];
     const int H = W - 1;
     const int NS = CONV_TT + H;       // tokens with a start: t0 .. t0 + TT + H - 1
@@ -89,7 +92,7 @@ __device__ __forceinline__ void conv_bwd_impl(const T* __restrict__ x, const flo
     }
     for (int j = ty; j < NX; j += 8) {
         long long t = t0 - H + j;
-        xs[j * 32 + tx] = (t >= 0 && t < used && c < ch) ? ld(x, t * ch + c) : 0.f;
+        xs[j * 32 + tx] = (t >= 0 && t < used && c < ch) ? ld(x, t * xld + xoff + c) : 0.f;
     }
     __syncthreads();
     // dpre = dy * silu'(pre) for the tile's tokens and the H after it; 0 on padding.
@@ -120,7 +123,7 @@ __device__ __forceinline__ void conv_bwd_impl(const T* __restrict__ x, const flo
                 if (t + back < end) acc += w[(long long)c * W + k] * dps[(j + back) * 32 + tx];
             }
         }
-        st(dx, t * ch + c, acc);
+        st(dx, t * xld + xoff + c, acc);
     }
     // partials: tap k: sum_t dpre[t] x[t - back]; k == W: sum_t dpre[t].
     for (int k = 0; k <= W; k++) {
@@ -146,14 +149,15 @@ __device__ __forceinline__ void conv_bwd_impl(const T* __restrict__ x, const flo
 #define CONV_KERNELS(S, T)                                                                                 \
     extern "C" __global__ void __launch_bounds__(256)                                                      \
         conv1d_silu_fwd_##S(const T* x, const float* w, const float* bias, int has_bias, const long long* cu, \
-                            int nseq, long long used, long long tokens, int ch, int W, T* y) {             \
-        conv_fwd_impl<T>(x, w, bias, has_bias, cu, nseq, used, tokens, ch, W, y);                          \
+                            int nseq, long long used, long long tokens, int ch, int W, T* y, long long xld, \
+                            int xoff) {                                                                    \
+        conv_fwd_impl<T>(x, w, bias, has_bias, cu, nseq, used, tokens, ch, W, y, xld, xoff);               \
     }                                                                                                      \
     extern "C" __global__ void __launch_bounds__(256)                                                      \
         conv1d_silu_bwd_##S(const T* x, const float* w, const float* bias, int has_bias, const long long* cu, \
                             int nseq, long long used, long long tokens, int ch, int W, const T* dy, T* dx,  \
-                            float* part) {                                                                 \
-        conv_bwd_impl<T>(x, w, bias, has_bias, cu, nseq, used, tokens, ch, W, dy, dx, part);               \
+                            float* part, long long xld, int xoff) {                                        \
+        conv_bwd_impl<T>(x, w, bias, has_bias, cu, nseq, used, tokens, ch, W, dy, dx, part, xld, xoff);    \
     }
 
 CONV_KERNELS(f32, float)

@@ -13,6 +13,7 @@ use crate::backend::launch::{
     arg_d, arg_dm, check_d, check_g, check_gpu, elem_cfg, int, kernel, launch, lin_cfg, NULL_PTR,
     THREADS,
 };
+use crate::backend::Cols;
 use crate::error::{GdnError, Result};
 use crate::seqs::Seqs;
 
@@ -33,12 +34,13 @@ fn bwd_smem(w: usize) -> usize {
 
 fn check_args(
     x: &DBuf,
-    ch: usize,
+    xc: Cols,
     w: &GBuf<f32>,
     width: usize,
     bias: Option<&GBuf<f32>>,
     seqs: &Seqs,
 ) -> Result<()> {
+    let ch = xc.width;
     if ch == 0 {
         return Err(GdnError::Invalid(
             "conv1d: channels must be > 0, got 0".into(),
@@ -56,7 +58,8 @@ fn check_args(
     }
     int("conv1d channels", ch)?;
     int("conv1d sequences", seqs.count())?;
-    check_d("conv1d x", x, seqs.tokens().saturating_mul(ch), x.dtype())?;
+    xc.check("conv1d x", x.len(), seqs.tokens())?;
+    int("conv1d x row stride", xc.ld)?;
     check_g("conv1d weight", w, ch.saturating_mul(width))?;
     check_gpu("conv1d weight", x.gpu(), w.gpu())?;
     if let Some(b) = bias {
@@ -72,21 +75,23 @@ fn upload_cu(gpu: &std::sync::Arc<Gpu>, seqs: &Seqs) -> Result<GBuf<i64>> {
     gpu.upload(&cu)
 }
 
-/// [`conv1d_silu_forward`] into a caller-provided `y`.
+/// [`conv1d_silu_forward`] into a caller-provided `y` `[tokens, xc.width]`; `x` read at `xc`.
 pub fn forward(
     x: &DBuf,
-    ch: usize,
+    xc: Cols,
     w: &GBuf<f32>,
     width: usize,
     bias: Option<&GBuf<f32>>,
     seqs: &Seqs,
     y: &mut DBuf,
 ) -> Result<()> {
-    check_args(x, ch, w, width, bias, seqs)?;
-    check_d("conv1d y", y, x.len(), x.dtype())?;
+    check_args(x, xc, w, width, bias, seqs)?;
+    let ch = xc.width;
+    let n = seqs.tokens().saturating_mul(ch);
+    check_d("conv1d y", y, n, x.dtype())?;
     let gpu = x.gpu().clone();
     check_gpu("conv1d y", &gpu, y.gpu())?;
-    if x.is_empty() {
+    if n == 0 {
         return Ok(());
     }
     let cu = upload_cu(&gpu, seqs)?;
@@ -114,14 +119,18 @@ pub fn forward(
         .arg(&ch_i)
         .arg(&w_i);
     arg_dm(&mut l, y);
-    launch(&mut l, elem_cfg(x.len()), "conv1d_silu_fwd")
+    let (xld, xoff) = (xc.ld as i64, xc.off as i32);
+    l.arg(&xld).arg(&xoff);
+    launch(&mut l, elem_cfg(n), "conv1d_silu_fwd")
 }
 
-/// [`conv1d_silu_backward`] into caller-provided `dx`, `dw` and (with a bias) `dbias`.
+/// [`conv1d_silu_backward`] into caller-provided `dx` (written at `xc`, the columns `x` is read
+/// at, of a buffer shaped like `x`; its other columns are left as they are), `dw` and (with a
+/// bias) `dbias`.
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     x: &DBuf,
-    ch: usize,
+    xc: Cols,
     w: &GBuf<f32>,
     width: usize,
     bias: Option<&GBuf<f32>>,
@@ -131,8 +140,9 @@ pub fn backward(
     dw: &mut GBuf<f32>,
     dbias: Option<&mut GBuf<f32>>,
 ) -> Result<()> {
-    check_args(x, ch, w, width, bias, seqs)?;
-    check_d("conv1d dy", dy, x.len(), x.dtype())?;
+    check_args(x, xc, w, width, bias, seqs)?;
+    let ch = xc.width;
+    check_d("conv1d dy", dy, seqs.tokens().saturating_mul(ch), x.dtype())?;
     check_d("conv1d dx", dx, x.len(), x.dtype())?;
     check_g("conv1d dw", dw, ch * width)?;
     match (&dbias, bias.is_some()) {
@@ -192,7 +202,8 @@ pub fn backward(
             .arg(&w_i);
         arg_d(&mut l, dy);
         arg_dm(&mut l, dx);
-        l.arg(&mut part.slice);
+        let (xld, xoff) = (xc.ld as i64, xc.off as i32);
+        l.arg(&mut part.slice).arg(&xld).arg(&xoff);
         let cfg = LaunchConfig {
             grid_dim: (tiles as u32, ch.div_ceil(32) as u32, 1),
             block_dim: (THREADS, 1, 1),

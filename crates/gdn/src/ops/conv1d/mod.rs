@@ -14,6 +14,9 @@
 //! `dpre = dy * silu'(pre)`, `dx[t, c] = sum_i w[c, i] * dpre[t + (W-1) - i, c]` (same sequence only),
 //! `dw[c, i] = sum_t dpre[t, c] * x[t - (W-1) + i, c]`, `dbias[c] = sum_t dpre[t, c]`. The sums
 //! over tokens are two-stage and fixed-order (blocks of [`crate::ops::REDUCE_BLOCK`] tokens).
+//!
+//! `x` is read at a column section ([`Cols`]) of a possibly wider buffer (the layer's in_proj
+//! output) and `dx` written at the same section of a buffer of that shape.
 
 pub mod cpu;
 pub mod cuda;
@@ -23,24 +26,19 @@ pub mod reference;
 mod tests;
 
 use crate::backend::cuda::DBuf;
-use crate::backend::{dev, host, mixed, Act, F32s, P};
+use crate::backend::{dev, host, mixed, Act, Cols, F32s, P};
 use crate::error::Result;
 use crate::seqs::Seqs;
 
-/// Causal depthwise conv1d + SiLU over the packed sequences `x` `[tokens, ch]` with weight `w`
-/// `[ch, width]` and optional `bias` `[ch]`: returns `y` `[tokens, ch]`.
-pub fn forward(
-    x: &Act,
-    ch: usize,
-    w: P,
-    width: usize,
-    bias: Option<P>,
-    seqs: &Seqs,
-) -> Result<Act> {
+/// Causal depthwise conv1d + SiLU over the packed sequences `x`, read at its columns `xc`
+/// (`xc.width` channels; `Cols::dense(ch)` for a plain `[tokens, ch]` input, or a section of the
+/// in_proj output read in place), with weight `w` `[ch, width]` and optional `bias` `[ch]`:
+/// returns `y` `[tokens, ch]`.
+pub fn forward(x: &Act, xc: Cols, w: P, width: usize, bias: Option<P>, seqs: &Seqs) -> Result<Act> {
     match (x, w) {
-        (Act::Host(x), P::Host(w)) => Ok(Act::Host(cpu::forward(
+        (Act::Host(x), P::Host(w)) => Ok(Act::Host(cpu::forward_cols(
             x,
-            ch,
+            xc,
             w,
             width,
             host(bias, "conv1d")?,
@@ -48,53 +46,45 @@ pub fn forward(
         )?)),
         (Act::Dev(x), P::Dev(w)) => {
             let bias = dev(bias, "conv1d")?;
-            let mut y = DBuf::uninit(x.gpu(), seqs.tokens().saturating_mul(ch), x.dtype())?;
-            cuda::forward(x, ch, w, width, bias, seqs, &mut y)?;
+            let n = seqs.tokens().saturating_mul(xc.width);
+            let mut y = DBuf::uninit(x.gpu(), n, x.dtype())?;
+            cuda::forward(x, xc, w, width, bias, seqs, &mut y)?;
             Ok(Act::Dev(y))
         }
         _ => Err(mixed("conv1d")),
     }
 }
 
-/// Backward of [`forward`]: returns `dx` `[tokens, ch]`, `dw` `[ch, width]` and, with a bias,
-/// `dbias` `[ch]`.
+/// Backward of [`forward`]: writes `dx` at the columns `xc` of `dx_out` (shaped like `x`; its
+/// other columns are left as they are) and returns `dw` `[ch, width]` and, with a bias, `dbias`
+/// `[ch]`.
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     x: &Act,
-    ch: usize,
+    xc: Cols,
     w: P,
     width: usize,
     bias: Option<P>,
     seqs: &Seqs,
     dy: &Act,
-) -> Result<(Act, F32s, Option<F32s>)> {
-    match (x, w, dy) {
-        (Act::Host(x), P::Host(w), Act::Host(dy)) => {
-            let (dx, dw, db) = cpu::backward(x, ch, w, width, host(bias, "conv1d")?, seqs, dy)?;
-            Ok((Act::Host(dx), F32s::Host(dw), db.map(F32s::Host)))
+    dx_out: &mut Act,
+) -> Result<(F32s, Option<F32s>)> {
+    match (x, w, dy, dx_out) {
+        (Act::Host(x), P::Host(w), Act::Host(dy), Act::Host(dx)) => {
+            let (dw, db) =
+                cpu::backward_cols(x, xc, w, width, host(bias, "conv1d")?, seqs, dy, dx)?;
+            Ok((F32s::Host(dw), db.map(F32s::Host)))
         }
-        (Act::Dev(x), P::Dev(w), Act::Dev(dy)) => {
+        (Act::Dev(x), P::Dev(w), Act::Dev(dy), Act::Dev(dx)) => {
             let bias = dev(bias, "conv1d")?;
             let gpu = x.gpu();
-            let mut dx = DBuf::uninit(gpu, x.len(), x.dtype())?;
-            let mut dw = gpu.uninit(ch.saturating_mul(width))?;
+            let mut dw = gpu.uninit(xc.width.saturating_mul(width))?;
             let mut db = match bias {
-                Some(_) => Some(gpu.uninit(ch)?),
+                Some(_) => Some(gpu.uninit(xc.width)?),
                 None => None,
             };
-            cuda::backward(
-                x,
-                ch,
-                w,
-                width,
-                bias,
-                seqs,
-                dy,
-                &mut dx,
-                &mut dw,
-                db.as_mut(),
-            )?;
-            Ok((Act::Dev(dx), F32s::Dev(dw), db.map(F32s::Dev)))
+            cuda::backward(x, xc, w, width, bias, seqs, dy, dx, &mut dw, db.as_mut())?;
+            Ok((F32s::Dev(dw), db.map(F32s::Dev)))
         }
         _ => Err(mixed("conv1d backward")),
     }

@@ -177,3 +177,39 @@ fn bad_arguments_are_errors() {
     assert!(conv1d_silu_backward(&c.x[1..], ch, &c.w, width, b, &seqs, &c.dy).is_err());
     assert!(conv1d_silu_backward(&c.x, ch, &c.w, width, Some(&[0.0; 4]), &seqs, &c.dy).is_err());
 }
+
+#[test]
+fn x_read_and_dx_written_in_place() {
+    // channels 5 at columns 3..8 of rows of 11 values
+    let seqs = packed();
+    let (ch, width) = (5, 4);
+    let xc = crate::backend::Cols::new(11, 3, ch);
+    let c = case(9, &seqs, ch, width, true);
+    let n = seqs.tokens();
+    let mut wide = vec![2.5f32; n * xc.ld];
+    for t in 0..n {
+        wide[xc.at(t, 0)..xc.at(t, ch)].copy_from_slice(&c.x[t * ch..(t + 1) * ch]);
+    }
+    let b = c.bias.as_deref();
+    let y0 = conv1d_silu_forward(&c.x, ch, &c.w, width, b, &seqs).unwrap();
+    let y1 = super::cpu::forward_cols(&wide, xc, &c.w, width, b, &seqs).unwrap();
+    assert_eq!(bits(&y0), bits(&y1));
+    let (dx0, dw0, db0) = conv1d_silu_backward(&c.x, ch, &c.w, width, b, &seqs, &c.dy).unwrap();
+    let mut dxw = vec![-1.0f32; wide.len()];
+    let (dw1, db1) =
+        super::cpu::backward_cols(&wide, xc, &c.w, width, b, &seqs, &c.dy, &mut dxw).unwrap();
+    assert_eq!(bits(&dw0), bits(&dw1));
+    assert_eq!(bits(&db0.unwrap()), bits(&db1.unwrap()));
+    for t in 0..n {
+        for col in 0..xc.ld {
+            let v = dxw[t * xc.ld + col];
+            if (3..3 + ch).contains(&col) {
+                assert_eq!(v.to_bits(), dx0[t * ch + col - 3].to_bits());
+            } else {
+                assert_eq!(v, -1.0, "column {col} outside the section was written");
+            }
+        }
+    }
+    let bad = crate::backend::Cols::new(11, 7, ch);
+    assert!(super::cpu::forward_cols(&wide, bad, &c.w, width, b, &seqs).is_err());
+}

@@ -5,6 +5,7 @@
 //! element is written). Parameter gradients are two-stage, fixed-order sums (per tile of 128
 //! tokens or chunk of [`crate::ops::REDUCE_BLOCK`] rows, then in order), no atomics.
 
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{PrepCols, PrepShape};
@@ -21,15 +22,19 @@ const MODULE: &str = "prep";
 /// Tokens per tile of the conv backward (`PREP_TT` in `prep.cu`).
 const TILE: usize = 128;
 
-/// Widest conv kernel the backward's shared-memory tile holds in 48 KiB.
+/// Widest conv kernel the CUDA path takes (as `conv1d`).
 pub const MAX_WIDTH: usize = 32;
 
-/// Dynamic shared memory of the conv backward for kernel width `w`.
+/// Dynamic shared memory of the conv backward for kernel width `w`: per-token tap bounds (int),
+/// the weights `[w][32]`, x `[TILE + 2h][32]`, d(pre) `[TILE + h][32]`, the lane sums `[8][32]`.
 fn bwd_smem(w: usize) -> usize {
     let h = w - 1;
     let (ns, nx) = (TILE + h, TILE + 2 * h);
-    8 * (ns + TILE) + 4 * 32 * (nx + ns + 8)
+    4 * (ns + TILE) + 4 * 32 * (w + nx + ns + 8)
 }
+
+/// Dynamic shared memory a block may use without opting in.
+const SMEM_DEFAULT: usize = 48 * 1024;
 
 /// Forward outputs (caller-provided): `q`, `k` `[n, qk]`, `v` `[n, vd]`, normalized q, k (with
 /// the norm), `g` `[n, hv]` fp32, `beta` `[n, hv]`.
@@ -355,6 +360,19 @@ pub fn backward(
         }
         // (2) conv backward into dproj's qkv columns, partials of dw, dbias.
         let f = kernel(&gpu, MODULE, "prep_bwd", dt)?;
+        let smem = bwd_smem(s.width);
+        if smem > SMEM_DEFAULT {
+            // widths above 28 need more than the default 48 KiB
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(|e| {
+                GdnError::Device(format!(
+                    "prep: shared memory of prep_bwd ({smem} bytes): {e:?}"
+                ))
+            })?;
+        }
         let mut l = gpu.stream().launch_builder(&f);
         arg_d(&mut l, x);
         l.arg(&ld).arg(&xoff).arg(&w.slice);
@@ -383,7 +401,7 @@ pub fn backward(
         let cfg = LaunchConfig {
             grid_dim: (tiles as u32, cd.div_ceil(32) as u32, 1),
             block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: bwd_smem(s.width) as u32,
+            shared_mem_bytes: smem as u32,
         };
         launch(&mut l, cfg, "prep_bwd")?;
         // (3) the gates into dproj's alpha and beta columns, partials of dA_log, ddt_bias.
@@ -432,7 +450,11 @@ pub fn backward(
 #[cfg(test)]
 mod tests {
     #[test]
-    fn widest_kernel_fits_48k_of_shared_memory() {
-        assert!(super::bwd_smem(super::MAX_WIDTH) <= 48 * 1024);
+    fn shared_memory_of_the_backward() {
+        // the usual widths fit the default 48 KiB; the widest fits what sm_80 (163 KiB) and
+        // sm_90 (227 KiB) allow a block when opted in
+        assert!(super::bwd_smem(4) <= super::SMEM_DEFAULT);
+        assert!(super::bwd_smem(28) <= super::SMEM_DEFAULT);
+        assert!(super::bwd_smem(super::MAX_WIDTH) <= 163 * 1024);
     }
 }

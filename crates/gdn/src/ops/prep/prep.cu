@@ -4,7 +4,7 @@
 // fp32 math; the raw conv outputs are rounded to the storage type before the norm reads them (as
 // when the separate ops stored them), and backward rounds d(raw output) the same way.
 //
-// Forward: one warp per (token, segment); segments are the Hk q heads, the Hk k heads, then the Hv
+// Forward: one warp per (segment, token), tokens fastest; segments are the Hk q heads, the Hk k heads, then the Hv
 // v heads; the warp of v head j also computes the gates of head j. Backward: (1) with the norm, one
 // warp per (token, q/k head) recomputes the raw output and stores rstd and <dqn, y rstd>; (2) one
 // block per tile of PREP_TT tokens x 32 channels (as conv1d's backward) recomputes the
@@ -68,8 +68,10 @@ __device__ __forceinline__ void prep_fwd_impl(const T* __restrict__ x, long long
     int lane = threadIdx.x & 31;
     int nseg = 2 * hk + hv;
     if (row >= tokens * nseg) return;
-    long long t = row / nseg;
-    int s = (int)(row - t * nseg);
+    // Token fastest: the 8 warps of a block take 8 consecutive tokens of one head, so the conv
+    // taps (rows t-W+1 .. t) they share are read from L1 rather than L2.
+    int s = (int)(row / tokens);
+    long long t = row - (long long)s * tokens;
     int qk = hk * dk, vd = hv * dv;
     int D, c0, l2n;
     T* out;
@@ -122,12 +124,13 @@ __device__ __forceinline__ void prep_bwd_stats_impl(const T* __restrict__ x, lon
     int lane = threadIdx.x & 31;
     int nseg = 2 * hk;
     if (row >= tokens * nseg) return;
-    long long t = row / nseg;
-    int s = (int)(row - t * nseg);
+    int s = (int)(row / tokens);  // token fastest, as in the forward
+    long long t = row - (long long)s * tokens;
+    long long si = t * nseg + s;  // stats are stored [token][2 Hk]
     if (t >= used) {
         if (lane == 0) {
-            st_r[row] = 0.f;
-            st_d[row] = 0.f;
+            st_r[si] = 0.f;
+            st_d[si] = 0.f;
         }
         return;
     }
@@ -149,8 +152,8 @@ __device__ __forceinline__ void prep_bwd_stats_impl(const T* __restrict__ x, lon
     }
     d = warp_sum(d);
     if (lane == 0) {
-        st_r[row] = r;
-        st_d[row] = d;
+        st_r[si] = r;
+        st_d[si] = d;
     }
 }
 
@@ -171,11 +174,13 @@ __device__ __forceinline__ void prep_bwd_impl(const T* __restrict__ x, long long
     const int NS = PREP_TT + H;
     const int NX = PREP_TT + 2 * H;
     const int qk = hk * dk, vd = hv * dv, ch = 2 * qk + vd;
-    long long* sst = (long long*)prep_smem;  // [NS] sequence start (-1: padding)
-    long long* sen = sst + NS;               // [TT] sequence end
-    float* xs = (float*)(sen + PREP_TT);     // [NX][32]
-    float* dps = xs + NX * 32;               // [NS][32]
-    float* red = dps + NS * 32;              // [8][32]
+    // Per token of the tile (32-bit, so the tap loops do no 64-bit arithmetic):
+    int* hb = (int*)prep_smem;          // [NS] taps back still in the sequence: min(t - start, H); -1: padding
+    int* fb = hb + NS;                  // [TT] taps forward still in the sequence: min(end - 1 - t, H); -1: padding
+    float* wsm = (float*)(fb + PREP_TT);  // [W][32] the block's conv weights
+    float* xs = wsm + W * 32;           // [NX][32]
+    float* dps = xs + NX * 32;          // [NS][32]
+    float* red = dps + NS * 32;         // [8][32]
     int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
     int c = blockIdx.y * 32 + tx;
     long long tile = blockIdx.x;
@@ -185,28 +190,29 @@ __device__ __forceinline__ void prep_bwd_impl(const T* __restrict__ x, long long
         long long t = t0 + j;
         if (t < used) {
             int s = prep_seq_of(cu, nseq, t);
-            sst[j] = cu[s];
-            if (j < PREP_TT) sen[j] = cu[s + 1];
+            hb[j] = (int)min(t - cu[s], (long long)H);
+            if (j < PREP_TT) fb[j] = (int)min(cu[s + 1] - 1 - t, (long long)H);
         } else {
-            sst[j] = -1;
-            if (j < PREP_TT) sen[j] = -1;
+            hb[j] = -1;
+            if (j < PREP_TT) fb[j] = -1;
         }
     }
+    for (int k = ty; k < W; k += 8) wsm[k * 32 + tx] = c < ch ? w[(long long)c * W + k] : 0.f;
     for (int j = ty; j < NX; j += 8) {
         long long t = t0 - H + j;
         xs[j * 32 + tx] = (t >= 0 && t < used && c < ch) ? ld(x, t * xld + xoff + c) : 0.f;
     }
     __syncthreads();
     // dpre = d(raw output) * silu'(pre) for the tile's tokens and the H after it; 0 on padding.
+    // Tap k reads token t - back, back = W - 1 - k: in the sequence iff back <= hb.
     for (int j = ty; j < NS; j += 8) {
         long long t = t0 + j;
         float v = 0.f;
         if (c < ch && t < used) {
-            long long start = sst[j];
+            int h = hb[j];
             float pre = has_bias ? bias[c] : 0.f;
             for (int k = 0; k < W; k++) {
-                long long back = W - 1 - k;
-                if (t - back >= start) pre += w[(long long)c * W + k] * xs[(j + k) * 32 + tx];
+                if (W - 1 - k <= h) pre += wsm[k * 32 + tx] * xs[(j + k) * 32 + tx];
             }
             float gy;
             if (c < 2 * qk) {
@@ -228,28 +234,26 @@ __device__ __forceinline__ void prep_bwd_impl(const T* __restrict__ x, long long
         dps[j * 32 + tx] = v;
     }
     __syncthreads();
-    // dx[t] = sum_k w[c, k] dpre[t + back] (same sequence).
+    // dx[t] = sum_k w[c, k] dpre[t + back] (same sequence: back <= fb).
     for (int j = ty; j < PREP_TT; j += 8) {
         long long t = t0 + j;
         if (t >= tokens || c >= ch) continue;
         float acc = 0.f;
-        if (t < used) {
-            long long end = sen[j];
-            for (int k = 0; k < W; k++) {
-                int back = W - 1 - k;
-                if (t + back < end) acc += w[(long long)c * W + k] * dps[(j + back) * 32 + tx];
-            }
+        int f = fb[j];  // -1 on padding: no taps, dx = 0
+        for (int k = 0; k < W; k++) {
+            int back = W - 1 - k;
+            if (back <= f) acc += wsm[k * 32 + tx] * dps[(j + back) * 32 + tx];
         }
         st(dx, t * xld + xoff + c, acc);
     }
-    // partials: tap k: sum_t dpre[t] x[t - back]; k == W: sum_t dpre[t].
+    // partials: tap k: sum_t dpre[t] x[t - back] (back <= hb); k == W: sum_t dpre[t].
     for (int k = 0; k <= W; k++) {
         float acc = 0.f;
         for (int j = ty; j < PREP_TT; j += 8) {
-            long long t = t0 + j;
-            if (t < used) {
+            int h = hb[j];  // -1 on padding (t >= used): nothing
+            if (h >= 0) {
                 if (k == W) acc += dps[j * 32 + tx];
-                else if (t - (W - 1 - k) >= sst[j]) acc += dps[j * 32 + tx] * xs[(j + k) * 32 + tx];
+                else if (W - 1 - k <= h) acc += dps[j * 32 + tx] * xs[(j + k) * 32 + tx];
             }
         }
         red[ty * 32 + tx] = acc;
