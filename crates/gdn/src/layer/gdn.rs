@@ -1243,7 +1243,9 @@ impl GatedDeltaNet {
             &d_norm_out,
             &mut dproj,
         )?;
-        drop(d_norm_out);
+        // The rule's output and its norm statistics are not needed past this point: free them
+        // before the rule's backward, whose workspaces set the step's memory peak.
+        drop((d_norm_out, a.o, a.o_stats));
         set("out_norm.weight", &[dv], d_onw)?;
         if let Some(b) = d_onb {
             set("out_norm.bias", &[dv], b)?;
