@@ -518,6 +518,11 @@ impl Model {
         device: crate::Device,
         dtype: crate::backend::cuda::DType,
     ) -> Result<()> {
+        if self.dev.is_some() {
+            return Err(GdnError::Invalid(
+                "gdn_layers_to_device: the whole model is on a GPU; use to_device".into(),
+            ));
+        }
         self.layers = std::mem::take(&mut self.layers)
             .into_iter()
             .map(|l| l.to_device(device, dtype))
