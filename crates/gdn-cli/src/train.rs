@@ -617,6 +617,16 @@ pub fn run(args: TrainArgs) -> Result<()> {
         group(trainer.model().numel())
     );
     outln!("data: {}", trainer.data().describe());
+    if let Device::Cuda(_) = trainer.device() {
+        let dt = match trainer.model().dtype() {
+            gdn::device::cuda::DType::Bf16 => "bf16",
+            gdn::device::cuda::DType::F32 => "f32",
+        };
+        outln!(
+            "device: {} ({dt} activations; fp32 weights, gradients and AdamW moments), the whole model on the GPU",
+            trainer.device()
+        );
+    }
     outln!(
         "train: {} steps of {} x {} tokens, AdamW lr {:.1e} ({} warmup, {:?} decay to {:.1e}), {} threads",
         total,

@@ -9,10 +9,16 @@
 //! ```
 //!
 //! `forward` returns the loss statistics and a [`ModelSaved`] holding exactly what backward
-//! needs: each block's layer [`Saved`](crate::Saved) (the layer's recompute options apply per
+//! needs: each block's layer [`Saved`] (the layer's recompute options apply per
 //! block), the MLP's kept activations, and the head's. `ModelSaved::bytes()` is the model's
 //! activation memory to the byte. `backward` consumes it and returns the gradient of the mean
 //! loss for every parameter, under the parameter's name.
+//!
+//! The math is written once over the backend's buffers (`Act`, `F32s`) and the ops' entries, like
+//! the layer's: on the CPU it is the f32 host path; after [`Model::to_device`] every parameter,
+//! activation and gradient lives on the GPU (the token ids and targets are uploaded once per step,
+//! the loss statistics are the one download of a forward), and [`Model::backward_into_grads`] /
+//! [`Model::adamw_step_on_device`] train it there.
 //!
 //! Parameter names follow Megatron's GPT model: `embedding.word_embeddings.weight`,
 //! `decoder.layers.{i}.self_attention.<layer parameter>`,
@@ -518,6 +524,11 @@ impl Model {
         device: crate::Device,
         dtype: crate::backend::cuda::DType,
     ) -> Result<()> {
+        if self.dev.is_some() {
+            return Err(GdnError::Invalid(
+                "gdn_layers_to_device: the whole model is on a GPU; use to_device".into(),
+            ));
+        }
         self.layers = std::mem::take(&mut self.layers)
             .into_iter()
             .map(|l| l.to_device(device, dtype))
