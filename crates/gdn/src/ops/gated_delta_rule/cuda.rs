@@ -979,7 +979,7 @@ fn forward_v6(
         gpu,
         &format!("gdr_qk6_{ks}"),
         chh,
-        (STAGE_F + MAT_F + 2 * C) * 4,
+        (STAGE_F + MAT_F + 2 * C) * 4 + 2 * C * s.dk * k_bytes,
         &[
             dptr(qf, st),
             dptr(kf, st),

@@ -1780,10 +1780,14 @@ __device__ void gdr_qk6(const TQ* __restrict__ q, const TQ* __restrict__ k, cons
     float* s_gam = sA + GDR_MAT;
     float* s_eg = s_gam + GDR_C;
     const i64 krow = (i64)hk_n * dk;
-    const TQ* qc = q + G.t0 * krow + (i64)G.kh * dk;
-    const TQ* kc = k + G.t0 * krow + (i64)G.kh * dk;
+    // The chunk's Q and K rows are copied to shared memory first (one round trip, rows >= l
+    // zero; 64 dk sizeof(TQ) bytes each after the usual layout), then staged from there.
+    TQ* s_q = reinterpret_cast<TQ*>(s_eg + GDR_C);
+    TQ* s_k = s_q + GDR_C * dk;
+    rows_to_smem(s_q, q + G.t0 * krow + (i64)G.kh * dk, krow, dk, l);
+    rows_to_smem(s_k, k + G.t0 * krow + (i64)G.kh * dk, krow, dk, l);
     load_gam(gam_ws, cb * GDR_C, l, s_gam, s_eg, nullptr);
-    chunk_qk<TC>(qc, kc, krow, dk, l, s_gam, sA, stage);
+    chunk_qk<TC>(s_q, s_k, (i64)dk, dk, l, s_gam, sA, stage);
     __syncthreads();
     for (int e = threadIdx.x; e < GDR_C * GDR_C; e += GDR_NT)
         a_ws[cb * (GDR_C * GDR_C) + e] = f32_to_bf16(sA[(e >> 6) * GDR_LD + (e & 63)]);
