@@ -5,10 +5,10 @@
 #                           chunk steps, 1/2/4/8 warps) and one CTA of the v5 / v6 scans, us/step
 #   2. bench_rule variants  v5 vs v6 forward (every v6 CTA width, cp.async and bulk copies) at B1 T32768 16/32 and
 #                           B8 T4096 16/16: CUDA events, medians, per-kernel times, o v6 vs v5
-#   3. test-gpu_rule        every rule GPU test (v6's own included), then the bf16 tests again
-#                           with GDN_RULE_FWD=v6 and =v6b (bulk-copy loads)
+#   3. test-gpu_rule        every rule GPU test (v6's own: both load paths, 2 and 3 stages), then
+#                           the bf16 tests again with GDN_RULE_FWD=v6b (bulk-copy loads)
 # The first process compiles the kernels (NVRTC, cached in $GDN_KERNEL_CACHE for the others).
-# Expected device time: ~1-2 min of compilation, ~1 min of benchmarks, ~1-2 min of tests.
+# Expected device time: ~1 min of compilation, ~1 min of benchmarks, ~1.5 min of tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
@@ -36,8 +36,6 @@ grep -E "^bench-variants" "$OUT/rule-variants.log" | cut -c1-400
 tail -3 "$OUT/rule-variants.log" | grep -vE "^bench-variants"
 step test-gpu_rule 300 "$g/test-gpu_rule" --include-ignored --test-threads=1 --nocapture
 grep -E "gdr-check (v6|chain6)|^test |panicked|test result" "$OUT/test-gpu_rule.log" | cut -c1-300
-step test-gpu_rule-env-v6 240 env GDN_RULE_FWD=v6 "$g/test-gpu_rule" --include-ignored --test-threads=1 --nocapture bf16 two_runs
-grep -E "gdr-check bf16|^test |panicked|test result" "$OUT/test-gpu_rule-env-v6.log" | cut -c1-300
 step test-gpu_rule-env-v6b 240 env GDN_RULE_FWD=v6b "$g/test-gpu_rule" --include-ignored --test-threads=1 --nocapture bf16 two_runs
 grep -E "gdr-check bf16|^test |panicked|test result" "$OUT/test-gpu_rule-env-v6b.log" | cut -c1-300
 echo "================ summary"

@@ -948,11 +948,14 @@ fn forward_v6(
     let gam = ws(gpu, chh * C)?;
     let w = ws_bf16(gpu, chh * C * s.dk)?;
     let u = ws(gpu, chh * C * s.dv)?;
+    // gdr_prep6 copies the chunk's K (fp32 when normalized here, else bf16) and V (bf16) rows
+    // to shared memory after prep's usual layout.
+    let k_bytes = if opts.l2norm_in_kernel { 4 } else { 2 };
     launch(
         gpu,
         &format!("gdr_prep6_{ks}"),
         chh,
-        (STAGE_F + 2 * MAT_F + 3 * C) * 4,
+        (STAGE_F + 2 * MAT_F + 3 * C) * 4 + C * s.dk * k_bytes + C * s.dv * 2,
         &[
             dptr(kf, st),
             dptr(v, st),
@@ -976,7 +979,7 @@ fn forward_v6(
         gpu,
         &format!("gdr_qk6_{ks}"),
         chh,
-        (STAGE_F + MAT_F + 2 * C) * 4,
+        (STAGE_F + MAT_F + 2 * C) * 4 + 2 * C * s.dk * k_bytes,
         &[
             dptr(qf, st),
             dptr(kf, st),

@@ -261,7 +261,23 @@ __device__ void gdr_l2norm(const TI* __restrict__ x, TO* __restrict__ y, i64 row
 // Per (chunk, value head): gam, M, T = (I+M)^-1, W, U (fp32 workspaces, 64 rows per chunk,
 // rows >= l zero). T is stored only when t_ws is not null (backward). W is stored as TW: fp32 for
 // the v5 kernels, bf16 for the v6 forward (which rounds it to bf16 as an mma operand anyway).
-template <typename TQ, typename T, typename TW = float>
+// SK (v6): the chunk's K and V rows are first copied to shared memory (16-byte loads, all in
+// flight at once; rows >= l zero) and every product stages from there, instead of each 32-deep
+// slice of each product waiting on its own global loads. Extra dynamic shared memory:
+// 64 dk sizeof(TQ) + 64 dv sizeof(T) bytes after the usual layout.
+template <typename TE>
+__device__ __forceinline__ void rows_to_smem(TE* dst, const TE* src, i64 stride, int n, int l) {
+    const int per = n * (int)sizeof(TE) / 16;  // 16-byte pieces per row (n * sizeof(TE) % 16 == 0)
+#pragma unroll 8
+    for (int e = threadIdx.x; e < GDR_C * per; e += GDR_NT) {
+        const int i = e / per, p = e - i * per;
+        uint4 x = make_uint4(0u, 0u, 0u, 0u);
+        if (i < l) x = reinterpret_cast<const uint4*>(src + i * stride)[p];
+        reinterpret_cast<uint4*>(dst + i * n)[p] = x;
+    }
+}
+
+template <typename TQ, typename T, typename TW = float, bool SK = false>
 __device__ void gdr_prep(const TQ* __restrict__ k, const T* __restrict__ v, const float* __restrict__ g,
                          const T* __restrict__ beta, const i64* __restrict__ ch_t0,
                          const int* __restrict__ ch_len, int hk_n, int hv_n, int dk, int dv,
@@ -278,9 +294,22 @@ __device__ void gdr_prep(const TQ* __restrict__ k, const T* __restrict__ v, cons
     float* s_gam = sT + GDR_MAT;
     float* s_beta = s_gam + GDR_C;
     float* s_bge = s_beta + GDR_C;
-    const i64 krow = (i64)hk_n * dk, vrow = (i64)hv_n * dv;
-    const TQ* kc = k + G.t0 * krow + (i64)G.kh * dk;
-    const T* vc = v + G.t0 * vrow + (i64)G.hv * dv;
+    i64 krow = (i64)hk_n * dk, vrow = (i64)hv_n * dv;
+    const TQ* kg = k + G.t0 * krow + (i64)G.kh * dk;
+    const T* vg = v + G.t0 * vrow + (i64)G.hv * dv;
+    // K and V rows as the products read them: global (v5) or the shared copies (SK).
+    TQ* s_k = reinterpret_cast<TQ*>(s_bge + GDR_C);
+    T* s_v = reinterpret_cast<T*>(s_k + GDR_C * dk);
+    if (SK) {
+        rows_to_smem(s_k, kg, krow, dk, l);
+        rows_to_smem(s_v, vg, vrow, dv, l);
+    }
+    const TQ* kc = SK ? s_k : kg;
+    const T* vc = SK ? s_v : vg;
+    if (SK) {
+        krow = dk;
+        vrow = dv;
+    }
 
     if (tid < GDR_C) {
         s_beta[tid] = tid < l ? ld(beta, (G.t0 + tid) * hv_n + G.hv) : 0.f;
@@ -1751,10 +1780,14 @@ __device__ void gdr_qk6(const TQ* __restrict__ q, const TQ* __restrict__ k, cons
     float* s_gam = sA + GDR_MAT;
     float* s_eg = s_gam + GDR_C;
     const i64 krow = (i64)hk_n * dk;
-    const TQ* qc = q + G.t0 * krow + (i64)G.kh * dk;
-    const TQ* kc = k + G.t0 * krow + (i64)G.kh * dk;
+    // The chunk's Q and K rows are copied to shared memory first (one round trip, rows >= l
+    // zero; 64 dk sizeof(TQ) bytes each after the usual layout), then staged from there.
+    TQ* s_q = reinterpret_cast<TQ*>(s_eg + GDR_C);
+    TQ* s_k = s_q + GDR_C * dk;
+    rows_to_smem(s_q, q + G.t0 * krow + (i64)G.kh * dk, krow, dk, l);
+    rows_to_smem(s_k, k + G.t0 * krow + (i64)G.kh * dk, krow, dk, l);
     load_gam(gam_ws, cb * GDR_C, l, s_gam, s_eg, nullptr);
-    chunk_qk<TC>(qc, kc, krow, dk, l, s_gam, sA, stage);
+    chunk_qk<TC>(s_q, s_k, (i64)dk, dk, l, s_gam, sA, stage);
     __syncthreads();
     for (int e = threadIdx.x; e < GDR_C * GDR_C; e += GDR_NT)
         a_ws[cb * (GDR_C * GDR_C) + e] = f32_to_bf16(sA[(e >> 6) * GDR_LD + (e & 63)]);
@@ -1865,8 +1898,8 @@ GDR_ENTRIES(float, bf16_t, bf16n)
         gdr_prep6_##S(const TQ* k, const bf16_t* v, const float* g, const bf16_t* beta, const i64* ch_t0, \
                       const int* ch_len, int hk, int hv, int dk, int dv, float* gam_ws, float* t_ws,    \
                       bf16_t* w_ws, float* u_ws) {                                                      \
-        gdr_prep<TQ, bf16_t, bf16_t>(k, v, g, beta, ch_t0, ch_len, hk, hv, dk, dv, gam_ws, t_ws, w_ws,  \
-                                     u_ws);                                                             \
+        gdr_prep<TQ, bf16_t, bf16_t, true>(k, v, g, beta, ch_t0, ch_len, hk, hv, dk, dv, gam_ws, t_ws,  \
+                                           w_ws, u_ws);                                                 \
     }                                                                                                   \
     extern "C" __global__ void __launch_bounds__(GDR_NT)                                                \
         gdr_qk6_##S(const TQ* q, const TQ* k, const float* gam_ws, const i64* ch_t0, const int* ch_len, \
