@@ -22,8 +22,8 @@ use cudarc::driver::sys;
 use gdn::backend::launch::{profile_start, profile_take};
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
-    backward as backward_cuda, chain6, forward as forward_cuda, forward_with, profile6_start,
-    profile6_take, set_v6_stages, ChainInputs, FwdKernel,
+    backward as backward_cuda, chain6, forward as forward_cuda, forward_with, set_v6_stages,
+    ChainInputs, FwdKernel,
 };
 use gdn::ops::gated_delta_rule::{RuleOpts, RuleShape, CHUNK};
 use gdn::Seqs;
@@ -285,16 +285,13 @@ fn fwd(gpu: &Arc<Gpu>, x: &Inputs, kernel: FwdKernel) -> DBuf {
     .0
 }
 
-/// One forward with every kernel timed on its own (shared launcher and v6's own).
+/// One forward with every kernel timed on its own.
 fn kernel_times(gpu: &Arc<Gpu>, x: &Inputs, kernel: FwdKernel) -> Vec<(String, f64, usize)> {
     gpu.sync().unwrap();
     profile_start();
-    profile6_start();
     drop(fwd(gpu, x, kernel));
     gpu.sync().unwrap();
-    let mut p = profile_take();
-    p.extend(profile6_take());
-    p
+    profile_take()
 }
 
 fn fmt_times(p: &[(String, f64, usize)]) -> String {

@@ -211,6 +211,19 @@ pub(crate) fn launch_in(
     smem_bytes: usize,
     args: &[Arg],
 ) -> Result<()> {
+    launch_in_threads(gpu, module, name, blocks, THREADS, smem_bytes, args)
+}
+
+/// [`launch_in`] with blocks of `threads` threads.
+pub(crate) fn launch_in_threads(
+    gpu: &Gpu,
+    module: &'static str,
+    name: &str,
+    blocks: usize,
+    threads: u32,
+    smem_bytes: usize,
+    args: &[Arg],
+) -> Result<()> {
     if blocks == 0 {
         return Ok(());
     }
@@ -238,7 +251,7 @@ pub(crate) fn launch_in(
     }
     let cfg = LaunchConfig {
         grid_dim: (blocks as u32, 1, 1),
-        block_dim: (THREADS, 1, 1),
+        block_dim: (threads, 1, 1),
         shared_mem_bytes: smem_bytes as u32,
     };
     let profiling = PROFILING.load(Ordering::Relaxed);

@@ -27,7 +27,7 @@ use cudarc::driver::DeviceRepr;
 
 use super::{RuleOpts, RuleShape, CHUNK};
 use crate::backend::cuda::{DBuf, DType, GBuf, Gpu};
-use crate::backend::launch::{dptr, i32_arg, launch_in, optr, ptr, suffix, Arg};
+use crate::backend::launch::{dptr, i32_arg, launch_in, launch_in_threads, optr, ptr, suffix, Arg};
 use crate::error::{GdnError, Result};
 use crate::ops::common::rule_cuda::{check_backward_grads, poison_if, zero_tail};
 use crate::seqs::Seqs;
@@ -784,101 +784,6 @@ pub fn set_v6_stages(n: usize) {
     V6_STAGES.store(n, Ordering::Relaxed);
 }
 
-static PROFILE6: std::sync::Mutex<Vec<(String, f64, usize)>> = std::sync::Mutex::new(Vec::new());
-static PROFILING6: AtomicBool = AtomicBool::new(false);
-
-/// Benchmarks only: time every launch of the v6 kernels that do not go through the shared
-/// launcher (the fused forward and the chain microbenchmark), from now until [`profile6_take`].
-#[doc(hidden)]
-pub fn profile6_start() {
-    if let Ok(mut p) = PROFILE6.lock() {
-        p.clear();
-    }
-    PROFILING6.store(true, Ordering::Relaxed);
-}
-
-/// Stops [`profile6_start`]'s timing; returns (kernel, total ms, launches).
-#[doc(hidden)]
-pub fn profile6_take() -> Vec<(String, f64, usize)> {
-    PROFILING6.store(false, Ordering::Relaxed);
-    PROFILE6
-        .lock()
-        .map(|mut p| std::mem::take(&mut *p))
-        .unwrap_or_default()
-}
-
-fn dev6(what: &str, e: impl std::fmt::Debug) -> GdnError {
-    GdnError::Device(format!("gated delta rule v6: {what}: {e:?}"))
-}
-
-/// Launch `name` on `blocks` CTAs of `threads` threads (the shared launcher's blocks are 256).
-fn launch_threads(
-    gpu: &Gpu,
-    name: &str,
-    blocks: usize,
-    threads: u32,
-    smem_bytes: usize,
-    args: &[Arg],
-) -> Result<()> {
-    use cudarc::driver::sys::{CUevent_flags, CUfunction_attribute};
-    use cudarc::driver::{LaunchConfig, PushKernelArg};
-    if blocks == 0 {
-        return Ok(());
-    }
-    if blocks > i32::MAX as usize {
-        return Err(GdnError::Invalid(format!(
-            "gated delta rule: {name} needs {blocks} blocks, more than a grid holds"
-        )));
-    }
-    let f = gpu.function(MODULE, name)?;
-    if smem_bytes > 48 * 1024 {
-        f.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem_bytes as i32,
-        )
-        .map_err(|e| dev6(&format!("shared memory of {name} ({smem_bytes} bytes)"), e))?;
-    }
-    let mut b = gpu.stream().launch_builder(&f);
-    for a in args {
-        match a {
-            Arg::Ptr(p) => b.arg(p),
-            Arg::I32(x) => b.arg(x),
-            Arg::I64(x) => b.arg(x),
-            Arg::F32(x) => b.arg(x),
-        };
-    }
-    let cfg = LaunchConfig {
-        grid_dim: (blocks as u32, 1, 1),
-        block_dim: (threads, 1, 1),
-        shared_mem_bytes: smem_bytes as u32,
-    };
-    let st = gpu.stream();
-    let profiling = PROFILING6.load(Ordering::Relaxed);
-    let ev = || {
-        st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(|e| dev6("recording an event", e))
-    };
-    let t0 = if profiling { Some(ev()?) } else { None };
-    // SAFETY: the argument lists match the v6 kernels' signatures in gated_delta_rule.cu; every
-    // buffer is sized by the callers for the indices the kernels touch.
-    unsafe { b.launch(cfg) }.map_err(|e| dev6(&format!("launching {name}"), e))?;
-    if let Some(t0) = t0 {
-        let t1 = ev()?;
-        let ms = t0.elapsed_ms(&t1).map_err(|e| dev6("timing a kernel", e))? as f64;
-        let mut p = PROFILE6
-            .lock()
-            .map_err(|_| GdnError::Device("profile poisoned".into()))?;
-        match p.iter_mut().find(|(n, _, _)| n == name) {
-            Some(e) => {
-                e.1 += ms;
-                e.2 += 1;
-            }
-            None => p.push((name.to_string(), ms, 1)),
-        }
-    }
-    Ok(())
-}
-
 /// An uninitialized bf16 buffer of `n` elements (at least one; poisoned in tests).
 fn ws_bf16(gpu: &Arc<Gpu>, n: usize) -> Result<GBuf<u16>> {
     let b = gpu.uninit::<u16>(n.max(1))?;
@@ -1014,8 +919,9 @@ fn forward_v6(
         (V6Loads::Bulk, _) => ("gdr_fwd6b", 32),
         (V6Loads::NoReload, _) => ("gdr_fwd6n", 0),
     };
-    launch_threads(
+    launch_in_threads(
         gpu,
+        MODULE,
         &format!("{name}_d{}_w{nw}", s.dk),
         seqs.count() * s.hv * (s.dv / (16 * nw)),
         32 * nw as u32,
@@ -1092,8 +998,9 @@ pub fn chain6(
     }
     let st = gpu.stream();
     let out = out_f32(gpu, 128 * 16 * warps)?;
-    launch_threads(
+    launch_in_threads(
         gpu,
+        MODULE,
         &format!("gdr_chain6_d128_w{warps}_o{}", output as u8),
         1,
         32 * warps as u32,
