@@ -33,6 +33,45 @@ fn bwd_smem(w: usize) -> usize {
     4 * (ns + TILE) + 4 * 32 * (w + nx + ns + 8)
 }
 
+/// The scalar kernel arguments both directions pass, as the kernels take them.
+struct KernelDims {
+    ld: i64,
+    xoff: i32,
+    boff: i32,
+    aoff: i32,
+    has_bias: i32,
+    nseq: i32,
+    used: i64,
+    tokens: i64,
+    hk: i32,
+    hv: i32,
+    dk: i32,
+    dv: i32,
+    wi: i32,
+    l2: i32,
+}
+
+impl KernelDims {
+    fn new(c: PrepCols, s: PrepShape, seqs: &Seqs, has_bias: bool, n: usize) -> Self {
+        KernelDims {
+            ld: c.qkv.ld as i64,
+            xoff: c.qkv.off as i32,
+            boff: c.beta.off as i32,
+            aoff: c.alpha.off as i32,
+            has_bias: has_bias as i32,
+            nseq: seqs.count() as i32,
+            used: seqs.used() as i64,
+            tokens: n as i64,
+            hk: s.hk as i32,
+            hv: s.hv as i32,
+            dk: s.dk as i32,
+            dv: s.dv as i32,
+            wi: s.width as i32,
+            l2: s.l2norm as i32,
+        }
+    }
+}
+
 /// Dynamic shared memory a block may use without opting in.
 const SMEM_DEFAULT: usize = 48 * 1024;
 
@@ -174,26 +213,22 @@ pub fn forward(
     }
     let cu = upload_cu(&gpu, seqs)?;
     let f = kernel(&gpu, MODULE, "prep_fwd", dt)?;
-    let (ld, xoff, boff, aoff) = (
-        c.qkv.ld as i64,
-        c.qkv.off as i32,
-        c.beta.off as i32,
-        c.alpha.off as i32,
-    );
-    let (has_bias, nseq, used, tokens) = (
-        bias.is_some() as i32,
-        seqs.count() as i32,
-        seqs.used() as i64,
-        n as i64,
-    );
-    let (hk, hv, dk, dv, wi, l2) = (
-        s.hk as i32,
-        s.hv as i32,
-        s.dk as i32,
-        s.dv as i32,
-        s.width as i32,
-        s.l2norm as i32,
-    );
+    let KernelDims {
+        ld,
+        xoff,
+        boff,
+        aoff,
+        has_bias,
+        nseq,
+        used,
+        tokens,
+        hk,
+        hv,
+        dk,
+        dv,
+        wi,
+        l2,
+    } = KernelDims::new(c, s, seqs, bias.is_some(), n);
     let mut l = gpu.stream().launch_builder(&f);
     arg_d(&mut l, x);
     l.arg(&ld).arg(&xoff).arg(&boff).arg(&aoff).arg(&w.slice);
@@ -308,26 +343,22 @@ pub fn backward(
     }
     let nchunks = chunks(n);
     check_part_dims("prep gates", nchunks, s.hv)?;
-    let (ld, xoff, boff, aoff) = (
-        c.qkv.ld as i64,
-        c.qkv.off as i32,
-        c.beta.off as i32,
-        c.alpha.off as i32,
-    );
-    let (has_bias, nseq, used, tokens) = (
-        bias.is_some() as i32,
-        seqs.count() as i32,
-        seqs.used() as i64,
-        n as i64,
-    );
-    let (hk, hv, dk, dv, wi, l2) = (
-        s.hk as i32,
-        s.hv as i32,
-        s.dk as i32,
-        s.dv as i32,
-        s.width as i32,
-        s.l2norm as i32,
-    );
+    let KernelDims {
+        ld,
+        xoff,
+        boff,
+        aoff,
+        has_bias,
+        nseq,
+        used,
+        tokens,
+        hk,
+        hv,
+        dk,
+        dv,
+        wi,
+        l2,
+    } = KernelDims::new(c, s, seqs, bias.is_some(), n);
     let mut part = gpu.uninit::<f32>((tiles * (s.width + 1) * cd).max(1))?;
     let mut gpart = gpu.uninit::<f32>((nchunks * 2 * s.hv).max(1))?;
     if n > 0 {
