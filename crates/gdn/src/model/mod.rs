@@ -157,7 +157,7 @@ fn layer_seed(seed: u64, i: usize) -> u64 {
 
 /// The model: its config, one GDN layer per block, and its own parameters (embedding, MLPs,
 /// final norm, head) by name; on a GPU ([`Model::to_device`]) also their device copies and one
-/// persistent fp32 gradient buffer per parameter.
+/// fp32 gradient buffer per parameter (the last backward's).
 #[derive(Debug)]
 pub struct Model {
     cfg: ModelConfig,
@@ -339,8 +339,8 @@ impl Model {
 
     /// Run the whole model on `device`: every parameter there (fp32 masters, and bf16 copies of
     /// the GEMM weights under bf16 storage, remade after each update), activations in `dtype`
-    /// storage (bf16: fp32 accumulation; f32 for verification), one persistent fp32 gradient
-    /// buffer per parameter. `Device::Cpu` (f32 only) brings the parameters back to the host.
+    /// storage (bf16: fp32 accumulation; f32 for verification), one fp32 gradient buffer per
+    /// parameter (zeros until the first backward). `Device::Cpu` (f32 only) brings the parameters back to the host.
     /// Checks the GPU's free memory first.
     pub fn to_device(&mut self, device: Device, dtype: DType) -> Result<()> {
         let Device::Cuda(i) = device else {
@@ -738,8 +738,9 @@ impl Model {
         Ok(Params::from_entries(entries))
     }
 
-    /// GPU training backward: the gradients go into the model's persistent fp32 gradient
-    /// buffers (one per parameter, [`param_specs`] order); nothing is copied to the host.
+    /// GPU training backward: the gradients become the model's fp32 gradient buffers (one per
+    /// parameter, [`param_specs`] order; each step's buffers replace the last step's, no copy);
+    /// nothing is copied to the host.
     pub fn backward_into_grads(&mut self, saved: ModelSaved) -> Result<()> {
         if self.dev.is_none() {
             return Err(GdnError::Invalid(
@@ -755,15 +756,15 @@ impl Model {
                 return Err(crate::backend::mixed("model gradients"));
             };
             crate::backend::launch::check_g("gradient", &src, dst.len())?;
-            d.gpu
-                .stream()
-                .memcpy_dtod(&src.slice, &mut dst.slice)
-                .map_err(|e| GdnError::Device(format!("cuMemcpyDtoDAsync: {e:?}")))?;
+            crate::backend::launch::check_gpu("gradient", dst.gpu(), src.gpu())?;
+            // The freshly computed buffer becomes the parameter's gradient buffer (no copy);
+            // the previous one goes back to the stream's pool for the next step's backward.
+            *dst = src;
         }
         Ok(())
     }
 
-    /// The persistent gradient buffers of a GPU model (after
+    /// The gradient buffers of a GPU model (after
     /// [`backward_into_grads`](Self::backward_into_grads)), [`param_specs`] order.
     pub fn device_grads(&self) -> Option<&[GBuf<f32>]> {
         self.dev.as_ref().map(|d| d.grads.as_slice())
