@@ -1122,6 +1122,33 @@ fn gated_norm_rms_and_layer() {
     );
 }
 
+/// The streaming gated-norm kernels (rows of a multiple of 4 up to 256 values in one warp's
+/// registers, 4-aligned z section) at their edges, and the general kernels beside them: row
+/// counts that are not a multiple of the 256-row partial chunks, half a warp's lanes (Dv = 64),
+/// two 128-value chunks per lane (Dv = 256) and a partial second chunk (Dv = 200), and a z
+/// offset that is not 4-aligned (the general fused backward at Dv = 128).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gated_norm_streaming_edges() {
+    for (kind, zc, tokens, hpt, dv, extra, off, seed) in [
+        (Normalization::LayerNorm, false, 1001, 3, 64, 4, 8, 60),
+        (Normalization::RMSNorm, true, 333, 2, 256, 0, 4, 61),
+        (Normalization::LayerNorm, true, 517, 4, 200, 8, 0, 62),
+        (Normalization::RMSNorm, false, 700, 4, 128, 3, 5, 63),
+        (Normalization::LayerNorm, false, 700, 1, 128, 1, 1, 64),
+    ] {
+        let ld = hpt * dv + off + extra;
+        gated_norm_case(
+            kind,
+            zc,
+            tokens * hpt,
+            dv,
+            Cols::new(ld, off, hpt * dv),
+            seed,
+        );
+    }
+}
+
 /// The fused prep op (conv + SiLU + q/k L2 norm + gates, forward and backward) against the CPU op
 /// (f32 storage: max-rel <= 1e-5; bf16: forward vs the f64 reference <= 5e-3 RMS, backward vs the
 /// CPU f32 op on the same rounded inputs <= 1e-2 RMS, since the GPU stores the raw conv output and
