@@ -30,7 +30,11 @@ const FUSED_MAX_DV: usize = 768;
 /// 1: up to 128, 2: up to 256), z's row stride and offset 4-aligned, fewer than 2^32 rows.
 /// `Some(NC)` when they take the call.
 fn streaming(rows: usize, dv: usize, zld: i64, zoff: i32) -> Option<usize> {
-    let ok = dv % 4 == 0 && dv <= 256 && zld % 4 == 0 && zoff % 4 == 0 && rows <= u32::MAX as usize;
+    let ok = dv.is_multiple_of(4)
+        && dv <= 256
+        && zld % 4 == 0
+        && zoff % 4 == 0
+        && rows <= u32::MAX as usize;
     ok.then_some(if dv <= 128 { 1 } else { 2 })
 }
 

@@ -38,11 +38,11 @@ const WARPS: usize = 8;
 fn streaming(c: PrepCols, s: PrepShape) -> Option<(usize, usize)> {
     let d = s.dk.max(s.dv);
     let ok = (2..=4).contains(&s.width)
-        && s.dk % 4 == 0
-        && s.dv % 4 == 0
+        && s.dk.is_multiple_of(4)
+        && s.dv.is_multiple_of(4)
         && d <= 256
-        && c.qkv.ld % 4 == 0
-        && c.qkv.off % 4 == 0
+        && c.qkv.ld.is_multiple_of(4)
+        && c.qkv.off.is_multiple_of(4)
         && 2 * s.hk + s.hv <= 65535;
     ok.then_some((s.width, if d <= 128 { 1 } else { 2 }))
 }
