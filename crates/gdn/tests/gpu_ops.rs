@@ -1122,6 +1122,33 @@ fn gated_norm_rms_and_layer() {
     );
 }
 
+/// The streaming gated-norm kernels (rows of a multiple of 4 up to 256 values in one warp's
+/// registers, 4-aligned z section) at their edges, and the general kernels beside them: row
+/// counts that are not a multiple of the 256-row partial chunks, half a warp's lanes (Dv = 64),
+/// two 128-value chunks per lane (Dv = 256) and a partial second chunk (Dv = 200), and a z
+/// offset that is not 4-aligned (the general fused backward at Dv = 128).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gated_norm_streaming_edges() {
+    for (kind, zc, tokens, hpt, dv, extra, off, seed) in [
+        (Normalization::LayerNorm, false, 1001, 3, 64, 4, 8, 60),
+        (Normalization::RMSNorm, true, 333, 2, 256, 0, 4, 61),
+        (Normalization::LayerNorm, true, 517, 4, 200, 8, 0, 62),
+        (Normalization::RMSNorm, false, 700, 4, 128, 3, 5, 63),
+        (Normalization::LayerNorm, false, 700, 1, 128, 1, 1, 64),
+    ] {
+        let ld = hpt * dv + off + extra;
+        gated_norm_case(
+            kind,
+            zc,
+            tokens * hpt,
+            dv,
+            Cols::new(ld, off, hpt * dv),
+            seed,
+        );
+    }
+}
+
 /// The fused prep op (conv + SiLU + q/k L2 norm + gates, forward and backward) against the CPU op
 /// (f32 storage: max-rel <= 1e-5; bf16: forward vs the f64 reference <= 5e-3 RMS, backward vs the
 /// CPU f32 op on the same rounded inputs <= 1e-2 RMS, since the GPU stores the raw conv output and
@@ -1392,4 +1419,109 @@ fn prep_fused_conv_l2norm_gates() {
         qkv: Cols::new(cd + 2 * 6 + 5, 17, cd),
     };
     prep_case(s3, c3, &Seqs::uniform(3, 333), true, 33);
+}
+
+/// The streaming prep kernels (conv widths 2..=4, head sizes multiples of 4 up to 256, 4-aligned
+/// rows) at the edges of their tiling (32 tokens per warp forward, 64 backward, 512 per block
+/// of the weight-gradient partials), and the general kernels they fall back to, against the
+/// CPU op and the f64 reference (see `prep_case`).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn prep_streaming_tiles_sequences_and_heads() {
+    let layer_cols = |s: &prep::PrepShape, extra: usize| {
+        let (cd, vd, hv) = (s.conv_dim(), s.vd(), s.hv);
+        let ld = cd + vd + 2 * hv + extra;
+        prep::PrepCols {
+            qkv: Cols::new(ld, 0, cd),
+            beta: Cols::new(ld, cd + vd, hv),
+            alpha: Cols::new(ld, cd + vd + hv, hv),
+        }
+    };
+    let base = prep::PrepShape {
+        hk: 2,
+        hv: 4,
+        dk: 128,
+        dv: 128,
+        width: 4,
+        l2norm: true,
+    };
+    // Sequences shorter than the window, boundaries on and next to the tiles' edges (31/32/33,
+    // 63/64/65, 511/512/513), an empty one, and padding that starts inside a tile and fills
+    // the last ones (1100 tokens: not a multiple of 32, 64 or 512).
+    let edges = Seqs::packed(
+        &[
+            0, 1, 3, 6, 31, 32, 33, 63, 64, 65, 65, 511, 512, 513, 700, 1030,
+        ],
+        1100,
+    )
+    .unwrap();
+    prep_case(base, layer_cols(&base, 0), &edges, true, 41);
+    // every width the streaming kernels take; without the norm, without a bias
+    for (width, seed) in [(2, 42), (3, 43)] {
+        let s = prep::PrepShape { width, ..base };
+        prep_case(s, layer_cols(&s, 0), &edges, width == 2, seed);
+    }
+    let s = prep::PrepShape {
+        l2norm: false,
+        ..base
+    };
+    prep_case(s, layer_cols(&s, 0), &edges, false, 44);
+    // GVA (Hv = 2 Hk), Dk = 64 (half a warp's lanes on a key head), B = 3 uniform sequences of
+    // 333 tokens
+    let s = prep::PrepShape {
+        hk: 2,
+        hv: 4,
+        dk: 64,
+        dv: 128,
+        width: 4,
+        l2norm: true,
+    };
+    prep_case(s, layer_cols(&s, 0), &Seqs::uniform(3, 333), true, 45);
+    // Dk = Dv = 256 (two 128-channel chunks per lane), width 3, and Dk = 256 with Dv = 128
+    let s = prep::PrepShape {
+        hk: 1,
+        hv: 2,
+        dk: 256,
+        dv: 256,
+        width: 3,
+        l2norm: true,
+    };
+    prep_case(s, layer_cols(&s, 0), &edges, true, 46);
+    let s = prep::PrepShape {
+        hk: 2,
+        hv: 2,
+        dk: 256,
+        dv: 128,
+        width: 4,
+        l2norm: true,
+    };
+    prep_case(s, layer_cols(&s, 0), &Seqs::uniform(2, 700), false, 47);
+    // the general kernels: width 5 and width 1, Dk = 512, a row stride that is not 4-aligned
+    for (s, extra, seed) in [
+        (prep::PrepShape { width: 5, ..base }, 0, 48),
+        (
+            prep::PrepShape {
+                width: 1,
+                dk: 32,
+                dv: 32,
+                ..base
+            },
+            0,
+            49,
+        ),
+        (
+            prep::PrepShape {
+                hk: 1,
+                hv: 1,
+                dk: 512,
+                dv: 64,
+                ..base
+            },
+            0,
+            50,
+        ),
+        (base, 1, 51),
+    ] {
+        prep_case(s, layer_cols(&s, extra), &edges, true, seed);
+    }
 }

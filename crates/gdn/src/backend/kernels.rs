@@ -1,11 +1,28 @@
 //! The CUDA C++ kernel sources in this repository. Each op's kernels live beside it
 //! (`ops/<op>/<op>.cu`); `common.cuh` (bf16 conversion, warp reductions) is prepended so NVRTC
-//! needs no include path.
+//! needs no include path, and so are the shared headers a module names in [`headers`]
+//! (`ops/common/conv_vec.cuh`, 4-wide vector accesses, for `prep`, `conv1d` and `gated_norm`;
+//! `ops/common/conv.cuh`, the conv helpers, for `conv1d` and `prep`).
 
 use crate::error::{GdnError, Result};
 
 /// Helpers shared by every kernel file.
 pub const COMMON: &str = include_str!("kernels/common.cuh");
+
+/// 4-wide vector loads/stores and bf16 rounding (`ops/common/conv_vec.cuh`).
+pub const CONV_VEC: &str = include_str!("../ops/common/conv_vec.cuh");
+
+/// Device code shared by the causal conv kernels (`ops/common/conv.cuh`).
+pub const CONV: &str = include_str!("../ops/common/conv.cuh");
+
+/// The shared headers (name, source) prepended to `module` after [`COMMON`], in order.
+pub fn headers(module: &str) -> &'static [(&'static str, &'static str)] {
+    match module {
+        "conv1d" | "prep" => &[("conv_vec.cuh", CONV_VEC), ("conv.cuh", CONV)],
+        "gated_norm" => &[("conv_vec.cuh", CONV_VEC)],
+        _ => &[],
+    }
+}
 
 /// (module name, source) of every kernel file.
 pub const MODULES: &[(&str, &str)] = &[
@@ -42,5 +59,10 @@ pub fn source(module: &str) -> Result<String> {
         .iter()
         .find(|(n, _)| *n == module)
         .ok_or_else(|| GdnError::Device(format!("no kernel module named {module}")))?;
-    Ok(format!("{COMMON}\n#line 1 \"{module}.cu\"\n{body}"))
+    let mut src = format!("{COMMON}\n");
+    for (name, h) in headers(module) {
+        src.push_str(&format!("#line 1 \"{name}\"\n{h}\n"));
+    }
+    src.push_str(&format!("#line 1 \"{module}.cu\"\n{body}"));
+    Ok(src)
 }

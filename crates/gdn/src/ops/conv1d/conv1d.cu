@@ -14,23 +14,7 @@
 
 #define CONV_TT 128  // tokens per tile = rows per partial of dw, dbias
 
-__device__ __forceinline__ float conv_sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
-__device__ __forceinline__ float conv_silu(float x) { return x * conv_sigmoid(x); }
-__device__ __forceinline__ float conv_silu_grad(float x) {
-    float s = conv_sigmoid(x);
-    return s * (1.f + x * (1.f - s));
-}
-
-// Index s of the sequence holding token t (< cu[nseq]): cu[s] <= t < cu[s + 1].
-__device__ __forceinline__ int conv_seq_of(const long long* __restrict__ cu, int nseq, long long t) {
-    int lo = 0, hi = nseq;
-    while (hi - lo > 1) {
-        int mid = (lo + hi) >> 1;
-        if (cu[mid] <= t) lo = mid;
-        else hi = mid;
-    }
-    return lo;
-}
+// The activation, its derivative and the sequence of a token: ops/common/conv.cuh (cv_*).
 
 template <typename T>
 __device__ __forceinline__ void conv_fwd_impl(const T* __restrict__ x, const float* __restrict__ w,
@@ -46,13 +30,13 @@ __device__ __forceinline__ void conv_fwd_impl(const T* __restrict__ x, const flo
             st(y, i, 0.f);
             continue;
         }
-        long long start = cu[conv_seq_of(cu, nseq, t)];
+        long long start = cu[cv_seq_of(cu, nseq, t)];
         float pre = has_bias ? bias[c] : 0.f;
         for (int k = 0; k < W; k++) {
             long long back = W - 1 - k;
             if (t - back >= start) pre += w[(long long)c * W + k] * ld(x, (t - back) * xld + xoff + c);
         }
-        st(y, i, conv_silu(pre));
+        st(y, i, cv_silu(pre));
     }
 }
 
@@ -82,7 +66,7 @@ __device__ __forceinline__ void conv_bwd_impl(const T* __restrict__ x, const flo
     for (int j = threadIdx.x; j < NS; j += blockDim.x) {
         long long t = t0 + j;
         if (t < used) {
-            int s = conv_seq_of(cu, nseq, t);
+            int s = cv_seq_of(cu, nseq, t);
             sst[j] = cu[s];
             if (j < CONV_TT) sen[j] = cu[s + 1];
         } else {
@@ -106,7 +90,7 @@ __device__ __forceinline__ void conv_bwd_impl(const T* __restrict__ x, const flo
                 long long back = W - 1 - k;
                 if (t - back >= start) pre += w[(long long)c * W + k] * xs[(j + k) * 32 + tx];
             }
-            v = ld(dy, t * ch + c) * conv_silu_grad(pre);
+            v = ld(dy, t * ch + c) * cv_silu_grad(pre);
         }
         dps[j * 32 + tx] = v;
     }

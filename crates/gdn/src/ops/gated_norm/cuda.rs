@@ -2,7 +2,8 @@
 //! [`super::gated_norm_forward`] and [`super::gated_norm_backward`] on device buffers. `o`, `z`,
 //! `y` and their gradients are [`DBuf`] of one dtype; statistics and parameters fp32; math fp32.
 //! `dw`, `db`: two-stage, fixed-order sums over rows (chunks of [`crate::ops::REDUCE_BLOCK`]
-//! rows, then chunks in order), no atomics.
+//! rows, then chunks in order), no atomics. The layer's shapes run the streaming kernels (see
+//! [`streaming`]).
 
 use cudarc::driver::PushKernelArg;
 
@@ -23,6 +24,19 @@ const MODULE: &str = "gated_norm";
 /// Largest `dv` the backward with fused weight-gradient partials takes (its shared memory:
 /// 8 warps x 2 x dv floats in 48 KiB); wider rows use the separate partials kernel.
 const FUSED_MAX_DV: usize = 768;
+
+/// The streaming kernels (`gated_norm_fwd_v{NC}`, `gated_norm_bwd_v{NC}`: a row's values in a
+/// warp's registers, 4 per lane per access) take rows of `dv` a multiple of 4 up to 256 (`NC` =
+/// 1: up to 128, 2: up to 256), z's row stride and offset 4-aligned, fewer than 2^32 rows.
+/// `Some(NC)` when they take the call.
+fn streaming(rows: usize, dv: usize, zld: i64, zoff: i32) -> Option<usize> {
+    let ok = dv.is_multiple_of(4)
+        && dv <= 256
+        && zld % 4 == 0
+        && zoff % 4 == 0
+        && rows <= u32::MAX as usize;
+    ok.then_some(if dv <= 128 { 1 } else { 2 })
+}
 
 /// Checks `z` (read, or `dz` written) at `zc` for `rows` rows of `dv`: `zc.width` is a whole
 /// number of heads per token; returns (row stride, column offset, heads per token).
@@ -78,7 +92,11 @@ pub fn forward(
     if rows == 0 {
         return Ok(());
     }
-    let f = kernel(&gpu, MODULE, "gated_norm_fwd", dt)?;
+    let name = match streaming(rows, dv, zld, zoff) {
+        Some(nc) => format!("gated_norm_fwd_v{nc}"),
+        None => "gated_norm_fwd".to_string(),
+    };
+    let f = kernel(&gpu, MODULE, &name, dt)?;
     let layer = (kind == Normalization::LayerNorm) as i32;
     let (rows_i, dim_i, zc_i, has_b) = (
         rows as i64,
@@ -110,7 +128,7 @@ pub fn forward(
         .arg(&zld)
         .arg(&zoff)
         .arg(&hpt);
-    launch(&mut l, rows_cfg(rows), "gated_norm_fwd")
+    launch(&mut l, rows_cfg(rows), &name)
 }
 
 /// [`gated_norm_backward`] into caller-provided `do`, `dz`, `dw` and (LayerNorm only) `db`; `z`
@@ -181,9 +199,14 @@ pub fn backward(
         b.is_some() as i32,
     );
     let mut part = gpu.uninit::<f32>((nchunks * 2 * dv).max(1))?;
-    if rows > 0 && dv <= FUSED_MAX_DV {
+    let vec = streaming(rows, dv, zld, zoff);
+    if rows > 0 && (vec.is_some() || dv <= FUSED_MAX_DV) {
         // do, dz and the weight-gradient partials in one pass over o, z, dy.
-        let f = kernel(&gpu, MODULE, "gated_norm_bwd_fused", dt)?;
+        let name = match vec {
+            Some(nc) => format!("gated_norm_bwd_v{nc}"),
+            None => "gated_norm_bwd_fused".to_string(),
+        };
+        let f = kernel(&gpu, MODULE, &name, dt)?;
         let mut l = gpu.stream().launch_builder(&f);
         arg_d(&mut l, o);
         arg_d(&mut l, z);
@@ -208,9 +231,14 @@ pub fn backward(
         let cfg = LaunchConfig {
             grid_dim: (nchunks as u32, 1, 1),
             block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: (8 * 2 * dv * 4) as u32,
+            // the streaming kernel's sums live in static shared memory
+            shared_mem_bytes: if vec.is_some() {
+                0
+            } else {
+                (8 * 2 * dv * 4) as u32
+            },
         };
-        launch(&mut l, cfg, "gated_norm_bwd_fused")?;
+        launch(&mut l, cfg, &name)?;
     } else if rows > 0 {
         let f = kernel(&gpu, MODULE, "gated_norm_bwd_dx", dt)?;
         let mut l = gpu.stream().launch_builder(&f);

@@ -214,6 +214,206 @@ __device__ __forceinline__ void gn_bwd_part_impl(const T* __restrict__ o, const 
 GN_KERNELS(f32, float)
 GN_KERNELS(bf16, bf16_t)
 
+// ---------------------------------------------------------------------------------------------
+// Streaming kernels (rows of dim <= 128 * NC values, dim a multiple of 4, z's row stride and
+// offset 4-aligned, fewer than 2^32 rows; cuda.rs picks them): one warp per row, lane l holds values
+// 4 (l + 32 n) .. +3 (n < NC) in registers, loaded and stored 4 at a time; each input is read
+// once, sigmoid(z) once per value.
+
+// Start of row `row`'s z values (as gn_zrow) by 32-bit division (cuda.rs takes these kernels
+// for fewer than 2^32 rows only).
+__device__ __forceinline__ long long gn_zrow_fast(long long row, long long zld, int zoff, int hpt, int dim) {
+    long long t = (long long)((unsigned int)row / (unsigned int)hpt);
+    return t * zld + zoff + (row - t * hpt) * (long long)dim;
+}
+
+template <typename T, int NC>
+__device__ __forceinline__ void gn_fwd_vec_impl(const T* __restrict__ o, const T* __restrict__ z,
+                                                const float* __restrict__ w, const float* __restrict__ b,
+                                                int has_b, T* __restrict__ y, float* __restrict__ rstd_out,
+                                                float* __restrict__ mean_out, long long rows, int dim, int layer,
+                                                float eps, int zc, long long zld, int zoff, int hpt) {
+    long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const T* orow = o + row * dim + lane * 4;
+    const T* zr = z + gn_zrow_fast(row, zld, zoff, hpt, dim) + lane * 4;
+    bool on[NC];
+    cv4 ov[NC], zv[NC];
+#pragma unroll
+    for (int n = 0; n < NC; n++) {
+        on[n] = (lane + 32 * n) * 4 < dim;
+        if (on[n]) {
+            ov[n] = cv_ld4(orow, 128 * n);
+            zv[n] = cv_ld4(zr, 128 * n);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) ov[n].v[i] = zv[n].v[i] = 0.f;
+        }
+    }
+    float mean = 0.f;
+    if (layer) {
+        float s = 0.f;
+#pragma unroll
+        for (int n = 0; n < NC; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) s += ov[n].v[i];
+        mean = warp_sum(s) / (float)dim;
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int n = 0; n < NC; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float v = ov[n].v[i] - mean;
+            if (on[n]) ss += v * v;
+        }
+    float rstd = 1.f / sqrtf(warp_sum(ss) / (float)dim + eps);
+    T* yr = y + row * dim + lane * 4;
+#pragma unroll
+    for (int n = 0; n < NC; n++) {
+        if (!on[n]) continue;
+        int c = lane * 4 + 128 * n;
+        float4 wv = *reinterpret_cast<const float4*>(w + c);
+        float4 bv = has_b ? *reinterpret_cast<const float4*>(b + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+        float wa[4] = {wv.x, wv.y, wv.z, wv.w}, ba[4] = {bv.x, bv.y, bv.z, bv.w}, out[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float g = zc ? 1.f + wa[i] : wa[i];
+            float nv = (ov[n].v[i] - mean) * rstd * g;
+            if (has_b) nv += ba[i];
+            out[i] = nv * gn_silu(zv[n].v[i]);
+        }
+        cv_st4(yr, 128 * n, out);
+    }
+    if (lane == 0) {
+        rstd_out[row] = rstd;
+        if (layer) mean_out[row] = mean;
+    }
+}
+
+// Backward with the weight-gradient partials: one block per chunk of GN_RB rows; warp wp takes
+// rows r0 + wp, r0 + wp + 8, ... in order and keeps its dn * xhat, dn sums in registers; the 8
+// warps' sums are added in warp order into part[chunk][2][dim] (red: [8][2][NC * 128]).
+template <typename T, int NC>
+__device__ __forceinline__ void gn_bwd_vec_impl(const T* __restrict__ o, const T* __restrict__ z,
+                                                const float* __restrict__ w, const float* __restrict__ b,
+                                                int has_b, const float* __restrict__ rstd_in,
+                                                const float* __restrict__ mean_in, const T* __restrict__ dy,
+                                                T* __restrict__ d_o, T* __restrict__ dz, float* __restrict__ part,
+                                                long long rows, int dim, int layer, int zc, long long zld, int zoff,
+                                                int hpt, float* red) {
+    int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+    bool on[NC];
+    float g[NC][4], bb[NC][4], aw[NC][4], ab[NC][4];
+#pragma unroll
+    for (int n = 0; n < NC; n++) {
+        int c = lane * 4 + 128 * n;
+        on[n] = c < dim;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float wv = on[n] ? w[c + i] : 0.f;
+            g[n][i] = zc ? 1.f + wv : wv;
+            bb[n][i] = (on[n] && has_b) ? b[c + i] : 0.f;
+            aw[n][i] = ab[n][i] = 0.f;
+        }
+    }
+    const float inv_dim = 1.f / (float)dim;  // the row loop multiplies (no division call there)
+    long long chunk = blockIdx.x;
+    long long r0 = chunk * GN_RB, r1 = min(r0 + GN_RB, rows);
+    for (long long row = r0 + wp; row < r1; row += 8) {
+        long long base = row * dim + lane * 4;
+        long long zb = gn_zrow_fast(row, zld, zoff, hpt, dim) + lane * 4;
+        float mean = layer ? mean_in[row] : 0.f;
+        float rstd = rstd_in[row];
+        cv4 ov[NC], zv[NC], dv[NC];
+#pragma unroll
+        for (int n = 0; n < NC; n++) {
+            if (on[n]) {
+                ov[n] = cv_ld4(o, base + 128 * n);
+                zv[n] = cv_ld4(z, zb + 128 * n);
+                dv[n] = cv_ld4(dy, base + 128 * n);
+            } else {
+#pragma unroll
+                for (int i = 0; i < 4; i++) ov[n].v[i] = zv[n].v[i] = dv[n].v[i] = 0.f;
+            }
+        }
+        float xh[NC][4], dn[NC][4];
+        float s1 = 0.f, s2 = 0.f;
+#pragma unroll
+        for (int n = 0; n < NC; n++) {
+            float dzo[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float xhat = (ov[n].v[i] - mean) * rstd;
+                float nv = xhat * g[n][i];
+                if (has_b) nv += bb[n][i];
+                float zz = zv[n].v[i], d = dv[n].v[i];
+                float sg = gn_sigmoid(zz);
+                dzo[i] = d * nv * (sg * (1.f + zz * (1.f - sg)));
+                float e = d * (zz * sg);
+                float dxh = e * g[n][i];
+                s1 += dxh;
+                s2 += dxh * xhat;
+                aw[n][i] += e * xhat;
+                ab[n][i] += e;
+                xh[n][i] = xhat;
+                dn[n][i] = e;
+            }
+            if (on[n]) cv_st4(dz, zb + 128 * n, dzo);
+        }
+        s1 = warp_sum(s1);
+        s2 = warp_sum(s2);
+        float m1 = layer ? s1 * inv_dim : 0.f;
+        float m2 = s2 * inv_dim;
+#pragma unroll
+        for (int n = 0; n < NC; n++) {
+            float out[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) out[i] = rstd * (dn[n][i] * g[n][i] - m1 - xh[n][i] * m2);
+            if (on[n]) cv_st4(d_o, base + 128 * n, out);
+        }
+    }
+    const int RW = NC * 128;
+#pragma unroll
+    for (int n = 0; n < NC; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int c = lane * 4 + 128 * n + i;
+            red[(wp * 2) * RW + c] = aw[n][i];
+            red[(wp * 2 + 1) * RW + c] = ab[n][i];
+        }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 2 * dim; i += blockDim.x) {
+        int k = i >= dim, c = i - k * dim;
+        float s = red[k * RW + c];
+        for (int v = 1; v < 8; v++) s += red[(v * 2 + k) * RW + c];
+        part[chunk * 2 * dim + i] = s;
+    }
+}
+
+#define GN_VEC_KERNELS(S, T, NC)                                                                           \
+    extern "C" __global__ void __launch_bounds__(256)                                                      \
+        gated_norm_fwd_v##NC##_##S(const T* o, const T* z, const float* w, const float* b, int has_b, T* y, \
+                                   float* rstd, float* mean, long long rows, int dim, int layer, float eps, \
+                                   int zc, long long zld, int zoff, int hpt) {                             \
+        gn_fwd_vec_impl<T, NC>(o, z, w, b, has_b, y, rstd, mean, rows, dim, layer, eps, zc, zld, zoff, hpt); \
+    }                                                                                                      \
+    extern "C" __global__ void __launch_bounds__(256)                                                      \
+        gated_norm_bwd_v##NC##_##S(const T* o, const T* z, const float* w, const float* b, int has_b,      \
+                                   const float* rstd, const float* mean, const T* dy, T* d_o, T* dz,       \
+                                   float* part, long long rows, int dim, int layer, int zc, long long zld, \
+                                   int zoff, int hpt) {                                                    \
+        __shared__ __align__(16) float red[8 * 2 * NC * 128];                                              \
+        gn_bwd_vec_impl<T, NC>(o, z, w, b, has_b, rstd, mean, dy, d_o, dz, part, rows, dim, layer, zc, zld, \
+                               zoff, hpt, red);                                                            \
+    }
+
+GN_VEC_KERNELS(f32, float, 1)
+GN_VEC_KERNELS(bf16, bf16_t, 1)
+GN_VEC_KERNELS(f32, float, 2)
+GN_VEC_KERNELS(bf16, bf16_t, 2)
+
 // Stage 2, one block per column c: thread i sums chunks i, i + blockDim, ... in order, then the
 // block sums the threads in a fixed tree (block_sum): out0[c] = sum_k part[k][0][c],
 // out1[c] = sum_k part[k][1][c]. (One thread per column looping over every chunk took ~1 ms at

@@ -2,8 +2,10 @@
 //! signatures of the op's entry. The in_proj output, `q`, `k`, `v`, their normalized copies,
 //! `beta` and the activation gradients are [`DBuf`] of one dtype; `g`, `dg`, parameters and their
 //! gradients fp32. Outputs are caller-provided (the GPU tests poison them to check that every
-//! element is written). Parameter gradients are two-stage, fixed-order sums (per tile of 128
-//! tokens or chunk of [`crate::ops::REDUCE_BLOCK`] rows, then in order), no atomics.
+//! element is written). Parameter gradients are two-stage, fixed-order sums (per tile of tokens
+//! (512 for the streaming kernels, 128 for the general ones) or chunk of
+//! [`crate::ops::REDUCE_BLOCK`] rows, then in order), no atomics. The layer's shapes run the
+//! streaming kernels (see [`streaming`]): one pass over the tokens forward and one backward.
 
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
@@ -19,8 +21,31 @@ use crate::seqs::Seqs;
 
 const MODULE: &str = "prep";
 
-/// Tokens per tile of the conv backward (`PREP_TT` in `prep.cu`).
+/// Tokens per tile of the general conv backward (`PREP_TT` in `prep.cu`).
 const TILE: usize = 128;
+
+/// Tokens per warp of the streaming kernels, forward and backward (`PREP_FT`, `PREP_BT`); a
+/// block is [`WARPS`] warps of consecutive tokens of one head, so a partial of the weight
+/// gradients covers `WARPS * BT` tokens.
+const FT: usize = 32;
+const BT: usize = 64;
+const WARPS: usize = 8;
+
+/// The streaming kernels (`prep_fwd_w{W}n{NC}`, `prep_bwd_w{W}n{NC}`) take conv widths 2..=4,
+/// head sizes that are multiples of 4 up to 256 (`NC` = 1: up to 128, 2: up to 256), and a
+/// 4-aligned row stride and qkv offset (4 values per lane per access). Other shapes run the
+/// general kernels. `Some((W, NC))` when they take `s`, `c`.
+fn streaming(c: PrepCols, s: PrepShape) -> Option<(usize, usize)> {
+    let d = s.dk.max(s.dv);
+    let ok = (2..=4).contains(&s.width)
+        && s.dk.is_multiple_of(4)
+        && s.dv.is_multiple_of(4)
+        && d <= 256
+        && c.qkv.ld.is_multiple_of(4)
+        && c.qkv.off.is_multiple_of(4)
+        && 2 * s.hk + s.hv <= 65535;
+    ok.then_some((s.width, if d <= 128 { 1 } else { 2 }))
+}
 
 /// Widest conv kernel the CUDA path takes (as `conv1d`).
 pub const MAX_WIDTH: usize = 32;
@@ -212,7 +237,12 @@ pub fn forward(
         return Ok(());
     }
     let cu = upload_cu(&gpu, seqs)?;
-    let f = kernel(&gpu, MODULE, "prep_fwd", dt)?;
+    let vec = streaming(c, s);
+    let name = match vec {
+        Some((w, nc)) => format!("prep_fwd_w{w}n{nc}"),
+        None => "prep_fwd".to_string(),
+    };
+    let f = kernel(&gpu, MODULE, &name, dt)?;
     let KernelDims {
         ld,
         xoff,
@@ -246,9 +276,11 @@ pub fn forward(
         .arg(&hk)
         .arg(&hv)
         .arg(&dk)
-        .arg(&dv)
-        .arg(&wi)
-        .arg(&l2);
+        .arg(&dv);
+    if vec.is_none() {
+        l.arg(&wi);
+    }
+    l.arg(&l2);
     let Out {
         q,
         k,
@@ -272,7 +304,16 @@ pub fn forward(
     }
     l.arg(&mut g.slice);
     arg_dm(&mut l, beta);
-    launch(&mut l, rows_cfg(n * (2 * s.hk + s.hv)), "prep_fwd")
+    let nseg = 2 * s.hk + s.hv;
+    let cfg = match vec {
+        Some(_) => LaunchConfig {
+            grid_dim: (n.div_ceil(FT * WARPS) as u32, nseg as u32, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        },
+        None => rows_cfg(n * nseg),
+    };
+    launch(&mut l, cfg, &name)
 }
 
 /// See [`super::backward`]: writes d(conv input), d alpha and d b into the sections `c` of
@@ -335,7 +376,11 @@ pub fn backward(
     if let Some(b) = &g.conv_b {
         check_gpu("prep dconv_b", &gpu, b.gpu())?;
     }
-    let tiles = n.div_ceil(TILE);
+    let vec = streaming(c, s);
+    let tiles = match vec {
+        Some(_) => n.div_ceil(WARPS * BT),
+        None => n.div_ceil(TILE),
+    };
     if tiles > i32::MAX as usize || cd.div_ceil(32) > 65535 {
         return Err(GdnError::Invalid(format!(
             "prep: {n} tokens x {cd} channels exceed the CUDA grid"
@@ -363,12 +408,11 @@ pub fn backward(
     let mut gpart = gpu.uninit::<f32>((nchunks * 2 * s.hv).max(1))?;
     if n > 0 {
         let cu = upload_cu(&gpu, seqs)?;
-        // (1) the norm's per-row statistics.
-        let srows = n * 2 * s.hk;
-        let mut st_r = gpu.uninit::<f32>(if s.l2norm { srows } else { 1 })?;
-        let mut st_d = gpu.uninit::<f32>(if s.l2norm { srows } else { 1 })?;
-        if s.l2norm {
-            let f = kernel(&gpu, MODULE, "prep_bwd_stats", dt)?;
+        if let Some((wv, nc)) = vec {
+            // (1+2) one pass: the norm's statistics per token in registers, the conv backward
+            // into dproj's qkv columns, partials of dw, dbias per block of WARPS * BT tokens.
+            let name = format!("prep_bwd_w{wv}n{nc}");
+            let f = kernel(&gpu, MODULE, &name, dt)?;
             let mut l = gpu.stream().launch_builder(&f);
             arg_d(&mut l, x);
             l.arg(&ld).arg(&xoff).arg(&w.slice);
@@ -382,59 +426,95 @@ pub fn backward(
                 .arg(&used)
                 .arg(&tokens)
                 .arg(&hk)
+                .arg(&hv)
                 .arg(&dk)
-                .arg(&wi);
+                .arg(&dv)
+                .arg(&l2);
             arg_d(&mut l, dy.dq);
             arg_d(&mut l, dy.dk);
-            l.arg(&mut st_r.slice).arg(&mut st_d.slice);
-            launch(&mut l, rows_cfg(srows), "prep_bwd_stats")?;
+            arg_d(&mut l, dy.dv);
+            arg_dm(&mut l, dproj);
+            l.arg(&mut part.slice);
+            let cfg = LaunchConfig {
+                grid_dim: (tiles as u32, (2 * s.hk + s.hv) as u32, 1),
+                block_dim: (THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch(&mut l, cfg, &name)?;
+        } else {
+            // (1) the norm's per-row statistics.
+            let srows = n * 2 * s.hk;
+            let mut st_r = gpu.uninit::<f32>(if s.l2norm { srows } else { 1 })?;
+            let mut st_d = gpu.uninit::<f32>(if s.l2norm { srows } else { 1 })?;
+            if s.l2norm {
+                let f = kernel(&gpu, MODULE, "prep_bwd_stats", dt)?;
+                let mut l = gpu.stream().launch_builder(&f);
+                arg_d(&mut l, x);
+                l.arg(&ld).arg(&xoff).arg(&w.slice);
+                match bias {
+                    Some(b) => l.arg(&b.slice),
+                    None => l.arg(&NULL_PTR),
+                };
+                l.arg(&has_bias)
+                    .arg(&cu.slice)
+                    .arg(&nseq)
+                    .arg(&used)
+                    .arg(&tokens)
+                    .arg(&hk)
+                    .arg(&dk)
+                    .arg(&wi);
+                arg_d(&mut l, dy.dq);
+                arg_d(&mut l, dy.dk);
+                l.arg(&mut st_r.slice).arg(&mut st_d.slice);
+                launch(&mut l, rows_cfg(srows), "prep_bwd_stats")?;
+            }
+            // (2) conv backward into dproj's qkv columns, partials of dw, dbias.
+            let f = kernel(&gpu, MODULE, "prep_bwd", dt)?;
+            let smem = bwd_smem(s.width);
+            if smem > SMEM_DEFAULT {
+                // widths above 28 need more than the default 48 KiB
+                f.set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+                .map_err(|e| {
+                    GdnError::Device(format!(
+                        "prep: shared memory of prep_bwd ({smem} bytes): {e:?}"
+                    ))
+                })?;
+            }
+            let mut l = gpu.stream().launch_builder(&f);
+            arg_d(&mut l, x);
+            l.arg(&ld).arg(&xoff).arg(&w.slice);
+            match bias {
+                Some(b) => l.arg(&b.slice),
+                None => l.arg(&NULL_PTR),
+            };
+            l.arg(&has_bias)
+                .arg(&cu.slice)
+                .arg(&nseq)
+                .arg(&used)
+                .arg(&tokens)
+                .arg(&hk)
+                .arg(&hv)
+                .arg(&dk)
+                .arg(&dv)
+                .arg(&wi)
+                .arg(&l2)
+                .arg(&st_r.slice)
+                .arg(&st_d.slice);
+            arg_d(&mut l, dy.dq);
+            arg_d(&mut l, dy.dk);
+            arg_d(&mut l, dy.dv);
+            arg_dm(&mut l, dproj);
+            l.arg(&mut part.slice);
+            let cfg = LaunchConfig {
+                grid_dim: (tiles as u32, cd.div_ceil(32) as u32, 1),
+                block_dim: (THREADS, 1, 1),
+                shared_mem_bytes: smem as u32,
+            };
+            launch(&mut l, cfg, "prep_bwd")?;
         }
-        // (2) conv backward into dproj's qkv columns, partials of dw, dbias.
-        let f = kernel(&gpu, MODULE, "prep_bwd", dt)?;
-        let smem = bwd_smem(s.width);
-        if smem > SMEM_DEFAULT {
-            // widths above 28 need more than the default 48 KiB
-            f.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-            .map_err(|e| {
-                GdnError::Device(format!(
-                    "prep: shared memory of prep_bwd ({smem} bytes): {e:?}"
-                ))
-            })?;
-        }
-        let mut l = gpu.stream().launch_builder(&f);
-        arg_d(&mut l, x);
-        l.arg(&ld).arg(&xoff).arg(&w.slice);
-        match bias {
-            Some(b) => l.arg(&b.slice),
-            None => l.arg(&NULL_PTR),
-        };
-        l.arg(&has_bias)
-            .arg(&cu.slice)
-            .arg(&nseq)
-            .arg(&used)
-            .arg(&tokens)
-            .arg(&hk)
-            .arg(&hv)
-            .arg(&dk)
-            .arg(&dv)
-            .arg(&wi)
-            .arg(&l2)
-            .arg(&st_r.slice)
-            .arg(&st_d.slice);
-        arg_d(&mut l, dy.dq);
-        arg_d(&mut l, dy.dk);
-        arg_d(&mut l, dy.dv);
-        arg_dm(&mut l, dproj);
-        l.arg(&mut part.slice);
-        let cfg = LaunchConfig {
-            grid_dim: (tiles as u32, cd.div_ceil(32) as u32, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: smem as u32,
-        };
-        launch(&mut l, cfg, "prep_bwd")?;
         // (3) the gates into dproj's alpha and beta columns, partials of dA_log, ddt_bias.
         let f = kernel(&gpu, MODULE, "prep_gates_bwd", dt)?;
         let rows = n as i64;
