@@ -7,7 +7,7 @@
 //! `cargo run --release --example bench_rule` on a machine with a CUDA GPU.
 //!
 //! Modes (first argument):
-//! - none: the table above (the forward kernels `GDN_RULE_FWD` names, v5 by default);
+//! - none: the table above (the forward kernels `GDN_RULE_FWD` names, v6 by default);
 //! - `chain`: the scan's latency floor: per chunk step, v6's chain kernel (one CTA, 512
 //!   dependent steps on resident operands, 1/2/4/8 warps, with and without the output
 //!   products), then one CTA of the real scans (v5 `gdr_scan_fwd16`, v6 `gdr_fwd6` with its

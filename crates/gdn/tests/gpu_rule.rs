@@ -946,6 +946,63 @@ fn v6_bitwise_and_fallback() {
     }
 }
 
+/// `cuda::forward` (what the layer calls) runs v6 by default for bf16 (the same bits as asking
+/// for `FwdKernel::V6 { warps: 0 }`) and v5 for f32 storage. Skipped when `GDN_RULE_FWD` or
+/// `GDN_RULE_V6_WARPS` is set (then the default is what they name).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn default_forward_is_v6() {
+    if std::env::var_os("GDN_RULE_FWD").is_some() || std::env::var_os("GDN_RULE_V6_WARPS").is_some()
+    {
+        println!("gdr-check default forward: skipped (GDN_RULE_FWD / GDN_RULE_V6_WARPS set)");
+        return;
+    }
+    assert_eq!(FwdKernel::from_env(), FwdKernel::V6 { warps: 0 });
+    let gpu = gpu();
+    let cu = [0u64, 0, 1, 300, 1000];
+    for (dt, bf, want) in [
+        (DType::Bf16, true, FwdKernel::V6 { warps: 0 }),
+        (DType::F32, false, FwdKernel::V5),
+    ] {
+        let c = case(
+            "default",
+            Seqs::packed(&cu, 1003).unwrap(),
+            sh(2, 4, 128, 128),
+            true,
+            true,
+            Decay::LogSigmoid,
+            962,
+            bf,
+        );
+        let up = |x: &[f32]| DBuf::upload(&gpu, x, dt).unwrap();
+        let up32 = |x: &[f32]| -> GBuf<f32> { gpu.upload(x).unwrap() };
+        let (q, k, v, beta) = (up(&c.q), up(&c.k), up(&c.v), up(&c.beta));
+        let g = up32(&c.g);
+        let h0 = c.h0.as_deref().map(up32);
+        let (o, fin) = forward_cuda(
+            &gpu,
+            &q,
+            &k,
+            &v,
+            &g,
+            &beta,
+            &c.seqs,
+            c.shape,
+            c.opts,
+            h0.as_ref(),
+            true,
+        )
+        .unwrap();
+        let a = (
+            o.download().unwrap(),
+            gpu.download(fin.as_ref().unwrap()).unwrap(),
+        );
+        let b = run_fwd(&gpu, &c, dt, want);
+        println!("gdr-check default forward {dt:?} = {want:?}: {}", a == b);
+        assert!(a == b, "{dt:?}: the default forward is not {want:?}");
+    }
+}
+
 /// The chain microbenchmark kernel (the v6 scan's chunk step, Dk = 128) against the same steps
 /// on the CPU in f64 with the same bf16 roundings of the mma operands (S before W S, e^(gam_L -
 /// gam) D before K^T D), every CTA width: a check of the fragment layouts independent of the

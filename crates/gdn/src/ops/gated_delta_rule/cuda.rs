@@ -375,7 +375,7 @@ fn scan_fwd(
 
 /// Forward on the GPU. Returns `o` `[tokens, Hv, Dv]` (storage type of q) and, if
 /// `output_final_state`, the final states `[N, Hv, Dk, Dv]` fp32. Runs the kernels
-/// [`FwdKernel::from_env`] names (v5 unless `GDN_RULE_FWD=v6`).
+/// [`FwdKernel::from_env`] names (v6 where it applies unless `GDN_RULE_FWD=v5`).
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     gpu: &Arc<Gpu>,
@@ -715,8 +715,10 @@ fn gpu_has_bulk_copies(gpu: &Gpu) -> bool {
 }
 
 impl FwdKernel {
-    /// `GDN_RULE_FWD=v6` or `v6b` (bulk copies), with `GDN_RULE_V6_WARPS=1|2|4|8` to force
-    /// the CTA width; anything else: v5.
+    /// The default: v6 (cp.async loads, CTA width by shape; it falls back to v5 where
+    /// [`v6_supports`] says no: f32 storage, Dk other than 64 / 128). `GDN_RULE_FWD=v5` keeps
+    /// v5 everywhere, `v6b` picks the bulk-copy loads; `GDN_RULE_V6_WARPS=1|2|4|8` forces the
+    /// CTA width of v6.
     pub fn from_env() -> FwdKernel {
         let warps = || {
             std::env::var("GDN_RULE_V6_WARPS")
@@ -725,9 +727,9 @@ impl FwdKernel {
                 .unwrap_or(0)
         };
         match std::env::var("GDN_RULE_FWD").as_deref() {
-            Ok("v6") => FwdKernel::V6 { warps: warps() },
+            Ok("v5") => FwdKernel::V5,
             Ok("v6b") => FwdKernel::V6Bulk { warps: warps() },
-            _ => FwdKernel::V5,
+            _ => FwdKernel::V6 { warps: warps() },
         }
     }
 }
