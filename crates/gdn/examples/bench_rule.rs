@@ -7,14 +7,17 @@
 //! `cargo run --release --example bench_rule` on a machine with a CUDA GPU.
 //!
 //! Modes (first argument):
-//! - none: the table above (the forward kernels `GDN_RULE_FWD` names, v5 by default);
+//! - none: the table above (the forward kernels `GDN_RULE_FWD` names, v6 by default);
 //! - `chain`: the scan's latency floor: per chunk step, v6's chain kernel (one CTA, 512
 //!   dependent steps on resident operands, 1/2/4/8 warps, with and without the output
 //!   products), then one CTA of the real scans (v5 `gdr_scan_fwd16`, v6 `gdr_fwd6` with its
 //!   loads and output: cp.async, bulk copies, and without reloads) on a single 32768-token head;
 //! - `variants`: v5 against v6 forward (every CTA width, cp.async and bulk-copy loads) at B1
 //!   T32768 16/32 and B8 T4096 16/16,
-//!   CUDA events, medians, per-kernel times, and v6's o against v5's (RMS relative difference).
+//!   CUDA events, medians, per-kernel times, and v6's o against v5's (RMS relative difference);
+//! - `bwd`: v5 against the v6 backward pieces (`BwdKernel::V6`: both, each alone, every CTA
+//!   width) at the same two cases: backward alone (after one default forward), CUDA events,
+//!   medians, per-kernel times, peak device memory, and each gradient against v5's.
 
 use std::sync::Arc;
 
@@ -22,8 +25,8 @@ use cudarc::driver::sys;
 use gdn::backend::launch::{profile_start, profile_take};
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
-    backward as backward_cuda, chain6, forward as forward_cuda, forward_with, set_v6_stages,
-    ChainInputs, FwdKernel,
+    backward as backward_cuda, backward_with, chain6, forward as forward_cuda, forward_with,
+    set_v6_stages, BwdKernel, ChainInputs, FwdKernel,
 };
 use gdn::ops::gated_delta_rule::{RuleOpts, RuleShape, CHUNK};
 use gdn::Seqs;
@@ -117,6 +120,7 @@ fn main() {
     match std::env::args().nth(1).as_deref() {
         Some("chain") => return chain(&gpu),
         Some("variants") => return variants(&gpu),
+        Some("bwd") => return bwd_variants(&gpu),
         _ => {}
     }
     let (dk, dv) = (128usize, 128usize);
@@ -431,6 +435,96 @@ fn variants(gpu: &Arc<Gpu>) {
                 fmt_times(&p)
             );
             set_v6_stages(0);
+        }
+        gpu.reset_peak();
+    }
+}
+
+/// The gradients of one backward with `kernel` (after the caller's forward), downloaded:
+/// dq, dk, dv, dg, dbeta.
+fn bwd(gpu: &Arc<Gpu>, x: &Inputs, d_o: &DBuf, kernel: BwdKernel) -> Vec<(&'static str, Vec<f32>)> {
+    let gr = bwd_run(gpu, x, d_o, kernel);
+    vec![
+        ("dq", gr.dq.download().unwrap()),
+        ("dk", gr.dk.download().unwrap()),
+        ("dv", gr.dv.download().unwrap()),
+        ("dg", gpu.download(&gr.dg).unwrap()),
+        ("dbeta", gr.dbeta.download().unwrap()),
+    ]
+}
+
+fn bwd_run(
+    gpu: &Arc<Gpu>,
+    x: &Inputs,
+    d_o: &DBuf,
+    kernel: BwdKernel,
+) -> gdn::ops::gated_delta_rule::cuda::Grads {
+    backward_with(
+        gpu, &x.q, &x.k, &x.v, &x.g, &x.beta, &x.seqs, x.shape, x.opts, None, d_o, None, kernel,
+    )
+    .unwrap()
+}
+
+/// v5 against the v6 backward pieces (see the module doc).
+fn bwd_variants(gpu: &Arc<Gpu>) {
+    println!(
+        "bench-bwd | case | kernel | bwd ms (median of 10) | peak GiB | per kernel | grads vs v5 (RMS rel diff)"
+    );
+    let v6 = |recompute, scan, bf16_states, warps| BwdKernel::V6 {
+        recompute,
+        scan,
+        bf16_states,
+        warps,
+    };
+    for &(b, t, hk, hv) in &[(1usize, 32768usize, 16usize, 32usize), (8, 4096, 16, 16)] {
+        let x = inputs(gpu, b, t, hk, hv, 128, 128);
+        let d_o = DBuf::upload(gpu, &normals(b * t * hv * 128, 6), DType::Bf16).unwrap();
+        let g5 = bwd(gpu, &x, &d_o, BwdKernel::V5);
+        let mut kernels = vec![
+            BwdKernel::V5,
+            v6(true, true, true, 0),
+            v6(true, true, false, 0),
+            v6(true, false, false, 0),
+            v6(false, true, false, 0),
+        ];
+        kernels.extend([1, 2, 4, 8].map(|w| v6(true, true, true, w)));
+        for kernel in kernels {
+            gpu.sync().unwrap();
+            gpu.reset_peak();
+            let ms = time_ms(gpu, 10, || drop(bwd_run(gpu, &x, &d_o, kernel)));
+            let peak = gpu.peak_bytes() as f64 / (1u64 << 30) as f64;
+            gpu.sync().unwrap();
+            profile_start();
+            drop(bwd_run(gpu, &x, &d_o, kernel));
+            gpu.sync().unwrap();
+            let p = profile_take();
+            let diff = if kernel == BwdKernel::V5 {
+                String::new()
+            } else {
+                bwd(gpu, &x, &d_o, kernel)
+                    .iter()
+                    .zip(&g5)
+                    .map(|((n, a), (_, b))| {
+                        let (mut num, mut den) = (0f64, 0f64);
+                        let mut finite = true;
+                        for (a, b) in a.iter().zip(b) {
+                            finite &= a.is_finite();
+                            num += ((a - b) as f64).powi(2);
+                            den += (*b as f64).powi(2);
+                        }
+                        format!(
+                            "{n}={:.2e}{}",
+                            (num / den).sqrt(),
+                            if finite { "" } else { "(NaN)" }
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
+            println!(
+                "bench-bwd | B{b} T{t} {hk}/{hv} | {kernel:?} | {ms:.3} | {peak:.2} | {} | {diff}",
+                fmt_times(&p)
+            );
         }
         gpu.reset_peak();
     }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
-    backward as backward_cuda, chain6, forward as forward_cuda, forward_with, set_poison,
-    v6_supports, ChainInputs, FwdKernel,
+    backward as backward_cuda, backward_with, chain6, forward as forward_cuda, forward_with,
+    set_poison, v6_supports, BwdKernel, ChainInputs, FwdKernel,
 };
 use gdn::ops::gated_delta_rule::reference::{self, RefInputs};
 use gdn::ops::gated_delta_rule::{self as gdr, RuleOpts, RuleShape};
@@ -164,6 +164,12 @@ fn gpu() -> Arc<Gpu> {
 }
 
 fn run_gpu(gpu: &Arc<Gpu>, c: &Case, dt: DType) -> Out {
+    run_gpu_with(gpu, c, dt, None)
+}
+
+/// One forward (the default kernels) and one backward, with `bwd`'s kernels if given (else
+/// `cuda::backward`'s default).
+fn run_gpu_with(gpu: &Arc<Gpu>, c: &Case, dt: DType, bwd: Option<BwdKernel>) -> Out {
     let up = |x: &[f32]| DBuf::upload(gpu, x, dt).unwrap();
     let up32 = |x: &[f32]| -> GBuf<f32> { gpu.upload(x).unwrap() };
     let (q, k, v, beta, d_o) = (up(&c.q), up(&c.k), up(&c.v), up(&c.beta), up(&c.d_o));
@@ -184,20 +190,37 @@ fn run_gpu(gpu: &Arc<Gpu>, c: &Case, dt: DType) -> Out {
         true,
     )
     .unwrap();
-    let gr = backward_cuda(
-        gpu,
-        &q,
-        &k,
-        &v,
-        &g,
-        &beta,
-        &c.seqs,
-        c.shape,
-        c.opts,
-        h0.as_ref(),
-        &d_o,
-        dht.as_ref(),
-    )
+    let gr = match bwd {
+        None => backward_cuda(
+            gpu,
+            &q,
+            &k,
+            &v,
+            &g,
+            &beta,
+            &c.seqs,
+            c.shape,
+            c.opts,
+            h0.as_ref(),
+            &d_o,
+            dht.as_ref(),
+        ),
+        Some(kernel) => backward_with(
+            gpu,
+            &q,
+            &k,
+            &v,
+            &g,
+            &beta,
+            &c.seqs,
+            c.shape,
+            c.opts,
+            h0.as_ref(),
+            &d_o,
+            dht.as_ref(),
+            kernel,
+        ),
+    }
     .unwrap();
     assert_eq!(o.dtype(), dt);
     assert_eq!(gr.dq.dtype(), dt);
@@ -946,6 +969,63 @@ fn v6_bitwise_and_fallback() {
     }
 }
 
+/// `cuda::forward` (what the layer calls) runs v6 by default for bf16 (the same bits as asking
+/// for `FwdKernel::V6 { warps: 0 }`) and v5 for f32 storage. Skipped when `GDN_RULE_FWD` or
+/// `GDN_RULE_V6_WARPS` is set (then the default is what they name).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn default_forward_is_v6() {
+    if std::env::var_os("GDN_RULE_FWD").is_some() || std::env::var_os("GDN_RULE_V6_WARPS").is_some()
+    {
+        println!("gdr-check default forward: skipped (GDN_RULE_FWD / GDN_RULE_V6_WARPS set)");
+        return;
+    }
+    assert_eq!(FwdKernel::from_env(), FwdKernel::V6 { warps: 0 });
+    let gpu = gpu();
+    let cu = [0u64, 0, 1, 300, 1000];
+    for (dt, bf, want) in [
+        (DType::Bf16, true, FwdKernel::V6 { warps: 0 }),
+        (DType::F32, false, FwdKernel::V5),
+    ] {
+        let c = case(
+            "default",
+            Seqs::packed(&cu, 1003).unwrap(),
+            sh(2, 4, 128, 128),
+            true,
+            true,
+            Decay::LogSigmoid,
+            962,
+            bf,
+        );
+        let up = |x: &[f32]| DBuf::upload(&gpu, x, dt).unwrap();
+        let up32 = |x: &[f32]| -> GBuf<f32> { gpu.upload(x).unwrap() };
+        let (q, k, v, beta) = (up(&c.q), up(&c.k), up(&c.v), up(&c.beta));
+        let g = up32(&c.g);
+        let h0 = c.h0.as_deref().map(up32);
+        let (o, fin) = forward_cuda(
+            &gpu,
+            &q,
+            &k,
+            &v,
+            &g,
+            &beta,
+            &c.seqs,
+            c.shape,
+            c.opts,
+            h0.as_ref(),
+            true,
+        )
+        .unwrap();
+        let a = (
+            o.download().unwrap(),
+            gpu.download(fin.as_ref().unwrap()).unwrap(),
+        );
+        let b = run_fwd(&gpu, &c, dt, want);
+        println!("gdr-check default forward {dt:?} = {want:?}: {}", a == b);
+        assert!(a == b, "{dt:?}: the default forward is not {want:?}");
+    }
+}
+
 /// The chain microbenchmark kernel (the v6 scan's chunk step, Dk = 128) against the same steps
 /// on the CPU in f64 with the same bf16 roundings of the mma operands (S before W S, e^(gam_L -
 /// gam) D before K^T D), every CTA width: a check of the fragment layouts independent of the
@@ -1033,4 +1113,282 @@ fn chain6_matches_cpu() {
         }
     }
     println!("gdr-check chain6 worst {worst:.2e}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// v6 backward (issue 13, stage A, opt-in): the recompute of the chunk-start states (gdr_hrec6)
+// and the reverse scan with dD_loc folded in (gdr_bwd6) on bf16 tensor cores, each piece on its
+// own and both together. Selected per call (`backward_with`).
+
+/// v5's outputs and the f64 reference of a case, computed once for all the v6 variants.
+struct Base {
+    o5: Out,
+    rf: Vec<(&'static str, Vec<f64>)>,
+}
+
+fn base(gpu: &Arc<Gpu>, c: &Case) -> Base {
+    Base {
+        o5: run_gpu_with(gpu, c, DType::Bf16, Some(BwdKernel::V5)),
+        rf: run_ref(c),
+    }
+}
+
+/// Every gradient of a v6 backward against the f64 recurrence (FLA's metric, check_bf16's
+/// tolerances), every element written and padding rows zero; v5's error on the same inputs
+/// printed beside.
+fn check_v6_bwd(gpu: &Arc<Gpu>, c: &Case, b: &Base, kernel: BwdKernel, fails: &mut Vec<String>) {
+    let out = run_gpu_with(gpu, c, DType::Bf16, Some(kernel));
+    check_written(c, &out, fails);
+    let (o5, rf) = (&b.o5, &b.rf);
+    let tag = match kernel {
+        BwdKernel::V5 => "v5".to_string(),
+        BwdKernel::V6 {
+            recompute,
+            scan,
+            bf16_states,
+            warps,
+        } => format!(
+            "v6{}{}{} w{warps}",
+            if recompute { "r" } else { "" },
+            if scan { "s" } else { "" },
+            if bf16_states { "h" } else { "" }
+        ),
+    };
+    let mut line = format!("gdr-check v6-bwd {tag:<8} {:<34}", c.name);
+    for (((name, x), (_, x5)), (_, r)) in out.fields().into_iter().zip(o5.fields()).zip(rf) {
+        if name == "o" || name == "final_state" {
+            continue;
+        }
+        let e = rms_rel(x, r);
+        let e5 = rms_rel(x5, r);
+        let tol = match name {
+            "dg" | "dbeta" => 0.02,
+            _ => 0.005,
+        };
+        line += &format!(" {name}={e:.2e}(v5 {e5:.2e})");
+        if e.is_nan() || e > tol {
+            fails.push(format!(
+                "{} {tag}: bf16 {name}: RMS rel {e:.3e} > {tol} (v5 {e5:.3e})",
+                c.name
+            ));
+        }
+    }
+    println!("{line}");
+}
+
+fn v6b(recompute: bool, scan: bool, bf16_states: bool, warps: usize) -> BwdKernel {
+    BwdKernel::V6 {
+        recompute,
+        scan,
+        bf16_states,
+        warps,
+    }
+}
+
+/// Dk 64 / 128, Dv 48 / 128, GVA 1 / 2 / 4, T 1 .. 4096 with partial chunks, initial / final
+/// states, packed sequences with empty and length-1 ones and padding rows, in-kernel and
+/// caller-side norm; each piece alone and both; every CTA width on one case.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn v6_backward_matches_f64() {
+    let gpu = gpu();
+    let mut fails = Vec::new();
+    let ls = Decay::LogSigmoid;
+    let cu = [0u64, 0, 1, 64, 128, 193, 193, 700];
+    let cases = vec![
+        case(
+            "T1 1/1 d128 norm",
+            Seqs::uniform(1, 1),
+            sh(1, 1, 128, 128),
+            true,
+            false,
+            ls,
+            1001,
+            true,
+        ),
+        case(
+            "T63 1/2 d128 norm states",
+            Seqs::uniform(1, 63),
+            sh(1, 2, 128, 128),
+            true,
+            true,
+            ls,
+            1002,
+            true,
+        ),
+        case(
+            "T64 2/2 d64x128 caller states",
+            Seqs::uniform(1, 64),
+            sh(2, 2, 64, 128),
+            false,
+            true,
+            ls,
+            1003,
+            true,
+        ),
+        case(
+            "T65 1/4 d128x48 norm",
+            Seqs::uniform(1, 65),
+            sh(1, 4, 128, 48),
+            true,
+            false,
+            ls,
+            1004,
+            true,
+        ),
+        case(
+            "T1000 1/2 d128 norm states",
+            Seqs::uniform(1, 1000),
+            sh(1, 2, 128, 128),
+            true,
+            true,
+            ls,
+            1005,
+            true,
+        ),
+        case(
+            "T4096 2/4 d128 norm",
+            Seqs::uniform(1, 4096),
+            sh(2, 4, 128, 128),
+            true,
+            false,
+            ls,
+            1006,
+            true,
+        ),
+        case(
+            "packed+pad 1/2 d128 states",
+            Seqs::packed(&cu, 705).unwrap(),
+            sh(1, 2, 128, 128),
+            true,
+            true,
+            ls,
+            1007,
+            true,
+        ),
+        case(
+            "B34 T70 1/2 d128 caller states",
+            Seqs::uniform(34, 70),
+            sh(1, 2, 128, 128),
+            false,
+            true,
+            ls,
+            1008,
+            true,
+        ),
+        case(
+            "T300 1/2 d64x48 caller states",
+            Seqs::uniform(1, 300),
+            sh(1, 2, 64, 48),
+            false,
+            true,
+            ls,
+            1009,
+            true,
+        ),
+        case(
+            "T200 strong decay 1/1 d64",
+            Seqs::uniform(1, 200),
+            sh(1, 1, 64, 64),
+            true,
+            true,
+            Decay::Uniform(20.0),
+            1010,
+            true,
+        ),
+    ];
+    for c in &cases {
+        let b = base(&gpu, c);
+        for kernel in [
+            v6b(true, true, true, 0),
+            v6b(true, true, false, 0),
+            v6b(true, false, false, 0),
+            v6b(false, true, false, 0),
+        ] {
+            check_v6_bwd(&gpu, c, &b, kernel, &mut fails);
+        }
+    }
+    let c = case(
+        "T300 1/2 d128 norm states",
+        Seqs::uniform(1, 300),
+        sh(1, 2, 128, 128),
+        true,
+        true,
+        ls,
+        1011,
+        true,
+    );
+    let b = base(&gpu, &c);
+    for warps in [1, 2, 4, 8] {
+        check_v6_bwd(&gpu, &c, &b, v6b(true, true, true, warps), &mut fails);
+    }
+    finish(fails);
+}
+
+/// Two v6 backward runs give the same bits (every width); shapes and storage v6 does not take
+/// run v5 (the same bits as asking for v5); the default backward is v5 (unless `GDN_RULE_BWD`
+/// names another).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn v6_backward_bitwise_and_fallback() {
+    let gpu = gpu();
+    let cu = [0u64, 0, 1, 300, 1000];
+    let c = case(
+        "bitwise v6 bwd",
+        Seqs::packed(&cu, 1003).unwrap(),
+        sh(2, 4, 128, 128),
+        true,
+        true,
+        Decay::LogSigmoid,
+        1020,
+        true,
+    );
+    for kernel in [
+        v6b(true, true, true, 0),
+        v6b(true, true, true, 1),
+        v6b(true, true, true, 8),
+        v6b(true, true, false, 0),
+        v6b(true, false, false, 0),
+        v6b(false, true, false, 0),
+    ] {
+        let a = run_gpu_with(&gpu, &c, DType::Bf16, Some(kernel));
+        let b = run_gpu_with(&gpu, &c, DType::Bf16, Some(kernel));
+        let same = a.bits() == b.bits();
+        println!("gdr-check v6-bwd bitwise {kernel:?}: identical={same}");
+        assert!(same, "{kernel:?}: two runs differ");
+    }
+    for (dt, shape, bf) in [
+        (DType::F32, sh(2, 4, 128, 128), false),
+        (DType::Bf16, sh(1, 2, 256, 128), true),
+        (DType::Bf16, sh(1, 2, 48, 64), true),
+    ] {
+        assert!(!v6_supports(dt, shape));
+        let c = case(
+            "fallback bwd",
+            Seqs::uniform(1, 150),
+            shape,
+            true,
+            true,
+            Decay::LogSigmoid,
+            1021,
+            bf,
+        );
+        let b = run_gpu_with(&gpu, &c, dt, Some(BwdKernel::V5));
+        let a = run_gpu_with(&gpu, &c, dt, Some(v6b(true, true, true, 0)));
+        println!(
+            "gdr-check v6-bwd fallback {dt:?} {shape:?}: {}",
+            a.bits() == b.bits()
+        );
+        assert!(
+            a.bits() == b.bits(),
+            "{dt:?} {shape:?}: v6 backward did not fall back to v5"
+        );
+    }
+    if std::env::var_os("GDN_RULE_BWD").is_none() {
+        assert_eq!(BwdKernel::from_env(), BwdKernel::V5);
+        let a = run_gpu_with(&gpu, &c, DType::Bf16, None);
+        let b = run_gpu_with(&gpu, &c, DType::Bf16, Some(BwdKernel::V5));
+        println!("gdr-check v6-bwd default is v5: {}", a.bits() == b.bits());
+        assert!(a.bits() == b.bits(), "the default backward is not v5");
+    }
 }

@@ -375,7 +375,7 @@ fn scan_fwd(
 
 /// Forward on the GPU. Returns `o` `[tokens, Hv, Dv]` (storage type of q) and, if
 /// `output_final_state`, the final states `[N, Hv, Dk, Dv]` fp32. Runs the kernels
-/// [`FwdKernel::from_env`] names (v5 unless `GDN_RULE_FWD=v6`).
+/// [`FwdKernel::from_env`] names (v6 where it applies unless `GDN_RULE_FWD=v5`).
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     gpu: &Arc<Gpu>,
@@ -503,7 +503,8 @@ pub fn forward_with(
 }
 
 /// Backward on the GPU from `d_o` `[tokens, Hv, Dv]` (storage type of q) and optionally the
-/// gradient of the final states (fp32). Recomputes everything it needs from the inputs.
+/// gradient of the final states (fp32). Recomputes everything it needs from the inputs. Runs the
+/// kernels [`BwdKernel::from_env`] names (v5 unless `GDN_RULE_BWD` says otherwise).
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     gpu: &Arc<Gpu>,
@@ -519,10 +520,77 @@ pub fn backward(
     d_o: &DBuf,
     d_final_state: Option<&GBuf<f32>>,
 ) -> Result<Grads> {
+    backward_with(
+        gpu,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        seqs,
+        shape,
+        opts,
+        initial_state,
+        d_o,
+        d_final_state,
+        BwdKernel::from_env(),
+    )
+}
+
+/// [`backward`] with the kernels chosen by the caller. `BwdKernel::V6` runs its selected v6
+/// pieces where [`v6_supports`] says they can (bf16 storage, Dk 64 or 128, Dv a multiple of 16)
+/// and v5 elsewhere (bit for bit the v5 path).
+#[allow(clippy::too_many_arguments)]
+pub fn backward_with(
+    gpu: &Arc<Gpu>,
+    q: &DBuf,
+    k: &DBuf,
+    v: &DBuf,
+    g: &GBuf<f32>,
+    beta: &DBuf,
+    seqs: &Seqs,
+    shape: RuleShape,
+    opts: RuleOpts,
+    initial_state: Option<&GBuf<f32>>,
+    d_o: &DBuf,
+    d_final_state: Option<&GBuf<f32>>,
+    kernel: BwdKernel,
+) -> Result<Grads> {
     let s = shape;
     let dt = check(gpu, q, k, v, g, beta, seqs, s, initial_state)?;
     let (tokens, n_seq) = (seqs.tokens(), seqs.count());
     check_backward_grads("gated delta rule", gpu, dt, seqs, s, d_o, d_final_state)?;
+    if let BwdKernel::V6 {
+        recompute,
+        scan,
+        bf16_states,
+        warps,
+    } = kernel
+    {
+        if (recompute || scan) && v6_supports(dt, s) {
+            let pieces = V6Pieces {
+                recompute,
+                scan,
+                bf16_states: bf16_states && recompute && scan,
+                warps,
+            };
+            return backward_v6(
+                gpu,
+                q,
+                k,
+                v,
+                g,
+                beta,
+                seqs,
+                s,
+                opts,
+                initial_state,
+                d_o,
+                d_final_state,
+                pieces,
+            );
+        }
+    }
     let st = gpu.stream();
     let sf = suffix(dt);
     let ch = Chunks::new(gpu, seqs)?;
@@ -715,8 +783,10 @@ fn gpu_has_bulk_copies(gpu: &Gpu) -> bool {
 }
 
 impl FwdKernel {
-    /// `GDN_RULE_FWD=v6` or `v6b` (bulk copies), with `GDN_RULE_V6_WARPS=1|2|4|8` to force
-    /// the CTA width; anything else: v5.
+    /// The default: v6 (cp.async loads, CTA width by shape; it falls back to v5 where
+    /// [`v6_supports`] says no: f32 storage, Dk other than 64 / 128). `GDN_RULE_FWD=v5` keeps
+    /// v5 everywhere, `v6b` picks the bulk-copy loads; `GDN_RULE_V6_WARPS=1|2|4|8` forces the
+    /// CTA width of v6.
     pub fn from_env() -> FwdKernel {
         let warps = || {
             std::env::var("GDN_RULE_V6_WARPS")
@@ -725,9 +795,9 @@ impl FwdKernel {
                 .unwrap_or(0)
         };
         match std::env::var("GDN_RULE_FWD").as_deref() {
-            Ok("v6") => FwdKernel::V6 { warps: warps() },
+            Ok("v5") => FwdKernel::V5,
             Ok("v6b") => FwdKernel::V6Bulk { warps: warps() },
-            _ => FwdKernel::V5,
+            _ => FwdKernel::V6 { warps: warps() },
         }
     }
 }
@@ -1016,4 +1086,431 @@ pub fn chain6(
         ],
     )?;
     Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// v6 backward (issue 13, stage A, opt-in): see the v6 backward section of gated_delta_rule.cu.
+
+/// Which kernels run the backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BwdKernel {
+    /// v5: prep, scan (fp32 chunk-start states), dD_loc, reverse scan, per-chunk gradients, GVA
+    /// reduction; TF32 tensor cores for bf16.
+    V5,
+    /// v6 pieces on bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation), each on or off;
+    /// bf16 storage with Dk 64 / 128 only (v5 elsewhere). `recompute`: the chunk-start states
+    /// by `gdr_prep6` + `gdr_hrec6` (the v6 forward's chain) instead of prep + scan; `scan`:
+    /// dD_loc and the reverse scan fused in `gdr_bwd6` (after `gdr_qk6`) instead of dd_local +
+    /// scan_bwd. The per-chunk gradients and the GVA reduction stay v5's. `bf16_states` (with
+    /// both pieces only): the chunk-start states h and their gradients dh are stored bf16 (half
+    /// the bytes; `gdr_grad_h16_*` reads them) instead of fp32. `warps` per CTA of the v6 scans
+    /// as in [`FwdKernel::V6`] (0 picks by shape).
+    V6 {
+        recompute: bool,
+        scan: bool,
+        bf16_states: bool,
+        warps: usize,
+    },
+}
+
+impl BwdKernel {
+    /// `GDN_RULE_BWD=v6` (both v6 pieces, bf16 states), `v6f` (both, fp32 states), `v6r` (the
+    /// recompute only), `v6s` (the reverse scan only), with `GDN_RULE_V6_WARPS` as for the
+    /// forward; anything else: v5.
+    pub fn from_env() -> BwdKernel {
+        let warps = std::env::var("GDN_RULE_V6_WARPS")
+            .ok()
+            .and_then(|w| w.parse().ok())
+            .unwrap_or(0);
+        let v6 = |recompute, scan, bf16_states| BwdKernel::V6 {
+            recompute,
+            scan,
+            bf16_states,
+            warps,
+        };
+        match std::env::var("GDN_RULE_BWD").as_deref() {
+            Ok("v6") => v6(true, true, true),
+            Ok("v6f") => v6(true, true, false),
+            Ok("v6r") => v6(true, false, false),
+            Ok("v6s") => v6(false, true, false),
+            _ => BwdKernel::V5,
+        }
+    }
+}
+
+/// The selected pieces of a v6 backward.
+#[derive(Clone, Copy)]
+struct V6Pieces {
+    recompute: bool,
+    scan: bool,
+    bf16_states: bool,
+    warps: usize,
+}
+
+/// Bytes of one pipeline stage of `gdr_hrec6` (the .cu file's `V6R<DK, NW>::STAGE`): W, K (64
+/// rows of Dk + 8 bf16), the U tile (64 rows of 16 NW + 4 fp32), gam.
+pub fn v6r_stage_bytes(dk: usize, warps: usize) -> usize {
+    2 * C * (dk + 8) * 2 + C * (16 * warps + 4) * 4 + C * 4
+}
+
+/// Bytes of one pipeline stage of `gdr_bwd6` (`V6G<DK, NW>::STAGE`): K, Q, W (64 rows of Dk + 8
+/// bf16), A (64 rows of 72 bf16), the dO tile (64 rows of 16 NW + 8 bf16), gam.
+pub fn v6g_stage_bytes(dk: usize, warps: usize) -> usize {
+    3 * C * (dk + 8) * 2 + C * (C + 8) * 2 + C * (16 * warps + 8) * 2 + C * 4
+}
+
+/// Element-wise copy of `n` values between an fp32 and a bf16 buffer (`name`: gdr_cvt_f32_bf16
+/// or gdr_cvt_bf16_f32).
+fn cvt(gpu: &Arc<Gpu>, name: &str, x: Arg, y: Arg, n: usize) -> Result<()> {
+    launch_in(
+        gpu,
+        MODULE,
+        name,
+        n.div_ceil(THREADS as usize).min(1 << 20),
+        0,
+        &[x, y, Arg::I64(n as i64)],
+    )
+}
+
+/// The v6 backward (callers checked the inputs and [`v6_supports`]; at least one piece is on).
+#[allow(clippy::too_many_arguments)]
+fn backward_v6(
+    gpu: &Arc<Gpu>,
+    q: &DBuf,
+    k: &DBuf,
+    v: &DBuf,
+    g: &GBuf<f32>,
+    beta: &DBuf,
+    seqs: &Seqs,
+    s: RuleShape,
+    opts: RuleOpts,
+    initial_state: Option<&GBuf<f32>>,
+    d_o: &DBuf,
+    d_final_state: Option<&GBuf<f32>>,
+    pieces: V6Pieces,
+) -> Result<Grads> {
+    let st = gpu.stream();
+    let dt = DType::Bf16;
+    let sf = suffix(dt);
+    let (tokens, n_seq) = (seqs.tokens(), seqs.count());
+    let ch = Chunks::new(gpu, seqs)?;
+    let chh = ch.count * s.hv;
+    // With the in-kernel norm: the normalized q, k in fp32 (prep, qk6, dd_local, gdr_grad: as
+    // v5) and in bf16 (the v6 scans' mma operands), by the v6 forward's gdr_l2norm2 (its fp32
+    // output has v5's gdr_l2norm bits).
+    let norm = if opts.l2norm_in_kernel {
+        let rows = q.len() / s.dk;
+        let mut outs = Vec::with_capacity(2);
+        for x in [q, k] {
+            let y = out_f32(gpu, x.len())?;
+            let yb = ws_bf16(gpu, x.len())?;
+            launch(
+                gpu,
+                "gdr_l2norm2_bf16",
+                rows.div_ceil(ROWS_PER_BLOCK),
+                0,
+                &[
+                    dptr(x, st),
+                    ptr(&y, st),
+                    ptr(&yb, st),
+                    Arg::I64(rows as i64),
+                    i32_arg(s.dk),
+                ],
+            )?;
+            outs.push((DBuf::F32(y), DBuf::Bf16(yb)));
+        }
+        Some(outs)
+    } else {
+        None
+    };
+    let (qq, kk, qb, kb) = match &norm {
+        Some(o) => (&o[0].0, &o[1].0, &o[0].1, &o[1].1),
+        None => (q, k, q, k),
+    };
+    let ks = chunk_sfx(dt, opts);
+    let k_bytes = if opts.l2norm_in_kernel { 4 } else { 2 };
+    let nw = v6_warps(gpu, n_seq, s, pieces.warps);
+    let ctas = n_seq * s.hv * (s.dv / (16 * nw));
+
+    let h16 = pieces.bf16_states;
+    let o16 = |b: Option<&GBuf<u16>>| b.map_or(Arg::Ptr(0), |b| ptr(b, st));
+    // Recompute: gam, T, U (fp32), W (bf16 with v6's recompute, fp32 with v5's), chunk-start
+    // states h (fp32, or bf16 with bf16 states) and D (fp32), in v5's layouts.
+    let (gam, t, u, mut w32, mut w16, h32, h16b, d) = if pieces.recompute {
+        let gam = ws(gpu, chh * C)?;
+        let t = ws(gpu, chh * C * C)?;
+        let w = ws_bf16(gpu, chh * C * s.dk)?;
+        let u = ws(gpu, chh * C * s.dv)?;
+        launch(
+            gpu,
+            &format!("gdr_prep6_{ks}"),
+            chh,
+            (STAGE_F + 2 * MAT_F + 3 * C) * 4 + C * s.dk * k_bytes + C * s.dv * 2,
+            &[
+                dptr(kk, st),
+                dptr(v, st),
+                ptr(g, st),
+                dptr(beta, st),
+                ptr(&ch.t0, st),
+                ptr(&ch.len, st),
+                i32_arg(s.hk),
+                i32_arg(s.hv),
+                i32_arg(s.dk),
+                i32_arg(s.dv),
+                ptr(&gam, st),
+                ptr(&t, st),
+                ptr(&w, st),
+                ptr(&u, st),
+            ],
+        )?;
+        let (h32, h16b) = if h16 {
+            (None, Some(ws_bf16(gpu, chh * s.dk * s.dv)?))
+        } else {
+            (Some(ws(gpu, chh * s.dk * s.dv)?), None)
+        };
+        let d = ws(gpu, chh * C * s.dv)?;
+        launch_in_threads(
+            gpu,
+            MODULE,
+            &format!("gdr_hrec6_d{}_w{nw}", s.dk),
+            ctas,
+            32 * nw as u32,
+            2 * v6r_stage_bytes(s.dk, nw),
+            &[
+                dptr(kb, st),
+                ptr(&gam, st),
+                ptr(&w, st),
+                ptr(&u, st),
+                ptr(&ch.seq, st),
+                ptr(&ch.t0, st),
+                ptr(&ch.len, st),
+                i32_arg(s.hk),
+                i32_arg(s.hv),
+                i32_arg(s.dv),
+                optr(initial_state, st),
+                optr(h32.as_ref(), st),
+                o16(h16b.as_ref()),
+                ptr(&d, st),
+            ],
+        )?;
+        (gam, t, u, None, Some(w), h32, h16b, d)
+    } else {
+        let p = prep(gpu, ks, kk, v, g, beta, &ch, s, true)?;
+        let (h, d) = scan_fwd(gpu, ks, kk, &p, &ch, seqs, s, initial_state, None)?;
+        let Prep { gam, t, w, u } = p;
+        let t = t.ok_or_else(|| GdnError::Device("rule backward: prep kept no T".into()))?;
+        (gam, t, u, Some(w), None, Some(h), None, d)
+    };
+    // W in the type the selected reverse scan reads.
+    let n_w = chh * C * s.dk;
+    if pieces.scan && w16.is_none() {
+        let (Some(src), b) = (&w32, ws_bf16(gpu, n_w)?) else {
+            unreachable!("one of the W copies exists")
+        };
+        cvt(gpu, "gdr_cvt_f32_bf16", ptr(src, st), ptr(&b, st), n_w)?;
+        w16 = Some(b);
+    }
+    if !pieces.scan && w32.is_none() {
+        let (Some(src), b) = (&w16, ws(gpu, n_w)?) else {
+            unreachable!("one of the W copies exists")
+        };
+        cvt(gpu, "gdr_cvt_bf16_f32", ptr(src, st), ptr(&b, st), n_w)?;
+        w32 = Some(b);
+    }
+
+    // dD (complete), dh (gradients of the chunks' end states), dh0.
+    let dd = ws(gpu, chh * C * s.dv)?;
+    let (dh32, dh16) = if h16 {
+        (None, Some(ws_bf16(gpu, chh * s.dk * s.dv)?))
+    } else {
+        (Some(ws(gpu, chh * s.dk * s.dv)?), None)
+    };
+    let dh0 = match initial_state {
+        Some(_) => Some(out_f32(gpu, n_seq * s.hv * s.dk * s.dv)?),
+        None => None,
+    };
+    if let (true, Some(w)) = (pieces.scan, &w16) {
+        let a = ws_bf16(gpu, chh * C * C)?;
+        launch(
+            gpu,
+            &format!("gdr_qk6_{ks}"),
+            chh,
+            (STAGE_F + MAT_F + 2 * C) * 4 + 2 * C * s.dk * k_bytes,
+            &[
+                dptr(qq, st),
+                dptr(kk, st),
+                ptr(&gam, st),
+                ptr(&ch.t0, st),
+                ptr(&ch.len, st),
+                i32_arg(s.hk),
+                i32_arg(s.hv),
+                i32_arg(s.dk),
+                ptr(&a, st),
+            ],
+        )?;
+        launch_in_threads(
+            gpu,
+            MODULE,
+            &format!("gdr_bwd6_d{}_w{nw}", s.dk),
+            ctas,
+            32 * nw as u32,
+            2 * v6g_stage_bytes(s.dk, nw),
+            &[
+                dptr(qb, st),
+                dptr(kb, st),
+                dptr(d_o, st),
+                ptr(&gam, st),
+                ptr(w, st),
+                ptr(&a, st),
+                ptr(&ch.seq, st),
+                ptr(&ch.t0, st),
+                ptr(&ch.len, st),
+                i32_arg(s.hk),
+                i32_arg(s.hv),
+                i32_arg(s.dv),
+                Arg::F32(opts.scale),
+                optr(d_final_state, st),
+                optr(dh32.as_ref(), st),
+                o16(dh16.as_ref()),
+                ptr(&dd, st),
+                optr(dh0.as_ref(), st),
+            ],
+        )?;
+    } else if let (Some(w), Some(dh)) = (&w32, &dh32) {
+        // v5's dD_loc = scale A^T dO, then its reverse scan.
+        launch(
+            gpu,
+            &format!("gdr_dd_local_{ks}"),
+            chh,
+            (STAGE_F + MAT_F + 2 * C) * 4,
+            &[
+                dptr(qq, st),
+                dptr(kk, st),
+                dptr(d_o, st),
+                ptr(&gam, st),
+                ptr(&ch.t0, st),
+                ptr(&ch.len, st),
+                i32_arg(s.hk),
+                i32_arg(s.hv),
+                i32_arg(s.dk),
+                i32_arg(s.dv),
+                Arg::F32(opts.scale),
+                ptr(&dd, st),
+            ],
+        )?;
+        let bv = scan_bv(gpu, n_seq, s);
+        launch(
+            gpu,
+            &format!("gdr_scan_bwd{bv}_{ks}"),
+            n_seq * s.hv * (s.dv / bv),
+            (s.dk * (bv + 8) + 2 * C * (s.dk + 4) + 2 * C * (bv + 8) + C) * 4,
+            &[
+                dptr(qq, st),
+                dptr(kk, st),
+                dptr(d_o, st),
+                ptr(&gam, st),
+                ptr(w, st),
+                ptr(&ch.seq, st),
+                ptr(&ch.t0, st),
+                ptr(&ch.len, st),
+                i32_arg(s.hk),
+                i32_arg(s.hv),
+                i32_arg(s.dk),
+                i32_arg(s.dv),
+                Arg::F32(opts.scale),
+                optr(d_final_state, st),
+                ptr(dh, st),
+                ptr(&dd, st),
+                optr(dh0.as_ref(), st),
+            ],
+        )?;
+    }
+    drop((w32, w16));
+
+    // v5's per-chunk gradients (dW in its own workspace, U's becomes dVb) and GVA reduction.
+    let dw = ws(gpu, chh * C * s.dk)?;
+    let dkb = ws(gpu, chh * C * s.dk)?;
+    let dq_part = ws(gpu, tokens * s.hv * s.dk)?;
+    let dk_part = ws(gpu, tokens * s.hv * s.dk)?;
+    let mut dv = out_d(gpu, tokens * s.hv * s.dv, dt)?;
+    let dg = out_f32(gpu, tokens * s.hv)?;
+    let mut dbeta = out_d(gpu, tokens * s.hv, dt)?;
+    let (grad, h_arg, dh_arg) = if h16 {
+        ("gdr_grad_h16", o16(h16b.as_ref()), o16(dh16.as_ref()))
+    } else {
+        ("gdr_grad", optr(h32.as_ref(), st), optr(dh32.as_ref(), st))
+    };
+    launch(
+        gpu,
+        &format!("{grad}_{ks}"),
+        chh,
+        (STAGE_F + 5 * MAT_F + 8 * C) * 4,
+        &[
+            dptr(qq, st),
+            dptr(kk, st),
+            dptr(v, st),
+            dptr(beta, st),
+            dptr(d_o, st),
+            ptr(&gam, st),
+            ptr(&t, st),
+            h_arg,
+            dh_arg,
+            ptr(&d, st),
+            ptr(&dd, st),
+            ptr(&dw, st),
+            ptr(&u, st),
+            ptr(&dkb, st),
+            ptr(&ch.t0, st),
+            ptr(&ch.len, st),
+            i32_arg(s.hk),
+            i32_arg(s.hv),
+            i32_arg(s.dk),
+            i32_arg(s.dv),
+            Arg::F32(opts.scale),
+            ptr(&dq_part, st),
+            ptr(&dk_part, st),
+            dptr(&dv, st),
+            ptr(&dg, st),
+            dptr(&dbeta, st),
+        ],
+    )?;
+    drop((gam, t, u, h32, h16b, d, dd, dh32, dh16, dw, dkb, norm));
+    let dq = out_d(gpu, tokens * s.hk * s.dk, dt)?;
+    let dk = out_d(gpu, tokens * s.hk * s.dk, dt)?;
+    launch(
+        gpu,
+        &format!("gdr_reduce_qk_{sf}"),
+        (tokens * s.hk).div_ceil(ROWS_PER_BLOCK),
+        0,
+        &[
+            dptr(q, st),
+            dptr(k, st),
+            ptr(&dq_part, st),
+            ptr(&dk_part, st),
+            Arg::I64(tokens as i64),
+            Arg::I64(seqs.used() as i64),
+            i32_arg(s.hk),
+            i32_arg(s.hv),
+            i32_arg(s.dk),
+            Arg::I32(opts.l2norm_in_kernel as i32),
+            dptr(&dq, st),
+            dptr(&dk, st),
+        ],
+    )?;
+    let used = seqs.used();
+    zero_tail("gated delta rule", gpu, &mut dv, used, tokens, s.hv * s.dv)?;
+    zero_tail("gated delta rule", gpu, &mut dbeta, used, tokens, s.hv)?;
+    let mut dg = DBuf::F32(dg);
+    zero_tail("gated delta rule", gpu, &mut dg, used, tokens, s.hv)?;
+    let DBuf::F32(dg) = dg else {
+        unreachable!("dg is f32")
+    };
+    Ok(Grads {
+        dq,
+        dk,
+        dv,
+        dg,
+        dbeta,
+        dh0,
+    })
 }

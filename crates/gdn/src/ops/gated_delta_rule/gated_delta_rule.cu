@@ -929,12 +929,13 @@ __device__ void gdr_dd_local(const TQ* __restrict__ q, const TQ* __restrict__ k,
 // ---------------------------------------------------------------------------------------------
 // Every gradient of one chunk except the state recursion (done by the scans), following
 // cpu.rs chunk_backward. Inputs: s0 = h[c] (start state), ds = dh[c] (gradient of the end state),
-// D, dD (complete), T, gam. W's workspace is reused for dW, U's for dVb.
-template <typename TQ, typename T>
+// D, dD (complete), T, gam. W's workspace is reused for dW, U's for dVb. TH: the element type of
+// h and dh (fp32 in v5; bf16 with the v6 backward's bf16 states, gdr_grad_h16_*).
+template <typename TQ, typename T, typename TH = float>
 __device__ void gdr_grad(const TQ* __restrict__ q, const TQ* __restrict__ k, const T* __restrict__ v,
                          const T* __restrict__ beta, const T* __restrict__ d_o, const float* __restrict__ gam_ws,
-                         const float* __restrict__ t_ws, const float* __restrict__ h_ws,
-                         const float* __restrict__ dh_ws, const float* __restrict__ d_ws,
+                         const float* __restrict__ t_ws, const TH* __restrict__ h_ws,
+                         const TH* __restrict__ dh_ws, const float* __restrict__ d_ws,
                          const float* __restrict__ dd_ws, float* __restrict__ dw_ws, float* __restrict__ dvb_ws,
                          float* __restrict__ dkb_ws, const i64* __restrict__ ch_t0, const int* __restrict__ ch_len,
                          int hk_n, int hv_n, int dk, int dv, float scale, float* __restrict__ dq_part,
@@ -966,8 +967,8 @@ __device__ void gdr_grad(const TQ* __restrict__ q, const TQ* __restrict__ k, con
     const T* oc = d_o + G.t0 * vrow + (i64)G.hv * dv;
     float* dqc = dq_part + G.t0 * prow + (i64)G.hv * dk;
     float* dkc = dk_part + G.t0 * prow + (i64)G.hv * dk;
-    const float* s0 = h_ws + cb * (i64)dk * dv;
-    const float* ds = dh_ws + cb * (i64)dk * dv;
+    const TH* s0 = h_ws + cb * (i64)dk * dv;
+    const TH* ds = dh_ws + cb * (i64)dk * dv;
     const float* Dm = d_ws + cb * GDR_C * (i64)dv;
     const float* dD = dd_ws + cb * GDR_C * (i64)dv;
     float* dW = dw_ws + cb * GDR_C * (i64)dk;
@@ -1024,7 +1025,7 @@ __device__ void gdr_grad(const TQ* __restrict__ q, const TQ* __restrict__ k, con
         tile_zero(acc);
         tile_mma<TC, true, true>(
             acc, dv, [&](int i, int c) { return i < l ? ld(oc, i * vrow + c) : 0.f; },
-            [&](int c, int x) { return j0 + x < dk ? s0[(i64)(j0 + x) * dv + c] : 0.f; }, stage);
+            [&](int c, int x) { return j0 + x < dk ? ld(s0, (i64)(j0 + x) * dv + c) : 0.f; }, stage);
         tile_epi<TC>(acc, [&](int i, int x, float a) {
             if (i < l && j0 + x < dk) dqc[i * prow + j0 + x] = s_eg[i] * (scale * a);
         });
@@ -1051,7 +1052,7 @@ __device__ void gdr_grad(const TQ* __restrict__ q, const TQ* __restrict__ k, con
         tile_zero(acc);
         tile_mma<TC, true, true>(
             acc, dv, [&](int i, int c) { return Dm[(i64)i * dv + c]; },
-            [&](int c, int x) { return j0 + x < dk ? ds[(i64)(j0 + x) * dv + c] : 0.f; }, stage);
+            [&](int c, int x) { return j0 + x < dk ? ld(ds, (i64)(j0 + x) * dv + c) : 0.f; }, stage);
         tile_epi<TC>(acc, [&](int i, int x, float a) {
             if (i < l && j0 + x < dk) dkc[i * prow + j0 + x] = s_ed[i] * a;
         });
@@ -1065,7 +1066,7 @@ __device__ void gdr_grad(const TQ* __restrict__ q, const TQ* __restrict__ k, con
     {
         float p = 0.f;
         const i64 nn = (i64)dk * dv;
-        for (i64 e = tid; e < nn; e += GDR_NT) p += s0[e] * ds[e];
+        for (i64 e = tid; e < nn; e += GDR_NT) p += ld(s0, e) * ld(ds, e);
         sds = block_sum(p, s_red);  // synchronizes
     }
     if (tid < GDR_C) {
@@ -1093,7 +1094,7 @@ __device__ void gdr_grad(const TQ* __restrict__ q, const TQ* __restrict__ k, con
         tile_zero(acc);
         tile_mma<TC, true, true>(
             acc, dv, [&](int i, int c) { return dD[(i64)i * dv + c]; },
-            [&](int c, int x) { return j0 + x < dk ? s0[(i64)(j0 + x) * dv + c] : 0.f; }, stage);
+            [&](int c, int x) { return j0 + x < dk ? ld(s0, (i64)(j0 + x) * dv + c) : 0.f; }, stage);
         tile_epi<TC>(acc, [&](int i, int x, float a) {
             if (j0 + x < dk) dW[(i64)i * dk + j0 + x] = -a;
         });
@@ -1514,11 +1515,14 @@ __device__ __forceinline__ void v6_mul_rows_t(float (&x)[8][4], const unsigned (
 // One chunk step of the chain for this warp: D^T = U^T - S^T W^T, then S^T <- e^gl S^T +
 // (D^T diag(ed)) K. Leaves S0^T (the chunk-start state) as bf16 A fragments in `sa` and D^T
 // (unscaled) in `da`, for the output. `u` is the CTA's U tile (fp32, row stride lu) offset to
-// this warp's first column; s_gam the chunk's gam; l the valid rows.
-template <int DK>
+// this warp's first column; s_gam the chunk's gam; l the valid rows. SD (gdr_hrec6): D (fp32,
+// before its rounding to bf16) is also stored, D[i][v] at dst[i * ldd + v] for the warp's 16
+// columns v (all 64 rows: rows >= l are 0).
+template <int DK, bool SD = false>
 __device__ __forceinline__ void v6_chain_step(float (&s)[DK / 8][4], unsigned (&sa)[DK / 16][4],
                                               unsigned (&da)[4][4], const bf16_t* sw, const bf16_t* sk,
-                                              int lk, const float* u, int lu, const float* s_gam, int l) {
+                                              int lk, const float* u, int lu, const float* s_gam, int l,
+                                              float* dst = nullptr, i64 ldd = 0) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, mi = lane >> 3, r = lane & 7;
     v6_s_frags<DK>(s, sa);
     float x[8][4];
@@ -1541,6 +1545,10 @@ __device__ __forceinline__ void v6_chain_step(float (&s)[DK / 8][4], unsigned (&
                 const int v = g + 8 * rr;
                 const float d0 = u[i0 * lu + v] - x[j][2 * rr];
                 const float d1 = u[(i0 + 1) * lu + v] - x[j][2 * rr + 1];
+                if (SD) {
+                    dst[(i64)i0 * ldd + v] = d0;
+                    dst[(i64)(i0 + 1) * ldd + v] = d1;
+                }
                 da[kk][rr + 2 * h] = pack_bf16(d0, d1);
                 dsa[kk][rr + 2 * h] = pack_bf16(e0 * d0, e1 * d1);
             }
@@ -1809,6 +1817,401 @@ __device__ void gdr_l2norm2(const TI* __restrict__ x, float* __restrict__ y, bf1
     }
 }
 
+// =============================================================================================
+// v6 backward (issue 13, stage A; opt-in, cuda::BwdKernel::V6): the two sequential scans of
+// backward on bf16 tensor cores in gdr_fwd6's style: one warp per 16 state columns, the state
+// (or its gradient) in registers as fp32 m16n8 accumulator fragments, the chunk's operands
+// double-buffered in shared memory by cp.async, the same fragment helpers (v6_s_frags,
+// v6_mul_rows_t, the ldmatrix patterns of v6_chain_step; checked by chain6_matches_cpu).
+//
+//   gdr_hrec6   backward's recompute of the chunk-start states: gdr_fwd6's chain without the
+//               output. Stores h[c] (fp32, [Dk][Dv] per chunk-head: v5's layout) before each step
+//               and D (fp32, [64][Dv] per chunk-head: v5's layout) from the step. Inputs as
+//               gdr_fwd6 (W bf16 from gdr_prep6, U and gam fp32).
+//   gdr_bwd6    the reverse scan with dD_loc folded in (v5's gdr_dd_local + gdr_scan_bwd). Chunks
+//               in reverse; dS^T (16 x Dk per warp) is the gradient of the chunk's end state:
+//                 dh[c] = dS                                   (stored fp32, v5's layout)
+//                 X     = dS^T K^T                 (16 x 64)    A operand: dS^T as bf16
+//                 dD^T  = scale dO^T A + X diag(e^(gam_L - gam))    A: dO^T by ldmatrix.trans;
+//                                                               B: A = lower_incl(QK^T Gamma),
+//                                                               only its blocks on / below the
+//                                                               diagonal (gdr_qk6, bf16)
+//                 dS^T <- e^gam_L dS^T + (dO diag(scale e^gam))^T Q - dD^T W
+//                                                               A: dO^T scaled per chunk row,
+//                                                               -dD^T, both bf16; B: Q, W rows
+//               dD (fp32, v5's layout) for gdr_grad; dS at the sequence start is dh0.
+//   gdr_cvt_*   element-wise fp32 <-> bf16 copies (W between the v5 and v6 pieces when only
+//               some pieces are selected).
+// With both pieces, h and dh can be stored bf16 (h16_ws / dh16_ws instead of the fp32 pointers,
+// which are then null) for gdr_grad_h16_* (v5's gdr_grad reading bf16 states).
+
+// A warp's 16 columns of a state (fragments s[nt][c] = S[8 nt + 2t + (c & 1)][g + 8 (c >> 1)]
+// relative to the warp's first column) to a [DK][dv] state at `off`: fp32 into `f` or, when
+// `f` is null, bf16 into `b`.
+template <int DK>
+__device__ __forceinline__ void v6_store_state(const float (&s)[DK / 8][4], float* f, bf16_t* b, i64 off, int dv) {
+    const int t = threadIdx.x & 3;
+    if (f) {
+#pragma unroll
+        for (int nt = 0; nt < DK / 8; ++nt)
+#pragma unroll
+            for (int cc = 0; cc < 4; ++cc) f[off + (i64)(8 * nt + 2 * t + (cc & 1)) * dv + 8 * (cc >> 1)] = s[nt][cc];
+    } else {
+#pragma unroll
+        for (int nt = 0; nt < DK / 8; ++nt)
+#pragma unroll
+            for (int cc = 0; cc < 4; ++cc)
+                b[off + (i64)(8 * nt + 2 * t + (cc & 1)) * dv + 8 * (cc >> 1)] = f32_to_bf16(s[nt][cc]);
+    }
+}
+
+// One stage of gdr_hrec6 (bytes, 16-byte aligned regions): W, K (64 rows of DK + 8 bf16), the
+// CTA's U tile (64 rows of BV + 4 fp32), gam (64 fp32).
+template <int DK, int NW>
+struct V6R {
+    static constexpr int BV = 16 * NW;
+    static constexpr int NT = 32 * NW;
+    static constexpr int LK = DK + 8;
+    static constexpr int LU = BV + 4;
+    static constexpr int W_OFF = 0;
+    static constexpr int K_OFF = W_OFF + GDR_C * LK * 2;
+    static constexpr int U_OFF = K_OFF + GDR_C * LK * 2;
+    static constexpr int G_OFF = U_OFF + GDR_C * LU * 4;
+    static constexpr int STAGE = G_OFF + GDR_C * 4;
+};
+
+template <int DK, int NW>
+__device__ __forceinline__ void v6r_load_stage(char* st, const bf16_t* wc, const bf16_t* kc, i64 krow, int l,
+                                               const float* uc, i64 urow, const float* gc) {
+    typedef V6R<DK, NW> L;
+    const int tid = threadIdx.x;
+    constexpr int CPR = DK / 8;
+    for (int e = tid; e < GDR_C * CPR; e += L::NT) {
+        const int i = e / CPR, x = (e % CPR) * 8;
+        const bool ok = i < l;
+        const i64 r = ok ? i : 0;
+        cp_async16(st + L::W_OFF + (i * L::LK + x) * 2, wc + (i64)i * DK + x, true);
+        cp_async16(st + L::K_OFF + (i * L::LK + x) * 2, kc + r * krow + x, ok);
+    }
+    constexpr int UPR = L::BV / 4;
+    for (int e = tid; e < GDR_C * UPR; e += L::NT) {
+        const int i = e / UPR, x = (e % UPR) * 4;
+        cp_async16(st + L::U_OFF + (i * L::LU + x) * 4, uc + (i64)i * urow + x, true);
+    }
+    if (tid < GDR_C / 4) cp_async16(st + L::G_OFF + tid * 16, gc + tid * 4, true);
+    cp_async_commit();
+}
+
+// Grid: N * Hv * (dv / BV) CTAs of 32 NW threads; dynamic shared memory 2 * V6R<DK, NW>::STAGE.
+template <int DK, int NW>
+__device__ void gdr_hrec6(const bf16_t* __restrict__ k, const float* __restrict__ gam_ws,
+                          const bf16_t* __restrict__ w_ws, const float* __restrict__ u_ws,
+                          const i64* __restrict__ seq_ch, const i64* __restrict__ ch_t0,
+                          const int* __restrict__ ch_len, int hk_n, int hv_n, int dv,
+                          const float* __restrict__ h0, float* __restrict__ h_ws, bf16_t* __restrict__ h16_ws,
+                          float* __restrict__ d_ws) {
+    typedef V6R<DK, NW> L;
+    // A launch with too little shared memory writes nothing (tests see the poisoned output).
+    if (dyn_smem_bytes() < 2u * L::STAGE) return;
+    char* sm = reinterpret_cast<char*>(gdr_smem);
+    const int nvt = dv / L::BV;
+    const i64 b = blockIdx.x;
+    const int vt = (int)(b % nvt);
+    const int hv = (int)((b / nvt) % hv_n);
+    const i64 n = b / ((i64)nvt * hv_n);
+    const int kh = hv / (hv_n / hk_n);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const i64 col0 = (i64)vt * L::BV;
+    const int wc0 = 16 * warp;
+    const i64 st_base = (n * hv_n + hv) * (i64)DK * dv;
+    const i64 krow = (i64)hk_n * DK;
+
+    // s[nt][c] = S[8 nt + 2t + (c & 1)][col0 + wc0 + g + 8 (c >> 1)]
+    float s[DK / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < DK / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            s[nt][c] = h0 ? h0[st_base + (i64)(8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)] : 0.f;
+
+    const i64 c_beg = seq_ch[n], c_end = seq_ch[n + 1];
+    auto issue = [&](i64 c, int stage, i64 t0, int l) {
+        const i64 cb = c * hv_n + hv;
+        v6r_load_stage<DK, NW>(sm + stage * L::STAGE, w_ws + cb * GDR_C * DK, k + t0 * krow + (i64)kh * DK, krow, l,
+                               u_ws + cb * GDR_C * dv + col0, (i64)dv, gam_ws + cb * GDR_C);
+    };
+    // Chunk tables one chunk ahead of their use (no global round trip inside a step): l_cur is
+    // chunk c's length, (t0_nxt, l_nxt) chunk c + 1's.
+    int l_cur = 0, l_nxt = 0;
+    i64 t0_nxt = 0;
+    if (c_beg < c_end) {
+        l_cur = ch_len[c_beg];
+        issue(c_beg, 0, ch_t0[c_beg], l_cur);
+        if (c_beg + 1 < c_end) {
+            t0_nxt = ch_t0[c_beg + 1];
+            l_nxt = ch_len[c_beg + 1];
+        }
+    } else {
+        cp_async_commit();
+    }
+    for (i64 c = c_beg; c < c_end; ++c) {
+        const int stg = (int)((c - c_beg) & 1);
+        cp_async_wait_group<0>();
+        // Chunk c's stage is complete and visible; every warp is done with the other stage.
+        __syncthreads();
+        if (c + 1 < c_end) issue(c + 1, stg ^ 1, t0_nxt, l_nxt);
+        else cp_async_commit();
+        const int l = l_cur;
+        l_cur = l_nxt;
+        if (c + 2 < c_end) {
+            t0_nxt = ch_t0[c + 2];
+            l_nxt = ch_len[c + 2];
+        }
+        const char* sp = sm + stg * L::STAGE;
+        const bf16_t* sW = reinterpret_cast<const bf16_t*>(sp + L::W_OFF);
+        const bf16_t* sK = reinterpret_cast<const bf16_t*>(sp + L::K_OFF);
+        const float* sU = reinterpret_cast<const float*>(sp + L::U_OFF);
+        const float* sG = reinterpret_cast<const float*>(sp + L::G_OFF);
+        const i64 cb = c * hv_n + hv;
+        v6_store_state<DK>(s, h_ws, h16_ws, cb * (i64)DK * dv + col0 + wc0 + g, dv);
+        unsigned sa[DK / 16][4], da[4][4];
+        v6_chain_step<DK, true>(s, sa, da, sW, sK, L::LK, sU + wc0, L::LU, sG, l,
+                                d_ws + cb * GDR_C * (i64)dv + col0 + wc0, (i64)dv);
+    }
+}
+
+// One stage of gdr_bwd6 (bytes): K, Q, W (64 rows of DK + 8 bf16), A (64 rows of 72 bf16), the
+// CTA's dO tile (64 rows of BV + 8 bf16), gam (64 fp32). Row strides keep ldmatrix's 8 row
+// addresses in 8 different 16-byte bank groups.
+template <int DK, int NW>
+struct V6G {
+    static constexpr int BV = 16 * NW;
+    static constexpr int NT = 32 * NW;
+    static constexpr int LK = DK + 8;
+    static constexpr int LA = GDR_C + 8;
+    static constexpr int LO = BV + 8;
+    static constexpr int K_OFF = 0;
+    static constexpr int Q_OFF = K_OFF + GDR_C * LK * 2;
+    static constexpr int W_OFF = Q_OFF + GDR_C * LK * 2;
+    static constexpr int A_OFF = W_OFF + GDR_C * LK * 2;
+    static constexpr int O_OFF = A_OFF + GDR_C * LA * 2;
+    static constexpr int G_OFF = O_OFF + GDR_C * LO * 2;
+    static constexpr int STAGE = G_OFF + GDR_C * 4;
+};
+
+// K, Q and dO rows >= l are zero-filled (never read from memory: they may belong to the next
+// sequence or lie past the buffer); W and A rows >= l are zero in their workspaces.
+template <int DK, int NW>
+__device__ __forceinline__ void v6g_load_stage(char* st, const bf16_t* kc, const bf16_t* qc, i64 krow, int l,
+                                               const bf16_t* wc, const bf16_t* ac, const bf16_t* oc, i64 vrow,
+                                               const float* gc) {
+    typedef V6G<DK, NW> L;
+    const int tid = threadIdx.x;
+    constexpr int CPR = DK / 8;
+    for (int e = tid; e < GDR_C * CPR; e += L::NT) {
+        const int i = e / CPR, x = (e % CPR) * 8;
+        const bool ok = i < l;
+        const i64 r = ok ? i : 0;
+        cp_async16(st + L::K_OFF + (i * L::LK + x) * 2, kc + r * krow + x, ok);
+        cp_async16(st + L::Q_OFF + (i * L::LK + x) * 2, qc + r * krow + x, ok);
+        cp_async16(st + L::W_OFF + (i * L::LK + x) * 2, wc + (i64)i * DK + x, true);
+    }
+    for (int e = tid; e < GDR_C * 8; e += L::NT) {
+        const int i = e >> 3, x = (e & 7) * 8;
+        cp_async16(st + L::A_OFF + (i * L::LA + x) * 2, ac + i * GDR_C + x, true);
+    }
+    constexpr int OPR = L::BV / 8;  // 16-byte pieces per dO row
+    for (int e = tid; e < GDR_C * OPR; e += L::NT) {
+        const int i = e / OPR, x = (e % OPR) * 8;
+        const bool ok = i < l;
+        const i64 r = ok ? i : 0;
+        cp_async16(st + L::O_OFF + (i * L::LO + x) * 2, oc + r * vrow + x, ok);
+    }
+    if (tid < GDR_C / 4) cp_async16(st + L::G_OFF + tid * 16, gc + tid * 4, true);
+    cp_async_commit();
+}
+
+// bf16x2 register u (elements lo, hi) times (a, b), rounded back to bf16x2.
+__device__ __forceinline__ unsigned scale_bf16x2(unsigned u, float a, float b) {
+    return pack_bf16(__uint_as_float(u << 16) * a, __uint_as_float(u & 0xffff0000u) * b);
+}
+
+// Grid: N * Hv * (dv / BV) CTAs of 32 NW threads; dynamic shared memory 2 * V6G<DK, NW>::STAGE.
+template <int DK, int NW>
+__device__ void gdr_bwd6(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+                         const bf16_t* __restrict__ d_o, const float* __restrict__ gam_ws,
+                         const bf16_t* __restrict__ w_ws, const bf16_t* __restrict__ a_ws,
+                         const i64* __restrict__ seq_ch, const i64* __restrict__ ch_t0,
+                         const int* __restrict__ ch_len, int hk_n, int hv_n, int dv, float scale,
+                         const float* __restrict__ dht, float* __restrict__ dh_ws, bf16_t* __restrict__ dh16_ws,
+                         float* __restrict__ dd_ws, float* __restrict__ dh0) {
+    typedef V6G<DK, NW> L;
+    if (dyn_smem_bytes() < 2u * L::STAGE) return;
+    char* sm = reinterpret_cast<char*>(gdr_smem);
+    const int nvt = dv / L::BV;
+    const i64 b = blockIdx.x;
+    const int vt = (int)(b % nvt);
+    const int hv = (int)((b / nvt) % hv_n);
+    const i64 n = b / ((i64)nvt * hv_n);
+    const int kh = hv / (hv_n / hk_n);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int mi = lane >> 3, r = lane & 7;
+    const i64 col0 = (i64)vt * L::BV;
+    const int wc0 = 16 * warp;
+    const i64 st_base = (n * hv_n + hv) * (i64)DK * dv;
+    const i64 krow = (i64)hk_n * DK, vrow = (i64)hv_n * dv;
+
+    // s[nt][c] = dS[8 nt + 2t + (c & 1)][col0 + wc0 + g + 8 (c >> 1)]
+    float s[DK / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < DK / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            s[nt][c] = dht ? dht[st_base + (i64)(8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)] : 0.f;
+
+    const i64 c_beg = seq_ch[n], c_end = seq_ch[n + 1];
+    auto issue = [&](i64 c, int stage, i64 t0, int l) {
+        const i64 cb = c * hv_n + hv;
+        v6g_load_stage<DK, NW>(sm + stage * L::STAGE, k + t0 * krow + (i64)kh * DK, q + t0 * krow + (i64)kh * DK,
+                               krow, l, w_ws + cb * GDR_C * DK, a_ws + cb * GDR_C * GDR_C,
+                               d_o + t0 * vrow + (i64)hv * dv + col0, vrow, gam_ws + cb * GDR_C);
+    };
+    // Chunk tables one chunk ahead of their use, as in gdr_hrec6 (here "next" is c - 1).
+    int l_cur = 0, l_nxt = 0;
+    i64 t0_nxt = 0;
+    if (c_end > c_beg) {
+        l_cur = ch_len[c_end - 1];
+        issue(c_end - 1, 0, ch_t0[c_end - 1], l_cur);
+        if (c_end - 1 > c_beg) {
+            t0_nxt = ch_t0[c_end - 2];
+            l_nxt = ch_len[c_end - 2];
+        }
+    } else {
+        cp_async_commit();
+    }
+    const float inv_scale = 1.f / scale;
+    for (i64 c = c_end - 1; c >= c_beg; --c) {
+        const int stg = (int)((c_end - 1 - c) & 1);
+        cp_async_wait_group<0>();
+        __syncthreads();
+        if (c > c_beg) issue(c - 1, stg ^ 1, t0_nxt, l_nxt);
+        else cp_async_commit();
+        const int l = l_cur;
+        l_cur = l_nxt;
+        if (c - 2 >= c_beg) {
+            t0_nxt = ch_t0[c - 2];
+            l_nxt = ch_len[c - 2];
+        }
+        const char* sp = sm + stg * L::STAGE;
+        const bf16_t* sK = reinterpret_cast<const bf16_t*>(sp + L::K_OFF);
+        const bf16_t* sQ = reinterpret_cast<const bf16_t*>(sp + L::Q_OFF);
+        const bf16_t* sW = reinterpret_cast<const bf16_t*>(sp + L::W_OFF);
+        const bf16_t* sA = reinterpret_cast<const bf16_t*>(sp + L::A_OFF);
+        const bf16_t* sO = reinterpret_cast<const bf16_t*>(sp + L::O_OFF);
+        const float* sG = reinterpret_cast<const float*>(sp + L::G_OFF);
+        const i64 cb = c * hv_n + hv;
+
+        // dh[c] = dS (the gradient of the chunk's end state).
+        v6_store_state<DK>(s, dh_ws, dh16_ws, cb * (i64)DK * dv + col0 + wc0 + g, dv);
+
+        // x[j][c]: dD^T[v][i] for v = g + 8 (c >> 1), i = 8 j + 2t + (c & 1); first X = dS^T K^T
+        // scaled by e^(gam_L - gam_i) / scale (zero for i >= l), then + dO^T A, times scale.
+        float x[8][4];
+        {
+            unsigned sa[DK / 16][4];
+            v6_s_frags<DK>(s, sa);
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int cc = 0; cc < 4; ++cc) x[j][cc] = 0.f;
+            v6_mul_rows_t<DK>(x, sa, sK, L::LK);
+        }
+        const float gl = sG[l - 1];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int i0 = 8 * j + 2 * t;
+            const float e0 = i0 < l ? __expf(gl - sG[i0]) * inv_scale : 0.f;
+            const float e1 = i0 + 1 < l ? __expf(gl - sG[i0 + 1]) * inv_scale : 0.f;
+            x[j][0] *= e0;
+            x[j][1] *= e1;
+            x[j][2] *= e0;
+            x[j][3] *= e1;
+        }
+        // dO^T as A fragments (m = the warp's 16 columns, k = chunk rows 16 kk ..): matrix mi of
+        // ldmatrix.trans is stored rows 16 kk + 8 (mi >> 1) .., columns wc0 + 8 (mi & 1) ..
+        unsigned of[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) ldsm_x4_t(of[kk], sO + (16 * kk + 8 * (mi >> 1) + r) * L::LO + wc0 + 8 * (mi & 1));
+        // + dO^T A: B[k = i][n = m] = A[i][m], nonzero for m <= i: blocks np <= kk.
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int np = 0; np <= kk; ++np) {
+                unsigned bb[4];
+                ldsm_x4_t(bb, sA + (16 * kk + 8 * (mi & 1) + r) * L::LA + 16 * np + 8 * (mi >> 1));
+                mma_bf16(x[2 * np], of[kk], bb[0], bb[1]);
+                mma_bf16(x[2 * np + 1], of[kk], bb[2], bb[3]);
+            }
+        // dD (fp32, for gdr_grad) and -dD^T as bf16 A fragments (k-block kk = n tiles 2 kk, 2 kk + 1).
+        float* ddc = dd_ws + cb * GDR_C * (i64)dv + col0 + wc0 + g;
+        unsigned nd[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int j = 2 * kk + h, i0 = 8 * j + 2 * t;
+#pragma unroll
+                for (int rr = 0; rr < 2; ++rr) {
+                    const float d0 = scale * x[j][2 * rr];
+                    const float d1 = scale * x[j][2 * rr + 1];
+                    ddc[(i64)i0 * dv + 8 * rr] = d0;
+                    ddc[(i64)(i0 + 1) * dv + 8 * rr] = d1;
+                    nd[kk][rr + 2 * h] = pack_bf16(-d0, -d1);
+                }
+            }
+        // dO^T diag(scale e^gam): registers 0, 1 of k-block kk hold rows 16 kk + 2t, + 1;
+        // registers 2, 3 rows 16 kk + 8 + 2t, + 1.
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            const int ia = 16 * kk + 2 * t, ib = ia + 8;
+            const float ea0 = ia < l ? scale * __expf(sG[ia]) : 0.f;
+            const float ea1 = ia + 1 < l ? scale * __expf(sG[ia + 1]) : 0.f;
+            const float eb0 = ib < l ? scale * __expf(sG[ib]) : 0.f;
+            const float eb1 = ib + 1 < l ? scale * __expf(sG[ib + 1]) : 0.f;
+            of[kk][0] = scale_bf16x2(of[kk][0], ea0, ea1);
+            of[kk][1] = scale_bf16x2(of[kk][1], ea0, ea1);
+            of[kk][2] = scale_bf16x2(of[kk][2], eb0, eb1);
+            of[kk][3] = scale_bf16x2(of[kk][3], eb0, eb1);
+        }
+        // dS^T <- e^gam_L dS^T + (scaled dO)^T Q - dD^T W; B[k = i][n = x] = Q[i][x], W[i][x].
+        const float egl = __expf(gl);
+#pragma unroll
+        for (int nt = 0; nt < DK / 8; ++nt)
+#pragma unroll
+            for (int cc = 0; cc < 4; ++cc) s[nt][cc] *= egl;
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int np = 0; np < DK / 16; ++np) {
+                unsigned bq[4], bw[4];
+                ldsm_x4_t(bq, sQ + (16 * kk + 8 * (mi & 1) + r) * L::LK + 16 * np + 8 * (mi >> 1));
+                ldsm_x4_t(bw, sW + (16 * kk + 8 * (mi & 1) + r) * L::LK + 16 * np + 8 * (mi >> 1));
+                mma_bf16(s[2 * np], of[kk], bq[0], bq[1]);
+                mma_bf16(s[2 * np + 1], of[kk], bq[2], bq[3]);
+                mma_bf16(s[2 * np], nd[kk], bw[0], bw[1]);
+                mma_bf16(s[2 * np + 1], nd[kk], bw[2], bw[3]);
+            }
+    }
+    if (dh0) {
+#pragma unroll
+        for (int nt = 0; nt < DK / 8; ++nt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                dh0[st_base + (i64)(8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)] = s[nt][c];
+    }
+}
+
+
 // ---------------------------------------------------------------------------------------------
 // Entry points, one per storage type (f32: verification; bf16: training).
 
@@ -1962,3 +2365,55 @@ GDR_CHAIN6_ENTRY(4, 0)
 GDR_CHAIN6_ENTRY(8, 0)
 GDR_CHAIN6_ENTRY(1, 1)
 GDR_CHAIN6_ENTRY(2, 1)
+
+// v6 backward (bf16 storage only).
+#define GDR_BWD6_ENTRY(DK, NW)                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * NW, 1) gdr_hrec6_d##DK##_w##NW(                   \
+        const bf16_t* k, const float* gam_ws, const bf16_t* w_ws, const float* u_ws, const i64* seq_ch,  \
+        const i64* ch_t0, const int* ch_len, int hk, int hv, int dv, const float* h0, float* h_ws,       \
+        bf16_t* h16_ws, float* d_ws) {                                                                  \
+        gdr_hrec6<DK, NW>(k, gam_ws, w_ws, u_ws, seq_ch, ch_t0, ch_len, hk, hv, dv, h0, h_ws, h16_ws,   \
+                          d_ws);                                                                        \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * NW, 1) gdr_bwd6_d##DK##_w##NW(                    \
+        const bf16_t* q, const bf16_t* k, const bf16_t* d_o, const float* gam_ws, const bf16_t* w_ws,   \
+        const bf16_t* a_ws, const i64* seq_ch, const i64* ch_t0, const int* ch_len, int hk, int hv,     \
+        int dv, float scale, const float* dht, float* dh_ws, bf16_t* dh16_ws, float* dd_ws,             \
+        float* dh0) {                                                                                   \
+        gdr_bwd6<DK, NW>(q, k, d_o, gam_ws, w_ws, a_ws, seq_ch, ch_t0, ch_len, hk, hv, dv, scale, dht,  \
+                         dh_ws, dh16_ws, dd_ws, dh0);                                                   \
+    }
+
+GDR_BWD6_ENTRY(64, 1)
+GDR_BWD6_ENTRY(64, 2)
+GDR_BWD6_ENTRY(64, 4)
+GDR_BWD6_ENTRY(64, 8)
+GDR_BWD6_ENTRY(128, 1)
+GDR_BWD6_ENTRY(128, 2)
+GDR_BWD6_ENTRY(128, 4)
+GDR_BWD6_ENTRY(128, 8)
+
+// gdr_grad with bf16 chunk-start states and state gradients (the v6 backward's bf16 states).
+#define GDR_GRAD_H16_ENTRY(TQ, S)                                                                       \
+    extern "C" __global__ void __launch_bounds__(GDR_NT, 2)                                             \
+        gdr_grad_h16_##S(const TQ* q, const TQ* k, const bf16_t* v, const bf16_t* beta,                 \
+                         const bf16_t* d_o, const float* gam_ws, const float* t_ws, const bf16_t* h_ws, \
+                         const bf16_t* dh_ws, const float* d_ws, const float* dd_ws, float* dw_ws,      \
+                         float* dvb_ws, float* dkb_ws, const i64* ch_t0, const int* ch_len, int hk,     \
+                         int hv, int dk, int dv, float scale, float* dq_part, float* dk_part,           \
+                         bf16_t* dv_out, float* dg, bf16_t* dbeta) {                                    \
+        gdr_grad<TQ, bf16_t, bf16_t>(q, k, v, beta, d_o, gam_ws, t_ws, h_ws, dh_ws, d_ws, dd_ws, dw_ws, \
+                                     dvb_ws, dkb_ws, ch_t0, ch_len, hk, hv, dk, dv, scale, dq_part,     \
+                                     dk_part, dv_out, dg, dbeta);                                       \
+    }
+
+GDR_GRAD_H16_ENTRY(bf16_t, bf16)
+GDR_GRAD_H16_ENTRY(float, bf16n)
+
+extern "C" __global__ void __launch_bounds__(GDR_NT) gdr_cvt_f32_bf16(const float* x, bf16_t* y, i64 n) {
+    for (i64 i = (i64)blockIdx.x * GDR_NT + threadIdx.x; i < n; i += (i64)gridDim.x * GDR_NT) y[i] = f32_to_bf16(x[i]);
+}
+
+extern "C" __global__ void __launch_bounds__(GDR_NT) gdr_cvt_bf16_f32(const bf16_t* x, float* y, i64 n) {
+    for (i64 i = (i64)blockIdx.x * GDR_NT + threadIdx.x; i < n; i += (i64)gridDim.x * GDR_NT) y[i] = bf16_to_f32(x[i]);
+}
