@@ -1,0 +1,1 @@
+//! CPU decode ops against a plain f64 recurrence written here, padding and errors.
