@@ -170,7 +170,7 @@ impl GatedDeltaNet {
     }
 
     /// The pool belongs to this layer: same device, storage and shape.
-    fn check_pool(&self, pool: &CachePool) -> Result<()> {
+    pub(crate) fn check_pool(&self, pool: &CachePool) -> Result<()> {
         if pool.device != self.device || pool.dtype != self.dtype {
             return Err(GdnError::Invalid(format!(
                 "cache pool on {:?} ({:?}) but the layer runs on {:?} ({:?})",
