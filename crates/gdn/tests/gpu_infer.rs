@@ -455,3 +455,47 @@ fn gpu_decode_padding_and_errors_leave_slots_unchanged() {
         assert_eq!(bits(&pool.conv_host().unwrap().into_vec()), bits(&c1));
     }
 }
+
+/// The model's prefill + decode on CUDA (f32) against the CPU's: logits within 1e-4 (relative to
+/// the largest), GDN and GDN2; a rerun bitwise equal.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_model_prefill_decode_matches_cpu() {
+    use gdn::model::{Model, ModelConfig};
+    for variant in [Variant::Gdn, Variant::Gdn2] {
+        let mc = ModelConfig {
+            vocab_size: 300,
+            ffn_hidden_size: 512,
+            share_embeddings_and_output_weights: false,
+            layer: GdnConfig {
+                num_layers: 2,
+                ..cfg(variant)
+            },
+        };
+        let cpu = Model::new(&mc, 7).unwrap();
+        let mut rng = ChaCha8Rng::seed_from_u64(8);
+        let prompt: Vec<u32> = (0..3 * 50).map(|_| rng.gen_range(0..300)).collect();
+        let steps: Vec<Vec<u32>> = (0..5)
+            .map(|_| (0..3).map(|_| rng.gen_range(0..300)).collect())
+            .collect();
+        let go = |m: &Model| {
+            let mut c = m.cache(4).unwrap();
+            let slots = [3, 0, 2];
+            let mut out = m
+                .prefill(&prompt, &Seqs::uniform(3, 50), &slots, &mut c)
+                .unwrap();
+            for s in &steps {
+                out.extend(m.decode(s, &slots, &mut c).unwrap());
+            }
+            out
+        };
+        let want = go(&cpu);
+        let mut g = Model::new(&mc, 7).unwrap();
+        g.to_device(Device::Cuda(0), DType::F32).unwrap();
+        let (a, b) = (go(&g), go(&g));
+        assert_eq!(bits(&a), bits(&b), "{variant:?}: rerun");
+        let e = rel(&a, &want);
+        eprintln!("{variant:?}: model logits CUDA vs CPU: {e:.2e}");
+        assert!(e < 1e-4, "{variant:?}: logits vs CPU {e}");
+    }
+}
