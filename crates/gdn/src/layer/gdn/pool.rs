@@ -327,24 +327,32 @@ impl GatedDeltaNet {
         let ext_rows = *cu_ext.last().unwrap_or(&0) as usize;
         let pc = self.proj_cols();
         let dense = Cols::dense(cd);
-        let mut ext = self.zeros_act(ext_rows * cd)?;
-        decode::copy_rows(&pool.conv, dense, &mut ext, dense, &win_in)?;
-        decode::copy_rows(&proj, pc.qkv, &mut ext, dense, &new_in)?;
-        let seqs_ext = Seqs::packed(&cu_ext, ext_rows)?;
-        let conv_out = conv1d::forward(
-            &ext,
-            dense,
-            p.get("conv1d.weight"),
-            w,
-            p.opt("conv1d.bias"),
-            &seqs_ext,
-        )?;
-        let mut qkv = self.zeros_act(t * cd)?;
-        decode::copy_rows(&conv_out, dense, &mut qkv, dense, &back)?;
-        drop(conv_out);
-        let gate_in = self.gate_sections_of(&proj)?;
-        let r = self.prep_after_conv(&p, qkv, &gate_in, t)?;
         let sl = pool.shape.state_len();
+        // The rule's inputs. Fresh: the training forward's own prep over the prompts (the same
+        // kernels on the same inputs, so y is the training forward's, bit for bit). Extending:
+        // conv over each sequence's cached rows followed by its new rows (`ext`), keeping the
+        // new rows' outputs.
+        let (r, ext) = if fresh {
+            (self.prep(&p, &proj, seqs)?, None)
+        } else {
+            let mut ext = self.zeros_act(ext_rows * cd)?;
+            decode::copy_rows(&pool.conv, dense, &mut ext, dense, &win_in)?;
+            decode::copy_rows(&proj, pc.qkv, &mut ext, dense, &new_in)?;
+            let seqs_ext = Seqs::packed(&cu_ext, ext_rows)?;
+            let conv_out = conv1d::forward(
+                &ext,
+                dense,
+                p.get("conv1d.weight"),
+                w,
+                p.opt("conv1d.bias"),
+                &seqs_ext,
+            )?;
+            let mut qkv = self.zeros_act(t * cd)?;
+            decode::copy_rows(&conv_out, dense, &mut qkv, dense, &back)?;
+            drop(conv_out);
+            let gate_in = self.gate_sections_of(&proj)?;
+            (self.prep_after_conv(&p, qkv, &gate_in, t)?, Some(ext))
+        };
         let h0 = if fresh {
             None
         } else {
@@ -367,6 +375,13 @@ impl GatedDeltaNet {
         drop((r, h0));
         let (y, _, _) = self.out_proj(&p, &o, &proj, t, &mut prof)?;
         let fin = fin.ok_or_else(|| GdnError::Invalid("final state was not produced".into()))?;
+        // Fresh: each slot's rows are its sequence's last W - 1 in_proj rows, zero rows before
+        // the sequence's start (from a zero row made here, before anything is written).
+        let zero_row = if fresh {
+            Some(self.zeros_act(cd)?)
+        } else {
+            None
+        };
         // Everything computed: now write the slots. An empty sequence keeps its slot's state and
         // rows when extending (its final state is its initial one; its last rows the cached
         // ones), and gets zeros when prefilled.
@@ -382,7 +397,31 @@ impl GatedDeltaNet {
             Cols::dense(sl),
             &pairs,
         )?;
-        decode::copy_rows(&ext, dense, &mut pool.conv, dense, &win_out)?;
+        match (ext, zero_row) {
+            (Some(ext), _) => decode::copy_rows(&ext, dense, &mut pool.conv, dense, &win_out)?,
+            (None, Some(zero)) => {
+                let (mut from_proj, mut from_zero) = (Vec::new(), Vec::new());
+                for (i, &sl) in slots.iter().enumerate() {
+                    if sl < 0 {
+                        continue;
+                    }
+                    let r = seqs.range(i);
+                    for j in 0..w1 {
+                        let dst = (sl as usize * w1 + j) as i32;
+                        // token end - (W-1) + j, if it is in the sequence
+                        match (r.end + j).checked_sub(w1) {
+                            Some(tok) if tok >= r.start => from_proj.push((tok as i32, dst)),
+                            _ => from_zero.push((0, dst)),
+                        }
+                    }
+                }
+                decode::copy_rows(&proj, pc.qkv, &mut pool.conv, dense, &from_proj)?;
+                for pr in from_zero {
+                    decode::copy_rows(&zero, dense, &mut pool.conv, dense, &[pr])?;
+                }
+            }
+            (None, None) => {}
+        }
         Ok(y)
     }
 

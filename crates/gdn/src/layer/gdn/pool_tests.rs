@@ -366,3 +366,34 @@ fn a_pool_round_trips_through_safetensors() {
     assert!(e.to_string().contains("state"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Prefill runs the training forward's kernels: y bitwise equal to `forward_with_state`'s, the
+/// slots' states bitwise its final states, the conv rows the prompts' last in_proj rows (zero
+/// before a short prompt's start, checked by decoding on: the f64 test above).
+#[test]
+fn prefill_is_the_training_forward_bitwise() {
+    for variant in [Variant::Gdn, Variant::Gdn2] {
+        let cfg = tiny(variant, 2, 4, false);
+        let l = layer(&cfg, 71);
+        let h = cfg.hidden_size;
+        let mut rng = ChaCha8Rng::seed_from_u64(72);
+        let cu = [0u64, 2, 2, 69, 80];
+        let x = Tensor::from_vec(&[80, h], randn(&mut rng, 80 * h)).unwrap();
+        let seqs = Seqs::packed(&cu, 80).unwrap();
+        let (yf, fin, _) = l.forward_with_state(&x, &seqs, None).unwrap();
+        let mut pool = l.cache_pool(4).unwrap();
+        let y = l
+            .prefill_slots(&x, &seqs, &[2, 3, 0, 1], &mut pool)
+            .unwrap();
+        assert_eq!(bits(y.data()), bits(yf.data()), "{variant:?}: y");
+        let st = pool.state_host().unwrap();
+        let sl = fin.data().len() / 4;
+        for (i, s) in [2usize, 3, 0, 1].into_iter().enumerate() {
+            assert_eq!(
+                bits(&st.data()[s * sl..(s + 1) * sl]),
+                bits(&fin.data()[i * sl..(i + 1) * sl]),
+                "{variant:?}: sequence {i}'s state"
+            );
+        }
+    }
+}
