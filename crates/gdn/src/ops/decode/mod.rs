@@ -76,7 +76,7 @@ impl DecodeShape {
         if self.hk == 0 || self.hv == 0 || self.dk == 0 || self.dv == 0 || self.width == 0 {
             return Err(GdnError::Invalid(format!("decode: empty shape {self:?}")));
         }
-        if self.hv % self.hk != 0 {
+        if !self.hv.is_multiple_of(self.hk) {
             return Err(GdnError::Invalid(format!(
                 "decode: {} value heads are not a multiple of {} key heads",
                 self.hv, self.hk
