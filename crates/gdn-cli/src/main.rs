@@ -6,6 +6,7 @@
 //!   `Saved::bytes()`), optionally with each setting's forward + backward time.
 //! - `gdn train`: train a small GDN language model end to end (MQAR by default, or byte-level
 //!   text), with held-out metrics, checkpoints, resume and a plot of the curves.
+//! - `gdn generate`: run a trained model with cached states (a prompt, or MQAR answers).
 //! - `gdn info`: version, build, threads, devices and the default configs.
 //!
 //! Output never kills a command: [`outln!`] and [`errln!`] write to stdout / stderr and, when a
@@ -44,6 +45,7 @@ macro_rules! emit {
 }
 
 mod bench;
+mod generate;
 mod info;
 mod layer;
 mod memory;
@@ -100,6 +102,13 @@ enum Cmd {
     /// kept bytes per token, the allocator's peak, the split of the step by stage, and with
     /// --fla-json the ratio to FLA's layer on the same shapes.
     Bench(bench::BenchArgs),
+    /// Generate with a trained model and cached states (prefill, then one token at a time).
+    ///
+    /// `--run DIR` (a `gdn train` run directory, its latest checkpoint) with `--prompt TEXT`
+    /// (byte-level models: prints the continuation) or `--mqar N` (the first N held-out MQAR
+    /// sequences: prints the accuracy of the decoded answers next to the trainer's). Prints
+    /// prefill and decode tokens/s.
+    Generate(generate::GenerateArgs),
     /// Print version, build, threads, devices and the default configs.
     Info,
 }
@@ -241,6 +250,7 @@ fn main() -> ExitCode {
         Cmd::Layer(args) => layer::run(args),
         Cmd::Memory(args) => memory::run(args),
         Cmd::Bench(args) => bench::run(args),
+        Cmd::Generate(args) => generate::run(args),
         Cmd::Info => info::run(),
     };
     match result {

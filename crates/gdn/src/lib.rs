@@ -28,6 +28,8 @@ pub use backend as device;
 pub use backend::Device;
 pub use config::{GdnConfig, Normalization, Recompute, RecomputeGranularity, Variant};
 pub use error::{GdnError, Result};
-pub use layer::{DeviceGrads, GatedDeltaNet, GatedDeltaNet2, Grads, InferenceCache, Params, Saved};
+pub use layer::{
+    CachePool, DeviceGrads, GatedDeltaNet, GatedDeltaNet2, Grads, InferenceCache, Params, Saved,
+};
 pub use seqs::Seqs;
 pub use tensor::Tensor;

@@ -51,6 +51,7 @@ pub const MODULES: &[(&str, &str)] = &[
         include_str!("../ops/cross_entropy/cross_entropy.cu"),
     ),
     ("adamw", include_str!("../ops/adamw/adamw.cu")),
+    ("decode", include_str!("../ops/decode/decode.cu")),
 ];
 
 /// The full source NVRTC compiles for `module`.

@@ -15,7 +15,9 @@ use std::ops::Deref;
 
 mod dev;
 mod infer;
+mod pool;
 pub use infer::InferenceCache;
+pub use pool::CachePool;
 use std::sync::{Arc, OnceLock};
 
 use crate::backend::cuda::{self, DBuf, DType, GBuf, Gpu};

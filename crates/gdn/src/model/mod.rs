@@ -35,8 +35,11 @@ mod saved;
 pub mod swiglu;
 #[cfg(test)]
 mod tests;
+// Inference with cached states (issue 14): Model::cache / prefill / extend / decode.
+mod infer;
 
 pub use config::ModelConfig;
+pub use infer::ModelCache;
 pub use loss::{LossStats, IGNORE_INDEX};
 pub use saved::ModelSaved;
 

@@ -8,6 +8,7 @@ pub mod add;
 pub mod common;
 pub mod conv1d;
 pub mod cross_entropy;
+pub mod decode;
 pub mod embedding;
 pub mod gated_delta_rule;
 pub mod gated_norm;

@@ -1,0 +1,205 @@
+//! Times inference on a CUDA GPU (issue 14), CUDA events, median of 20 after 3 warm-up runs:
+//!
+//! 1. the decode step of the rule alone (`ops::decode::cuda::rule`: one token per slot, fp32
+//!    state `[B, Hv, 128, 128]` read and written once, bf16 o), Hk/Hv = 16/32, at B = 1, 8, 64,
+//!    256 (and 16/16 at B = 64): time, the state bytes moved (read + write), GB/s and the share
+//!    of 4.2 TB/s;
+//! 2. the whole layer's decode step (`decode_slots_dev`: norm + in_proj GEMM, the fused pre step,
+//!    the rule, gated norm, out_proj GEMM) at B = 64, hidden 2048 (Qwen3-Next's layer), bf16,
+//!    against its byte floor (state read + written, both projection weights read once), with the
+//!    split by kernel for the ops' own kernels;
+//! 3. prefill of 8 x 4096 tokens (`extend_slots_dev`, fresh) against the layer's device-resident
+//!    training forward (`forward_dev`) on the same input.
+//!
+//! Prints one JSON line per row too (prefix `json:`), for scripts. `cargo run --release --example
+//! bench_decode` on a machine with a CUDA GPU; `bench_decode rule` runs part 1 only.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+use gdn::backend::cuda::{self, DBuf, DType, Gpu};
+use gdn::backend::launch::{profile_start, profile_take};
+use gdn::backend::F32s;
+use gdn::ops::decode::{self, DecodeShape, PreOut};
+use gdn::{Device, GatedDeltaNet, GdnConfig, Seqs};
+
+/// The H200's copy bandwidth the issue measures against (bytes/s).
+const PEAK_BPS: f64 = 4.2e12;
+const REPS: usize = 20;
+
+fn median(mut x: Vec<f32>) -> f64 {
+    x.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    x[x.len() / 2] as f64
+}
+
+fn time_ms(gpu: &Arc<Gpu>, mut f: impl FnMut()) -> f64 {
+    let st = gpu.stream();
+    let ctx = st.context();
+    for _ in 0..3 {
+        f();
+    }
+    gpu.sync().unwrap();
+    let mut t = Vec::with_capacity(REPS);
+    for _ in 0..REPS {
+        let a = ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .unwrap();
+        let b = ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .unwrap();
+        a.record(st).unwrap();
+        f();
+        b.record(st).unwrap();
+        t.push(a.elapsed_ms(&b).unwrap());
+    }
+    median(t)
+}
+
+/// Deterministic values in [lo, hi) (splitmix64).
+fn unif(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {
+    let mut z = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (0..n)
+        .map(|_| {
+            z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            x ^= x >> 31;
+            lo + (hi - lo) * ((x >> 40) as f32 / (1u64 << 24) as f32)
+        })
+        .collect()
+}
+
+fn rule_row(gpu: &Arc<Gpu>, b: usize, hk: usize, hv: usize) {
+    let (dk, dv) = (128, 128);
+    let s = DecodeShape {
+        hk,
+        hv,
+        dk,
+        dv,
+        width: 4,
+        gdn2: false,
+        l2norm: true,
+    };
+    let up = |v: Vec<f32>| F32s::Dev(gpu.upload(&v).unwrap());
+    let x = PreOut {
+        q: up(unif(b * hk * dk, 1, -1.0, 1.0)),
+        k: up(unif(b * hk * dk, 2, -1.0, 1.0)),
+        v: up(unif(b * hv * dv, 3, -1.0, 1.0)),
+        g: up(unif(b * hv, 4, -0.2, -0.01)),
+        b: up(unif(b * hv, 5, 0.1, 0.9)),
+        w: None,
+    };
+    let mut state = gpu.upload(&unif(b * s.state_len(), 6, -0.1, 0.1)).unwrap();
+    let slots: Vec<i32> = (0..b as i32).collect();
+    let dslots = gpu.upload(&slots).unwrap();
+    let mut o = DBuf::uninit(gpu, b * hv * dv, DType::Bf16).unwrap();
+    let scale = 1.0 / (dk as f32).sqrt();
+    let ms = time_ms(gpu, || {
+        decode::cuda::rule(&x, &mut state, &dslots, b, s, scale, &mut o).unwrap();
+    });
+    let bytes = 2.0 * (b * s.state_len() * 4) as f64;
+    let bps = bytes / (ms * 1e-3);
+    println!(
+        "rule decode  B {b:>3} {hk:>2}/{hv:<2} heads  {:>9.4} ms  state {:>8.1} MB r+w  {:>7.1} GB/s  {:>5.1}% of 4.2 TB/s",
+        ms,
+        bytes / 1e6,
+        bps / 1e9,
+        100.0 * bps / PEAK_BPS
+    );
+    println!(
+        "json: {{\"what\":\"rule_decode\",\"B\":{b},\"hk\":{hk},\"hv\":{hv},\"ms\":{ms:.5},\"bytes\":{bytes},\"gbps\":{:.1}}}",
+        bps / 1e9
+    );
+}
+
+fn qwen3_next() -> GdnConfig {
+    GdnConfig {
+        hidden_size: 2048,
+        linear_num_key_heads: 16,
+        linear_num_value_heads: 32,
+        linear_key_head_dim: 128,
+        linear_value_head_dim: 128,
+        ..GdnConfig::default()
+    }
+}
+
+fn layer_rows(gpu: &Arc<Gpu>) {
+    let cfg = qwen3_next();
+    let l = GatedDeltaNet::new(&cfg, 1)
+        .unwrap()
+        .to_device(Device::Cuda(0), DType::Bf16)
+        .unwrap();
+    let h = cfg.hidden_size;
+    // Whole-layer decode step at B = 64.
+    let b = 64;
+    let mut pool = l.cache_pool(b).unwrap();
+    let slots: Vec<i32> = (0..b as i32).collect();
+    let x = DBuf::upload(gpu, &unif(b * h, 7, -1.0, 1.0), DType::Bf16).unwrap();
+    // Fill the states with a prefill of 16 tokens per slot first (realistic values).
+    let xp = DBuf::upload(gpu, &unif(b * 16 * h, 8, -1.0, 1.0), DType::Bf16).unwrap();
+    l.extend_slots_dev(xp, &Seqs::uniform(b, 16), &slots, &mut pool, true)
+        .unwrap();
+    let ms = time_ms(gpu, || {
+        let xi = x.try_clone().unwrap();
+        l.decode_slots_dev(xi, &slots, &mut pool).unwrap();
+    });
+    let state = 2.0 * (b * cfg.linear_num_value_heads * 128 * 128 * 4) as f64;
+    let weights = 2.0 * (h * (cfg.in_proj_dim() + cfg.v_dim())) as f64;
+    let floor_ms = (state + weights) / PEAK_BPS * 1e3;
+    println!(
+        "layer decode B {b} hidden {h} bf16: {ms:.4} ms; byte floor {floor_ms:.4} ms (state {:.0} MB r+w + weights {:.0} MB at 4.2 TB/s): {:.2}x the floor",
+        state / 1e6,
+        weights / 1e6,
+        ms / floor_ms
+    );
+    println!(
+        "json: {{\"what\":\"layer_decode\",\"B\":{b},\"ms\":{ms:.5},\"floor_ms\":{floor_ms:.5}}}"
+    );
+    profile_start();
+    let xi = x.try_clone().unwrap();
+    l.decode_slots_dev(xi, &slots, &mut pool).unwrap();
+    gpu.sync().unwrap();
+    for (k, t, n) in profile_take() {
+        println!("  kernel {k:<28} {t:9.4} ms ({n} launches)");
+    }
+    drop(pool);
+
+    // Prefill 8 x 4096 against the training forward on the same input.
+    let (b, t) = (8usize, 4096usize);
+    let seqs = Seqs::uniform(b, t);
+    let xv = unif(b * t * h, 9, -1.0, 1.0);
+    let x = DBuf::upload(gpu, &xv, DType::Bf16).unwrap();
+    let mut pool = l.cache_pool(b).unwrap();
+    let slots: Vec<i32> = (0..b as i32).collect();
+    let pre_ms = time_ms(gpu, || {
+        let xi = x.try_clone().unwrap();
+        l.extend_slots_dev(xi, &seqs, &slots, &mut pool, true)
+            .unwrap();
+    });
+    let fwd_ms = time_ms(gpu, || {
+        let xi = x.try_clone().unwrap();
+        let (_y, saved) = l.forward_dev(xi, &seqs).unwrap();
+        drop(saved);
+    });
+    println!(
+        "prefill {b}x{t} whole layer bf16: {pre_ms:.3} ms; training forward (forward_dev) {fwd_ms:.3} ms: {:.2}x",
+        pre_ms / fwd_ms
+    );
+    println!(
+        "json: {{\"what\":\"prefill\",\"B\":{b},\"T\":{t},\"ms\":{pre_ms:.4},\"forward_dev_ms\":{fwd_ms:.4}}}"
+    );
+}
+
+fn main() {
+    let gpu = cuda::gpu(0).expect("a CUDA GPU");
+    println!("{gpu:?}");
+    for b in [1usize, 8, 64, 256] {
+        rule_row(&gpu, b, 16, 32);
+    }
+    rule_row(&gpu, 64, 16, 16);
+    if std::env::args().nth(1).as_deref() == Some("rule") {
+        return;
+    }
+    layer_rows(&gpu);
+}

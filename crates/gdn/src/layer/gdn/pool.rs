@@ -1,0 +1,491 @@
+//! A pool of cache slots for serving: recurrent states `[slots, Hv, Dk, Dv]` fp32 and conv
+//! windows `[slots, W - 1, conv_dim]` (the pre-conv `[q | k | v]` rows of the last `W - 1`
+//! tokens, oldest first, in the layer's activation storage) where the layer runs, addressed by
+//! slot indices (`i32`; `-1` is padding and touches nothing).
+//!
+//! - [`GatedDeltaNet::prefill_slots`]: packed prompts (`cu_seqlens`); sequence `i` starts afresh
+//!   and its final state and last `W - 1` rows go to slot `slots[i]`.
+//! - [`GatedDeltaNet::extend_slots`]: the same, continuing each slot's cached state and rows
+//!   (chunked prefill, multi-turn).
+//! - [`GatedDeltaNet::decode_slots`]: one token per row, row `i` continuing slot `slots[i]`: the
+//!   fused decode ops (`ops::decode`: conv step + SiLU + gates, then the rule reading and writing
+//!   each state once, in place).
+//!
+//! Every argument (shapes, slots in range, no slot twice in one call, the pool's device, storage
+//! and shape) is checked before anything is written, so an error leaves every cache as it was.
+//!
+//! The conv window is stored as rows (`[slots, W - 1, conv_dim]`, not `[slots, conv_dim, W - 1]`):
+//! the decode pre-kernel's threads run over channels, so each of the `W - 1` taps is one coalesced
+//! row read, and prefill / extend move whole rows.
+
+use super::*;
+use crate::backend::Ids;
+use crate::ops::decode::{self, DecodeShape, PreCols, PreParams};
+
+/// The cache pool of one layer (see the module doc). Made by [`GatedDeltaNet::cache_pool`].
+pub struct CachePool {
+    shape: DecodeShape,
+    slots: usize,
+    device: Device,
+    dtype: DType,
+    /// `[slots, Hv, Dk, Dv]` fp32.
+    state: F32s,
+    /// `[slots, W - 1, conv_dim]`, activation storage.
+    conv: Act,
+}
+
+impl std::fmt::Debug for CachePool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CachePool({} slots, {:?}, {:?} on {:?})",
+            self.slots, self.shape, self.dtype, self.device
+        )
+    }
+}
+
+impl CachePool {
+    /// Number of slots.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+    /// Where the pool lives.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+    /// Shape of the states: `[slots, Hv, Dk, Dv]`.
+    pub fn state_shape(&self) -> Vec<usize> {
+        let s = &self.shape;
+        vec![self.slots, s.hv, s.dk, s.dv]
+    }
+    /// Shape of the conv windows: `[slots, W - 1, conv_dim]`.
+    pub fn conv_shape(&self) -> Vec<usize> {
+        vec![self.slots, self.shape.width - 1, self.shape.conv_dim()]
+    }
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.state.bytes() + self.conv.bytes()
+    }
+    /// A host copy of the states (downloads from a GPU).
+    pub fn state_host(&self) -> Result<Tensor> {
+        let v = match &self.state {
+            F32s::Host(v) => v.clone(),
+            F32s::Dev(g) => g.gpu().download(g)?,
+        };
+        Tensor::from_vec(&self.state_shape(), v)
+    }
+    /// A host copy of the conv windows, as f32 (downloads from a GPU).
+    pub fn conv_host(&self) -> Result<Tensor> {
+        let v = match &self.conv {
+            Act::Host(v) => v.clone(),
+            Act::Dev(d) => d.download()?,
+        };
+        Tensor::from_vec(&self.conv_shape(), v)
+    }
+    /// Write the pool to a safetensors file (`state`, `conv`, f32).
+    pub fn save(&self, path: &std::path::Path) -> Result<()> {
+        let (s, c) = (self.state_host()?, self.conv_host()?);
+        crate::io::write_tensors(path, &[("state", &s), ("conv", &c)])
+    }
+    /// The device-resident states (fp32), for benchmarks and tests.
+    pub fn state_dev(&self) -> Option<&GBuf<f32>> {
+        match &self.state {
+            F32s::Dev(g) => Some(g),
+            F32s::Host(_) => None,
+        }
+    }
+}
+
+impl GatedDeltaNet {
+    fn decode_shape(&self) -> DecodeShape {
+        let c = &self.cfg;
+        DecodeShape {
+            hk: c.linear_num_key_heads,
+            hv: c.linear_num_value_heads,
+            dk: c.linear_key_head_dim,
+            dv: c.linear_value_head_dim,
+            width: c.linear_conv_kernel_dim,
+            gdn2: c.variant == Variant::Gdn2,
+            l2norm: c.use_qk_l2norm,
+        }
+    }
+
+    /// Zeros where the layer computes: activations.
+    fn zeros_act(&self, n: usize) -> Result<Act> {
+        Ok(match self.gpu()? {
+            None => Act::Host(vec![0.0; n]),
+            Some(g) => Act::Dev(DBuf::zeros(&g, n, self.dtype)?),
+        })
+    }
+    /// Zeros where the layer computes: fp32.
+    fn zeros_f32s(&self, n: usize) -> Result<F32s> {
+        Ok(match self.gpu()? {
+            None => F32s::Host(vec![0.0; n]),
+            Some(g) => F32s::Dev(g.zeros(n)?),
+        })
+    }
+
+    /// An empty pool of `slots` slots (zero states and conv rows: each slot starts a sequence)
+    /// where the layer runs, in its storage type.
+    pub fn cache_pool(&self, slots: usize) -> Result<CachePool> {
+        let s = self.decode_shape();
+        let (sl, cl) = (
+            crate::budget::mul(slots as u128, s.state_len() as u128),
+            crate::budget::mul(slots as u128, ((s.width - 1) * s.conv_dim()) as u128),
+        );
+        let bytes = crate::budget::mul(4, sl.saturating_add(cl));
+        let what = format!("a cache pool of {slots} slots");
+        match self.gpu()? {
+            None => crate::budget::check_host(&what, bytes)?,
+            Some(g) => crate::budget::check_gpu(&g, &what, bytes)?,
+        }
+        let (sl, cl) = (sl as usize, cl as usize);
+        Ok(CachePool {
+            shape: s,
+            slots,
+            device: self.device,
+            dtype: self.dtype,
+            state: self.zeros_f32s(sl)?,
+            conv: self.zeros_act(cl)?,
+        })
+    }
+
+    /// A pool read from a file written by [`CachePool::save`], where the layer runs.
+    pub fn load_cache_pool(&self, path: &std::path::Path) -> Result<CachePool> {
+        let t = crate::io::read_tensors(path)?;
+        let get = |n: &str| {
+            t.iter()
+                .find(|(k, _)| k == n)
+                .map(|(_, v)| v)
+                .ok_or_else(|| crate::io::file_err(path, format!("no tensor named {n}")))
+        };
+        let (st, cv) = (get("state")?, get("conv")?);
+        let slots = st.shape().first().copied().unwrap_or(0);
+        let mut pool = self.cache_pool(slots)?;
+        st.expect_shape("state", &pool.state_shape())?;
+        cv.expect_shape("conv", &pool.conv_shape())?;
+        pool.state = self.f32s(st.data())?;
+        pool.conv = self.act(cv.data())?;
+        Ok(pool)
+    }
+
+    /// The pool belongs to this layer: same device, storage and shape.
+    pub(crate) fn check_pool(&self, pool: &CachePool) -> Result<()> {
+        if pool.device != self.device || pool.dtype != self.dtype {
+            return Err(GdnError::Invalid(format!(
+                "cache pool on {:?} ({:?}) but the layer runs on {:?} ({:?})",
+                pool.device, pool.dtype, self.device, self.dtype
+            )));
+        }
+        if pool.shape != self.decode_shape() {
+            return Err(GdnError::Invalid(format!(
+                "cache pool of shape {:?} does not match the layer's {:?}",
+                pool.shape,
+                self.decode_shape()
+            )));
+        }
+        if self.gpu()?.is_some() {
+            decode::cuda::rule_rows(pool.shape.dk)?;
+        }
+        Ok(())
+    }
+
+    /// Prefill: the forward over packed prompts `x` (`[1, T, hidden]` / `[T, hidden]` with
+    /// `cu_seqlens` in `seqs`, or `[B, T, hidden]` with `Seqs::uniform(B, T)`), keeping nothing
+    /// for backward; sequence `i` starts afresh and its cache goes to slot `slots[i]` (`-1`:
+    /// computed, not kept). Returns `y` (the training forward's values). On an error no slot
+    /// changes.
+    pub fn prefill_slots(
+        &self,
+        x: &Tensor,
+        seqs: &Seqs,
+        slots: &[i32],
+        pool: &mut CachePool,
+    ) -> Result<Tensor> {
+        self.check_rows(x, seqs)?;
+        let y = self.extend_slots_act(&self.act(x.data())?, seqs, slots, pool, true)?;
+        Tensor::from_vec(x.shape(), y.into_host()?)
+    }
+
+    /// Extend: as [`prefill_slots`](Self::prefill_slots), sequence `i` continuing slot
+    /// `slots[i]` from its cached state and rows (an empty sequence leaves its slot as it is).
+    pub fn extend_slots(
+        &self,
+        x: &Tensor,
+        seqs: &Seqs,
+        slots: &[i32],
+        pool: &mut CachePool,
+    ) -> Result<Tensor> {
+        self.check_rows(x, seqs)?;
+        let y = self.extend_slots_act(&self.act(x.data())?, seqs, slots, pool, false)?;
+        Tensor::from_vec(x.shape(), y.into_host()?)
+    }
+
+    /// Decode one token per row: `x` `[N, hidden]` or `[N, 1, hidden]`, row `i` continuing slot
+    /// `slots[i]` (`-1`: padding, its output row is not meaningful and no slot changes). Returns
+    /// `y` of `x`'s shape. On an error no slot changes.
+    pub fn decode_slots(&self, x: &Tensor, slots: &[i32], pool: &mut CachePool) -> Result<Tensor> {
+        let h = self.cfg.hidden_size;
+        match x.shape() {
+            &[n, hh] | &[n, 1, hh] if hh == h && n == slots.len() => {}
+            s => {
+                return Err(GdnError::shape(
+                    "x",
+                    s,
+                    format!("[N, {h}] or [N, 1, {h}] with N = {} slots", slots.len()),
+                ))
+            }
+        }
+        let y = self.decode_slots_act(&self.act(x.data())?, slots, pool)?;
+        Tensor::from_vec(x.shape(), y.into_host()?)
+    }
+
+    /// [`prefill_slots`](Self::prefill_slots) (`fresh`) or [`extend_slots`](Self::extend_slots)
+    /// with device tensors: `x` `[n, hidden]` on the layer's GPU in its storage type; returns `y`
+    /// there. Nothing is copied to the host but the slot indices' upload.
+    pub fn extend_slots_dev(
+        &self,
+        x: DBuf,
+        seqs: &Seqs,
+        slots: &[i32],
+        pool: &mut CachePool,
+        fresh: bool,
+    ) -> Result<DBuf> {
+        self.check_dev("x", &x, seqs.tokens())?;
+        match self.extend_slots_act(&Act::Dev(x), seqs, slots, pool, fresh)? {
+            Act::Dev(y) => Ok(y),
+            Act::Host(_) => Err(mixed("extend_slots_dev")),
+        }
+    }
+
+    /// [`decode_slots`](Self::decode_slots) with device tensors: `x` `[N, hidden]` on the layer's
+    /// GPU in its storage type; returns `y` there.
+    pub fn decode_slots_dev(&self, x: DBuf, slots: &[i32], pool: &mut CachePool) -> Result<DBuf> {
+        self.check_dev("x", &x, slots.len())?;
+        match self.decode_slots_act(&Act::Dev(x), slots, pool)? {
+            Act::Dev(y) => Ok(y),
+            Act::Host(_) => Err(mixed("decode_slots_dev")),
+        }
+    }
+
+    /// Prefill (`fresh`) or extend over activations where the layer computes (rows checked by the
+    /// caller).
+    pub(crate) fn extend_slots_act(
+        &self,
+        x: &Act,
+        seqs: &Seqs,
+        slots: &[i32],
+        pool: &mut CachePool,
+        fresh: bool,
+    ) -> Result<Act> {
+        self.check_pool(pool)?;
+        let (n, t) = (seqs.count(), seqs.tokens());
+        if slots.len() != n {
+            return Err(GdnError::Invalid(format!(
+                "{} slots for {n} sequences",
+                slots.len()
+            )));
+        }
+        decode::check_slots(slots, pool.slots)?;
+        if x.len() != t * self.cfg.hidden_size {
+            return Err(GdnError::Invalid(format!(
+                "x has {} values, expected {t} tokens x {}",
+                x.len(),
+                self.cfg.hidden_size
+            )));
+        }
+        if t == 0 {
+            return self.zeros_act(0);
+        }
+        let c = &self.cfg;
+        let (cd, w) = (c.conv_dim(), c.linear_conv_kernel_dim);
+        let w1 = w - 1;
+        let p = self.view()?;
+        let mut prof = Prof::new(self.gpu()?);
+        let (proj, _) = self.in_proj(&p, x, t)?;
+        // Each sequence's conv input: its W - 1 cached rows (zeros when fresh), then its new rows.
+        let mut cu_ext = vec![0u64];
+        let (mut win_in, mut new_in, mut back, mut win_out) = (vec![], vec![], vec![], vec![]);
+        for (i, &sl) in slots.iter().enumerate() {
+            let r = seqs.range(i);
+            let e0 = *cu_ext.last().unwrap_or(&0) as usize;
+            for j in 0..w1 {
+                if !fresh && sl >= 0 {
+                    win_in.push(((sl as usize * w1 + j) as i32, (e0 + j) as i32));
+                }
+                if sl >= 0 {
+                    let e1 = e0 + w1 + r.len();
+                    win_out.push(((e1 - w1 + j) as i32, (sl as usize * w1 + j) as i32));
+                }
+            }
+            for (k, tok) in r.enumerate() {
+                new_in.push((tok as i32, (e0 + w1 + k) as i32));
+                back.push(((e0 + w1 + k) as i32, tok as i32));
+            }
+            cu_ext.push((e0 + w1 + seqs.range(i).len()) as u64);
+        }
+        let ext_rows = *cu_ext.last().unwrap_or(&0) as usize;
+        let pc = self.proj_cols();
+        let dense = Cols::dense(cd);
+        let sl = pool.shape.state_len();
+        // The rule's inputs. Fresh: the training forward's own prep over the prompts (the same
+        // kernels on the same inputs, so y is the training forward's, bit for bit). Extending:
+        // conv over each sequence's cached rows followed by its new rows (`ext`), keeping the
+        // new rows' outputs.
+        let (r, ext) = if fresh {
+            (self.prep(&p, &proj, seqs)?, None)
+        } else {
+            let mut ext = self.zeros_act(ext_rows * cd)?;
+            decode::copy_rows(&pool.conv, dense, &mut ext, dense, &win_in)?;
+            decode::copy_rows(&proj, pc.qkv, &mut ext, dense, &new_in)?;
+            let seqs_ext = Seqs::packed(&cu_ext, ext_rows)?;
+            let conv_out = conv1d::forward(
+                &ext,
+                dense,
+                p.get("conv1d.weight"),
+                w,
+                p.opt("conv1d.bias"),
+                &seqs_ext,
+            )?;
+            let mut qkv = self.zeros_act(t * cd)?;
+            decode::copy_rows(&conv_out, dense, &mut qkv, dense, &back)?;
+            drop(conv_out);
+            let gate_in = self.gate_sections_of(&proj)?;
+            (self.prep_after_conv(&p, qkv, &gate_in, t)?, Some(ext))
+        };
+        let h0 = if fresh {
+            None
+        } else {
+            let mut h0 = self.zeros_f32s(n * sl)?;
+            let pairs: Vec<(i32, i32)> = slots
+                .iter()
+                .enumerate()
+                .map(|(i, &s)| (s, i as i32))
+                .collect();
+            decode::copy_rows_f32(
+                &pool.state,
+                Cols::dense(sl),
+                &mut h0,
+                Cols::dense(sl),
+                &pairs,
+            )?;
+            Some(h0)
+        };
+        let (o, fin) = self.rule_forward(&r, seqs, h0.as_ref(), true)?;
+        drop((r, h0));
+        let (y, _, _) = self.out_proj(&p, &o, &proj, t, &mut prof)?;
+        let fin = fin.ok_or_else(|| GdnError::Invalid("final state was not produced".into()))?;
+        // Fresh: each slot's rows are its sequence's last W - 1 in_proj rows, zero rows before
+        // the sequence's start (from a zero row made here, before anything is written).
+        let zero_row = if fresh {
+            Some(self.zeros_act(cd)?)
+        } else {
+            None
+        };
+        // Everything computed: now write the slots. An empty sequence keeps its slot's state and
+        // rows when extending (its final state is its initial one; its last rows the cached
+        // ones), and gets zeros when prefilled.
+        let pairs: Vec<(i32, i32)> = slots
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| (i as i32, s))
+            .collect();
+        decode::copy_rows_f32(
+            &fin,
+            Cols::dense(sl),
+            &mut pool.state,
+            Cols::dense(sl),
+            &pairs,
+        )?;
+        match (ext, zero_row) {
+            (Some(ext), _) => decode::copy_rows(&ext, dense, &mut pool.conv, dense, &win_out)?,
+            (None, Some(zero)) => {
+                let (mut from_proj, mut from_zero) = (Vec::new(), Vec::new());
+                for (i, &sl) in slots.iter().enumerate() {
+                    if sl < 0 {
+                        continue;
+                    }
+                    let r = seqs.range(i);
+                    for j in 0..w1 {
+                        let dst = (sl as usize * w1 + j) as i32;
+                        // token end - (W-1) + j, if it is in the sequence
+                        match (r.end + j).checked_sub(w1) {
+                            Some(tok) if tok >= r.start => from_proj.push((tok as i32, dst)),
+                            _ => from_zero.push((0, dst)),
+                        }
+                    }
+                }
+                decode::copy_rows(&proj, pc.qkv, &mut pool.conv, dense, &from_proj)?;
+                for pr in from_zero {
+                    decode::copy_rows(&zero, dense, &mut pool.conv, dense, &[pr])?;
+                }
+            }
+            (None, None) => {}
+        }
+        Ok(y)
+    }
+
+    /// Decode one token per row over activations where the layer computes.
+    pub(crate) fn decode_slots_act(
+        &self,
+        x: &Act,
+        slots: &[i32],
+        pool: &mut CachePool,
+    ) -> Result<Act> {
+        self.check_pool(pool)?;
+        let n = slots.len();
+        decode::check_slots(slots, pool.slots)?;
+        if x.len() != n * self.cfg.hidden_size {
+            return Err(GdnError::Invalid(format!(
+                "x has {} values, expected {n} tokens x {}",
+                x.len(),
+                self.cfg.hidden_size
+            )));
+        }
+        if n == 0 {
+            return self.zeros_act(0);
+        }
+        let p = self.view()?;
+        let mut prof = Prof::new(self.gpu()?);
+        let (proj, _) = self.in_proj(&p, x, n)?;
+        prof.mark("decode in_proj (norm + GEMM)");
+        let pc = self.proj_cols();
+        let cols = PreCols {
+            qkv: pc.qkv,
+            gates: pc.gates.clone(),
+        };
+        let params = PreParams {
+            conv_w: p.get("conv1d.weight"),
+            conv_b: p.opt("conv1d.bias"),
+            a_log: p.get("A_log"),
+            dt_bias: p.get("dt_bias"),
+        };
+        let dev_slots = match self.gpu()? {
+            None => None,
+            Some(g) => Some(g.upload(slots)?),
+        };
+        let ids = dev_slots.as_ref().map_or(Ids::Host(slots), Ids::Dev);
+        let (shape, ns) = (pool.shape, pool.slots);
+        let pre = decode::pre(&proj, &cols, &mut pool.conv, ids, ns, shape, &params)?;
+        prof.mark("decode conv + gates");
+        let o = decode::rule(
+            &pre,
+            &mut pool.state,
+            ids,
+            ns,
+            shape,
+            self.cfg.scale(),
+            self.dtype,
+        )?;
+        drop(pre);
+        prof.mark("decode rule");
+        let (y, _, _) = self.out_proj(&p, &o, &proj, n, &mut prof)?;
+        prof.mark("decode out_proj");
+        prof.report();
+        Ok(y)
+    }
+}
+
+#[cfg(test)]
+#[path = "pool_tests.rs"]
+mod tests;
