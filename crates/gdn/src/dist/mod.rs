@@ -9,6 +9,7 @@
 //! on every rank and from run to run (no ring whose order depends on the rank).
 
 pub mod comm;
+pub mod cp;
 pub mod inproc;
 
 pub use comm::{all_reduce_sum_f32, all_reduce_sum_host, Communicator};

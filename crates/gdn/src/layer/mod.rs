@@ -9,7 +9,7 @@ mod saved;
 #[cfg(test)]
 mod tests;
 
-pub use gdn::{DeviceGrads, GatedDeltaNet, GatedDeltaNet2, InferenceCache};
+pub use gdn::{CpLayer, CpSaved, DeviceGrads, GatedDeltaNet, GatedDeltaNet2, InferenceCache};
 pub use params::{param_specs, Params};
 pub use saved::Saved;
 
