@@ -89,7 +89,14 @@ fn cp_rank(
     Ok((rows, y, dx.download()?, g.to_host()?))
 }
 
-fn cp_in_process(l: &GatedDeltaNet, x: &[f32], dy: &[f32], seqs: &Seqs, cp: usize, dtype: DType) -> Out {
+fn cp_in_process(
+    l: &GatedDeltaNet,
+    x: &[f32],
+    dy: &[f32],
+    seqs: &Seqs,
+    cp: usize,
+    dtype: DType,
+) -> Out {
     let h = l.config().hidden_size;
     let outs = run_ranks(cp, |comm| cp_rank(l, comm, x, dy, seqs, dtype)).unwrap();
     let n = seqs.tokens();
@@ -121,7 +128,10 @@ fn one_rank(l: &GatedDeltaNet, x: &[f32], dy: &[f32], seqs: &Seqs) -> Out {
     Out {
         y: y.into_vec(),
         dx: dx.into_vec(),
-        grads: g.iter().map(|(n, t)| (n.to_string(), t.data().to_vec())).collect(),
+        grads: g
+            .iter()
+            .map(|(n, t)| (n.to_string(), t.data().to_vec()))
+            .collect(),
     }
 }
 
@@ -129,7 +139,10 @@ fn compare(got: &Out, want: &Out, tol: f64, what: &str) {
     let ey = rel(&got.y, &want.y);
     let edx = rel(&got.dx, &want.dx);
     eprintln!("{what}: y {ey:.2e} dx {edx:.2e}");
-    assert!(ey <= tol && edx <= tol, "{what}: y {ey:e} dx {edx:e} > {tol:e}");
+    assert!(
+        ey <= tol && edx <= tol,
+        "{what}: y {ey:e} dx {edx:e} > {tol:e}"
+    );
     assert_eq!(got.grads.len(), want.grads.len());
     for ((n, g), (n2, w)) in got.grads.iter().zip(&want.grads) {
         assert_eq!(n, n2);
@@ -211,6 +224,13 @@ fn cp2_gpu_matches_cp2_cpu() {
             .map(|(n, t)| (n.to_string(), t.data().to_vec()))
             .collect(),
     };
-    let got = cp_in_process(&layer(Variant::Gdn, DType::F32), &x, &dy, &seqs, 2, DType::F32);
+    let got = cp_in_process(
+        &layer(Variant::Gdn, DType::F32),
+        &x,
+        &dy,
+        &seqs,
+        2,
+        DType::F32,
+    );
     compare(&got, &want, 1e-4, "GPU CP 2 vs CPU CP 2");
 }

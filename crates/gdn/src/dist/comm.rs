@@ -153,12 +153,8 @@ pub fn copy_range(
             d[dst_off..dst_off + len].copy_from_slice(&s[src_off..src_off + len]);
             Ok(())
         }
-        (Act::Dev(DBuf::F32(d)), Act::Dev(DBuf::F32(s))) => {
-            dtod(d, dst_off, s, src_off, len)
-        }
-        (Act::Dev(DBuf::Bf16(d)), Act::Dev(DBuf::Bf16(s))) => {
-            dtod(d, dst_off, s, src_off, len)
-        }
+        (Act::Dev(DBuf::F32(d)), Act::Dev(DBuf::F32(s))) => dtod(d, dst_off, s, src_off, len),
+        (Act::Dev(DBuf::Bf16(d)), Act::Dev(DBuf::Bf16(s))) => dtod(d, dst_off, s, src_off, len),
         _ => Err(GdnError::Invalid(
             "copy_range: buffers of different places or storage types".into(),
         )),

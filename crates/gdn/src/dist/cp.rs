@@ -202,7 +202,11 @@ pub fn runs(seqs: &Seqs, cp: usize) -> Vec<Run> {
             continue;
         }
         for nc in 0..2 * cp {
-            let (rank, slot) = if nc < cp { (nc, 0) } else { (2 * cp - 1 - nc, 1) };
+            let (rank, slot) = if nc < cp {
+                (nc, 0)
+            } else {
+                (2 * cp - 1 - nc, 1)
+            };
             v.push(Run {
                 nat: r.start + nc * half,
                 buf: rank * per_rank + r.start / cp + slot * half,
@@ -305,7 +309,9 @@ mod tests {
             "{e}"
         );
         // Uniform batch: T = 12 is not divisible by 2 x 4.
-        let e = check_seqs(&Seqs::uniform(2, 12), 4).unwrap_err().to_string();
+        let e = check_seqs(&Seqs::uniform(2, 12), 4)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("length 12, not divisible by 2 x cp = 8"), "{e}");
         check_seqs(&Seqs::uniform(2, 16), 4).unwrap();
         // Packed: divisible by cp (Megatron's check) but not by 2 cp.

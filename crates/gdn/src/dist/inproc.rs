@@ -242,7 +242,8 @@ mod tests {
                 }
             }
             let recv_counts: Vec<usize> = (0..3).map(|s| (s + 1) * (r + 1)).collect();
-            c.all_to_all(&Act::Host(send), &counts, &recv_counts)?.into_host()
+            c.all_to_all(&Act::Host(send), &counts, &recv_counts)?
+                .into_host()
         })
         .unwrap();
         for (r, got) in out.iter().enumerate() {
@@ -282,7 +283,10 @@ mod tests {
     fn gather_broadcast_barrier() {
         let out = run_ranks(3, |c| {
             let g = c.all_gather(&Act::Host(vec![c.rank() as f32; 2]))?;
-            let g: Vec<Vec<f32>> = g.into_iter().map(|a| a.into_host()).collect::<Result<_>>()?;
+            let g: Vec<Vec<f32>> = g
+                .into_iter()
+                .map(|a| a.into_host())
+                .collect::<Result<_>>()?;
             let mut b = Act::Host(vec![c.rank() as f32 * 10.0 + 1.0; 3]);
             c.broadcast(&mut b, 2)?;
             c.barrier()?;

@@ -1321,7 +1321,6 @@ impl GatedDeltaNet {
             }
         };
         Ok(dh0)
-
     }
 
     /// The layer, bottom to top.
@@ -1422,16 +1421,7 @@ impl GatedDeltaNet {
         // 6. The rule (its inputs kept, or rebuilt under gdn_prep), then 5. gates, 4. L2 norm and
         // 3. conv, each writing its sections of dproj.
         let dh0 = self.backward_rule_prep(
-            &p,
-            &a.proj,
-            a.rule_in,
-            seqs,
-            h0,
-            &d_o,
-            d_final,
-            &mut dproj,
-            &mut set,
-            &mut prof,
+            &p, &a.proj, a.rule_in, seqs, h0, &d_o, d_final, &mut dproj, &mut set, &mut prof,
         )?;
 
         // 1. in_proj and its fused norm; the normalized input is rebuilt from x.

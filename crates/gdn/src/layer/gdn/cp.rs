@@ -202,7 +202,8 @@ impl CpLayer {
 
     /// [`backward`](Self::backward) with device tensors.
     pub fn backward_dev(&self, saved: CpSaved, dy: DBuf) -> Result<(DBuf, DeviceGrads)> {
-        self.full.check_dev("dy", &dy, saved.0.seqs.tokens() / self.cp())?;
+        self.full
+            .check_dev("dy", &dy, saved.0.seqs.tokens() / self.cp())?;
         match self.backward_act(saved, &Act::Dev(dy))? {
             (Act::Dev(dx), g) => Ok((dx, self.full.grads_dev(g)?)),
             _ => Err(mixed("cp layer backward")),
@@ -336,14 +337,7 @@ impl CpLayer {
 
     /// Head-sharded `y` `[n, ld / cp]` (natural order) to sequence-sharded `[n / cp, ld]`: the
     /// `inv` permutation, one all-to-all, the blocks back into their sections' columns.
-    fn hp2cp(
-        &self,
-        y: &Act,
-        n: usize,
-        ld: usize,
-        sections: &[usize],
-        runs: &[Run],
-    ) -> Result<Act> {
+    fn hp2cp(&self, y: &Act, n: usize, ld: usize, sections: &[usize], runs: &[Run]) -> Result<Act> {
         let cp = self.cp();
         let (bw, nl) = (ld / cp, n / cp);
         let mut buf = alloc_like(y, n * bw)?;
@@ -376,7 +370,9 @@ impl CpLayer {
     fn gather_sliced(&self, name: &str, g: F32s) -> Result<F32s> {
         let cp = self.cp();
         let Some((width, secs)) = sliced(&self.full.cfg, name) else {
-            return Err(GdnError::Invalid(format!("{name} is not sliced over CP ranks")));
+            return Err(GdnError::Invalid(format!(
+                "{name} is not sliced over CP ranks"
+            )));
         };
         let parts = self.comm.all_gather(&f32s_to_act(g))?;
         let total: usize = secs.iter().sum::<usize>() * width;
@@ -583,7 +579,11 @@ mod tests {
         let mut l = GatedDeltaNet::new(cfg, seed).unwrap();
         let mut r = rng(seed + 7);
         for (name, t) in l.params_mut().iter_mut() {
-            let s = if name.ends_with("proj.weight") { 0.4 } else { 0.2 };
+            let s = if name.ends_with("proj.weight") {
+                0.4
+            } else {
+                0.2
+            };
             for v in t.data_mut() {
                 *v += s * r.gen_range(-1.0f32..1.0);
             }
@@ -656,7 +656,10 @@ mod tests {
     }
 
     fn rel(a: &[f32], b: &[f32]) -> f64 {
-        let m = b.iter().fold(0.0f64, |m, v| m.max(v.abs() as f64)).max(1e-30);
+        let m = b
+            .iter()
+            .fold(0.0f64, |m, v| m.max(v.abs() as f64))
+            .max(1e-30);
         a.iter()
             .zip(b)
             .fold(0.0f64, |e, (x, y)| e.max((*x as f64 - *y as f64).abs()))
@@ -763,7 +766,10 @@ mod tests {
         let e = run_ranks(8, |comm| CpLayer::new(l.clone(), comm).map(|_| ()))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("linear_num_key_heads=4 must be a multiple of"), "{e}");
+        assert!(
+            e.contains("linear_num_key_heads=4 must be a multiple of"),
+            "{e}"
+        );
         // T = 12 is not divisible by 2 x 2... it is; T = 10 is not.
         let e = run_ranks(2, |comm| {
             let cl = CpLayer::new(l.clone(), comm)?;
