@@ -50,6 +50,8 @@ struct Job {
     device: gdn::Device,
     dtype: Option<String>,
     variant: Option<gdn::Variant>,
+    /// Context-parallel size: in-process ranks (threads) on `device`.
+    cp: usize,
 }
 
 /// The storage type on `device`: f32 on the CPU; bf16 by default on a GPU.
@@ -80,6 +82,7 @@ pub fn run(args: LayerArgs) -> Result<()> {
             device,
             dtype: args.dtype,
             variant: args.variant,
+            cp: args.cp,
         };
         return example(&dir, args.check_finite, args.force, run);
     }
@@ -96,6 +99,7 @@ pub fn run(args: LayerArgs) -> Result<()> {
         device: args.device.parse()?,
         dtype: args.dtype,
         variant: args.variant,
+        cp: args.cp,
     })
 }
 
@@ -305,25 +309,38 @@ fn run_job(job: Job) -> Result<()> {
     }
 
     // Forward, backward.
+    if job.cp == 0 {
+        bail!("--cp 0: the context-parallel size is at least 1");
+    }
     let t0 = Instant::now();
-    let (y, saved) = match &seqs {
-        None => layer.forward(&x)?,
-        Some(s) => layer.forward_packed(&x, s)?,
+    let (y, saved_bytes, t_fwd, back) = if job.cp > 1 {
+        let all = match &seqs {
+            None => Seqs::uniform(xs[0], xs[1]),
+            Some(s) => s.clone(),
+        };
+        let r = run_cp(&layer, job.cp, &x, dy.as_ref(), &all)?;
+        (r.y, r.saved_bytes, r.t_fwd, r.back)
+    } else {
+        let (y, saved) = match &seqs {
+            None => layer.forward(&x)?,
+            Some(s) => layer.forward_packed(&x, s)?,
+        };
+        let t_fwd = t0.elapsed();
+        let saved_bytes = saved.bytes();
+        let back = match &dy {
+            Some(dy) => {
+                let t1 = Instant::now();
+                let (dx, grads) = layer.backward(saved, dy)?;
+                Some((dx, grads, t1.elapsed()))
+            }
+            None => {
+                let _freed_now = saved;
+                None
+            }
+        };
+        (y, saved_bytes, t_fwd, back)
     };
-    let t_fwd = t0.elapsed();
-    let saved_bytes = saved.bytes();
     let mut out: Vec<(&str, &Tensor)> = vec![("y", &y)];
-    let back = match &dy {
-        Some(dy) => {
-            let t1 = Instant::now();
-            let (dx, grads) = layer.backward(saved, dy)?;
-            Some((dx, grads, t1.elapsed()))
-        }
-        None => {
-            let _freed_now = saved;
-            None
-        }
-    };
     if let Some((dx, grads, _)) = &back {
         out.push(("dx", dx));
         out.extend(grads.iter());
@@ -334,8 +351,16 @@ fn run_job(job: Job) -> Result<()> {
         None => format!("{} seqs of {}", xs[0], xs[1]),
         Some(s) => format!("{} packed seqs", s.count()),
     };
+    let cp_desc = if job.cp > 1 {
+        format!(
+            "; cp {} (in-process ranks; saved bytes: the largest rank's)",
+            job.cp
+        )
+    } else {
+        String::new()
+    };
     let mut line = format!(
-        "gdn layer: x {xs:?} ({seq_desc}) -> y {:?}; weights: {weights_desc}; saved {saved_bytes} bytes ({:.2} MiB); forward {:.1} ms",
+        "gdn layer: x {xs:?} ({seq_desc}{cp_desc}) -> y {:?}; weights: {weights_desc}; saved {saved_bytes} bytes ({:.2} MiB); forward {:.1} ms",
         y.shape(),
         saved_bytes as f64 / (1024.0 * 1024.0),
         t_fwd.as_secs_f64() * 1e3,
@@ -354,6 +379,89 @@ fn run_job(job: Job) -> Result<()> {
     ));
     errln!("{line}");
     Ok(())
+}
+
+/// What a context-parallel run returns, in natural token order.
+struct CpRun {
+    y: Tensor,
+    saved_bytes: usize,
+    t_fwd: std::time::Duration,
+    back: Option<(Tensor, gdn::Grads, std::time::Duration)>,
+}
+
+/// `--cp N`: the layer on N in-process ranks (threads, on the layer's device), each holding its
+/// zigzag share of every sequence (`gdn::dist::cp::local_rows`); `y` and `dx` are put back in
+/// natural order, the gradients are rank 0's (every rank's are the same bits).
+fn run_cp(
+    layer: &GatedDeltaNet,
+    cp: usize,
+    x: &Tensor,
+    dy: Option<&Tensor>,
+    seqs: &Seqs,
+) -> Result<CpRun> {
+    use gdn::dist::cp::local_rows;
+    let h = layer.config().hidden_size;
+    gdn::dist::cp::check_seqs(seqs, cp)?;
+    let pick = |v: &[f32], rows: &[std::ops::Range<usize>]| -> Vec<f32> {
+        rows.iter()
+            .flat_map(|r| v[r.start * h..r.end * h].iter().copied())
+            .collect()
+    };
+    let nl = seqs.tokens() / cp;
+    let outs = gdn::dist::run_ranks(cp, |comm| {
+        let rows = local_rows(seqs, cp, comm.rank());
+        let cl = gdn::layer::CpLayer::new(layer.clone(), comm)?;
+        let xl = Tensor::from_vec(&[nl, h], pick(x.data(), &rows))?;
+        let t0 = Instant::now();
+        let (y, saved) = cl.forward(&xl, seqs)?;
+        let t_fwd = t0.elapsed();
+        let bytes = saved.bytes();
+        let back = match dy {
+            Some(dy) => {
+                let dyl = Tensor::from_vec(&[nl, h], pick(dy.data(), &rows))?;
+                let t1 = Instant::now();
+                let (dx, g) = cl.backward(saved, &dyl)?;
+                Some((dx, g, t1.elapsed()))
+            }
+            None => None,
+        };
+        Ok((rows, y, bytes, t_fwd, back))
+    })?;
+    let n = seqs.tokens();
+    let mut y = vec![0.0f32; n * h];
+    let mut dx = vec![0.0f32; n * h];
+    let place = |out: &mut [f32], rows: &[std::ops::Range<usize>], local: &[f32]| {
+        let mut k = 0;
+        for r in rows {
+            let len = r.len() * h;
+            out[r.start * h..r.end * h].copy_from_slice(&local[k..k + len]);
+            k += len;
+        }
+    };
+    let mut saved_bytes = 0;
+    let mut t_fwd = std::time::Duration::ZERO;
+    let mut t_bwd = std::time::Duration::ZERO;
+    let mut grads = None;
+    for (rows, yl, bytes, tf, back) in outs {
+        place(&mut y, &rows, yl.data());
+        saved_bytes = saved_bytes.max(bytes);
+        t_fwd = t_fwd.max(tf);
+        if let Some((dxl, g, tb)) = back {
+            place(&mut dx, &rows, dxl.data());
+            t_bwd = t_bwd.max(tb);
+            grads.get_or_insert(g);
+        }
+    }
+    let back = match grads {
+        Some(g) => Some((Tensor::from_vec(x.shape(), dx)?, g, t_bwd)),
+        None => None,
+    };
+    Ok(CpRun {
+        y: Tensor::from_vec(x.shape(), y)?,
+        saved_bytes,
+        t_fwd,
+        back,
+    })
 }
 
 /// Deterministic standard normals (SplitMix64 + Box-Muller), so the example needs no RNG crate.
@@ -413,6 +521,7 @@ struct ExampleRun {
     device: gdn::Device,
     dtype: Option<String>,
     variant: Option<gdn::Variant>,
+    cp: usize,
 }
 
 fn example(dir: &Path, check_finite: bool, force: bool, run: ExampleRun) -> Result<()> {
@@ -484,6 +593,7 @@ fn example(dir: &Path, check_finite: bool, force: bool, run: ExampleRun) -> Resu
         device: run.device,
         dtype: run.dtype,
         variant: None,
+        cp: run.cp,
     })
 }
 

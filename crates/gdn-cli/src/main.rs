@@ -160,6 +160,11 @@ pub struct LayerArgs {
     /// Layer variant, overriding the config's `variant`: gdn or gdn2.
     #[arg(long, value_name = "VARIANT", value_parser = parse_variant)]
     pub variant: Option<gdn::Variant>,
+    /// Context parallelism over N in-process ranks (threads on --device): each holds its zigzag
+    /// share of every sequence (lengths divisible by 2 N; heads divisible by N); y, dx and the
+    /// gradients are written as one rank would (up to f32 rounding of the row sums).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub cp: usize,
 }
 
 fn parse_variant(s: &str) -> std::result::Result<gdn::Variant, String> {

@@ -13,9 +13,11 @@
 
 use std::ops::Deref;
 
+mod cp;
 mod dev;
 mod infer;
 mod pool;
+pub use cp::{CpLayer, CpSaved};
 pub use infer::InferenceCache;
 pub use pool::CachePool;
 use std::sync::{Arc, OnceLock};
@@ -1157,6 +1159,172 @@ impl GatedDeltaNet {
         self.run_backward(&x, &seqs, h0.as_ref(), acts, dy, d_final)
     }
 
+    /// Backward of the rule, then of the gates, L2 norm and conv (`prep`): steps 6 to 3 of
+    /// [`run_backward`](Self::run_backward), over `seqs.tokens()` rows of the in_proj output
+    /// `proj`, writing their sections of `dproj` and handing the parameter gradients to `set`.
+    /// The context-parallel layer runs it on each rank's heads.
+    #[allow(clippy::too_many_arguments)]
+    fn backward_rule_prep(
+        &self,
+        p: &ParamView,
+        proj: &Act,
+        rule_in: Option<RuleInputs>,
+        seqs: &Seqs,
+        h0: Option<&F32s>,
+        d_o: &Act,
+        d_final: Option<&F32s>,
+        dproj: &mut Act,
+        set: &mut dyn FnMut(&str, &[usize], F32s) -> Result<()>,
+        prof: &mut Prof,
+    ) -> Result<Option<F32s>> {
+        let c = &self.cfg;
+        let n = seqs.tokens();
+        let (hk, hv, dk) = (
+            c.linear_num_key_heads,
+            c.linear_num_value_heads,
+            c.linear_key_head_dim,
+        );
+        let (qk, vd, cd) = (c.qk_dim(), c.v_dim(), c.conv_dim());
+        let pc = self.proj_cols();
+        // 6. The rule (its inputs kept, or rebuilt under gdn_prep), then 5. gates, 4. L2 norm and
+        // 3. conv, each writing its sections of dproj.
+        let r = match rule_in {
+            Some(r) => r,
+            None => self.prep(p, proj, seqs)?,
+        };
+        let (s, o) = (self.rule_shape(), self.rule_opts());
+        let w = c.linear_conv_kernel_dim;
+        let dh0 = match &r.gates {
+            Gates::Gdn { g, beta } => {
+                let gated_delta_rule::RuleGrads {
+                    dq,
+                    dk: dkk,
+                    dv: dvv,
+                    dg,
+                    dbeta,
+                    dh0,
+                } = gated_delta_rule::backward(
+                    r.qn(),
+                    r.kn(),
+                    &r.v,
+                    g,
+                    beta,
+                    seqs,
+                    s,
+                    o,
+                    h0,
+                    d_o,
+                    d_final,
+                )?;
+                drop(r);
+                prof.mark("bwd rule (+ prep rebuild)");
+                // gates + L2 norm + conv in one op.
+                let pg = prep::backward(
+                    proj,
+                    pc.prep(),
+                    self.prep_shape(),
+                    self.prep_params(p),
+                    seqs,
+                    PrepDy {
+                        dq: &dq,
+                        dk: &dkk,
+                        dv: &dvv,
+                        dg: &dg,
+                        dbeta: &dbeta,
+                    },
+                    dproj,
+                )?;
+                set("A_log", &[hv], pg.a_log)?;
+                set("dt_bias", &[hv], pg.dt_bias)?;
+                set("conv1d.weight", &[cd, 1, w], pg.conv_w)?;
+                if let Some(b) = pg.conv_b {
+                    set("conv1d.bias", &[cd], b)?;
+                }
+                prof.mark("bwd gates + l2norm + conv");
+                dh0
+            }
+            Gates::Gdn2 { g, b, w: wg, b_key } => {
+                let gdn2_rule::RuleGrads {
+                    dq,
+                    dk: dkk,
+                    dv: dvv,
+                    dg,
+                    db,
+                    dw,
+                    dh0,
+                } = gdn2_rule::backward(
+                    r.qn(),
+                    r.kn(),
+                    &r.v,
+                    g,
+                    b,
+                    wg,
+                    seqs,
+                    s,
+                    o,
+                    h0,
+                    d_o,
+                    d_final,
+                )?;
+                prof.mark("bwd rule (+ prep rebuild)");
+                let gi = self.gate_sections_of(proj)?;
+                // The key-channel gates were repeated to the value heads: sum their gradients back.
+                let dg_key = layout::sum_heads_f32s(&dg, n, hk, hv, dk)?;
+                let db_key = layout::sum_heads(&db, n, hk, hv, dk)?;
+                let (df, d_alog, d_dt) = gates::gdn2_backward(
+                    &gi[0],
+                    n,
+                    hk,
+                    dk,
+                    p.get("A_log"),
+                    p.get("dt_bias"),
+                    &dg_key,
+                )?;
+                set("A_log", &[hk], d_alog)?;
+                set("dt_bias", &[qk], d_dt)?;
+                let db_raw = gates::sigmoid_backward(b_key, &db_key)?;
+                let dw_raw = gates::sigmoid_backward(wg, &dw)?;
+                for (d, &col) in [&df, &db_raw, &dw_raw].into_iter().zip(&pc.gates) {
+                    layout::put_cols(dproj, col, d)?;
+                }
+                drop((df, db_raw, dw_raw));
+                let (dq, dk_) = match &r.qkn {
+                    Some(_) => (
+                        l2norm::backward(&r.q, n * hk, dk, &dq)?,
+                        l2norm::backward(&r.k, n * hk, dk, &dkk)?,
+                    ),
+                    None => (dq, dkk),
+                };
+                drop(r);
+                let dqkv = layout::concat_cols(
+                    n,
+                    cd,
+                    &[(0, qk, &dq), (qk, qk, &dk_), (2 * qk, vd, &dvv)],
+                )?;
+                drop((dq, dk_, dvv));
+                // conv reads its input in place and writes d(conv input) into dproj.
+                let (dcw, dcb) = conv1d::backward(
+                    proj,
+                    pc.qkv,
+                    p.get("conv1d.weight"),
+                    w,
+                    p.opt("conv1d.bias"),
+                    seqs,
+                    &dqkv,
+                    dproj,
+                )?;
+                drop(dqkv);
+                set("conv1d.weight", &[cd, 1, w], dcw)?;
+                if let Some(b) = dcb {
+                    set("conv1d.bias", &[cd], b)?;
+                }
+                prof.mark("bwd gates + l2norm + conv");
+                dh0
+            }
+        };
+        Ok(dh0)
+    }
+
     /// The layer, bottom to top.
     fn run_backward(
         &self,
@@ -1170,14 +1338,12 @@ impl GatedDeltaNet {
         let c = &self.cfg;
         let p = self.view()?;
         let n = seqs.tokens();
-        let (h, hk, hv, dk, dv) = (
+        let (h, hv, dv) = (
             c.hidden_size,
-            c.linear_num_key_heads,
             c.linear_num_value_heads,
-            c.linear_key_head_dim,
             c.linear_value_head_dim,
         );
-        let (qk, vd, cd, pd) = (c.qk_dim(), c.v_dim(), c.conv_dim(), c.in_proj_dim());
+        let (vd, pd) = (c.v_dim(), c.in_proj_dim());
         let (kind, eps, zc) = (
             c.normalization,
             c.layernorm_epsilon,
@@ -1256,140 +1422,9 @@ impl GatedDeltaNet {
 
         // 6. The rule (its inputs kept, or rebuilt under gdn_prep), then 5. gates, 4. L2 norm and
         // 3. conv, each writing its sections of dproj.
-        let r = match a.rule_in {
-            Some(r) => r,
-            None => self.prep(&p, &a.proj, seqs)?,
-        };
-        let (s, o) = (self.rule_shape(), self.rule_opts());
-        let w = c.linear_conv_kernel_dim;
-        let dh0 = match &r.gates {
-            Gates::Gdn { g, beta } => {
-                let gated_delta_rule::RuleGrads {
-                    dq,
-                    dk: dkk,
-                    dv: dvv,
-                    dg,
-                    dbeta,
-                    dh0,
-                } = gated_delta_rule::backward(
-                    r.qn(),
-                    r.kn(),
-                    &r.v,
-                    g,
-                    beta,
-                    seqs,
-                    s,
-                    o,
-                    h0,
-                    &d_o,
-                    d_final,
-                )?;
-                drop(r);
-                prof.mark("bwd rule (+ prep rebuild)");
-                // gates + L2 norm + conv in one op.
-                let pg = prep::backward(
-                    &a.proj,
-                    pc.prep(),
-                    self.prep_shape(),
-                    self.prep_params(&p),
-                    seqs,
-                    PrepDy {
-                        dq: &dq,
-                        dk: &dkk,
-                        dv: &dvv,
-                        dg: &dg,
-                        dbeta: &dbeta,
-                    },
-                    &mut dproj,
-                )?;
-                set("A_log", &[hv], pg.a_log)?;
-                set("dt_bias", &[hv], pg.dt_bias)?;
-                set("conv1d.weight", &[cd, 1, w], pg.conv_w)?;
-                if let Some(b) = pg.conv_b {
-                    set("conv1d.bias", &[cd], b)?;
-                }
-                prof.mark("bwd gates + l2norm + conv");
-                dh0
-            }
-            Gates::Gdn2 { g, b, w: wg, b_key } => {
-                let gdn2_rule::RuleGrads {
-                    dq,
-                    dk: dkk,
-                    dv: dvv,
-                    dg,
-                    db,
-                    dw,
-                    dh0,
-                } = gdn2_rule::backward(
-                    r.qn(),
-                    r.kn(),
-                    &r.v,
-                    g,
-                    b,
-                    wg,
-                    seqs,
-                    s,
-                    o,
-                    h0,
-                    &d_o,
-                    d_final,
-                )?;
-                prof.mark("bwd rule (+ prep rebuild)");
-                let gi = self.gate_sections_of(&a.proj)?;
-                // The key-channel gates were repeated to the value heads: sum their gradients back.
-                let dg_key = layout::sum_heads_f32s(&dg, n, hk, hv, dk)?;
-                let db_key = layout::sum_heads(&db, n, hk, hv, dk)?;
-                let (df, d_alog, d_dt) = gates::gdn2_backward(
-                    &gi[0],
-                    n,
-                    hk,
-                    dk,
-                    p.get("A_log"),
-                    p.get("dt_bias"),
-                    &dg_key,
-                )?;
-                set("A_log", &[hk], d_alog)?;
-                set("dt_bias", &[qk], d_dt)?;
-                let db_raw = gates::sigmoid_backward(b_key, &db_key)?;
-                let dw_raw = gates::sigmoid_backward(wg, &dw)?;
-                for (d, &col) in [&df, &db_raw, &dw_raw].into_iter().zip(&pc.gates) {
-                    layout::put_cols(&mut dproj, col, d)?;
-                }
-                drop((df, db_raw, dw_raw));
-                let (dq, dk_) = match &r.qkn {
-                    Some(_) => (
-                        l2norm::backward(&r.q, n * hk, dk, &dq)?,
-                        l2norm::backward(&r.k, n * hk, dk, &dkk)?,
-                    ),
-                    None => (dq, dkk),
-                };
-                drop(r);
-                let dqkv = layout::concat_cols(
-                    n,
-                    cd,
-                    &[(0, qk, &dq), (qk, qk, &dk_), (2 * qk, vd, &dvv)],
-                )?;
-                drop((dq, dk_, dvv));
-                // conv reads its input in place and writes d(conv input) into dproj.
-                let (dcw, dcb) = conv1d::backward(
-                    &a.proj,
-                    pc.qkv,
-                    p.get("conv1d.weight"),
-                    w,
-                    p.opt("conv1d.bias"),
-                    seqs,
-                    &dqkv,
-                    &mut dproj,
-                )?;
-                drop(dqkv);
-                set("conv1d.weight", &[cd, 1, w], dcw)?;
-                if let Some(b) = dcb {
-                    set("conv1d.bias", &[cd], b)?;
-                }
-                prof.mark("bwd gates + l2norm + conv");
-                dh0
-            }
-        };
+        let dh0 = self.backward_rule_prep(
+            &p, &a.proj, a.rule_in, seqs, h0, &d_o, d_final, &mut dproj, &mut set, &mut prof,
+        )?;
 
         // 1. in_proj and its fused norm; the normalized input is rebuilt from x.
         let (xn, _) = norm::forward(

@@ -9,7 +9,9 @@ mod saved;
 #[cfg(test)]
 mod tests;
 
-pub use gdn::{CachePool, DeviceGrads, GatedDeltaNet, GatedDeltaNet2, InferenceCache};
+pub use gdn::{
+    CachePool, CpLayer, CpSaved, DeviceGrads, GatedDeltaNet, GatedDeltaNet2, InferenceCache,
+};
 pub use params::{param_specs, Params};
 pub use saved::Saved;
 
