@@ -44,6 +44,7 @@ macro_rules! emit {
 }
 
 mod bench;
+mod convert;
 mod info;
 mod layer;
 mod memory;
@@ -100,6 +101,9 @@ enum Cmd {
     /// kept bytes per token, the allocator's peak, the split of the step by stage, and with
     /// --fla-json the ratio to FLA's layer on the same shapes.
     Bench(bench::BenchArgs),
+    /// Convert one GDN layer's weights between layouts: gdn (ours), hf-qwen3-next, hf-qwen3.5,
+    /// megatron (distributed-checkpoint keys). Bitwise: values are moved, never recomputed.
+    Convert(convert::ConvertArgs),
     /// Print version, build, threads, devices and the default configs.
     Info,
 }
@@ -241,6 +245,7 @@ fn main() -> ExitCode {
         Cmd::Layer(args) => layer::run(args),
         Cmd::Memory(args) => memory::run(args),
         Cmd::Bench(args) => bench::run(args),
+        Cmd::Convert(args) => convert::run(args),
         Cmd::Info => info::run(),
     };
     match result {
