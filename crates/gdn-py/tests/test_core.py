@@ -54,8 +54,14 @@ def read_safetensors(path):
 
 
 def _bin(*parts):
+    """A binary of the Rust build; missing is a skip, or a failure under GDN_PY_REQUIRE_BINS=1
+    (.ci/run, after `cargo test --workspace --release` built them)."""
     p = os.path.join(TARGET, "release", *parts)
-    return p if os.path.exists(p) else None
+    if os.path.exists(p):
+        return p
+    if os.environ.get("GDN_PY_REQUIRE_BINS") == "1":
+        raise AssertionError(f"{p} missing (GDN_PY_REQUIRE_BINS=1)")
+    return None
 
 
 CFG = """hidden_size = 32
