@@ -45,6 +45,7 @@ macro_rules! emit {
 }
 
 mod bench;
+mod convert;
 mod generate;
 mod info;
 mod layer;
@@ -109,6 +110,9 @@ enum Cmd {
     /// sequences: prints the accuracy of the decoded answers next to the trainer's). Prints
     /// prefill and decode tokens/s.
     Generate(generate::GenerateArgs),
+    /// Convert one GDN layer's weights between layouts: gdn (ours), hf-qwen3-next, hf-qwen3.5,
+    /// megatron (distributed-checkpoint keys). Bitwise: values are moved, never recomputed.
+    Convert(convert::ConvertArgs),
     /// Print version, build, threads, devices and the default configs.
     Info,
 }
@@ -256,6 +260,7 @@ fn main() -> ExitCode {
         Cmd::Memory(args) => memory::run(args),
         Cmd::Bench(args) => bench::run(args),
         Cmd::Generate(args) => generate::run(args),
+        Cmd::Convert(args) => convert::run(args),
         Cmd::Info => info::run(),
     };
     match result {

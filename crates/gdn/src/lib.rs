@@ -12,6 +12,7 @@
 pub mod backend;
 pub mod budget;
 pub mod config;
+pub mod convert;
 pub mod dist;
 pub mod error;
 pub mod io;

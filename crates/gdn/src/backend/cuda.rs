@@ -198,6 +198,48 @@ impl<T: DeviceRepr> GBuf<T> {
     }
 }
 
+impl<T: DeviceRepr> GBuf<T> {
+    /// Wrap `len` elements of device memory that gdn does not own (another library's tensor, e.g.
+    /// PyTorch's through DLPack) on `gpu`, to pass it to an op without a copy. Its bytes count as
+    /// live while wrapped. It must be given back with [`into_raw`](Self::into_raw), never
+    /// dropped: dropping frees the memory into gdn's pool.
+    ///
+    /// # Safety
+    /// `ptr` must point to `len` valid elements of `T` in `gpu`'s (primary) context, stay valid
+    /// until `into_raw`, and its pending writes must be ordered before gdn's stream.
+    pub unsafe fn from_raw(
+        gpu: &Arc<Gpu>,
+        ptr: cudarc::driver::sys::CUdeviceptr,
+        len: usize,
+    ) -> Self {
+        let slice = gpu.stream.upgrade_device_ptr::<T>(ptr, len);
+        gpu.count(len * std::mem::size_of::<T>());
+        GBuf {
+            slice,
+            gpu: gpu.clone(),
+        }
+    }
+
+    /// Give back memory wrapped by [`from_raw`](Self::from_raw) without freeing it; returns
+    /// its pointer. Its bytes stop counting as live.
+    pub fn into_raw(self) -> cudarc::driver::sys::CUdeviceptr {
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `me` is never dropped, so each field is moved out exactly once.
+        let (slice, gpu) = unsafe { (std::ptr::read(&me.slice), std::ptr::read(&me.gpu)) };
+        gpu.live
+            .fetch_sub(slice.len() * std::mem::size_of::<T>(), Ordering::Relaxed);
+        slice.leak()
+    }
+
+    /// The device address of the first element (for handing a buffer to another library; the
+    /// buffer must outlive that use).
+    pub fn device_ptr(&self) -> cudarc::driver::sys::CUdeviceptr {
+        use cudarc::driver::DevicePtr;
+        let (p, _sync) = self.slice.device_ptr(&self.gpu.stream);
+        p
+    }
+}
+
 impl<T: DeviceRepr> Drop for GBuf<T> {
     fn drop(&mut self) {
         self.gpu.live.fetch_sub(self.bytes(), Ordering::Relaxed);

@@ -253,6 +253,11 @@ impl DeviceGrads {
             .collect::<Result<Vec<_>>>()?;
         Ok(Params::from_entries(entries))
     }
+    /// (name, shape, buffer) in the parameters' order, owned (to hand the buffers to another
+    /// library without a copy).
+    pub fn into_buffers(self) -> Vec<(String, Vec<usize>, GBuf<f32>)> {
+        self.entries
+    }
 }
 
 /// A buffer of `x`'s length and storage where `x` lives, for a backward to fill every element of

@@ -1,0 +1,347 @@
+"""PyTorch front of gdn: FLA's ``chunk_gated_delta_rule`` and a Megatron-style ``GatedDeltaNet``
+module, with gdn's forward and backward.
+
+Tensors go to the engine without copies: CPU tensors as NumPy views, CUDA tensors through DLPack,
+used in place. gdn queues its CUDA work on the legacy default stream of the primary context
+(the context PyTorch uses); the caller's current stream must be that stream
+(``torch.cuda.current_stream().cuda_stream == 0``, PyTorch's default), else an error is raised,
+so no event is needed between the two. Results are PyTorch tensors that own gdn's buffers.
+
+Copies there are, and why: a float64 CPU tensor (``gradcheck``) is computed in float32 (gdn's CPU
+path is f32) and cast back; ``g`` and ``initial_state`` are cast to float32 and ``beta`` to q's
+dtype when they differ (FLA computes gates in float32 too); the layer keeps a copy of its input
+in its ``Saved`` (as any layer's autograd does by reference) and copies ``dy`` once.
+"""
+
+from typing import List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from . import _gdn
+
+__all__ = ["chunk_gated_delta_rule", "GatedDeltaNet", "layer_from_checkpoint"]
+
+
+# ---------------------------------------------------------------------------------------------
+# tensors in and out
+
+
+def _check_stream(t: torch.Tensor) -> None:
+    s = torch.cuda.current_stream(t.device)
+    if s.cuda_stream != 0:
+        raise RuntimeError(
+            "gdn runs on the CUDA legacy default stream; the current stream is "
+            f"{s} (use torch.cuda.default_stream() around gdn calls)")
+
+
+def _core(t: torch.Tensor, name: str):
+    """The engine's view of ``t``: a NumPy view (CPU) or a DLPack capsule (CUDA); no copy."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: not contiguous; gdn does not copy silently: call .contiguous()")
+    t = t.detach()
+    if t.is_cuda:
+        _check_stream(t)
+        return t.__dlpack__()
+    if t.device.type != "cpu":
+        raise ValueError(f"{name}: on {t.device}; gdn takes CPU and CUDA tensors")
+    if t.dtype != torch.float32:
+        raise ValueError(f"{name}: gdn's CPU path takes float32, got {t.dtype}")
+    return t.numpy()
+
+
+def _back(obj, like: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """A core result as a tensor (no copy), cast to ``like``'s dtype if that differs."""
+    if isinstance(obj, np.ndarray):
+        t = torch.from_numpy(obj)
+    else:
+        t = torch.utils.dlpack.from_dlpack(obj)
+    if like is not None and t.dtype != like.dtype:
+        t = t.to(like.dtype)
+    return t
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """float64 CPU tensors are computed in float32 (gdn's CPU path)."""
+    if t.device.type == "cpu" and t.dtype == torch.float64:
+        return torch.float32
+    return t.dtype
+
+
+def _cu_list(cu_seqlens) -> Optional[List[int]]:
+    if cu_seqlens is None:
+        return None
+    if isinstance(cu_seqlens, torch.Tensor):
+        return [int(c) for c in cu_seqlens.tolist()]
+    return [int(c) for c in cu_seqlens]
+
+
+# ---------------------------------------------------------------------------------------------
+# the rule: custom ops (opaque to torch.compile) with our backward
+
+
+def _prep(q, k, v, g, beta, initial_state):
+    dt = _compute_dtype(q)
+    q, k, v = (x.to(dt) for x in (q, k, v))
+    beta = beta.to(dt)
+    g = g.to(torch.float32)
+    h0 = None if initial_state is None else initial_state.to(torch.float32)
+    return q, k, v, g, beta, h0
+
+
+@torch.library.custom_op("gdn::chunk_gated_delta_rule_fwd", mutates_args=())
+def _rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+              beta: torch.Tensor, scale: float, initial_state: Optional[torch.Tensor],
+              output_final_state: bool, l2norm: bool,
+              cu_seqlens: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    like_o, like_s = v, (initial_state if initial_state is not None else g)
+    q, k, v, g, beta, h0 = _prep(q, k, v, g, beta, initial_state)
+    b, t = q.shape[0], q.shape[1]
+    o, fin = _gdn.rule_forward(
+        _core(q, "q"), _core(k, "k"), _core(v, "v"), _core(g, "g"), _core(beta, "beta"), b, t,
+        float(scale), _cu_list(cu_seqlens), None if h0 is None else _core(h0, "initial_state"),
+        bool(output_final_state), bool(l2norm))
+    o = _back(o, like_o)
+    if fin is None:
+        return o, o.new_empty((0,), dtype=torch.float32)
+    fin = _back(fin)
+    if like_s.dtype == torch.float64:
+        fin = fin.to(torch.float64)
+    return o, fin
+
+
+@_rule_fwd.register_fake
+def _(q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, cu_seqlens):
+    o = v.new_empty(v.shape)
+    if not output_final_state:
+        return o, v.new_empty((0,), dtype=torch.float32)
+    n = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    dt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return o, v.new_empty((n, v.shape[2], q.shape[3], v.shape[3]), dtype=dt)
+
+
+@torch.library.custom_op("gdn::chunk_gated_delta_rule_bwd", mutates_args=())
+def _rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+              beta: torch.Tensor, do: torch.Tensor, scale: float,
+              initial_state: Optional[torch.Tensor], dht: Optional[torch.Tensor], l2norm: bool,
+              cu_seqlens: Optional[torch.Tensor]) -> List[torch.Tensor]:
+    likes = (q, k, v, g, beta)
+    q, k, v, g, beta, h0 = _prep(q, k, v, g, beta, initial_state)
+    do = do.to(q.dtype).contiguous()
+    dht = None if dht is None else dht.to(torch.float32).contiguous()
+    b, t = q.shape[0], q.shape[1]
+    r = _gdn.rule_backward(
+        _core(q, "q"), _core(k, "k"), _core(v, "v"), _core(g, "g"), _core(beta, "beta"),
+        _core(do, "do"), b, t, float(scale), _cu_list(cu_seqlens),
+        None if h0 is None else _core(h0, "initial_state"),
+        None if dht is None else _core(dht, "dht"), bool(l2norm))
+    out = [_back(x, like) for x, like in zip(r[:5], likes)]
+    if r[5] is None:
+        out.append(q.new_empty((0,), dtype=torch.float32))
+    else:
+        out.append(_back(r[5], initial_state))
+    return out
+
+
+@_rule_bwd.register_fake
+def _(q, k, v, g, beta, do, scale, initial_state, dht, l2norm, cu_seqlens):
+    h = (initial_state.new_empty(initial_state.shape) if initial_state is not None
+         else q.new_empty((0,), dtype=torch.float32))
+    return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            g.new_empty(g.shape), beta.new_empty(beta.shape), h]
+
+
+def _rule_setup(ctx, inputs, output):
+    q, k, v, g, beta, scale, h0, out_final, l2norm, cu = inputs
+    ctx.save_for_backward(q, k, v, g, beta, h0, cu)
+    ctx.scale, ctx.l2norm, ctx.out_final = scale, l2norm, out_final
+
+
+def _rule_backward(ctx, do, dht):
+    q, k, v, g, beta, h0, cu = ctx.saved_tensors
+    if not ctx.out_final or dht is None or dht.numel() == 0:
+        dht = None
+    dq, dk, dv, dg, db, dh0 = _rule_bwd(q, k, v, g, beta, do.contiguous(), ctx.scale, h0, dht,
+                                        ctx.l2norm, cu)
+    return dq, dk, dv, dg, db, None, (dh0 if h0 is not None else None), None, None, None
+
+
+_rule_fwd.register_autograd(_rule_backward, setup_context=_rule_setup)
+
+
+def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                           beta: torch.Tensor, scale: Optional[float] = None,
+                           initial_state: Optional[torch.Tensor] = None,
+                           output_final_state: bool = False,
+                           use_qk_l2norm_in_kernel: bool = False,
+                           cu_seqlens: Optional[torch.Tensor] = None):
+    """FLA's ``chunk_gated_delta_rule`` on gdn: q, k ``[B, T, H, K]``, v ``[B, T, HV, V]`` (GVA when
+    HV > H: value head j reads key head j // (HV / H)), g (log decay) and beta ``[B, T, HV]``,
+    ``initial_state`` ``[N, HV, K, V]``, ``cu_seqlens`` (B = 1) for packed sequences. Returns
+    ``(o, final_state)``; ``final_state`` is None unless ``output_final_state``."""
+    if q.dim() != 4 or v.dim() != 4:
+        raise ValueError("q, k must be [B, T, H, K] and v [B, T, HV, V]")
+    if cu_seqlens is not None and q.shape[0] != 1:
+        raise ValueError(f"with cu_seqlens the batch must be 1, got {q.shape[0]}")
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    if cu_seqlens is not None and not isinstance(cu_seqlens, torch.Tensor):
+        cu_seqlens = torch.tensor(cu_seqlens, dtype=torch.int64)
+    if cu_seqlens is not None:
+        cu_seqlens = cu_seqlens.to("cpu", torch.int64)
+    o, fin = _rule_fwd(q, k, v, g, beta, float(scale), initial_state, bool(output_final_state),
+                       bool(use_qk_l2norm_in_kernel), cu_seqlens)
+    return o, (fin if output_final_state else None)
+
+
+# ---------------------------------------------------------------------------------------------
+# the layer
+
+
+_NAMES = ("in_proj.layer_norm_weight", "in_proj.layer_norm_bias", "in_proj.weight",
+          "conv1d.weight", "conv1d.bias", "dt_bias", "A_log", "out_norm.weight", "out_norm.bias",
+          "out_proj.weight")
+
+
+def _toml(cfg: dict) -> str:
+    lines = []
+    for k, v in cfg.items():
+        if v is None:
+            continue
+        if isinstance(v, bool):
+            lines.append(f"{k} = {'true' if v else 'false'}")
+        elif isinstance(v, (int, float)):
+            lines.append(f"{k} = {v!r}")
+        elif isinstance(v, str):
+            lines.append(f'{k} = "{v}"')
+        elif isinstance(v, (list, tuple)):
+            items = ", ".join(repr(x) if not isinstance(x, str) else f'"{x}"' for x in v)
+            lines.append(f"{k} = [{items}]")
+        else:
+            raise TypeError(f"config field {k}: {v!r}")
+    return "\n".join(lines) + "\n"
+
+
+class _LayerFn(torch.autograd.Function):
+    """y = layer(x); backward from gdn's own Saved (held in ctx, nothing else saved)."""
+
+    @staticmethod
+    def forward(ctx, module, x, cu, *params):
+        core = module._core_layer(params)
+        dt = _compute_dtype(x)
+        xc = x.to(dt)
+        y, saved = core.forward(_core(xc, "x"), _cu_list(cu))
+        ctx.core, ctx.saved_gdn, ctx.x_dtype = core, saved, x.dtype
+        ctx.param_dtypes = [p.dtype for p in params]
+        module.last_saved = saved
+        return _back(y, x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        saved = ctx.saved_gdn
+        ctx.saved_gdn = None
+        dt = torch.float32 if (dy.device.type == "cpu" and dy.dtype == torch.float64) else None
+        dyc = dy.to(dt).contiguous() if dt is not None else dy.contiguous()
+        dx, grads = ctx.core.backward(saved, _core(dyc, "dy"))
+        dx = _back(dx)
+        if dx.dtype != ctx.x_dtype:
+            dx = dx.to(ctx.x_dtype)
+        names = [n for n in _NAMES if n in grads]
+        gs = [_back(grads[n]) for n in names]
+        gs = [g.to(d) if g.dtype != d else g for g, d in zip(gs, ctx.param_dtypes)]
+        return (None, dx, None, *gs)
+
+
+class GatedDeltaNet(torch.nn.Module):
+    """Megatron's GatedDeltaNet (GDN, or GDN2 with ``variant="gdn2"``) on gdn.
+
+    Config fields and parameter names are Megatron's (``in_proj.layer_norm_weight``,
+    ``in_proj.weight``, ``conv1d.weight``, ``dt_bias``, ``A_log``, ``out_norm.weight``,
+    ``out_proj.weight``). Input ``[B, T, hidden]``, or packed ``[1, T, hidden]`` / ``[T, hidden]``
+    with ``cu_seqlens``. Backward uses only gdn's ``Saved`` (``self.last_saved.bytes`` is its
+    activation memory); recompute by ``recompute_granularity`` / ``recompute_modules``
+    (``gdn_norm_out``, ``gdn_prep``, ``gdn``). ``device`` / ``dtype`` say where gdn computes
+    (``dtype`` "bf16" or "f32" for activations on a GPU; parameters are float32 masters).
+    The engine's copy of the parameters is refreshed when a parameter changed (its version
+    counter), through the host.
+    """
+
+    def __init__(self, hidden_size: int, linear_num_key_heads: int = 16,
+                 linear_num_value_heads: int = 32, linear_key_head_dim: int = 128,
+                 linear_value_head_dim: int = 128, linear_conv_kernel_dim: int = 4,
+                 layernorm_epsilon: float = 1e-5, normalization: str = "RMSNorm",
+                 layernorm_zero_centered_gamma: bool = False, use_qk_l2norm: bool = True,
+                 use_qk_l2norm_in_kernel: bool = False, conv_bias: bool = False,
+                 a_init_range=(1.0, 16.0), init_method_std: float = 0.02, num_layers: int = 1,
+                 recompute_granularity: Optional[str] = None,
+                 recompute_modules: Optional[List[str]] = None, variant: str = "gdn",
+                 seed: int = 0, device="cpu", dtype: str = "bf16"):
+        super().__init__()
+        cfg = dict(hidden_size=hidden_size, num_layers=num_layers,
+                   linear_num_key_heads=linear_num_key_heads,
+                   linear_num_value_heads=linear_num_value_heads,
+                   linear_key_head_dim=linear_key_head_dim,
+                   linear_value_head_dim=linear_value_head_dim,
+                   linear_conv_kernel_dim=linear_conv_kernel_dim,
+                   layernorm_epsilon=float(layernorm_epsilon),
+                   layernorm_zero_centered_gamma=layernorm_zero_centered_gamma,
+                   normalization=normalization, use_qk_l2norm=use_qk_l2norm,
+                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                   a_init_range=[float(a) for a in a_init_range], conv_bias=conv_bias,
+                   init_method_std=float(init_method_std),
+                   recompute_granularity=recompute_granularity,
+                   recompute_modules=recompute_modules, variant=variant)
+        self.config_toml = _toml(cfg)
+        dev = torch.device(device)
+        self._gdn_device = "cpu" if dev.type == "cpu" else f"cuda:{dev.index or 0}"
+        self._gdn_dtype = "f32" if dev.type == "cpu" else dtype
+        core = _gdn.Layer(self.config_toml, None, seed, self._gdn_device, self._gdn_dtype)
+        init = core.params()
+        for name, arr in init.items():
+            mod_name, _, pname = name.rpartition(".")
+            owner = self
+            if mod_name:
+                if not hasattr(self, mod_name):
+                    self.add_module(mod_name, torch.nn.Module())
+                owner = getattr(self, mod_name)
+            owner.register_parameter(pname, torch.nn.Parameter(torch.from_numpy(arr).to(dev)))
+        self._names = list(init.keys())
+        self._core = core
+        self._versions = None
+        self.last_saved = None
+
+    def _params(self):
+        d = dict(self.named_parameters())
+        return [d[n] for n in self._names]
+
+    def _core_layer(self, params):
+        key = tuple((p.data_ptr(), p._version) for p in params)
+        if key != self._versions:
+            self._core.set_params({n: p.detach().to("cpu", torch.float32).contiguous().numpy()
+                                   for n, p in zip(self._names, params)})
+            self._versions = key
+        return self._core
+
+    def load_gdn_weights(self, weights: dict) -> None:
+        """Set the parameters from a dict name -> array (``gdn.load_weights``)."""
+        with torch.no_grad():
+            for n, p in zip(self._names, self._params()):
+                if n not in weights:
+                    raise KeyError(f"missing parameter {n}")
+                p.copy_(torch.as_tensor(np.asarray(weights[n])).to(p.dtype))
+
+    @torch.compiler.disable
+    def forward(self, x: torch.Tensor, cu_seqlens=None) -> torch.Tensor:
+        if cu_seqlens is not None and isinstance(cu_seqlens, torch.Tensor):
+            cu_seqlens = cu_seqlens.to("cpu")
+        return _LayerFn.apply(self, x, cu_seqlens, *self._params())
+
+
+def layer_from_checkpoint(path: str, layout: str, layer: int = 0, **config) -> GatedDeltaNet:
+    """A ``GatedDeltaNet`` with layer ``layer``'s weights from a checkpoint in ``layout``
+    (gdn, hf-qwen3-next, hf-qwen3.5, megatron); ``config`` as ``GatedDeltaNet``'s arguments."""
+    m = GatedDeltaNet(**config)
+    m.load_gdn_weights(_gdn.load_weights(path, layout, m.config_toml, layer))
+    return m

@@ -1,0 +1,190 @@
+"""gdn.torch where PyTorch is installed (the GPU machine: scripts/py-gpu.sh). CPU parts (gradcheck,
+torch.compile) run wherever torch is; CUDA parts skip without a GPU. Without torch every test is
+skipped (and counted as skipped)."""
+
+import os
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+import numpy as np
+
+try:
+    import torch
+    import gdn.torch as gt
+    HAVE_TORCH = True
+except ImportError:  # CI has no PyTorch
+    HAVE_TORCH = False
+
+import gdn
+
+CUDA = HAVE_TORCH and torch.cuda.is_available()
+
+
+def _rule_inputs(dtype, device, B=1, T=9, H=1, HV=2, K=4, V=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, HV, V)
+    gate = -torch.rand(B, T, HV, generator=g, dtype=torch.float64) * 0.2
+    beta = torch.rand(B, T, HV, generator=g, dtype=torch.float64) * 0.8 + 0.1
+    return [x.to(device, dtype) for x in (q, k, v, gate, beta)]
+
+
+def _small_module(**kw):
+    cfg = dict(hidden_size=8, linear_num_key_heads=1, linear_num_value_heads=2,
+               linear_key_head_dim=4, linear_value_head_dim=4, normalization="RMSNorm",
+               layernorm_epsilon=1e-5, seed=3)
+    cfg.update(kw)
+    return gt.GatedDeltaNet(**cfg)
+
+
+@unittest.skipUnless(HAVE_TORCH, "needs PyTorch")
+class TestCpuTorch(unittest.TestCase):
+    def test_rule_gradcheck_float64(self):
+        for l2 in (False, True):
+            q, k, v, g, b = [x.requires_grad_() for x in _rule_inputs(torch.float64, "cpu")]
+            h0 = (torch.randn(1, 2, 4, 3, dtype=torch.float64) * 0.3).requires_grad_()
+
+            def f(q, k, v, g, b, h0):
+                o, s = gt.chunk_gated_delta_rule(q, k, v, g, b, initial_state=h0,
+                                                 output_final_state=True,
+                                                 use_qk_l2norm_in_kernel=l2)
+                return o, s
+
+            # gdn's CPU path is f32: finite differences at eps 1e-3 carry ~1e-4 of f32 noise
+            self.assertTrue(torch.autograd.gradcheck(f, (q, k, v, g, b, h0), eps=1e-3,
+                                                     atol=5e-3, rtol=5e-3))
+
+    def test_layer_gradcheck_float64(self):
+        m = _small_module()
+        params = [p.detach().double().requires_grad_() for p in m._params()]
+        x = torch.randn(1, 7, 8, dtype=torch.float64).requires_grad_()
+
+        def f(x, *ps):
+            return gt._LayerFn.apply(m, x, None, *ps)
+
+        self.assertTrue(torch.autograd.gradcheck(f, (x, *params), eps=1e-3, atol=5e-3, rtol=5e-3))
+
+    def test_rule_under_torch_compile_is_one_opaque_op(self):
+        q, k, v, g, b = _rule_inputs(torch.float32, "cpu", T=20)
+
+        def f(q, k, v, g, b):
+            return gt.chunk_gated_delta_rule(q, k, v, g, b, use_qk_l2norm_in_kernel=True)[0] * 2
+
+        c = torch.compile(f, backend="aot_eager", fullgraph=True)
+        self.assertTrue(torch.equal(c(q, k, v, g, b), f(q, k, v, g, b)))
+
+    def test_module_names_and_saved_bytes(self):
+        m = _small_module()
+        names = [n for n, _ in m.named_parameters()]
+        self.assertIn("in_proj.weight", names)
+        self.assertIn("out_norm.weight", names)
+        x = torch.randn(2, 5, 8, requires_grad=True)
+        y = m(x)
+        self.assertGreater(m.last_saved.bytes, 0)
+        y.sum().backward()
+        self.assertEqual(m.last_saved.bytes, 0)  # consumed by backward
+        self.assertIsNotNone(m.in_proj.weight.grad)
+
+
+def _gdn_cli():
+    for p in (os.environ.get("GDN_BIN"), ".gpu/gdn", "target/release/gdn"):
+        if p and os.path.exists(p):
+            return p
+    return None
+
+
+@unittest.skipUnless(CUDA, "needs PyTorch with a CUDA GPU")
+class TestCuda(unittest.TestCase):
+    def test_rule_in_place_no_copy_and_bitwise_reruns(self):
+        dev = "cuda"
+        q, k, v, g, b = _rule_inputs(torch.float64, "cpu", B=1, T=300, H=2, HV=4, K=64, V=32)
+        q, k, v, b = (x.to(dev, torch.bfloat16) for x in (q, k, v, b))
+        g = g.to(dev, torch.float32)
+        cu = torch.tensor([0, 100, 300])
+        torch.cuda.synchronize()
+        alloc0 = torch.cuda.memory_allocated()
+        live0 = gdn.cuda_live_bytes(0)
+        o, s = gt.chunk_gated_delta_rule(q, k, v, g, b, output_final_state=True,
+                                         use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+        torch.cuda.synchronize()
+        # no input was copied through PyTorch's allocator, and gdn holds just the outputs
+        self.assertEqual(torch.cuda.memory_allocated(), alloc0)
+        self.assertEqual(gdn.cuda_live_bytes(0) - live0,
+                         o.numel() * o.element_size() + s.numel() * s.element_size())
+        o2, s2 = gt.chunk_gated_delta_rule(q, k, v, g, b, output_final_state=True,
+                                           use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+        self.assertTrue(torch.equal(o, o2) and torch.equal(s, s2))
+        # against the CPU rule (f32) on the same values
+        oc, sc = gt.chunk_gated_delta_rule(*(x.float().cpu() for x in (q, k, v, g, b)),
+                                           output_final_state=True,
+                                           use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+        self.assertLess((o.float().cpu() - oc).abs().max().item(), 3e-2)
+        # a capsule handed back keeps its pointer (no copy on the way out)
+        cap = gdn.as_core(o)
+        self.assertEqual(torch.utils.dlpack.from_dlpack(cap).data_ptr(), o.data_ptr())
+
+    def test_stream_and_device_mismatches_are_errors(self):
+        q, k, v, g, b = _rule_inputs(torch.float32, "cuda", T=16)
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            with self.assertRaisesRegex(RuntimeError, "default stream"):
+                gt.chunk_gated_delta_rule(q, k, v, g, b)
+        with self.assertRaisesRegex(ValueError, "contiguous"):
+            gt.chunk_gated_delta_rule(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, g, b)
+
+    def test_layer_backward_and_saved_bytes_are_gdns(self):
+        m = _small_module(hidden_size=64, linear_num_key_heads=2, linear_num_value_heads=4,
+                          linear_key_head_dim=16, linear_value_head_dim=16, device="cuda",
+                          dtype="bf16")
+        x = torch.randn(1, 200, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        cu = torch.tensor([0, 50, 200])
+        m(x, cu_seqlens=cu)  # upload the parameters once
+        torch.cuda.synchronize()
+        live0 = gdn.cuda_live_bytes(0)
+        y = m(x, cu_seqlens=cu)
+        torch.cuda.synchronize()
+        self.assertEqual(gdn.cuda_live_bytes(0) - live0,
+                         m.last_saved.bytes + y.numel() * y.element_size())
+        y.float().square().sum().backward()
+        self.assertEqual(x.grad.shape, x.shape)
+        self.assertEqual(m.in_proj.weight.grad.dtype, torch.float32)
+
+    def test_layer_equals_the_rust_api(self):
+        """y, dx and every parameter gradient of gdn.torch on CUDA (f32) equal `gdn layer
+        --device cuda --dtype f32` (the Rust host API) on the same files, bitwise."""
+        cli = _gdn_cli()
+        if cli is None:
+            self.skipTest("no gdn binary (.gpu/gdn, target/release/gdn or GDN_BIN)")
+        from test_core import write_safetensors, read_safetensors  # noqa: E402
+        m = _small_module(hidden_size=32, linear_num_key_heads=2, linear_num_value_heads=4,
+                          linear_key_head_dim=8, linear_value_head_dim=8, device="cuda",
+                          dtype="f32")
+        d = tempfile.mkdtemp()
+        try:
+            with open(os.path.join(d, "c.toml"), "w") as f:
+                f.write(m.config_toml)
+            ps = {n: p.detach().cpu().numpy() for n, p in m.named_parameters()}
+            write_safetensors(os.path.join(d, "w.safetensors"), ps)
+            x = np.random.default_rng(1).standard_normal((2, 40, 32)).astype(np.float32)
+            dy = np.random.default_rng(2).standard_normal((2, 40, 32)).astype(np.float32)
+            write_safetensors(os.path.join(d, "x.safetensors"), {"x": x, "dy": dy})
+            subprocess.run([cli, "layer", "--config", f"{d}/c.toml", "--weights",
+                            f"{d}/w.safetensors", "--input", f"{d}/x.safetensors", "--output",
+                            f"{d}/o.safetensors", "--device", "cuda", "--dtype", "f32"],
+                           check=True)
+            ref = read_safetensors(os.path.join(d, "o.safetensors"))
+            xt = torch.from_numpy(x).cuda().requires_grad_()
+            y = m(xt)
+            y.backward(torch.from_numpy(dy).cuda())
+            self.assertTrue(np.array_equal(y.detach().cpu().numpy(), ref["y"]))
+            self.assertTrue(np.array_equal(xt.grad.cpu().numpy(), ref["dx"]))
+            for n, p in m.named_parameters():
+                self.assertTrue(np.array_equal(p.grad.cpu().numpy(), ref[n]), n)
+        finally:
+            shutil.rmtree(d)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
