@@ -4,7 +4,7 @@
 #   1. test-gpu_rule        every rule GPU test (the v6 forward is the default; v6 forward's own
 #                           tests: both load paths, 2 and 3 stages; the v6 backward's: every
 #                           piece vs f64, bitwise, fallback), then the bf16 tests again with
-#                           GDN_RULE_BWD=v6 (the v6 backward through cuda::backward)
+#                           GDN_RULE_BWD=v6 (every v6 backward piece through cuda::backward)
 #   2. bench_rule bwd       v5 vs the v6 backward pieces (both, each alone, every CTA width) at B1
 #                           T32768 16/32 and B8 T4096 16/16: backward ms, peak memory, per-kernel
 #                           times, gradients vs v5

@@ -470,10 +470,11 @@ fn bwd_variants(gpu: &Arc<Gpu>) {
     println!(
         "bench-bwd | case | kernel | bwd ms (median of 10) | peak GiB | per kernel | grads vs v5 (RMS rel diff)"
     );
-    let v6 = |recompute, scan, bf16_states, warps| BwdKernel::V6 {
+    let v6 = |recompute, scan, bf16_states, grad, warps| BwdKernel::V6 {
         recompute,
         scan,
         bf16_states,
+        grad,
         warps,
     };
     for &(b, t, hk, hv) in &[(1usize, 32768usize, 16usize, 32usize), (8, 4096, 16, 16)] {
@@ -482,12 +483,13 @@ fn bwd_variants(gpu: &Arc<Gpu>) {
         let g5 = bwd(gpu, &x, &d_o, BwdKernel::V5);
         let mut kernels = vec![
             BwdKernel::V5,
-            v6(true, true, true, 0),
-            v6(true, true, false, 0),
-            v6(true, false, false, 0),
-            v6(false, true, false, 0),
+            v6(true, true, true, true, 0),
+            v6(true, true, true, false, 0),
+            v6(true, true, false, false, 0),
+            v6(true, false, false, false, 0),
+            v6(false, true, false, false, 0),
         ];
-        kernels.extend([1, 2, 4, 8].map(|w| v6(true, true, true, w)));
+        kernels.extend([1, 2, 4, 8].map(|w| v6(true, true, true, true, w)));
         for kernel in kernels {
             gpu.sync().unwrap();
             gpu.reset_peak();

@@ -1146,12 +1146,14 @@ fn check_v6_bwd(gpu: &Arc<Gpu>, c: &Case, b: &Base, kernel: BwdKernel, fails: &m
             recompute,
             scan,
             bf16_states,
+            grad,
             warps,
         } => format!(
-            "v6{}{}{} w{warps}",
+            "v6{}{}{}{} w{warps}",
             if recompute { "r" } else { "" },
             if scan { "s" } else { "" },
-            if bf16_states { "h" } else { "" }
+            if bf16_states { "h" } else { "" },
+            if grad { "g" } else { "" }
         ),
     };
     let mut line = format!("gdr-check v6-bwd {tag:<8} {:<34}", c.name);
@@ -1176,11 +1178,13 @@ fn check_v6_bwd(gpu: &Arc<Gpu>, c: &Case, b: &Base, kernel: BwdKernel, fails: &m
     println!("{line}");
 }
 
-fn v6b(recompute: bool, scan: bool, bf16_states: bool, warps: usize) -> BwdKernel {
+/// `BwdKernel::V6` with its pieces: the recompute, the reverse scan, bf16 states, gdr_grad6.
+fn v6b(recompute: bool, scan: bool, bf16_states: bool, grad: bool, warps: usize) -> BwdKernel {
     BwdKernel::V6 {
         recompute,
         scan,
         bf16_states,
+        grad,
         warps,
     }
 }
@@ -1300,10 +1304,11 @@ fn v6_backward_matches_f64() {
     for c in &cases {
         let b = base(&gpu, c);
         for kernel in [
-            v6b(true, true, true, 0),
-            v6b(true, true, false, 0),
-            v6b(true, false, false, 0),
-            v6b(false, true, false, 0),
+            v6b(true, true, true, true, 0),
+            v6b(true, true, true, false, 0),
+            v6b(true, true, false, false, 0),
+            v6b(true, false, false, false, 0),
+            v6b(false, true, false, false, 0),
         ] {
             check_v6_bwd(&gpu, c, &b, kernel, &mut fails);
         }
@@ -1320,7 +1325,7 @@ fn v6_backward_matches_f64() {
     );
     let b = base(&gpu, &c);
     for warps in [1, 2, 4, 8] {
-        check_v6_bwd(&gpu, &c, &b, v6b(true, true, true, warps), &mut fails);
+        check_v6_bwd(&gpu, &c, &b, v6b(true, true, true, true, warps), &mut fails);
     }
     finish(fails);
 }
@@ -1344,12 +1349,13 @@ fn v6_backward_bitwise_and_fallback() {
         true,
     );
     for kernel in [
-        v6b(true, true, true, 0),
-        v6b(true, true, true, 1),
-        v6b(true, true, true, 8),
-        v6b(true, true, false, 0),
-        v6b(true, false, false, 0),
-        v6b(false, true, false, 0),
+        v6b(true, true, true, true, 0),
+        v6b(true, true, true, true, 1),
+        v6b(true, true, true, true, 8),
+        v6b(true, true, true, false, 0),
+        v6b(true, true, false, false, 0),
+        v6b(true, false, false, false, 0),
+        v6b(false, true, false, false, 0),
     ] {
         let a = run_gpu_with(&gpu, &c, DType::Bf16, Some(kernel));
         let b = run_gpu_with(&gpu, &c, DType::Bf16, Some(kernel));
@@ -1374,7 +1380,7 @@ fn v6_backward_bitwise_and_fallback() {
             bf,
         );
         let b = run_gpu_with(&gpu, &c, dt, Some(BwdKernel::V5));
-        let a = run_gpu_with(&gpu, &c, dt, Some(v6b(true, true, true, 0)));
+        let a = run_gpu_with(&gpu, &c, dt, Some(v6b(true, true, true, true, 0)));
         println!(
             "gdr-check v6-bwd fallback {dt:?} {shape:?}: {}",
             a.bits() == b.bits()

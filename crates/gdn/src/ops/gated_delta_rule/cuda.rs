@@ -564,14 +564,17 @@ pub fn backward_with(
         recompute,
         scan,
         bf16_states,
+        grad,
         warps,
     } = kernel
     {
         if (recompute || scan) && v6_supports(dt, s) {
+            let bf16_states = bf16_states && recompute && scan;
             let pieces = V6Pieces {
                 recompute,
                 scan,
-                bf16_states: bf16_states && recompute && scan,
+                bf16_states,
+                grad: grad && bf16_states && matches!(s.dk, 64 | 128) && matches!(s.dv, 64 | 128),
                 warps,
             };
             return backward_v6(
@@ -1104,35 +1107,41 @@ pub enum BwdKernel {
     /// scan_bwd. The per-chunk gradients and the GVA reduction stay v5's. `bf16_states` (with
     /// both pieces only): the chunk-start states h and their gradients dh are stored bf16 (half
     /// the bytes; `gdr_grad_h16_*` reads them) instead of fp32. `warps` per CTA of the v6 scans
-    /// as in [`FwdKernel::V6`] (0 picks by shape).
+    /// as in [`FwdKernel::V6`] (0 picks by shape). `grad` (with both pieces and bf16 states, Dk
+    /// and Dv 64 or 128; v5's gdr_grad elsewhere): the per-chunk gradients by `gdr_grad6` (bf16
+    /// tensor cores, every operand staged once in shared memory) instead of v5's `gdr_grad`.
     V6 {
         recompute: bool,
         scan: bool,
         bf16_states: bool,
+        grad: bool,
         warps: usize,
     },
 }
 
 impl BwdKernel {
-    /// `GDN_RULE_BWD=v6` (both v6 pieces, bf16 states), `v6f` (both, fp32 states), `v6r` (the
-    /// recompute only), `v6s` (the reverse scan only), with `GDN_RULE_V6_WARPS` as for the
-    /// forward; anything else: v5.
+    /// `GDN_RULE_BWD=v6` (every v6 piece: both scans, bf16 states, gdr_grad6), `v6h` (both scans,
+    /// bf16 states, v5's gradient kernel), `v6f` (both scans, fp32 states), `v6r` (the recompute
+    /// only), `v6s` (the reverse scan only), with `GDN_RULE_V6_WARPS` as for the forward;
+    /// anything else: v5.
     pub fn from_env() -> BwdKernel {
         let warps = std::env::var("GDN_RULE_V6_WARPS")
             .ok()
             .and_then(|w| w.parse().ok())
             .unwrap_or(0);
-        let v6 = |recompute, scan, bf16_states| BwdKernel::V6 {
+        let v6 = |recompute, scan, bf16_states, grad| BwdKernel::V6 {
             recompute,
             scan,
             bf16_states,
+            grad,
             warps,
         };
         match std::env::var("GDN_RULE_BWD").as_deref() {
-            Ok("v6") => v6(true, true, true),
-            Ok("v6f") => v6(true, true, false),
-            Ok("v6r") => v6(true, false, false),
-            Ok("v6s") => v6(false, true, false),
+            Ok("v6") => v6(true, true, true, true),
+            Ok("v6h") => v6(true, true, true, false),
+            Ok("v6f") => v6(true, true, false, false),
+            Ok("v6r") => v6(true, false, false, false),
+            Ok("v6s") => v6(false, true, false, false),
             _ => BwdKernel::V5,
         }
     }
@@ -1144,6 +1153,7 @@ struct V6Pieces {
     recompute: bool,
     scan: bool,
     bf16_states: bool,
+    grad: bool,
     warps: usize,
 }
 
@@ -1157,6 +1167,17 @@ pub fn v6r_stage_bytes(dk: usize, warps: usize) -> usize {
 /// bf16), A (64 rows of 72 bf16), the dO tile (64 rows of 16 NW + 8 bf16), gam.
 pub fn v6g_stage_bytes(dk: usize, warps: usize) -> usize {
     3 * C * (dk + 8) * 2 + C * (C + 8) * 2 + C * (16 * warps + 8) * 2 + C * 4
+}
+
+/// Dynamic shared memory of `gdr_grad6` (the .cu file's `G6<DK, DV>::BYTES`): Q, K, dW (64 rows
+/// of Dk + 8 bf16), V, dO, D, dD (64 rows of Dv + 8), T (64 rows of 72), then h and dh (Dk rows
+/// of Dv + 8) or, later, three fp32 64 x 65 and two bf16 64 x 72 matrices, then 7 x 64 + 32 fp32.
+pub fn g6_bytes(dk: usize, dv: usize) -> usize {
+    let (lk, lv, lc, lf) = (dk + 8, dv + 8, C + 8, C + 1);
+    let base = 3 * C * lk * 2 + 4 * C * lv * 2 + C * lc * 2;
+    let u1 = 2 * dk * lv * 2;
+    let u2 = 3 * C * lf * 4 + 2 * C * lc * 2;
+    base + u1.max(u2) + (7 * C + 32) * 4
 }
 
 /// Element-wise copy of `n` values between an fp32 and a bf16 buffer (`name`: gdr_cvt_f32_bf16
@@ -1427,54 +1448,65 @@ fn backward_v6(
     }
     drop((w32, w16));
 
-    // v5's per-chunk gradients (dW in its own workspace, U's becomes dVb) and GVA reduction.
-    let dw = ws(gpu, chh * C * s.dk)?;
+    // The per-chunk gradients (U's workspace becomes dVb), then v5's GVA reduction.
     let dkb = ws(gpu, chh * C * s.dk)?;
     let dq_part = ws(gpu, tokens * s.hv * s.dk)?;
     let dk_part = ws(gpu, tokens * s.hv * s.dk)?;
     let mut dv = out_d(gpu, tokens * s.hv * s.dv, dt)?;
     let dg = out_f32(gpu, tokens * s.hv)?;
     let mut dbeta = out_d(gpu, tokens * s.hv, dt)?;
-    let (grad, h_arg, dh_arg) = if h16 {
-        ("gdr_grad_h16", o16(h16b.as_ref()), o16(dh16.as_ref()))
+    if pieces.grad {
+        // gdr_grad6: bf16 tensor cores, operands staged once (bf16 states, Dk, Dv 64 / 128).
+        launch(
+            gpu,
+            &format!("gdr_grad6_{ks}_d{}_v{}", s.dk, s.dv),
+            chh,
+            g6_bytes(s.dk, s.dv),
+            &[
+                dptr(qq, st),
+                dptr(kk, st),
+                dptr(qb, st),
+                dptr(kb, st),
+                dptr(v, st),
+                dptr(beta, st),
+                dptr(d_o, st),
+                ptr(&gam, st),
+                ptr(&t, st),
+                o16(h16b.as_ref()),
+                o16(dh16.as_ref()),
+                ptr(&d, st),
+                ptr(&dd, st),
+                ptr(&u, st),
+                ptr(&dkb, st),
+                ptr(&ch.t0, st),
+                ptr(&ch.len, st),
+                i32_arg(s.hk),
+                i32_arg(s.hv),
+                Arg::F32(opts.scale),
+                ptr(&dq_part, st),
+                ptr(&dk_part, st),
+                dptr(&dv, st),
+                ptr(&dg, st),
+                dptr(&dbeta, st),
+            ],
+        )?;
     } else {
-        ("gdr_grad", optr(h32.as_ref(), st), optr(dh32.as_ref(), st))
-    };
-    launch(
-        gpu,
-        &format!("{grad}_{ks}"),
-        chh,
-        (STAGE_F + 5 * MAT_F + 8 * C) * 4,
-        &[
-            dptr(qq, st),
-            dptr(kk, st),
-            dptr(v, st),
-            dptr(beta, st),
-            dptr(d_o, st),
-            ptr(&gam, st),
-            ptr(&t, st),
-            h_arg,
-            dh_arg,
-            ptr(&d, st),
-            ptr(&dd, st),
-            ptr(&dw, st),
-            ptr(&u, st),
-            ptr(&dkb, st),
-            ptr(&ch.t0, st),
-            ptr(&ch.len, st),
-            i32_arg(s.hk),
-            i32_arg(s.hv),
-            i32_arg(s.dk),
-            i32_arg(s.dv),
-            Arg::F32(opts.scale),
-            ptr(&dq_part, st),
-            ptr(&dk_part, st),
-            dptr(&dv, st),
-            ptr(&dg, st),
-            dptr(&dbeta, st),
-        ],
-    )?;
-    drop((gam, t, u, h32, h16b, d, dd, dh32, dh16, dw, dkb, norm));
+        let gw = GradWs {
+            gam: &gam,
+            t: &t,
+            h32: &h32,
+            h16: &h16b,
+            dh32: &dh32,
+            dh16: &dh16,
+            d: &d,
+            dd: &dd,
+            u: &u,
+            dkb: &dkb,
+        };
+        let outs = (&dq_part, &dk_part, &dv, &dg, &dbeta);
+        grad_v5(gpu, ks, qq, kk, v, beta, d_o, &gw, &ch, s, opts, outs)?;
+    }
+    drop((gam, t, u, h32, h16b, d, dd, dh32, dh16, dkb, norm));
     let dq = out_d(gpu, tokens * s.hk * s.dk, dt)?;
     let dk = out_d(gpu, tokens * s.hk * s.dk, dt)?;
     launch(
@@ -1513,4 +1545,88 @@ fn backward_v6(
         dbeta,
         dh0,
     })
+}
+
+/// The v6 backward's workspaces that v5's per-chunk gradient kernel reads.
+struct GradWs<'a> {
+    gam: &'a GBuf<f32>,
+    t: &'a GBuf<f32>,
+    h32: &'a Option<GBuf<f32>>,
+    h16: &'a Option<GBuf<u16>>,
+    dh32: &'a Option<GBuf<f32>>,
+    dh16: &'a Option<GBuf<u16>>,
+    d: &'a GBuf<f32>,
+    dd: &'a GBuf<f32>,
+    u: &'a GBuf<f32>,
+    dkb: &'a GBuf<f32>,
+}
+
+/// v5's per-chunk gradient kernel for the v6 backward: `gdr_grad` (fp32 states) or
+/// `gdr_grad_h16` (bf16 states), dW in its own workspace. Outputs: dq, dk partials, dv, dg,
+/// dbeta.
+#[allow(clippy::too_many_arguments)]
+fn grad_v5(
+    gpu: &Arc<Gpu>,
+    ks: &str,
+    qq: &DBuf,
+    kk: &DBuf,
+    v: &DBuf,
+    beta: &DBuf,
+    d_o: &DBuf,
+    w: &GradWs,
+    ch: &Chunks,
+    s: RuleShape,
+    opts: RuleOpts,
+    outs: (&GBuf<f32>, &GBuf<f32>, &DBuf, &GBuf<f32>, &DBuf),
+) -> Result<()> {
+    let (dq_part, dk_part, dv, dg, dbeta) = outs;
+    let st = gpu.stream();
+    let o16 = |b: Option<&GBuf<u16>>| b.map_or(Arg::Ptr(0), |b| ptr(b, st));
+    let chh = ch.count * s.hv;
+    let dw = ws(gpu, chh * C * s.dk)?;
+    let (grad, h_arg, dh_arg) = if w.h16.is_some() {
+        ("gdr_grad_h16", o16(w.h16.as_ref()), o16(w.dh16.as_ref()))
+    } else {
+        (
+            "gdr_grad",
+            optr(w.h32.as_ref(), st),
+            optr(w.dh32.as_ref(), st),
+        )
+    };
+    launch(
+        gpu,
+        &format!("{grad}_{ks}"),
+        chh,
+        (STAGE_F + 5 * MAT_F + 8 * C) * 4,
+        &[
+            dptr(qq, st),
+            dptr(kk, st),
+            dptr(v, st),
+            dptr(beta, st),
+            dptr(d_o, st),
+            ptr(w.gam, st),
+            ptr(w.t, st),
+            h_arg,
+            dh_arg,
+            ptr(w.d, st),
+            ptr(w.dd, st),
+            ptr(&dw, st),
+            ptr(w.u, st),
+            ptr(w.dkb, st),
+            ptr(&ch.t0, st),
+            ptr(&ch.len, st),
+            i32_arg(s.hk),
+            i32_arg(s.hv),
+            i32_arg(s.dk),
+            i32_arg(s.dv),
+            Arg::F32(opts.scale),
+            ptr(dq_part, st),
+            ptr(dk_part, st),
+            dptr(dv, st),
+            ptr(dg, st),
+            dptr(dbeta, st),
+        ],
+    )?;
+    drop(dw);
+    Ok(())
 }

@@ -2213,6 +2213,387 @@ __device__ void gdr_bwd6(const bf16_t* __restrict__ q, const bf16_t* __restrict_
 
 
 // ---------------------------------------------------------------------------------------------
+// gdr_grad6 (v6 backward, opt-in `grad`): v5's gdr_grad (same formulas, same order of the
+// steps' dependencies, same outputs: fp32 dq / dk partials, dv, dg, dbeta) with every product
+// on bf16 tensor cores from operands staged once in shared memory: Q, K (normalized bf16), V, dO,
+// D, dD, T (bf16, D / dD / T rounded from their fp32 workspaces), h, dh (bf16 states). One CTA
+// (8 warps) per (chunk, value head); each product is a 64 x N block, warp w owning rows
+// 16 (w & 3) .. + 16 and columns (w >> 2) N / 2 .. + N / 2. Elementwise parts (row dots,
+// dgam, dbeta) as v5, reading q, k rows from memory (fp32 when normalized in the kernel).
+
+// Shared-memory layout (bytes). Phase 1 (dq, dk from the states, dW, <S0, dS>) needs h and dh;
+// phase 2 reuses their space for the 64 x 64 intermediates.
+template <int DK, int DV>
+struct G6 {
+    static constexpr int LK = DK + 8, LV = DV + 8, LC = GDR_C + 8, LF = GDR_C + 1;
+    static constexpr int Q_OFF = 0;
+    static constexpr int K_OFF = Q_OFF + GDR_C * LK * 2;
+    static constexpr int V_OFF = K_OFF + GDR_C * LK * 2;
+    static constexpr int O_OFF = V_OFF + GDR_C * LV * 2;
+    static constexpr int D_OFF = O_OFF + GDR_C * LV * 2;
+    static constexpr int DD_OFF = D_OFF + GDR_C * LV * 2;
+    static constexpr int T_OFF = DD_OFF + GDR_C * LV * 2;
+    static constexpr int W_OFF = T_OFF + GDR_C * LC * 2;  // dW, bf16 [64][LK]
+    static constexpr int U_OFF = W_OFF + GDR_C * LK * 2;
+    static constexpr int H_OFF = U_OFF;                   // phase 1: h, dh bf16 [DK][LV]
+    static constexpr int DH_OFF = H_OFF + DK * LV * 2;
+    static constexpr int A_OFF = U_OFF;                   // phase 2: A, then dM (fp32 [64][LF])
+    static constexpr int P_OFF = A_OFF + GDR_C * LF * 4;  // K K^T (fp32)
+    static constexpr int E_OFF = P_OFF + GDR_C * LF * 4;  // dA * A (fp32)
+    static constexpr int G_OFF = E_OFF + GDR_C * LF * 4;  // dA * Gamma, then T^T dT (bf16 [64][LC])
+    static constexpr int X_OFF = G_OFF + GDR_C * LC * 2;  // dT, then dP (bf16 [64][LC])
+    static constexpr int U1 = 2 * DK * LV * 2;
+    static constexpr int U2 = 3 * GDR_C * LF * 4 + 2 * GDR_C * LC * 2;
+    static constexpr int VEC_OFF = U_OFF + (U1 > U2 ? U1 : U2);
+    static constexpr int BYTES = VEC_OFF + (7 * GDR_C + 32) * 4;
+};
+
+// acc (this warp's 16 x 8 NT8 slice of a 64 x 16 NT8 product) += sum over k < kdim of
+// A(i, k) B(k, n), from bf16 shared memory. AT false: A stored [i][k]; true: stored [k][i].
+// BT true: B stored [n][k]; false: stored [k][n]. Row strides in elements (16-byte rows).
+template <int NT8, bool AT, bool BT>
+__device__ __forceinline__ void g6_mma(float (&acc)[NT8][4], const bf16_t* a, int lda, const bf16_t* b, int ldb,
+                                       int kdim) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, mi = lane >> 3, r = lane & 7;
+    const int rt = 16 * (warp & 3), col0 = (warp >> 2) * (8 * NT8);
+    for (int k0 = 0; k0 < kdim; k0 += 16) {
+        unsigned af[4];
+        if (AT) ldsm_x4_t(af, a + (k0 + 8 * (mi >> 1) + r) * lda + rt + 8 * (mi & 1));
+        else ldsm_x4(af, a + (rt + 8 * (mi & 1) + r) * lda + k0 + 8 * (mi >> 1));
+#pragma unroll
+        for (int np = 0; np < NT8 / 2; ++np) {
+            const int n0 = col0 + 16 * np;
+            unsigned bb[4];
+            if (BT) ldsm_x4(bb, b + (n0 + 8 * (mi >> 1) + r) * ldb + k0 + 8 * (mi & 1));
+            else ldsm_x4_t(bb, b + (k0 + 8 * (mi & 1) + r) * ldb + n0 + 8 * (mi >> 1));
+            mma_bf16(acc[2 * np], af, bb[0], bb[1]);
+            mma_bf16(acc[2 * np + 1], af, bb[2], bb[3]);
+        }
+    }
+}
+
+template <int NT8>
+__device__ __forceinline__ void g6_zero(float (&acc)[NT8][4]) {
+#pragma unroll
+    for (int n = 0; n < NT8; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[n][c] = 0.f;
+}
+
+// f(row, column, value) for every element of this warp's slice (C fragment layout).
+template <int NT8, class F>
+__device__ __forceinline__ void g6_epi(const float (&acc)[NT8][4], F f) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int r0 = 16 * (warp & 3) + g, c0 = (warp >> 2) * (8 * NT8) + 2 * t;
+#pragma unroll
+    for (int n = 0; n < NT8; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) f(r0 + 8 * (c >> 1), c0 + 8 * n + (c & 1), acc[n][c]);
+}
+
+// rows x n bf16 (n a multiple of 8) global -> shared by cp.async (row strides gs, ls); rows >= l
+// are zero-filled (not read).
+__device__ __forceinline__ void g6_rows16(bf16_t* dst, int ls, const bf16_t* src, i64 gs, int n, int rows, int l) {
+    const int per = n / 8;
+    for (int e = threadIdx.x; e < rows * per; e += GDR_NT) {
+        const int i = e / per, x = (e - i * per) * 8;
+        const bool ok = i < l;
+        cp_async16(dst + i * ls + x, src + (ok ? (i64)i : 0) * gs + x, ok);
+    }
+}
+
+// rows x n fp32 (n a multiple of 4) global -> bf16 shared (rounded to nearest even).
+__device__ __forceinline__ void g6_rows32(bf16_t* dst, int ls, const float* src, i64 gs, int n, int rows) {
+    const int per = n / 4;
+    for (int e = threadIdx.x; e < rows * per; e += GDR_NT) {
+        const int i = e / per, x = (e - i * per) * 4;
+        const float4 v = *reinterpret_cast<const float4*>(src + (i64)i * gs + x);
+        *reinterpret_cast<uint2*>(dst + i * ls + x) = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+    }
+}
+
+template <typename TQ, int DK, int DV>
+__device__ void gdr_grad6(const TQ* __restrict__ q, const TQ* __restrict__ k, const bf16_t* __restrict__ qb,
+                          const bf16_t* __restrict__ kb, const bf16_t* __restrict__ v,
+                          const bf16_t* __restrict__ beta, const bf16_t* __restrict__ d_o,
+                          const float* __restrict__ gam_ws, const float* __restrict__ t_ws,
+                          const bf16_t* __restrict__ h_ws, const bf16_t* __restrict__ dh_ws,
+                          const float* __restrict__ d_ws, const float* __restrict__ dd_ws,
+                          float* __restrict__ dvb_ws, float* __restrict__ dkb_ws, const i64* __restrict__ ch_t0,
+                          const int* __restrict__ ch_len, int hk_n, int hv_n, float scale,
+                          float* __restrict__ dq_part, float* __restrict__ dk_part, bf16_t* __restrict__ dv_out,
+                          float* __restrict__ dg, bf16_t* __restrict__ dbeta) {
+    typedef G6<DK, DV> L;
+    constexpr int dk = DK, dv = DV;
+    // A launch with too little shared memory writes nothing (tests see the poisoned outputs).
+    if (dyn_smem_bytes() < (unsigned)L::BYTES) return;
+    char* sm = reinterpret_cast<char*>(gdr_smem);
+    bf16_t* sQ = reinterpret_cast<bf16_t*>(sm + L::Q_OFF);
+    bf16_t* sK = reinterpret_cast<bf16_t*>(sm + L::K_OFF);
+    bf16_t* sV = reinterpret_cast<bf16_t*>(sm + L::V_OFF);
+    bf16_t* sO = reinterpret_cast<bf16_t*>(sm + L::O_OFF);
+    bf16_t* sD = reinterpret_cast<bf16_t*>(sm + L::D_OFF);
+    bf16_t* sDD = reinterpret_cast<bf16_t*>(sm + L::DD_OFF);
+    bf16_t* sT = reinterpret_cast<bf16_t*>(sm + L::T_OFF);
+    bf16_t* sW = reinterpret_cast<bf16_t*>(sm + L::W_OFF);
+    bf16_t* sH = reinterpret_cast<bf16_t*>(sm + L::H_OFF);
+    bf16_t* sDH = reinterpret_cast<bf16_t*>(sm + L::DH_OFF);
+    float* sA = reinterpret_cast<float*>(sm + L::A_OFF);
+    float* sP = reinterpret_cast<float*>(sm + L::P_OFF);
+    float* sE = reinterpret_cast<float*>(sm + L::E_OFF);
+    bf16_t* sG = reinterpret_cast<bf16_t*>(sm + L::G_OFF);
+    bf16_t* sX = reinterpret_cast<bf16_t*>(sm + L::X_OFF);
+    float* s_gam = reinterpret_cast<float*>(sm + L::VEC_OFF);
+    float* s_eg = s_gam + GDR_C;
+    float* s_ed = s_eg + GDR_C;
+    float* s_beta = s_ed + GDR_C;
+    float* s_dgam = s_beta + GDR_C;
+    float* s_db = s_dgam + GDR_C;
+    float* s_tmp = s_db + GDR_C;
+    float* s_red = s_tmp + GDR_C;  // 32 floats for block_sum
+    constexpr int LK = L::LK, LV = L::LV, LC = L::LC, LF = L::LF;
+    constexpr int NK = DK / 16, NV = DV / 16;  // NT8 of 64 x DK and 64 x DV products
+
+    ChunkGeo G = chunk_geo(ch_t0, ch_len, hv_n, hv_n / hk_n);
+    const int l = G.l, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const i64 cb = G.c * hv_n + G.hv;
+    const i64 krow = (i64)hk_n * dk, vrow = (i64)hv_n * dv;
+    const i64 prow = (i64)hv_n * dk;  // row stride of the fp32 partials [tokens, Hv, Dk]
+    const TQ* qc = q + G.t0 * krow + (i64)G.kh * dk;
+    const TQ* kc = k + G.t0 * krow + (i64)G.kh * dk;
+    const bf16_t* vc = v + G.t0 * vrow + (i64)G.hv * dv;
+    float* dqc = dq_part + G.t0 * prow + (i64)G.hv * dk;
+    float* dkc = dk_part + G.t0 * prow + (i64)G.hv * dk;
+    float* dVb = dvb_ws + cb * GDR_C * (i64)dv;
+    float* dKb = dkb_ws + cb * GDR_C * (i64)dk;
+
+    // Stage the operands (the bf16 ones asynchronously while the fp32 ones are rounded).
+    g6_rows16(sQ, LK, qb + G.t0 * krow + (i64)G.kh * dk, krow, dk, GDR_C, l);
+    g6_rows16(sK, LK, kb + G.t0 * krow + (i64)G.kh * dk, krow, dk, GDR_C, l);
+    g6_rows16(sV, LV, vc, vrow, dv, GDR_C, l);
+    g6_rows16(sO, LV, d_o + G.t0 * vrow + (i64)G.hv * dv, vrow, dv, GDR_C, l);
+    g6_rows16(sH, LV, h_ws + cb * (i64)dk * dv, dv, dv, dk, dk);
+    g6_rows16(sDH, LV, dh_ws + cb * (i64)dk * dv, dv, dv, dk, dk);
+    cp_async_commit();
+    g6_rows32(sD, LV, d_ws + cb * GDR_C * (i64)dv, dv, dv, GDR_C);
+    g6_rows32(sDD, LV, dd_ws + cb * GDR_C * (i64)dv, dv, dv, GDR_C);
+    g6_rows32(sT, LC, t_ws + cb * (GDR_C * GDR_C), GDR_C, GDR_C, GDR_C);
+    load_gam(gam_ws, cb * GDR_C, l, s_gam, s_eg, s_ed);  // synchronizes
+    if (tid < GDR_C) {
+        s_beta[tid] = tid < l ? ld(beta, (G.t0 + tid) * hv_n + G.hv) : 0.f;
+        s_dgam[tid] = 0.f;
+        s_db[tid] = 0.f;
+    }
+    cp_async_wait_all();
+    __syncthreads();
+    const float gl = s_gam[l - 1];
+    const float egl = expf(gl);
+    auto gamma = [&](int i, int j) { return expf(s_gam[i] - s_gam[j]); };
+
+    // Phase 1. dq = e^gam (scale dO S0^T); dk = e^(gam_L - gam) (D dS^T); dW = -dD S0^T.
+    {
+        float acc[NK][4];
+        g6_zero(acc);
+        g6_mma<NK, false, true>(acc, sO, LV, sH, LV, dv);
+        g6_epi(acc, [&](int i, int x, float a) {
+            if (i < l) dqc[i * prow + x] = s_eg[i] * (scale * a);
+        });
+        g6_zero(acc);
+        g6_mma<NK, false, true>(acc, sD, LV, sDH, LV, dv);
+        g6_epi(acc, [&](int i, int x, float a) {
+            if (i < l) dkc[i * prow + x] = s_ed[i] * a;
+        });
+        g6_zero(acc);
+        g6_mma<NK, false, true>(acc, sDD, LV, sH, LV, dv);
+        g6_epi(acc, [&](int i, int x, float a) { sW[i * LK + x] = f32_to_bf16(-a); });
+    }
+    float sds;
+    {
+        float p = 0.f;
+        for (int e = tid; e < dk * dv; e += GDR_NT) {
+            const int x = e / dv, c = e - x * dv;
+            p += bf16_to_f32(sH[x * LV + c]) * bf16_to_f32(sDH[x * LV + c]);
+        }
+        sds = block_sum(p, s_red);  // synchronizes: dqc, dkc, sW written; h, dh no longer read
+    }
+    // dgam_i += <dq_i, q_i>; t_i = <dk_i, k_i>: dgam_L += sum t + e^gam_L <S0, dS>, dgam_i -= t_i.
+    for (int i = warp; i < GDR_C; i += GDR_NT / 32) {
+        float sq = 0.f, sk = 0.f;
+        if (i < l) {
+            sq = warp_row_dot(dk, [&](int x) { return dqc[i * prow + x] * ld(qc, i * krow + x); });
+            sk = warp_row_dot(dk, [&](int x) { return dkc[i * prow + x] * ld(kc, i * krow + x); });
+        }
+        if (lane == 0) {
+            s_dgam[i] = sq;
+            s_tmp[i] = sk;
+        }
+    }
+    __syncthreads();
+    if (tid < GDR_C) {
+        float d = s_dgam[tid] - s_tmp[tid];
+        if (tid == l - 1) {
+            float t = 0.f;
+            for (int i = 0; i < GDR_C; ++i) t += s_tmp[i];
+            d += egl * sds + t;
+        }
+        s_dgam[tid] = d;
+    }
+
+    // Phase 2 (h, dh's space reused). A = lower_incl(Q K^T * Gamma), P = K K^T (fp32).
+    {
+        float acc[4][4];
+        g6_zero(acc);
+        g6_mma<4, false, true>(acc, sQ, LK, sK, LK, dk);
+        g6_epi(acc, [&](int i, int j, float a) {
+            sA[i * LF + j] = (j <= i && i < l) ? a * gamma(i, j) : 0.f;
+        });
+        g6_zero(acc);
+        g6_mma<4, false, true>(acc, sK, LK, sK, LK, dk);
+        g6_epi(acc, [&](int i, int j, float a) { sP[i * LF + j] = a; });
+    }
+    __syncthreads();
+    // dA = scale dO D^T (j <= i): E = dA * A (for dgam), G = dA * Gamma (bf16 operand).
+    {
+        float acc[4][4];
+        g6_zero(acc);
+        g6_mma<4, false, true>(acc, sO, LV, sD, LV, dv);
+        g6_epi(acc, [&](int i, int j, float a) {
+            const bool in = j <= i && i < l;
+            const float x = scale * a;
+            sE[i * LF + j] = in ? x * sA[i * LF + j] : 0.f;
+            sG[i * LC + j] = f32_to_bf16(in ? x * gamma(i, j) : 0.f);
+        });
+    }
+    __syncthreads();
+    if (tid < GDR_C) {
+        float rs = 0.f, cs = 0.f;
+        for (int j = 0; j < GDR_C; ++j) rs += sE[tid * LF + j];
+        for (int i = 0; i < GDR_C; ++i) cs += sE[i * LF + tid];
+        s_dgam[tid] += rs - cs;
+    }
+    // dq += G K ; dk += G^T Q.
+    {
+        float acc[NK][4];
+        g6_zero(acc);
+        g6_mma<NK, false, false>(acc, sG, LC, sK, LK, GDR_C);
+        g6_epi(acc, [&](int i, int x, float a) {
+            if (i < l) dqc[i * prow + x] += a;
+        });
+        g6_zero(acc);
+        g6_mma<NK, true, false>(acc, sG, LC, sQ, LK, GDR_C);
+        g6_epi(acc, [&](int j, int x, float a) {
+            if (j < l) dkc[j * prow + x] += a;
+        });
+    }
+    // dT = dD Vb^T + dW Kb^T, Vb = diag(beta) V, Kb = diag(beta e^gam) K (column scales of dT).
+    {
+        float a1[4][4], a2[4][4];
+        g6_zero(a1);
+        g6_zero(a2);
+        g6_mma<4, false, true>(a1, sDD, LV, sV, LV, dv);
+        g6_mma<4, false, true>(a2, sW, LK, sK, LK, dk);
+        const int g = lane >> 2, t = lane & 3;
+        const int r0 = 16 * (warp & 3) + g, c0 = (warp >> 2) * 32 + 2 * t;
+#pragma unroll
+        for (int n = 0; n < 4; ++n)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int i = r0 + 8 * (c >> 1), j = c0 + 8 * n + (c & 1);
+                const float x = s_beta[j] * a1[n][c] + (s_beta[j] * s_eg[j]) * a2[n][c];
+                sX[i * LC + j] = f32_to_bf16(x);
+            }
+    }
+    // dVb = T^T dD ; dKb = T^T dW (fp32 to their workspaces, read back row by row below).
+    {
+        float acc[NV][4];
+        g6_zero(acc);
+        g6_mma<NV, true, false>(acc, sT, LC, sDD, LV, GDR_C);
+        g6_epi(acc, [&](int m, int c, float a) { dVb[(i64)m * dv + c] = a; });
+    }
+    {
+        float acc[NK][4];
+        g6_zero(acc);
+        g6_mma<NK, true, false>(acc, sT, LC, sW, LK, GDR_C);
+        g6_epi(acc, [&](int m, int x, float a) { dKb[(i64)m * dk + x] = a; });
+    }
+    __syncthreads();
+    // v: dv = beta dVb, dbeta += <dVb, v>. Kb: dk += beta e^gam dKb, d = <dKb, k>,
+    // dbeta += e^gam d, dgam += beta e^gam d.
+    for (int i = warp; i < l; i += GDR_NT / 32) {
+        float sv = warp_row_dot(dv, [&](int c) { return dVb[(i64)i * dv + c] * ld(vc, i * vrow + c); });
+        float sk = warp_row_dot(dk, [&](int x) { return dKb[(i64)i * dk + x] * ld(kc, i * krow + x); });
+        const float bb = s_beta[i], bge = bb * s_eg[i];
+        for (int c = lane; c < dv; c += 32) st(dv_out, (G.t0 + i) * vrow + (i64)G.hv * dv + c, bb * dVb[(i64)i * dv + c]);
+        for (int x = lane; x < dk; x += 32) dkc[i * prow + x] += bge * dKb[(i64)i * dk + x];
+        if (lane == 0) {
+            s_db[i] += sv + s_eg[i] * sk;
+            s_dgam[i] += bge * sk;
+        }
+    }
+    // dM = -T^T dT T^T: tmp = T^T dT (bf16, into G's space), dM = -(tmp T^T) (fp32, into A's).
+    {
+        float acc[4][4];
+        g6_zero(acc);
+        g6_mma<4, true, false>(acc, sT, LC, sX, LC, GDR_C);
+        g6_epi(acc, [&](int m, int n, float a) { sG[m * LC + n] = f32_to_bf16(a); });
+    }
+    __syncthreads();
+    {
+        float acc[4][4];
+        g6_zero(acc);
+        g6_mma<4, false, true>(acc, sG, LC, sT, LC, GDR_C);
+        g6_epi(acc, [&](int m, int n, float a) { sA[m * LF + n] = -a; });
+    }
+    __syncthreads();
+    // M_ij = beta_i P_ij Gamma_ij (j < i): dbeta_i += sum_j dM_ij P_ij Gamma_ij ;
+    // f = dM_ij beta_i P_ij Gamma_ij: dgam_i += f, dgam_j -= f ; dP_ij = dM_ij beta_i Gamma_ij.
+    if (tid < GDR_C) {
+        const int i = tid;
+        float db = 0.f, fr = 0.f, fc = 0.f;
+        if (i < l) {
+            for (int j = 0; j < i; ++j) {
+                float x = sA[i * LF + j];
+                float pg = sP[i * LF + j] * gamma(i, j);
+                db += x * pg;
+                fr += x * s_beta[i] * pg;
+            }
+            for (int m = i + 1; m < l; ++m) {
+                fc += sA[m * LF + i] * s_beta[m] * (sP[m * LF + i] * gamma(m, i));
+            }
+        }
+        s_db[i] += db;
+        s_dgam[i] += fr - fc;
+    }
+    for (int e = tid; e < GDR_C * GDR_C; e += GDR_NT) {
+        int i = e >> 6, j = e & 63;
+        float d = 0.f;
+        if (j < i && i < l) d = sA[i * LF + j] * s_beta[i] * gamma(i, j);
+        else if (i < j && j < l) d = sA[j * LF + i] * s_beta[j] * gamma(j, i);
+        sX[i * LC + j] = f32_to_bf16(d);
+    }
+    __syncthreads();
+    // dk += dP_sym K.
+    {
+        float acc[NK][4];
+        g6_zero(acc);
+        g6_mma<NK, false, false>(acc, sX, LC, sK, LK, GDR_C);
+        g6_epi(acc, [&](int i, int x, float a) {
+            if (i < l) dkc[i * prow + x] += a;
+        });
+    }
+    __syncthreads();
+    // gam = cumsum(g): dg_j = sum_{i >= j} dgam_i.
+    if (tid == 0) {
+        float acc = 0.f;
+        for (int i = l - 1; i >= 0; --i) {
+            acc += s_dgam[i];
+            dg[(G.t0 + i) * hv_n + G.hv] = acc;
+        }
+    }
+    if (tid < l) st(dbeta, (G.t0 + tid) * hv_n + G.hv, s_db[tid]);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Entry points, one per storage type (f32: verification; bf16: training).
 
 // Entry points. Storage suffixes: f32 (all f32: verification), bf16 (all bf16), bf16n (bf16
@@ -2409,6 +2790,27 @@ GDR_BWD6_ENTRY(128, 8)
 
 GDR_GRAD_H16_ENTRY(bf16_t, bf16)
 GDR_GRAD_H16_ENTRY(float, bf16n)
+
+// gdr_grad6 (bf16 states; TQ: the q, k the row dots read, as gdr_grad).
+#define GDR_GRAD6_ENTRY(TQ, S, DK, DV)                                                                  \
+    extern "C" __global__ void __launch_bounds__(GDR_NT, 1) gdr_grad6_##S##_d##DK##_v##DV(              \
+        const TQ* q, const TQ* k, const bf16_t* qb, const bf16_t* kb, const bf16_t* v, const bf16_t* beta, \
+        const bf16_t* d_o, const float* gam_ws, const float* t_ws, const bf16_t* h_ws,                  \
+        const bf16_t* dh_ws, const float* d_ws, const float* dd_ws, float* dvb_ws, float* dkb_ws,       \
+        const i64* ch_t0, const int* ch_len, int hk, int hv, float scale, float* dq_part,               \
+        float* dk_part, bf16_t* dv_out, float* dg, bf16_t* dbeta) {                                     \
+        gdr_grad6<TQ, DK, DV>(q, k, qb, kb, v, beta, d_o, gam_ws, t_ws, h_ws, dh_ws, d_ws, dd_ws, dvb_ws, \
+                              dkb_ws, ch_t0, ch_len, hk, hv, scale, dq_part, dk_part, dv_out, dg, dbeta); \
+    }
+
+GDR_GRAD6_ENTRY(bf16_t, bf16, 64, 64)
+GDR_GRAD6_ENTRY(bf16_t, bf16, 64, 128)
+GDR_GRAD6_ENTRY(bf16_t, bf16, 128, 64)
+GDR_GRAD6_ENTRY(bf16_t, bf16, 128, 128)
+GDR_GRAD6_ENTRY(float, bf16n, 64, 64)
+GDR_GRAD6_ENTRY(float, bf16n, 64, 128)
+GDR_GRAD6_ENTRY(float, bf16n, 128, 64)
+GDR_GRAD6_ENTRY(float, bf16n, 128, 128)
 
 extern "C" __global__ void __launch_bounds__(GDR_NT) gdr_cvt_f32_bf16(const float* x, bf16_t* y, i64 n) {
     for (i64 i = (i64)blockIdx.x * GDR_NT + threadIdx.x; i < n; i += (i64)gridDim.x * GDR_NT) y[i] = f32_to_bf16(x[i]);
