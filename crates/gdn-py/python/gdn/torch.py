@@ -161,6 +161,8 @@ def _rule_setup(ctx, inputs, output):
 
 def _rule_backward(ctx, do, dht):
     q, k, v, g, beta, h0, cu = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros_like(v)
     if not ctx.out_final or dht is None or dht.numel() == 0:
         dht = None
     dq, dk, dv, dg, db, dh0 = _rule_bwd(q, k, v, g, beta, do.contiguous(), ctx.scale, h0, dht,
@@ -234,6 +236,7 @@ class _LayerFn(torch.autograd.Function):
         xc = x.to(dt)
         y, saved = core.forward(_core(xc, "x"), _cu_list(cu))
         ctx.core, ctx.saved_gdn, ctx.x_dtype = core, saved, x.dtype
+        ctx.names = list(module._names)
         ctx.param_dtypes = [p.dtype for p in params]
         module.last_saved = saved
         return _back(y, x)
@@ -242,14 +245,16 @@ class _LayerFn(torch.autograd.Function):
     def backward(ctx, dy):
         saved = ctx.saved_gdn
         ctx.saved_gdn = None
+        if saved is None:
+            raise RuntimeError("gdn's Saved was consumed by an earlier backward (retain_graph "
+                               "is not supported: the layer keeps one Saved per forward)")
         dt = torch.float32 if (dy.device.type == "cpu" and dy.dtype == torch.float64) else None
         dyc = dy.to(dt).contiguous() if dt is not None else dy.contiguous()
         dx, grads = ctx.core.backward(saved, _core(dyc, "dy"))
         dx = _back(dx)
         if dx.dtype != ctx.x_dtype:
             dx = dx.to(ctx.x_dtype)
-        names = [n for n in _NAMES if n in grads]
-        gs = [_back(grads[n]) for n in names]
+        gs = [_back(grads[n]) for n in ctx.names]
         gs = [g.to(d) if g.dtype != d else g for g, d in zip(gs, ctx.param_dtypes)]
         return (None, dx, None, *gs)
 
@@ -317,8 +322,11 @@ class GatedDeltaNet(torch.nn.Module):
         return [d[n] for n in self._names]
 
     def _core_layer(self, params):
+        # On a GPU: refreshed when a parameter's version counter moved (optimizer steps update
+        # in place). On the CPU always (a copy next to the layer's own work), since in-place
+        # writes through `.data` (gradcheck's perturbations) do not move the counter.
         key = tuple((p.data_ptr(), p._version) for p in params)
-        if key != self._versions:
+        if key != self._versions or self._gdn_device == "cpu":
             self._core.set_params({n: p.detach().to("cpu", torch.float32).contiguous().numpy()
                                    for n, p in zip(self._names, params)})
             self._versions = key
