@@ -12,7 +12,7 @@ export GDN_KERNEL_CACHE=${GDN_KERNEL_CACHE:-/tmp/gdn-kernels}
 OUT=${OUT:-/tmp/gdn-out}
 mkdir -p "$OUT"
 what=${1:-all}
-wheel=${GDN_WHEEL:-$(ls target/wheels/gdn-*-abi3-*.whl .whl/gdn-*-abi3-*.whl 2>/dev/null | head -1)}
+wheel=${GDN_WHEEL:-$(ls -t target/wheels/gdn-*-abi3-*.whl .whl/gdn-*-abi3-*.whl 2>/dev/null | head -1)}
 if [ -z "$wheel" ]; then
     echo "py-gpu: no gdn wheel (build it with: cd crates/gdn-py && maturin build --release)" >&2
     exit 2
