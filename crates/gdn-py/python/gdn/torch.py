@@ -237,6 +237,12 @@ class _LayerFn(torch.autograd.Function):
         y, saved = core.forward(_core(xc, "x"), _cu_list(cu))
         ctx.core, ctx.saved_gdn, ctx.x_dtype = core, saved, x.dtype
         ctx.names = list(module._names)
+        ctx.cu = cu
+        if module.retain_inputs:
+            # gradcheck runs backward several times on one graph: keep references to the inputs
+            # so that a second backward can rebuild the Saved (off by default).
+            ctx.save_for_backward(x, *params)
+            ctx.module = module
         ctx.param_dtypes = [p.dtype for p in params]
         module.last_saved = saved
         return _back(y, x)
@@ -246,8 +252,14 @@ class _LayerFn(torch.autograd.Function):
         saved = ctx.saved_gdn
         ctx.saved_gdn = None
         if saved is None:
-            raise RuntimeError("gdn's Saved was consumed by an earlier backward (retain_graph "
-                               "is not supported: the layer keeps one Saved per forward)")
+            if not getattr(ctx, "module", None):
+                raise RuntimeError(
+                    "gdn's Saved was consumed by an earlier backward (the layer keeps one Saved "
+                    "per forward; set module.retain_inputs = True to allow repeated backwards)")
+            x, *params = ctx.saved_tensors
+            core = ctx.module._core_layer(params)
+            _, saved = core.forward(_core(x.to(_compute_dtype(x)).contiguous(), "x"),
+                                    _cu_list(ctx.cu))
         dt = torch.float32 if (dy.device.type == "cpu" and dy.dtype == torch.float64) else None
         dyc = dy.to(dt).contiguous() if dt is not None else dy.contiguous()
         dx, grads = ctx.core.backward(saved, _core(dyc, "dy"))
@@ -316,6 +328,9 @@ class GatedDeltaNet(torch.nn.Module):
         self._core = core
         self._versions = None
         self.last_saved = None
+        # Keep references to the inputs so that backward can run more than once per forward
+        # (gradcheck); off: only gdn's Saved is kept.
+        self.retain_inputs = False
 
     def _params(self):
         d = dict(self.named_parameters())
