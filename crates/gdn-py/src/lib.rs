@@ -644,7 +644,7 @@ fn rule_backward(
 
 /// What a layer's forward keeps for its backward (gdn's `Saved`, opaque). `bytes` is its
 /// activation memory, exactly.
-#[pyclass(module = "gdn._gdn")]
+#[pyclass(module = "gdn._gdn", weakref)]
 struct Saved {
     inner: Option<gdn::Saved>,
     bytes: usize,

@@ -123,8 +123,10 @@ class TestCpuTorch(unittest.TestCase):
         x = torch.randn(2, 5, 8, requires_grad=True)
         y = m(x)
         self.assertGreater(m.last_saved.bytes, 0)
+        self.assertEqual(m.last_saved.bytes, m.last_saved_bytes)
         y.sum().backward()
-        self.assertEqual(m.last_saved.bytes, 0)  # consumed by backward
+        # consumed by backward (and, held weakly, gone with the graph)
+        self.assertTrue(m.last_saved is None or m.last_saved.bytes == 0)
         self.assertIsNotNone(m.in_proj.weight.grad)
 
 
@@ -160,7 +162,7 @@ class TestCuda(unittest.TestCase):
         oc, sc = gt.chunk_gated_delta_rule(*(x.float().cpu() for x in (q, k, v, g, b)),
                                            output_final_state=True,
                                            use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
-        self.assertLess((o.float().cpu() - oc).abs().max().item(), 3e-2)
+        self.assertLess((o.float().cpu() - oc).abs().max().item(), 5e-2 * oc.abs().max().item())
         # a capsule handed back keeps its pointer (no copy on the way out)
         cap = gdn.as_core(o)
         self.assertEqual(torch.utils.dlpack.from_dlpack(cap).data_ptr(), o.data_ptr())
@@ -186,7 +188,7 @@ class TestCuda(unittest.TestCase):
         y = m(x, cu_seqlens=cu)
         torch.cuda.synchronize()
         self.assertEqual(gdn.cuda_live_bytes(0) - live0,
-                         m.last_saved.bytes + y.numel() * y.element_size())
+                         m.last_saved_bytes + y.numel() * y.element_size())
         y.float().square().sum().backward()
         self.assertEqual(x.grad.shape, x.shape)
         self.assertEqual(m.in_proj.weight.grad.dtype, torch.float32)

@@ -13,6 +13,7 @@ dtype when they differ (FLA computes gates in float32 too); the layer keeps a co
 in its ``Saved`` (as any layer's autograd does by reference) and copies ``dy`` once.
 """
 
+import weakref
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -244,7 +245,8 @@ class _LayerFn(torch.autograd.Function):
             ctx.save_for_backward(x, *params)
             ctx.module = module
         ctx.param_dtypes = [p.dtype for p in params]
-        module.last_saved = saved
+        module._last_saved = weakref.ref(saved)
+        module.last_saved_bytes = saved.bytes
         return _back(y, x)
 
     @staticmethod
@@ -277,8 +279,8 @@ class GatedDeltaNet(torch.nn.Module):
     Config fields and parameter names are Megatron's (``in_proj.layer_norm_weight``,
     ``in_proj.weight``, ``conv1d.weight``, ``dt_bias``, ``A_log``, ``out_norm.weight``,
     ``out_proj.weight``). Input ``[B, T, hidden]``, or packed ``[1, T, hidden]`` / ``[T, hidden]``
-    with ``cu_seqlens``. Backward uses only gdn's ``Saved`` (``self.last_saved.bytes`` is its
-    activation memory); recompute by ``recompute_granularity`` / ``recompute_modules``
+    with ``cu_seqlens``. Backward uses only gdn's ``Saved`` (``self.last_saved_bytes`` is the last
+    forward's activation memory); recompute by ``recompute_granularity`` / ``recompute_modules``
     (``gdn_norm_out``, ``gdn_prep``, ``gdn``). ``device`` / ``dtype`` say where gdn computes
     (``dtype`` "bf16" or "f32" for activations on a GPU; parameters are float32 masters).
     The engine's copy of the parameters is refreshed when a parameter changed (its version
@@ -327,10 +329,17 @@ class GatedDeltaNet(torch.nn.Module):
         self._names = list(init.keys())
         self._core = core
         self._versions = None
-        self.last_saved = None
+        self._last_saved = None
+        self.last_saved_bytes = 0
         # Keep references to the inputs so that backward can run more than once per forward
         # (gradcheck); off: only gdn's Saved is kept.
         self.retain_inputs = False
+
+    @property
+    def last_saved(self):
+        """The last forward's gdn ``Saved`` while its graph holds it (``.bytes``), else None.
+        Held weakly: the module does not keep activation memory alive."""
+        return None if self._last_saved is None else self._last_saved()
 
     def _params(self):
         d = dict(self.named_parameters())
