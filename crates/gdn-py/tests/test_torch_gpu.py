@@ -168,7 +168,7 @@ class TestCuda(unittest.TestCase):
         self.assertEqual(torch.utils.dlpack.from_dlpack(cap).data_ptr(), o.data_ptr())
 
     def test_stream_and_device_mismatches_are_errors(self):
-        q, k, v, g, b = _rule_inputs(torch.float32, "cuda", T=16)
+        q, k, v, g, b = _rule_inputs(torch.float32, "cuda", T=16, K=16, V=16)
         s = torch.cuda.Stream()
         with torch.cuda.stream(s):
             with self.assertRaisesRegex(RuntimeError, "default stream"):
@@ -200,8 +200,9 @@ class TestCuda(unittest.TestCase):
         if cli is None:
             self.skipTest("no gdn binary (.gpu/gdn, target/release/gdn or GDN_BIN)")
         from test_core import write_safetensors, read_safetensors  # noqa: E402
+        # the CUDA rule takes head dims that are multiples of 16
         m = _small_module(hidden_size=32, linear_num_key_heads=2, linear_num_value_heads=4,
-                          linear_key_head_dim=8, linear_value_head_dim=8, device="cuda",
+                          linear_key_head_dim=16, linear_value_head_dim=16, device="cuda",
                           dtype="f32")
         d = tempfile.mkdtemp()
         try:
