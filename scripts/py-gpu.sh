@@ -5,6 +5,10 @@
 # (gradcheck in float64 on CPU tensors, CUDA results vs the Rust API, no copies, streams) and
 # the FLA parity harness. Logs under $OUT.
 #   usage: bash scripts/py-gpu.sh [tests|parity|all]   (default all)
+# From the lead's machine: build here `(cd crates/gdn-py && maturin build --release)`, then on the
+# device: `bash scripts/py-gpu.sh all` with carry = target/wheels, .whl and .gpu (.gpu/gdn is the
+# Rust API the CUDA layer test compares with; without it that one test is skipped), timeout 600:
+# FLA's first run spends minutes compiling its Triton kernels.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
