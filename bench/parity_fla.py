@@ -164,7 +164,7 @@ def main():
     print(f"shape: hidden {h}, heads {hk}/{hv}, head dim {d}, packed cu_seqlens {cu}; "
           f"FLA {getattr(fla, '__version__', '?')}, torch {torch.__version__}, "
           f"{torch.cuda.get_device_name(0)}")
-    print(f"gdn Saved: {ours.last_saved.bytes if ours.last_saved is not None else 0} bytes")
+    print(f"gdn Saved: {ours.last_saved_bytes} bytes ({ours.last_saved_bytes / t:.0f} per token)")
 
     if not a.no_ref:
         p64 = {n: v.double().requires_grad_() for n, v in P.items()}

@@ -5,6 +5,10 @@
 # (gradcheck in float64 on CPU tensors, CUDA results vs the Rust API, no copies, streams) and
 # the FLA parity harness. Logs under $OUT.
 #   usage: bash scripts/py-gpu.sh [tests|parity|all]   (default all)
+# From the lead's machine: build here `(cd crates/gdn-py && maturin build --release)`, then on the
+# device: `bash scripts/py-gpu.sh all` with carry = target/wheels, .whl and .gpu (.gpu/gdn is the
+# Rust API the CUDA layer test compares with; without it that one test is skipped), timeout 600:
+# FLA's first run spends minutes compiling its Triton kernels.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
@@ -12,7 +16,7 @@ export GDN_KERNEL_CACHE=${GDN_KERNEL_CACHE:-/tmp/gdn-kernels}
 OUT=${OUT:-/tmp/gdn-out}
 mkdir -p "$OUT"
 what=${1:-all}
-wheel=${GDN_WHEEL:-$(ls target/wheels/gdn-*-abi3-*.whl .whl/gdn-*-abi3-*.whl 2>/dev/null | head -1)}
+wheel=${GDN_WHEEL:-$(ls -t target/wheels/gdn-*-abi3-*.whl .whl/gdn-*-abi3-*.whl 2>/dev/null | head -1)}
 if [ -z "$wheel" ]; then
     echo "py-gpu: no gdn wheel (build it with: cd crates/gdn-py && maturin build --release)" >&2
     exit 2

@@ -217,19 +217,19 @@ fn dev_view(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<DevView> {
         }
     }
     let el = if dtype == DType::F32 { 4 } else { 2 };
-    Ok(DevView {
+    DevView {
         ptr: t.data as u64 + t.byte_offset,
         len: shape.iter().product(),
         shape,
         dtype,
         ordinal: t.device.device_id.max(0) as usize,
     }
-    .check_align(name, el)?)
+    .check_align(name, el)
 }
 
 impl DevView {
     fn check_align(self, name: &str, el: u64) -> PyResult<Self> {
-        if self.ptr % el != 0 {
+        if !self.ptr.is_multiple_of(el) {
             return Err(verr(format!(
                 "{name}: data pointer not aligned to its element size"
             )));
@@ -644,7 +644,7 @@ fn rule_backward(
 
 /// What a layer's forward keeps for its backward (gdn's `Saved`, opaque). `bytes` is its
 /// activation memory, exactly.
-#[pyclass(module = "gdn._gdn")]
+#[pyclass(module = "gdn._gdn", weakref)]
 struct Saved {
     inner: Option<gdn::Saved>,
     bytes: usize,

@@ -28,8 +28,8 @@ fn rule_on_foreign_memory_is_in_place_and_bitwise() {
     let s = RuleShape {
         hk: 2,
         hv: 4,
-        dk: 16,
-        dv: 8,
+        dk: 64,
+        dv: 32,
     };
     let seqs = Seqs::packed(&[0, 37, 100], 100).unwrap();
     let t = seqs.tokens();

@@ -13,6 +13,7 @@ dtype when they differ (FLA computes gates in float32 too); the layer keeps a co
 in its ``Saved`` (as any layer's autograd does by reference) and copies ``dy`` once.
 """
 
+import weakref
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -161,6 +162,8 @@ def _rule_setup(ctx, inputs, output):
 
 def _rule_backward(ctx, do, dht):
     q, k, v, g, beta, h0, cu = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros_like(v)
     if not ctx.out_final or dht is None or dht.numel() == 0:
         dht = None
     dq, dk, dv, dg, db, dh0 = _rule_bwd(q, k, v, g, beta, do.contiguous(), ctx.scale, h0, dht,
@@ -234,22 +237,38 @@ class _LayerFn(torch.autograd.Function):
         xc = x.to(dt)
         y, saved = core.forward(_core(xc, "x"), _cu_list(cu))
         ctx.core, ctx.saved_gdn, ctx.x_dtype = core, saved, x.dtype
+        ctx.names = list(module._names)
+        ctx.cu = cu
+        if module.retain_inputs:
+            # gradcheck runs backward several times on one graph: keep references to the inputs
+            # so that a second backward can rebuild the Saved (off by default).
+            ctx.save_for_backward(x, *params)
+            ctx.module = module
         ctx.param_dtypes = [p.dtype for p in params]
-        module.last_saved = saved
+        module._last_saved = weakref.ref(saved)
+        module.last_saved_bytes = saved.bytes
         return _back(y, x)
 
     @staticmethod
     def backward(ctx, dy):
         saved = ctx.saved_gdn
         ctx.saved_gdn = None
+        if saved is None:
+            if not getattr(ctx, "module", None):
+                raise RuntimeError(
+                    "gdn's Saved was consumed by an earlier backward (the layer keeps one Saved "
+                    "per forward; set module.retain_inputs = True to allow repeated backwards)")
+            x, *params = ctx.saved_tensors
+            core = ctx.module._core_layer(params)
+            _, saved = core.forward(_core(x.to(_compute_dtype(x)).contiguous(), "x"),
+                                    _cu_list(ctx.cu))
         dt = torch.float32 if (dy.device.type == "cpu" and dy.dtype == torch.float64) else None
         dyc = dy.to(dt).contiguous() if dt is not None else dy.contiguous()
         dx, grads = ctx.core.backward(saved, _core(dyc, "dy"))
         dx = _back(dx)
         if dx.dtype != ctx.x_dtype:
             dx = dx.to(ctx.x_dtype)
-        names = [n for n in _NAMES if n in grads]
-        gs = [_back(grads[n]) for n in names]
+        gs = [_back(grads[n]) for n in ctx.names]
         gs = [g.to(d) if g.dtype != d else g for g, d in zip(gs, ctx.param_dtypes)]
         return (None, dx, None, *gs)
 
@@ -260,8 +279,8 @@ class GatedDeltaNet(torch.nn.Module):
     Config fields and parameter names are Megatron's (``in_proj.layer_norm_weight``,
     ``in_proj.weight``, ``conv1d.weight``, ``dt_bias``, ``A_log``, ``out_norm.weight``,
     ``out_proj.weight``). Input ``[B, T, hidden]``, or packed ``[1, T, hidden]`` / ``[T, hidden]``
-    with ``cu_seqlens``. Backward uses only gdn's ``Saved`` (``self.last_saved.bytes`` is its
-    activation memory); recompute by ``recompute_granularity`` / ``recompute_modules``
+    with ``cu_seqlens``. Backward uses only gdn's ``Saved`` (``self.last_saved_bytes`` is the last
+    forward's activation memory); recompute by ``recompute_granularity`` / ``recompute_modules``
     (``gdn_norm_out``, ``gdn_prep``, ``gdn``). ``device`` / ``dtype`` say where gdn computes
     (``dtype`` "bf16" or "f32" for activations on a GPU; parameters are float32 masters).
     The engine's copy of the parameters is refreshed when a parameter changed (its version
@@ -310,15 +329,28 @@ class GatedDeltaNet(torch.nn.Module):
         self._names = list(init.keys())
         self._core = core
         self._versions = None
-        self.last_saved = None
+        self._last_saved = None
+        self.last_saved_bytes = 0
+        # Keep references to the inputs so that backward can run more than once per forward
+        # (gradcheck); off: only gdn's Saved is kept.
+        self.retain_inputs = False
+
+    @property
+    def last_saved(self):
+        """The last forward's gdn ``Saved`` while its graph holds it (``.bytes``), else None.
+        Held weakly: the module does not keep activation memory alive."""
+        return None if self._last_saved is None else self._last_saved()
 
     def _params(self):
         d = dict(self.named_parameters())
         return [d[n] for n in self._names]
 
     def _core_layer(self, params):
+        # On a GPU: refreshed when a parameter's version counter moved (optimizer steps update
+        # in place). On the CPU always (a copy next to the layer's own work), since in-place
+        # writes through `.data` (gradcheck's perturbations) do not move the counter.
         key = tuple((p.data_ptr(), p._version) for p in params)
-        if key != self._versions:
+        if key != self._versions or self._gdn_device == "cpu":
             self._core.set_params({n: p.detach().to("cpu", torch.float32).contiguous().numpy()
                                    for n, p in zip(self._names, params)})
             self._versions = key
