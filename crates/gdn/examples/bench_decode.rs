@@ -1,6 +1,7 @@
 //! Times inference on a CUDA GPU (issue 14), CUDA events, median of 20 after 3 warm-up runs:
 //!
-//! 1. the decode step of the rule alone (`ops::decode::cuda::rule`: one token per slot, fp32
+//! 1. the decode step of the rule alone (`ops::decode::cuda::rule_with`, 4 and 8 value columns
+//!    per thread: one token per slot, fp32
 //!    state `[B, Hv, 128, 128]` read and written once, bf16 o), Hk/Hv = 16/32, at B = 1, 8, 64,
 //!    256 (and 16/16 at B = 64): time, the state bytes moved (read + write), GB/s and the share
 //!    of 4.2 TB/s;
@@ -70,7 +71,7 @@ fn unif(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {
         .collect()
 }
 
-fn rule_row(gpu: &Arc<Gpu>, b: usize, hk: usize, hv: usize) {
+fn rule_row(gpu: &Arc<Gpu>, b: usize, hk: usize, hv: usize, cols: usize) {
     let (dk, dv) = (128, 128);
     let s = DecodeShape {
         hk,
@@ -96,19 +97,19 @@ fn rule_row(gpu: &Arc<Gpu>, b: usize, hk: usize, hv: usize) {
     let mut o = DBuf::uninit(gpu, b * hv * dv, DType::Bf16).unwrap();
     let scale = 1.0 / (dk as f32).sqrt();
     let ms = time_ms(gpu, || {
-        decode::cuda::rule(&x, &mut state, &dslots, b, s, scale, &mut o).unwrap();
+        decode::cuda::rule_with(&x, &mut state, &dslots, b, s, scale, &mut o, cols).unwrap();
     });
     let bytes = 2.0 * (b * s.state_len() * 4) as f64;
     let bps = bytes / (ms * 1e-3);
     println!(
-        "rule decode  B {b:>3} {hk:>2}/{hv:<2} heads  {:>9.4} ms  state {:>8.1} MB r+w  {:>7.1} GB/s  {:>5.1}% of 4.2 TB/s",
+        "rule decode  B {b:>3} {hk:>2}/{hv:<2} heads  {cols} cols/thread  {:>9.4} ms  state {:>8.1} MB r+w  {:>7.1} GB/s  {:>5.1}% of 4.2 TB/s",
         ms,
         bytes / 1e6,
         bps / 1e9,
         100.0 * bps / PEAK_BPS
     );
     println!(
-        "json: {{\"what\":\"rule_decode\",\"B\":{b},\"hk\":{hk},\"hv\":{hv},\"ms\":{ms:.5},\"bytes\":{bytes},\"gbps\":{:.1}}}",
+        "json: {{\"what\":\"rule_decode\",\"cols\":{cols},\"B\":{b},\"hk\":{hk},\"hv\":{hv},\"ms\":{ms:.5},\"bytes\":{bytes},\"gbps\":{:.1}}}",
         bps / 1e9
     );
 }
@@ -194,10 +195,12 @@ fn layer_rows(gpu: &Arc<Gpu>) {
 fn main() {
     let gpu = cuda::gpu(0).expect("a CUDA GPU");
     println!("{gpu:?}");
-    for b in [1usize, 8, 64, 256] {
-        rule_row(&gpu, b, 16, 32);
+    for cols in [4usize, 8] {
+        for b in [1usize, 8, 64, 256] {
+            rule_row(&gpu, b, 16, 32, cols);
+        }
+        rule_row(&gpu, 64, 16, 16, cols);
     }
-    rule_row(&gpu, 64, 16, 16);
     if std::env::args().nth(1).as_deref() == Some("rule") {
         return;
     }

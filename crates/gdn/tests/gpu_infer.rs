@@ -137,41 +137,52 @@ fn gpu_decode_rule_matches_cpu_and_reruns_bitwise() {
                 let st_cpu = host(&st_cpu);
                 let xd = to_dev(&gpu, &x);
                 let dslots = gpu.upload(&slots).unwrap();
-                let run = |dt: DType| {
-                    let mut st = F32s::Dev(gpu.upload(&st0).unwrap());
-                    let o = decode::rule(&xd, &mut st, Ids::Dev(&dslots), nslots, s, scale, dt)
-                        .unwrap()
-                        .into_host()
+                // The entry (default columns per thread) and both kernel widths.
+                let run = |dt: DType, cols: usize| {
+                    if cols == 0 {
+                        let mut st = F32s::Dev(gpu.upload(&st0).unwrap());
+                        let o = decode::rule(&xd, &mut st, Ids::Dev(&dslots), nslots, s, scale, dt)
+                            .unwrap()
+                            .into_host()
+                            .unwrap();
+                        return (o, host(&st));
+                    }
+                    let mut st = gpu.upload(&st0).unwrap();
+                    let mut o = cuda::DBuf::uninit(&gpu, n * s.hv * s.dv, dt).unwrap();
+                    decode::cuda::rule_with(&xd, &mut st, &dslots, nslots, s, scale, &mut o, cols)
                         .unwrap();
-                    (o, host(&st))
+                    (o.download().unwrap(), gpu.download(&st).unwrap())
                 };
-                let (o1, st1) = run(DType::F32);
-                let (o2, st2) = run(DType::F32);
-                assert_eq!(bits(&o1), bits(&o2), "{what}: o rerun");
-                assert_eq!(bits(&st1), bits(&st2), "{what}: state rerun");
-                let (eo, es) = (rel(&o1, &o_cpu), rel(&st1, &st_cpu));
-                eprintln!("decode rule {what}: o {eo:.2e}, state {es:.2e}");
-                assert!(eo < 1e-5, "{what}: o vs CPU {eo}");
-                assert!(es < 1e-5, "{what}: state vs CPU {es}");
-                let sl = s.state_len();
-                for sidx in 0..nslots {
-                    if !slots.contains(&(sidx as i32)) {
-                        assert_eq!(
-                            bits(&st1[sidx * sl..(sidx + 1) * sl]),
-                            bits(&st0[sidx * sl..(sidx + 1) * sl]),
-                            "{what}: slot {sidx} is named by no row"
-                        );
+                for cols in [0usize, 4, 8] {
+                    let what = format!("{what} cols {cols}");
+                    let (o1, st1) = run(DType::F32, cols);
+                    let (o2, st2) = run(DType::F32, cols);
+                    assert_eq!(bits(&o1), bits(&o2), "{what}: o rerun");
+                    assert_eq!(bits(&st1), bits(&st2), "{what}: state rerun");
+                    let (eo, es) = (rel(&o1, &o_cpu), rel(&st1, &st_cpu));
+                    eprintln!("decode rule {what}: o {eo:.2e}, state {es:.2e}");
+                    assert!(eo < 1e-5, "{what}: o vs CPU {eo}");
+                    assert!(es < 1e-5, "{what}: state vs CPU {es}");
+                    let sl = s.state_len();
+                    for sidx in 0..nslots {
+                        if !slots.contains(&(sidx as i32)) {
+                            assert_eq!(
+                                bits(&st1[sidx * sl..(sidx + 1) * sl]),
+                                bits(&st0[sidx * sl..(sidx + 1) * sl]),
+                                "{what}: slot {sidx} is named by no row"
+                            );
+                        }
                     }
-                }
-                for (r, &sl_) in slots.iter().enumerate() {
-                    if sl_ < 0 {
-                        let vd = s.hv * s.dv;
-                        assert!(o1[r * vd..(r + 1) * vd].iter().all(|v| v.to_bits() == 0));
+                    for (r, &sl_) in slots.iter().enumerate() {
+                        if sl_ < 0 {
+                            let vd = s.hv * s.dv;
+                            assert!(o1[r * vd..(r + 1) * vd].iter().all(|v| v.to_bits() == 0));
+                        }
                     }
+                    let (ob, _) = run(DType::Bf16, cols);
+                    let eb = rms_rel(&ob, &o_cpu);
+                    assert!(eb < 1e-2, "{what}: bf16 o vs CPU (rms) {eb}");
                 }
-                let (ob, _) = run(DType::Bf16);
-                let eb = rms_rel(&ob, &o_cpu);
-                assert!(eb < 1e-2, "{what}: bf16 o vs CPU (rms) {eb}");
             }
         }
     }

@@ -13,10 +13,18 @@ use super::{DecodeShape, PreCols, PreOut};
 
 const MODULE: &str = "decode";
 
-/// Threads of the rule's blocks, value columns per block, largest `Dk` (as in `decode.cu`).
+/// Threads of the rule's blocks and the largest `Dk` (as in `decode.cu`).
 pub const RULE_THREADS: u32 = 128;
-pub const RULE_BV: usize = 32;
 pub const RULE_MAX_DK: usize = 256;
+
+/// Value columns per thread of the rule (a block covers 8 times as many): 4 (the default), or 8
+/// when the environment variable `GDN_DECODE_COLS` is `8`.
+pub fn default_cols() -> usize {
+    match std::env::var("GDN_DECODE_COLS").as_deref() {
+        Ok("8") => 8,
+        _ => 4,
+    }
+}
 
 fn copy_rows_raw(
     gpu: &std::sync::Arc<crate::backend::cuda::Gpu>,
@@ -234,7 +242,7 @@ pub fn rule_rows(dk: usize) -> Result<usize> {
 }
 
 /// The rule on device buffers: `state` `[nslots, Hv, Dk, Dv]` updated in place, `o`
-/// `[n, Hv Dv]` written (every element).
+/// `[n, Hv Dv]` written (every element); [`default_cols`] value columns per thread.
 pub fn rule(
     x: &PreOut,
     state: &mut GBuf<f32>,
@@ -244,6 +252,26 @@ pub fn rule(
     scale: f32,
     o: &mut DBuf,
 ) -> Result<()> {
+    rule_with(x, state, slots, nslots, s, scale, o, default_cols())
+}
+
+/// [`rule`] with `cols` (4 or 8) value columns per thread (tests, benchmarks).
+#[allow(clippy::too_many_arguments)]
+pub fn rule_with(
+    x: &PreOut,
+    state: &mut GBuf<f32>,
+    slots: &GBuf<i32>,
+    nslots: usize,
+    s: DecodeShape,
+    scale: f32,
+    o: &mut DBuf,
+    cols: usize,
+) -> Result<()> {
+    if cols != 4 && cols != 8 {
+        return Err(GdnError::Invalid(format!(
+            "decode rule: {cols} value columns per thread; the kernels take 4 or 8"
+        )));
+    }
     let gpu = state.gpu().clone();
     let n = slots.len();
     let (qk, vd) = (s.qk(), s.vd());
@@ -277,7 +305,7 @@ pub fn rule(
     }
     let rows = rule_rows(s.dk)?;
     int("decode rule: slots", nslots)?;
-    let vtiles = s.dv.div_ceil(RULE_BV);
+    let vtiles = s.dv.div_ceil(8 * cols);
     let blocks = n
         .checked_mul(s.hv)
         .and_then(|x| x.checked_mul(vtiles))
@@ -305,7 +333,7 @@ pub fn rule(
     launch_in_threads(
         &gpu,
         MODULE,
-        &format!("decode_rule_r{rows}_{}", suffix(o.dtype())),
+        &format!("decode_rule_r{rows}_c{cols}_{}", suffix(o.dtype())),
         blocks,
         RULE_THREADS,
         0,

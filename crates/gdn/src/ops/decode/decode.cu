@@ -109,56 +109,60 @@ __device__ void decode_pre(const T* __restrict__ proj, long long pd, int qkv_off
 DECODE_PRE(f32, float)
 DECODE_PRE(bf16, bf16_t)
 
-// ---- decode_rule: one block of 128 threads per (row, value head, tile of 32 value columns).
-// Thread (tx = tid % 8, ty = tid / 8) holds columns c0 .. c0+3 (c0 = tile*32 + 4 tx) of key rows
+// ---- decode_rule: one block of 128 threads per (row, value head, tile of 8 C value columns).
+// Thread (tx = tid % 8, ty = tid / 8) holds columns c0 .. c0+C-1 (c0 = tile*8C + C tx) of key rows
 // ty, ty+16, ..., ty+16(R-1): the state tile is loaded once (16-byte loads when Dv % 4 == 0) into
 // registers, decayed, reduced over its rows, reduced over the 16 row groups in order through
 // shared memory, updated and stored. q, k of the key head (l2-normalized in the block when asked)
 // sit in shared memory. GDN: S' = exp(g) S, u = beta (v - S'^T k), S = S' + k u^T.
 // GDN2: S' = diag(exp(g)) S, u = w v - S'^T (b k), S = S' + k u^T. Both: o = scale S^T q
 // = scale (S'^T q + u (k.q)).
-#define DEC_BV 32
 #define DEC_THREADS 128
 #define DEC_MAXDK 256
 
-template <int R, typename TO>
+// C columns per thread (4 or 8): a block covers BV = 8 C value columns.
+template <int R, int C, typename TO>
 __device__ void decode_rule(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                             const float* __restrict__ g, const float* __restrict__ bb, const float* __restrict__ w,
                             float* __restrict__ state, const int* __restrict__ slots, int nslots, TO* __restrict__ o,
                             int hk, int hv, int dk, int dv, float scale, int l2norm, int gdn2) {
+    constexpr int BV = 8 * C;
     __shared__ float sk[DEC_MAXDK], sq[DEC_MAXDK], skb[DEC_MAXDK], sa[DEC_MAXDK];
-    __shared__ float red_p[16][DEC_BV], red_q[16][DEC_BV];
-    __shared__ float su[DEC_BV], sred[3];
-    const int vtiles = (dv + DEC_BV - 1) / DEC_BV;
+    __shared__ float red_p[16][BV], red_q[16][BV];
+    __shared__ float su[BV], sred[3];
+    const int vtiles = (dv + BV - 1) / BV;
     const long long blk = blockIdx.x;
     const int tile = (int)(blk % vtiles);
     const int h = (int)((blk / vtiles) % hv);
     const long long row = blk / ((long long)vtiles * hv);
     const int tid = threadIdx.x, tx = tid & 7, ty = tid >> 3;
-    const int c0 = tile * DEC_BV + tx * 4;
+    const int c0 = tile * BV + tx * C;
     const long long orow = (row * hv + h) * dv;
     const int slot = slots[row];
     if (slot < 0 || slot >= nslots) {
         // Padding: zero output, no state touched.
-        if (tid < DEC_BV && tile * DEC_BV + tid < dv) st(o, orow + tile * DEC_BV + tid, 0.f);
+        if (tid < BV && tile * BV + tid < dv) st(o, orow + tile * BV + tid, 0.f);
         return;
     }
     float* S = state + ((long long)slot * hv + h) * dk * dv;
-    const bool vec = (dv & 3) == 0 && c0 + 3 < dv;
+    const bool vec = (dv & 3) == 0 && c0 + C - 1 < dv;
     // 1. The state tile, first, so its loads are in flight during the q/k work below.
-    float s[R][4];
+    float s[R][C];
 #pragma unroll
     for (int i = 0; i < R; ++i) {
         const int r = ty + 16 * i;
         if (r < dk && vec) {
-            const float4 t = *reinterpret_cast<const float4*>(S + (long long)r * dv + c0);
-            s[i][0] = t.x;
-            s[i][1] = t.y;
-            s[i][2] = t.z;
-            s[i][3] = t.w;
+#pragma unroll
+            for (int j4 = 0; j4 < C / 4; ++j4) {
+                const float4 t = *reinterpret_cast<const float4*>(S + (long long)r * dv + c0 + 4 * j4);
+                s[i][4 * j4 + 0] = t.x;
+                s[i][4 * j4 + 1] = t.y;
+                s[i][4 * j4 + 2] = t.z;
+                s[i][4 * j4 + 3] = t.w;
+            }
         } else {
 #pragma unroll
-            for (int j = 0; j < 4; ++j) s[i][j] = (r < dk && c0 + j < dv) ? S[(long long)r * dv + c0 + j] : 0.f;
+            for (int j = 0; j < C; ++j) s[i][j] = (r < dk && c0 + j < dv) ? S[(long long)r * dv + c0 + j] : 0.f;
         }
     }
     // 2. q, k of the key head (and GDN2's per-channel decay) into shared memory.
@@ -198,14 +202,19 @@ __device__ void decode_rule(const float* __restrict__ q, const float* __restrict
     __syncthreads();
     // 4. Decay, and the partial sums of S'^T (k or b k) and S'^T q over this thread's rows.
     const float a_h = gdn2 ? 1.f : expf(g[row * hv + h]);
-    float pp[4] = {0.f, 0.f, 0.f, 0.f}, pq[4] = {0.f, 0.f, 0.f, 0.f};
+    float pp[C], pq[C];
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+        pp[j] = 0.f;
+        pq[j] = 0.f;
+    }
 #pragma unroll
     for (int i = 0; i < R; ++i) {
         const int r = ty + 16 * i;
         if (r < dk) {
             const float a = gdn2 ? sa[r] : a_h, kr = skb[r], qr = sq[r];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
+            for (int j = 0; j < C; ++j) {
                 s[i][j] *= a;
                 pp[j] += s[i][j] * kr;
                 pq[j] += s[i][j] * qr;
@@ -213,20 +222,20 @@ __device__ void decode_rule(const float* __restrict__ q, const float* __restrict
         }
     }
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        red_p[ty][tx * 4 + j] = pp[j];
-        red_q[ty][tx * 4 + j] = pq[j];
+    for (int j = 0; j < C; ++j) {
+        red_p[ty][tx * C + j] = pp[j];
+        red_q[ty][tx * C + j] = pq[j];
     }
     __syncthreads();
     // 5. Row groups summed in order; u and o per column.
-    if (tid < DEC_BV) {
+    if (tid < BV) {
         float p = 0.f, qq = 0.f;
 #pragma unroll
         for (int t = 0; t < 16; ++t) {
             p += red_p[t][tid];
             qq += red_q[t][tid];
         }
-        const int col = tile * DEC_BV + tid;
+        const int col = tile * BV + tid;
         float u = 0.f;
         if (col < dv) {
             const float vv = v[orow + col];
@@ -243,33 +252,41 @@ __device__ void decode_rule(const float* __restrict__ q, const float* __restrict
         if (r >= dk) continue;
         const float kr = sk[r];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) s[i][j] += kr * su[tx * 4 + j];
+        for (int j = 0; j < C; ++j) s[i][j] += kr * su[tx * C + j];
         if (vec) {
-            *reinterpret_cast<float4*>(S + (long long)r * dv + c0) = make_float4(s[i][0], s[i][1], s[i][2], s[i][3]);
+#pragma unroll
+            for (int j4 = 0; j4 < C / 4; ++j4)
+                *reinterpret_cast<float4*>(S + (long long)r * dv + c0 + 4 * j4) =
+                    make_float4(s[i][4 * j4], s[i][4 * j4 + 1], s[i][4 * j4 + 2], s[i][4 * j4 + 3]);
         } else {
 #pragma unroll
-            for (int j = 0; j < 4; ++j)
+            for (int j = 0; j < C; ++j)
                 if (c0 + j < dv) S[(long long)r * dv + c0 + j] = s[i][j];
         }
     }
 }
 
-// Blocks per SM asked of the register allocator: 8 (64 registers, no spills up to R = 8: the
-// state tile takes 4 R of them), 4 for R = 16.
-#define DECODE_RULE(R, SFX, TO, MINB)                                                                            \
-    extern "C" __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_rule_r##R##_##SFX(                          \
+// Blocks per SM asked of the register allocator (ptxas -v, sm_90a, no spills). 4 columns per
+// thread: 8 up to R = 4 (64 registers), 6 for R = 8 (Dk 65..128: 80 registers; 8 blocks spilled
+// 60 bytes), 3 for R = 16. 8 columns per thread (twice the bytes in flight per thread, half the
+// blocks and half the per-block q/k work per byte): 8 / 6 / 4 / 2 for R <= 2 / 4 / 8 / 16.
+#define DECODE_RULE(R, C, SFX, TO, MINB)                                                                         \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_rule_r##R##_c##C##_##SFX(             \
         const float* q, const float* k, const float* v, const float* g, const float* bb, const float* w,          \
         float* state, const int* slots, int nslots, TO* o, int hk, int hv, int dk, int dv, float scale,           \
         int l2norm, int gdn2) {                                                                                    \
-        decode_rule<R, TO>(q, k, v, g, bb, w, state, slots, nslots, o, hk, hv, dk, dv, scale, l2norm, gdn2);     \
+        decode_rule<R, C, TO>(q, k, v, g, bb, w, state, slots, nslots, o, hk, hv, dk, dv, scale, l2norm, gdn2);  \
     }
-DECODE_RULE(1, f32, float, 8)
-DECODE_RULE(2, f32, float, 8)
-DECODE_RULE(4, f32, float, 8)
-DECODE_RULE(8, f32, float, 8)
-DECODE_RULE(16, f32, float, 4)
-DECODE_RULE(1, bf16, bf16_t, 8)
-DECODE_RULE(2, bf16, bf16_t, 8)
-DECODE_RULE(4, bf16, bf16_t, 8)
-DECODE_RULE(8, bf16, bf16_t, 8)
-DECODE_RULE(16, bf16, bf16_t, 4)
+#define DECODE_RULE_TYPES(R, C, MINB)           \
+    DECODE_RULE(R, C, f32, float, MINB)         \
+    DECODE_RULE(R, C, bf16, bf16_t, MINB)
+DECODE_RULE_TYPES(1, 4, 8)
+DECODE_RULE_TYPES(2, 4, 8)
+DECODE_RULE_TYPES(4, 4, 8)
+DECODE_RULE_TYPES(8, 4, 6)
+DECODE_RULE_TYPES(16, 4, 3)
+DECODE_RULE_TYPES(1, 8, 8)
+DECODE_RULE_TYPES(2, 8, 8)
+DECODE_RULE_TYPES(4, 8, 6)
+DECODE_RULE_TYPES(8, 8, 4)
+DECODE_RULE_TYPES(16, 8, 2)
