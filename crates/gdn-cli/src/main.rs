@@ -45,6 +45,7 @@ macro_rules! emit {
 
 mod bench;
 mod info;
+mod launch;
 mod layer;
 mod memory;
 mod plot;
@@ -102,6 +103,13 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Print version, build, threads, devices and the default configs.
     Info,
+    /// Start N ranks of a gdn command on this machine, as torchrun does (one process per GPU).
+    ///
+    /// Each process gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+    /// and NCCL_NVLS_ENABLE=0; rank i uses cuda:i. Output is forwarded with a `[rank i]` prefix.
+    /// If a rank fails the others are stopped and gdn launch exits with its status. The same
+    /// commands run under torchrun or Slurm (which set those variables themselves).
+    Launch(launch::LaunchArgs),
 }
 
 /// Arguments of `gdn layer`.
@@ -247,12 +255,20 @@ fn main() -> ExitCode {
         Cmd::Memory(args) => memory::run(args),
         Cmd::Bench(args) => bench::run(args),
         Cmd::Info => info::run(),
+        Cmd::Launch(args) => launch::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => match e.downcast_ref::<train::Interrupted>() {
             // the summary already said where the run stopped and how to continue it
             Some(i) => ExitCode::from(i.exit_code()),
+            None if e.downcast_ref::<launch::ChildFailed>().is_some() => {
+                let c = e
+                    .downcast_ref::<launch::ChildFailed>()
+                    .map_or(1, |c| c.code);
+                errln!("gdn launch: {}", report(&e));
+                ExitCode::from(c)
+            }
             None => {
                 errln!("gdn: error: {}", report(&e));
                 ExitCode::FAILURE
