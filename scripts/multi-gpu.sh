@@ -4,8 +4,10 @@
 #   1. tests/gpu_multi.rs: CP = 2 over NCCL vs CP = 1, 2 data ranks vs 1 (each test starts one
 #      process per GPU with the launcher's variables, as `gdn launch` does), and the in-process
 #      ones.
-#   2. layer fwd+bwd at CP = 1 (`gdn bench`) and CP = 2 (in-process ranks sharing... see below)
-#      for B1 T65536, Qwen3-Next shapes, bf16.
+#   2. layer fwd+bwd at CP = 1 (`gdn bench`, B1 T65536, Qwen3-Next shapes, bf16) and the CP = 2
+#      NCCL test's per-step profile (GDN_PROFILE=1).
+#   Not yet here: CP = 2 at T65536 from the CLI and `gdn train` tokens/s at 1 and 2 data ranks
+#   (the trainer's data parallelism is a library API; `gdn train --dp` is not wired yet).
 set -euo pipefail
 OUT=${OUT:-$PWD/multi-gpu-out}
 mkdir -p "$OUT"
