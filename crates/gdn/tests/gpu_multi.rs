@@ -66,6 +66,9 @@ struct Out {
     grads: Vec<(String, Vec<f32>)>,
 }
 
+/// A rank's natural-order rows, its y and dx rows, and the gradients.
+type RankOut = (Vec<std::ops::Range<usize>>, Vec<f32>, Vec<f32>, gdn::Grads);
+
 /// One rank's CP forward + backward through the device API; returns natural-order rows of y and
 /// dx (this rank's filled in) and the gradients.
 fn cp_rank(
@@ -75,7 +78,7 @@ fn cp_rank(
     dy: &[f32],
     seqs: &Seqs,
     dtype: DType,
-) -> gdn::Result<(Vec<std::ops::Range<usize>>, Vec<f32>, Vec<f32>, gdn::Grads)> {
+) -> gdn::Result<RankOut> {
     let cp = comm.size();
     let h = l.config().hidden_size;
     let rows = perm::local_rows(seqs, cp, comm.rank());

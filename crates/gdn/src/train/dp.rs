@@ -57,7 +57,7 @@ impl Parallel {
             return Err(GdnError::Invalid("micro_batches must be at least 1".into()));
         }
         let parts = self.dp() * self.micro_batches;
-        if global_batch % parts != 0 {
+        if !global_batch.is_multiple_of(parts) {
             return Err(GdnError::config(
                 "data.batch_size",
                 format!(
@@ -188,7 +188,6 @@ impl Trainer {
         }
         // Across ranks, in rank order.
         let comm = self.par.comm.clone();
-        let mut host = host;
         if let Some(acc) = dev_acc {
             // The shards' sum into the model's buffers.
             let dst = self
