@@ -48,6 +48,7 @@ mod bench;
 mod convert;
 mod generate;
 mod info;
+mod launch;
 mod layer;
 mod memory;
 mod plot;
@@ -115,6 +116,13 @@ enum Cmd {
     Convert(convert::ConvertArgs),
     /// Print version, build, threads, devices and the default configs.
     Info,
+    /// Start N ranks of a gdn command on this machine, as torchrun does (one process per GPU).
+    ///
+    /// Each process gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+    /// and NCCL_NVLS_ENABLE=0; rank i uses cuda:i. Output is forwarded with a `[rank i]` prefix.
+    /// If a rank fails the others are stopped and gdn launch exits with its status. The same
+    /// commands run under torchrun or Slurm (which set those variables themselves).
+    Launch(launch::LaunchArgs),
 }
 
 /// Arguments of `gdn layer`.
@@ -262,12 +270,20 @@ fn main() -> ExitCode {
         Cmd::Generate(args) => generate::run(args),
         Cmd::Convert(args) => convert::run(args),
         Cmd::Info => info::run(),
+        Cmd::Launch(args) => launch::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => match e.downcast_ref::<train::Interrupted>() {
             // the summary already said where the run stopped and how to continue it
             Some(i) => ExitCode::from(i.exit_code()),
+            None if e.downcast_ref::<launch::ChildFailed>().is_some() => {
+                let c = e
+                    .downcast_ref::<launch::ChildFailed>()
+                    .map_or(1, |c| c.code);
+                errln!("gdn launch: {}", report(&e));
+                ExitCode::from(c)
+            }
             None => {
                 errln!("gdn: error: {}", report(&e));
                 ExitCode::FAILURE

@@ -66,6 +66,9 @@ struct Out {
     grads: Vec<(String, Vec<f32>)>,
 }
 
+/// A rank's natural-order rows, its y and dx rows, and the gradients.
+type RankOut = (Vec<std::ops::Range<usize>>, Vec<f32>, Vec<f32>, gdn::Grads);
+
 /// One rank's CP forward + backward through the device API; returns natural-order rows of y and
 /// dx (this rank's filled in) and the gradients.
 fn cp_rank(
@@ -75,7 +78,7 @@ fn cp_rank(
     dy: &[f32],
     seqs: &Seqs,
     dtype: DType,
-) -> gdn::Result<(Vec<std::ops::Range<usize>>, Vec<f32>, Vec<f32>, gdn::Grads)> {
+) -> gdn::Result<RankOut> {
     let cp = comm.size();
     let h = l.config().hidden_size;
     let rows = perm::local_rows(seqs, cp, comm.rank());
@@ -233,4 +236,191 @@ fn cp2_gpu_matches_cp2_cpu() {
         DType::F32,
     );
     compare(&got, &want, 1e-4, "GPU CP 2 vs CPU CP 2");
+}
+
+// ---- Two GPUs over NCCL: the test starts itself once per rank (the launcher's environment,
+// as `gdn launch` or torchrun set it) and the ranks compare with a one-rank run they compute
+// themselves.
+
+/// Number of CUDA devices, with a message when fewer than `n`.
+fn have_gpus(n: usize, test: &str) -> bool {
+    let c = cuda::device_count();
+    if c < n {
+        eprintln!("{test}: skipped, needs {n} CUDA GPUs, found {c}");
+        return false;
+    }
+    true
+}
+
+/// In the parent: run this test binary's `test` as `n` ranks (RANK, WORLD_SIZE, LOCAL_RANK,
+/// MASTER_ADDR, MASTER_PORT, NCCL_NVLS_ENABLE=0) and require every rank to pass.
+fn launch_self(test: &str, n: usize) {
+    let exe = std::env::current_exe().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let children: Vec<_> = (0..n)
+        .map(|r| {
+            std::process::Command::new(&exe)
+                .args([test, "--exact", "--include-ignored", "--nocapture"])
+                .env("GDN_TEST_RANK_CHILD", "1")
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", n.to_string())
+                .env("LOCAL_RANK", r.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .env("NCCL_NVLS_ENABLE", "0")
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (r, mut c) in children.into_iter().enumerate() {
+        let s = c.wait().unwrap();
+        assert!(s.success(), "{test}: rank {r} failed ({s})");
+    }
+}
+
+fn nccl_comm() -> Arc<dyn Communicator> {
+    let env = gdn::dist::DistEnv::from_env().unwrap().expect("launched");
+    Arc::new(gdn::dist::Nccl::from_env(&env).unwrap())
+}
+
+/// CP = 2 over NCCL (one process per GPU, bf16 and f32) equals the one-rank layer each rank
+/// computes on its own GPU (same tolerances as the in-process test); the NCCL collectives are
+/// also checked against their definition (all-to-all with uneven splits, rank-order sums).
+#[test]
+#[ignore = "needs 2 CUDA GPUs"]
+fn nccl_cp2_equals_one_rank() {
+    const NAME: &str = "nccl_cp2_equals_one_rank";
+    if std::env::var_os("GDN_TEST_RANK_CHILD").is_none() {
+        if have_gpus(2, NAME) {
+            launch_self(NAME, 2);
+        }
+        return;
+    }
+    let comm = nccl_comm();
+    let (rank, size) = (comm.rank(), comm.size());
+    let dev = Device::Cuda(rank);
+    // Collectives: rank r sends (r + 1) * (d + 1) values to rank d.
+    let gpu = cuda::gpu(rank).unwrap();
+    let counts: Vec<usize> = (0..size).map(|d| (rank + 1) * (d + 1)).collect();
+    let send: Vec<f32> = counts
+        .iter()
+        .enumerate()
+        .flat_map(|(d, &n)| (0..n).map(move |k| (100 * rank + 10 * d + k) as f32))
+        .collect();
+    let recv_counts: Vec<usize> = (0..size).map(|s| (s + 1) * (rank + 1)).collect();
+    let got = comm
+        .all_to_all(
+            &gdn::backend::Act::Dev(DBuf::upload(&gpu, &send, DType::F32).unwrap()),
+            &counts,
+            &recv_counts,
+        )
+        .unwrap()
+        .into_host()
+        .unwrap();
+    let want: Vec<f32> = recv_counts
+        .iter()
+        .enumerate()
+        .flat_map(|(s, &n)| (0..n).map(move |k| (100 * s + 10 * rank + k) as f32))
+        .collect();
+    assert_eq!(got, want, "all_to_all");
+    let mut v = gdn::backend::Act::Dev(
+        DBuf::upload(&gpu, &[[1e8f32, 1.0][rank], 1.0], DType::F32).unwrap(),
+    );
+    comm.all_reduce_sum(&mut v).unwrap();
+    assert_eq!(
+        v.into_host().unwrap(),
+        vec![1e8 + 1.0, 2.0],
+        "all_reduce_sum"
+    );
+
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let seqs = Seqs::packed(&[0, 64, 192, 256], 256).unwrap();
+    let h = 256;
+    let x = randv(&mut rng, seqs.tokens() * h);
+    let dy = randv(&mut rng, seqs.tokens() * h);
+    for variant in [Variant::Gdn, Variant::Gdn2] {
+        for (dtype, tol) in [(DType::F32, 1e-4), (DType::Bf16, 3e-2)] {
+            let l = GatedDeltaNet::new(&cfg(variant), 4)
+                .unwrap()
+                .to_device(dev, dtype)
+                .unwrap();
+            let want = one_rank(&l, &x, &dy, &seqs);
+            let rows = perm::local_rows(&seqs, size, rank);
+            let cl = CpLayer::new(l.clone(), comm.clone()).unwrap();
+            let xl = DBuf::upload(&gpu, &rows_of(&x, h, &rows), dtype).unwrap();
+            let dyl = DBuf::upload(&gpu, &rows_of(&dy, h, &rows), dtype).unwrap();
+            let (y, s) = cl.forward_dev(xl, &seqs).unwrap();
+            let y = y.download().unwrap();
+            let (dx, g) = cl.backward_dev(s, dyl).unwrap();
+            let what = format!("rank {rank} {variant:?} {dtype:?}");
+            let e = rel(&y, &rows_of(&want.y, h, &rows));
+            assert!(e <= tol, "{what}: y {e:e}");
+            let e = rel(&dx.download().unwrap(), &rows_of(&want.dx, h, &rows));
+            assert!(e <= tol, "{what}: dx {e:e}");
+            for ((n, t), (n2, w)) in g.to_host().unwrap().iter().zip(&want.grads) {
+                assert_eq!(n, n2);
+                let e = rel(t.data(), w);
+                assert!(e <= tol, "{what}: {n} {e:e}");
+            }
+        }
+    }
+}
+
+/// Two data-parallel ranks over NCCL (one GPU each) train 3 steps to the same parameters, bit for
+/// bit, as one rank with two micro-batches on its GPU.
+#[test]
+#[ignore = "needs 2 CUDA GPUs"]
+fn nccl_two_data_ranks_equal_one() {
+    use gdn::train::{Parallel, RunConfig, Trainer};
+    const NAME: &str = "nccl_two_data_ranks_equal_one";
+    if std::env::var_os("GDN_TEST_RANK_CHILD").is_none() {
+        if have_gpus(2, NAME) {
+            launch_self(NAME, 2);
+        }
+        return;
+    }
+    let comm = nccl_comm();
+    let rank = comm.rank();
+    let cfg = RunConfig::from_toml_str(
+        r#"
+        [model]
+        hidden_size = 64
+        num_layers = 2
+        ffn_hidden_size = 128
+        linear_num_key_heads = 1
+        linear_num_value_heads = 2
+        linear_key_head_dim = 32
+        linear_value_head_dim = 32
+        [data]
+        seq_length = 64
+        batch_size = 8
+        [train]
+        train_iters = 3
+        "#,
+    )
+    .unwrap();
+    let params = |par: Parallel| {
+        let mut t = Trainer::new(&cfg).unwrap();
+        t.to_device(Device::Cuda(rank), DType::Bf16).unwrap();
+        t.set_parallel(par).unwrap();
+        for _ in 0..3 {
+            t.step().unwrap();
+        }
+        t.checkpoint().unwrap().params
+    };
+    let two = params(Parallel {
+        comm: Some(comm.clone()),
+        micro_batches: 1,
+    });
+    let one = params(Parallel {
+        comm: None,
+        micro_batches: 2,
+    });
+    for ((n, a), (_, b)) in two.iter().zip(one.iter()) {
+        assert_eq!(a.data(), b.data(), "rank {rank}: {n}");
+    }
 }

@@ -48,7 +48,7 @@ fn check_sections(sections: &[usize], cp: usize) -> Result<()> {
     if cp == 0 {
         return Err(GdnError::Invalid("cp size must be >= 1".into()));
     }
-    if let Some(s) = sections.iter().find(|&&s| s % cp != 0) {
+    if let Some(s) = sections.iter().find(|&&s| !s.is_multiple_of(cp)) {
         return Err(GdnError::Invalid(format!(
             "split_sections {sections:?} must be divisible by cp_size {cp} for GDN (section {s})"
         )));
@@ -93,7 +93,7 @@ pub fn check_seqs(seqs: &Seqs, cp: usize) -> Result<()> {
     }
     for i in 0..seqs.count() {
         let l = seqs.range(i).len();
-        if l % (2 * cp) != 0 {
+        if !l.is_multiple_of(2 * cp) {
             return Err(GdnError::CuSeqlens(format!(
                 "sequence {i} has length {l}, not divisible by 2 x cp = {}: context parallelism cuts every sequence into 2 x cp chunks (zigzag load balancing)",
                 2 * cp
@@ -113,7 +113,7 @@ pub fn check_heads(cfg: &GdnConfig, cp: usize) -> Result<()> {
         ("linear_num_key_heads", cfg.linear_num_key_heads),
         ("linear_num_value_heads", cfg.linear_num_value_heads),
     ] {
-        if v % cp != 0 {
+        if !v.is_multiple_of(cp) {
             return Err(GdnError::config(
                 field,
                 format!(

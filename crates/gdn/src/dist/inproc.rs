@@ -4,9 +4,16 @@
 //! on the receiving rank's GPU in its storage type (bf16 values survive the f32 round trip
 //! exactly). Meant for tests and `gdn layer --cp N` on the CPU: every parallel code path runs
 //! without NCCL or GPUs.
+//!
+//! The ranks take turns: one baton per group, held by the rank that computes and handed on only
+//! while a rank waits for a message (and when it leaves). Ranks that share a GPU share its one
+//! stream and its cuBLASLt workspace; running one at a time between collectives keeps one rank's
+//! multi-kernel operations (a split-K GEMM and its reduction over the shared workspace) from
+//! being interleaved with another's on that stream.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use super::comm::{check_a2a, copy_range, host_like, Communicator};
@@ -17,10 +24,34 @@ use crate::error::{GdnError, Result};
 /// channels, which the others see at once; this bounds a rank that hangs).
 const TIMEOUT: Duration = Duration::from_secs(600);
 
+/// The group's turn: `true` while a rank holds it.
+#[derive(Default)]
+struct Baton {
+    taken: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Baton {
+    fn take(&self) {
+        let mut t = self.taken.lock().unwrap_or_else(|p| p.into_inner());
+        while *t {
+            t = self.cv.wait(t).unwrap_or_else(|p| p.into_inner());
+        }
+        *t = true;
+    }
+    fn give(&self) {
+        *self.taken.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        self.cv.notify_one();
+    }
+}
+
 /// One rank of an in-process group (made by [`InProc::group`]).
 pub struct InProc {
     rank: usize,
     size: usize,
+    baton: Arc<Baton>,
+    /// Whether this rank holds the baton.
+    holding: AtomicBool,
     /// `to[d]`: the channel from this rank to rank `d`.
     to: Vec<Sender<Vec<f32>>>,
     /// `from[s]`: the channel from rank `s` to this rank.
@@ -52,6 +83,7 @@ impl InProc {
                 rx[d][s] = Some(r);
             }
         }
+        let baton = Arc::new(Baton::default());
         Ok(tx
             .into_iter()
             .zip(rx)
@@ -59,6 +91,8 @@ impl InProc {
             .map(|(rank, (to, from))| InProc {
                 rank,
                 size: n,
+                baton: baton.clone(),
+                holding: AtomicBool::new(false),
                 to,
                 from: from
                     .into_iter()
@@ -77,11 +111,28 @@ impl InProc {
         })
     }
 
+    /// Start computing: wait for the group's turn (once per rank; [`run_ranks`] does it).
+    pub fn enter(&self) {
+        if !self.holding.swap(true, Ordering::SeqCst) {
+            self.baton.take();
+        }
+    }
+
     fn recv(&self, src: usize) -> Result<Vec<f32>> {
         let rx = self.from[src]
             .lock()
             .map_err(|_| GdnError::Invalid("in-process channel poisoned".into()))?;
-        rx.recv_timeout(TIMEOUT).map_err(|e| {
+        // Hand the turn on while waiting; take it back before computing again.
+        let held = self.holding.swap(false, Ordering::SeqCst);
+        if held {
+            self.baton.give();
+        }
+        let r = rx.recv_timeout(TIMEOUT);
+        if held {
+            self.baton.take();
+            self.holding.store(true, Ordering::SeqCst);
+        }
+        r.map_err(|e| {
             GdnError::Invalid(match e {
                 RecvTimeoutError::Timeout => format!(
                     "in-process rank {}: no message from rank {src} in {} s",
@@ -94,6 +145,14 @@ impl InProc {
                 ),
             })
         })
+    }
+}
+
+impl Drop for InProc {
+    fn drop(&mut self) {
+        if self.holding.swap(false, Ordering::SeqCst) {
+            self.baton.give();
+        }
     }
 }
 
@@ -193,8 +252,8 @@ impl Communicator for InProc {
     }
 }
 
-/// Run `f` on `n` in-process ranks (one thread each) and return their results in rank order; the
-/// first error (lowest rank) if any failed.
+/// Run `f` on `n` in-process ranks (one thread each, taking turns between collectives) and return
+/// their results in rank order; the first error (lowest rank) if any failed.
 pub fn run_ranks<T, F>(n: usize, f: F) -> Result<Vec<T>>
 where
     T: Send,
@@ -207,6 +266,7 @@ where
             .into_iter()
             .map(|c| {
                 s.spawn(move || {
+                    c.enter();
                     let c: Arc<dyn Communicator> = Arc::new(c);
                     f(c)
                 })

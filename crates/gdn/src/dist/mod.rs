@@ -10,7 +10,12 @@
 
 pub mod comm;
 pub mod cp;
+pub mod env;
 pub mod inproc;
+pub mod nccl;
+pub mod rendezvous;
 
 pub use comm::{all_reduce_sum_f32, all_reduce_sum_host, Communicator};
+pub use env::DistEnv;
 pub use inproc::{run_ranks, InProc};
+pub use nccl::Nccl;

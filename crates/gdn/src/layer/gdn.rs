@@ -212,6 +212,9 @@ impl Prof {
 /// Parameter gradients as backward produces them: (name, shape, buffer) in the parameters' order.
 type GradList = Vec<(String, Vec<usize>, F32s)>;
 
+/// Where a backward step hands a parameter gradient (name, shape, buffer).
+type SetGrad<'a> = dyn FnMut(&str, &[usize], F32s) -> Result<()> + 'a;
+
 /// Parameter gradients resident on a GPU (fp32), under the parameters' names and in their order
 /// ([`crate::layer::param_specs`]): what [`GatedDeltaNet::backward_dev`] returns. The layer never
 /// copies them to the host; [`to_host`](Self::to_host) does, for tests and host optimizers.
@@ -1179,7 +1182,7 @@ impl GatedDeltaNet {
         d_o: &Act,
         d_final: Option<&F32s>,
         dproj: &mut Act,
-        set: &mut dyn FnMut(&str, &[usize], F32s) -> Result<()>,
+        set: &mut SetGrad,
         prof: &mut Prof,
     ) -> Result<Option<F32s>> {
         let c = &self.cfg;

@@ -773,6 +773,12 @@ impl Model {
         self.dev.as_ref().map(|d| d.grads.as_slice())
     }
 
+    /// The persistent gradient buffers, mutably (data parallelism sums micro-batches and ranks
+    /// into them; lengths must not change).
+    pub(crate) fn device_grads_mut(&mut self) -> Option<&mut [GBuf<f32>]> {
+        self.dev.as_mut().map(|d| d.grads.as_mut_slice())
+    }
+
     /// Block `i`'s layer backward: `dh1` is the gradient at `h1 = x + GDN(x)`; returns the
     /// gradient at `x` (`dh1 + d(layer input)`) and the layer's parameter gradients.
     fn gdn_backward(

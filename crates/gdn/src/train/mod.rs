@@ -9,6 +9,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod dp;
 pub mod optim;
 pub mod rundir;
 #[cfg(test)]
@@ -19,6 +20,7 @@ use std::path::Path;
 pub use checkpoint::Checkpoint;
 pub use config::{DataConfig, DataKind, DecayStyle, OptimizerConfig, RunConfig, TrainConfig};
 pub use data::Dataset;
+pub use dp::Parallel;
 pub use optim::AdamW;
 
 use crate::backend::cuda::{DType, GBuf};
@@ -72,6 +74,8 @@ pub struct Trainer {
     /// AdamW's moments on the GPU when the model runs there (`opt` then keeps only the step
     /// count and the names; its host moments are stale until a checkpoint downloads these).
     dev_moments: Option<DevMoments>,
+    /// Data-parallel ranks and micro-batches ([`Trainer::set_parallel`]); one rank by default.
+    par: Parallel,
 }
 
 /// `(exp_avg, exp_avg_sq)` per parameter on a GPU, in parameter order.
@@ -105,6 +109,7 @@ impl Trainer {
             data,
             step: 0,
             dev_moments: None,
+            par: Parallel::default(),
         })
     }
 
@@ -312,13 +317,29 @@ impl Trainer {
     pub fn step(&mut self) -> Result<StepStats> {
         let s = self.step + 1;
         let batch = self.data.train_batch(s);
-        let (loss, saved) = self.model.forward(&batch)?;
-        let (activation_bytes, gdn_activation_bytes) = (saved.bytes(), saved.gdn_bytes());
+        // One rank, one batch: forward + backward here. Split over data-parallel ranks or
+        // micro-batches: `split_forward_backward` (train/dp.rs) leaves the summed gradients in
+        // `split_grads` (CPU) or the model's gradient buffers (GPU).
+        let (loss, saved, activation_bytes, gdn_activation_bytes, mut split_grads) =
+            if self.par.is_split() {
+                let (l, a, g, h) = self.split_forward_backward(&batch)?;
+                (l, None, a, g, h)
+            } else {
+                let (l, saved) = self.model.forward(&batch)?;
+                let (a, g) = (saved.bytes(), saved.gdn_bytes());
+                (l, Some(saved), a, g, None)
+            };
         let o = &self.cfg.optimizer;
         let lr = optim::lr_at(o, self.cfg.lr_decay_iters(), s);
         let grad_norm = match &mut self.dev_moments {
             None => {
-                let mut grads = self.model.backward(saved)?;
+                let mut grads = match (saved, split_grads.take()) {
+                    (Some(saved), _) => self.model.backward(saved)?,
+                    (None, Some(g)) => g,
+                    (None, None) => {
+                        return Err(GdnError::Invalid("the step produced no gradients".into()))
+                    }
+                };
                 let grad_norm = optim::clip_grad_norm(&mut grads, o.clip_grad, s)?;
                 self.opt.update(&mut self.model, &grads, o, lr)?;
                 grad_norm
@@ -326,7 +347,9 @@ impl Trainer {
             Some(moments) => {
                 // On the GPU: gradients into the model's buffers, their norm (one download),
                 // clipping folded into the AdamW kernel's gradient scale.
-                self.model.backward_into_grads(saved)?;
+                if let Some(saved) = saved {
+                    self.model.backward_into_grads(saved)?;
+                }
                 let ss = self.model.grad_sum_squares()?;
                 let norm = ss.iter().sum::<f64>().sqrt();
                 if !norm.is_finite() {
