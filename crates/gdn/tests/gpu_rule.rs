@@ -1331,8 +1331,8 @@ fn v6_backward_matches_f64() {
 }
 
 /// Two v6 backward runs give the same bits (every width); shapes and storage v6 does not take
-/// run v5 (the same bits as asking for v5); the default backward is v5 (unless `GDN_RULE_BWD`
-/// names another).
+/// run v5 (the same bits as asking for v5); the default backward is every v6 piece (unless
+/// `GDN_RULE_BWD` names another), and its bits differ from v5's.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn v6_backward_bitwise_and_fallback() {
@@ -1391,10 +1391,17 @@ fn v6_backward_bitwise_and_fallback() {
         );
     }
     if std::env::var_os("GDN_RULE_BWD").is_none() {
-        assert_eq!(BwdKernel::from_env(), BwdKernel::V5);
+        let every = v6b(true, true, true, true, 0);
+        assert_eq!(BwdKernel::from_env(), every);
         let a = run_gpu_with(&gpu, &c, DType::Bf16, None);
-        let b = run_gpu_with(&gpu, &c, DType::Bf16, Some(BwdKernel::V5));
-        println!("gdr-check v6-bwd default is v5: {}", a.bits() == b.bits());
-        assert!(a.bits() == b.bits(), "the default backward is not v5");
+        let b = run_gpu_with(&gpu, &c, DType::Bf16, Some(every));
+        let v5 = run_gpu_with(&gpu, &c, DType::Bf16, Some(BwdKernel::V5));
+        println!(
+            "gdr-check v6-bwd default is v6: {} (differs from v5: {})",
+            a.bits() == b.bits(),
+            a.bits() != v5.bits()
+        );
+        assert!(a.bits() == b.bits(), "the default backward is not v6");
+        assert!(a.bits() != v5.bits(), "v6 and v5 backward gave the same bits");
     }
 }

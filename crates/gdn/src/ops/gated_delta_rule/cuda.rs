@@ -504,7 +504,7 @@ pub fn forward_with(
 
 /// Backward on the GPU from `d_o` `[tokens, Hv, Dv]` (storage type of q) and optionally the
 /// gradient of the final states (fp32). Recomputes everything it needs from the inputs. Runs the
-/// kernels [`BwdKernel::from_env`] names (v5 unless `GDN_RULE_BWD` says otherwise).
+/// kernels [`BwdKernel::from_env`] names (every v6 piece unless `GDN_RULE_BWD` says otherwise).
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     gpu: &Arc<Gpu>,
@@ -1120,10 +1120,11 @@ pub enum BwdKernel {
 }
 
 impl BwdKernel {
-    /// `GDN_RULE_BWD=v6` (every v6 piece: both scans, bf16 states, gdr_grad6), `v6h` (both scans,
-    /// bf16 states, v5's gradient kernel), `v6f` (both scans, fp32 states), `v6r` (the recompute
-    /// only), `v6s` (the reverse scan only), with `GDN_RULE_V6_WARPS` as for the forward;
-    /// anything else: v5.
+    /// The default (and `GDN_RULE_BWD=v6`): every v6 piece (both scans, bf16 states,
+    /// gdr_grad6); `v5` the v5 backward; `v6h` (both scans, bf16 states, v5's gradient kernel),
+    /// `v6f` (both scans, fp32 states), `v6r` (the recompute only), `v6s` (the reverse scan
+    /// only), with `GDN_RULE_V6_WARPS` as for the forward. Where v6 does not apply (f32
+    /// storage, other head dims) every choice runs v5.
     pub fn from_env() -> BwdKernel {
         let warps = std::env::var("GDN_RULE_V6_WARPS")
             .ok()
@@ -1137,12 +1138,12 @@ impl BwdKernel {
             warps,
         };
         match std::env::var("GDN_RULE_BWD").as_deref() {
-            Ok("v6") => v6(true, true, true, true),
+            Ok("v5") => BwdKernel::V5,
             Ok("v6h") => v6(true, true, true, false),
             Ok("v6f") => v6(true, true, false, false),
             Ok("v6r") => v6(true, false, false, false),
             Ok("v6s") => v6(false, true, false, false),
-            _ => BwdKernel::V5,
+            _ => v6(true, true, true, true),
         }
     }
 }
