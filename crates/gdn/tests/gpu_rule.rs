@@ -1402,6 +1402,9 @@ fn v6_backward_bitwise_and_fallback() {
             a.bits() != v5.bits()
         );
         assert!(a.bits() == b.bits(), "the default backward is not v6");
-        assert!(a.bits() != v5.bits(), "v6 and v5 backward gave the same bits");
+        assert!(
+            a.bits() != v5.bits(),
+            "v6 and v5 backward gave the same bits"
+        );
     }
 }
