@@ -173,8 +173,12 @@ class TestCuda(unittest.TestCase):
         with torch.cuda.stream(s):
             with self.assertRaisesRegex(RuntimeError, "default stream"):
                 gt.chunk_gated_delta_rule(q, k, v, g, b)
+        # every other column of a wider tensor: the shape of q, a stride of 2 in the last dim
+        # (a transpose of a size-1 dim would still count as contiguous for PyTorch)
+        strided = torch.cat([q, q], dim=-1)[..., ::2]
+        self.assertFalse(strided.is_contiguous())
         with self.assertRaisesRegex(ValueError, "contiguous"):
-            gt.chunk_gated_delta_rule(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, g, b)
+            gt.chunk_gated_delta_rule(strided, k, v, g, b)
 
     def test_layer_backward_and_saved_bytes_are_gdns(self):
         m = _small_module(hidden_size=64, linear_num_key_heads=2, linear_num_value_heads=4,
