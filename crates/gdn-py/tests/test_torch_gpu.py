@@ -63,7 +63,7 @@ class TestCpuTorch(unittest.TestCase):
         x = torch.randn(1, 7, 8, dtype=torch.float64).requires_grad_()
 
         def f(x, *ps):
-            return gt._LayerFn.apply(m, x, None, *ps)
+            return gt._layer_fwd(x, None, m._layer_id, list(ps))[0]
 
         self.assertTrue(torch.autograd.gradcheck(f, (x, *params), eps=1e-3, atol=5e-3, rtol=5e-3))
 
@@ -75,6 +75,46 @@ class TestCpuTorch(unittest.TestCase):
 
         c = torch.compile(f, backend="aot_eager", fullgraph=True)
         self.assertTrue(torch.equal(c(q, k, v, g, b), f(q, k, v, g, b)))
+
+    def test_layer_under_torch_compile_is_one_opaque_op(self):
+        m = _small_module()
+        x = torch.randn(2, 5, 8)
+
+        def f(x):
+            return m(x) * 2
+
+        c = torch.compile(f, backend="aot_eager", fullgraph=True)
+        xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ye, yc = f(xe), c(xc)
+        self.assertTrue(torch.equal(ye, yc))
+        ye.sum().backward()
+        ge = [p.grad.clone() for p in m._params()]
+        m.zero_grad()
+        yc.sum().backward()
+        self.assertTrue(torch.equal(xe.grad, xc.grad))
+        for a, b in zip(ge, (p.grad for p in m._params())):
+            self.assertTrue(torch.equal(a, b))
+
+    def test_layer_saved_lives_as_long_as_its_graph(self):
+        import gc
+        m = _small_module()
+        x = torch.randn(2, 5, 8, requires_grad=True)
+        n0 = len(gt._SAVED)
+        y = m(x)
+        self.assertEqual(len(gt._SAVED), n0 + 1)
+        del y  # the graph goes without a backward: its Saved with it
+        gc.collect()
+        self.assertEqual(len(gt._SAVED), n0)
+        with torch.no_grad():
+            m(x)
+        self.assertEqual(len(gt._SAVED), n0)
+        y = m(x)
+        y.sum().backward()  # consumed by backward
+        self.assertEqual(len(gt._SAVED), n0)
+        with self.assertRaisesRegex(RuntimeError, "consumed"):
+            y2 = m(x)
+            y2.sum().backward(retain_graph=True)
+            y2.sum().backward()
 
     def test_rule_matches_a_token_by_token_fp64_recurrence_in_flas_layouts(self):
         # GVA (HV = 2H), packed sequences, an initial state, q/k L2 norm in the kernel
@@ -179,6 +219,29 @@ class TestCuda(unittest.TestCase):
         self.assertFalse(strided.is_contiguous())
         with self.assertRaisesRegex(ValueError, "contiguous"):
             gt.chunk_gated_delta_rule(strided, k, v, g, b)
+
+    def test_layer_under_torch_compile_equals_eager_bitwise(self):
+        m = _small_module(hidden_size=64, linear_num_key_heads=2, linear_num_value_heads=4,
+                          linear_key_head_dim=16, linear_value_head_dim=16, device="cuda",
+                          dtype="bf16")
+        x = torch.randn(1, 200, 64, device="cuda", dtype=torch.bfloat16)
+        cu = torch.tensor([0, 50, 200])
+
+        def f(x):
+            return m(x, cu_seqlens=cu).float().square().sum()
+
+        c = torch.compile(f, backend="aot_eager", fullgraph=True)
+        n0 = len(gt._SAVED)
+        out = []
+        for fn in (f, c):
+            xi = x.clone().requires_grad_()
+            m.zero_grad()
+            loss = fn(xi)
+            loss.backward()
+            out.append([loss.detach(), xi.grad] + [p.grad.clone() for p in m._params()])
+        for a, b in zip(*out):
+            self.assertTrue(torch.equal(a, b))
+        self.assertEqual(len(gt._SAVED), n0)
 
     def test_layer_backward_and_saved_bytes_are_gdns(self):
         m = _small_module(hidden_size=64, linear_num_key_heads=2, linear_num_value_heads=4,

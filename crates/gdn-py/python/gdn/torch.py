@@ -13,6 +13,7 @@ dtype when they differ (FLA computes gates in float32 too); the layer keeps a co
 in its ``Saved`` (as any layer's autograd does by reference) and copies ``dy`` once.
 """
 
+import itertools
 import weakref
 from typing import List, Optional, Tuple
 
@@ -227,50 +228,97 @@ def _toml(cfg: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-class _LayerFn(torch.autograd.Function):
-    """y = layer(x); backward from gdn's own Saved (held in ctx, nothing else saved)."""
+# The layer is a pair of custom ops (opaque to torch.compile, as the rule): `gdn::layer_fwd`
+# returns y and a handle (a one-element int64 CPU tensor) naming the forward's gdn `Saved`, kept
+# in `_SAVED`; `gdn::layer_bwd` takes the handle and consumes that Saved. The Saved lives exactly
+# as long as the handle tensor: autograd keeps the handle for backward, and when the graph is
+# freed without a backward (or no gradient was asked for) the handle dies and a finalizer drops
+# the Saved. Nothing else is saved for backward (unless ``retain_inputs``).
 
-    @staticmethod
-    def forward(ctx, module, x, cu, *params):
-        core = module._core_layer(params)
-        dt = _compute_dtype(x)
-        xc = x.to(dt)
-        y, saved = core.forward(_core(xc, "x"), _cu_list(cu))
-        ctx.core, ctx.saved_gdn, ctx.x_dtype = core, saved, x.dtype
-        ctx.names = list(module._names)
-        ctx.cu = cu
-        if module.retain_inputs:
-            # gradcheck runs backward several times on one graph: keep references to the inputs
-            # so that a second backward can rebuild the Saved (off by default).
-            ctx.save_for_backward(x, *params)
-            ctx.module = module
-        ctx.param_dtypes = [p.dtype for p in params]
-        module._last_saved = weakref.ref(saved)
-        module.last_saved_bytes = saved.bytes
-        return _back(y, x)
+_LAYERS: "weakref.WeakValueDictionary[int, GatedDeltaNet]" = weakref.WeakValueDictionary()
+_SAVED: dict = {}
+_HANDLES = itertools.count(1)
 
-    @staticmethod
-    def backward(ctx, dy):
-        saved = ctx.saved_gdn
-        ctx.saved_gdn = None
-        if saved is None:
-            if not getattr(ctx, "module", None):
-                raise RuntimeError(
-                    "gdn's Saved was consumed by an earlier backward (the layer keeps one Saved "
-                    "per forward; set module.retain_inputs = True to allow repeated backwards)")
-            x, *params = ctx.saved_tensors
-            core = ctx.module._core_layer(params)
-            _, saved = core.forward(_core(x.to(_compute_dtype(x)).contiguous(), "x"),
-                                    _cu_list(ctx.cu))
-        dt = torch.float32 if (dy.device.type == "cpu" and dy.dtype == torch.float64) else None
-        dyc = dy.to(dt).contiguous() if dt is not None else dy.contiguous()
-        dx, grads = ctx.core.backward(saved, _core(dyc, "dy"))
-        dx = _back(dx)
-        if dx.dtype != ctx.x_dtype:
-            dx = dx.to(ctx.x_dtype)
-        gs = [_back(grads[n]) for n in ctx.names]
-        gs = [g.to(d) if g.dtype != d else g for g, d in zip(gs, ctx.param_dtypes)]
-        return (None, dx, None, *gs)
+
+def _layer(layer: int) -> "GatedDeltaNet":
+    m = _LAYERS.get(layer)
+    if m is None:
+        raise RuntimeError(f"gdn layer {layer} no longer exists")
+    return m
+
+
+def _layer_forward(m: "GatedDeltaNet", x: torch.Tensor, cu_seqlens, params):
+    core = m._core_layer(params)
+    y, saved = core.forward(_core(x.to(_compute_dtype(x)).contiguous(), "x"), _cu_list(cu_seqlens))
+    return core, y, saved
+
+
+@torch.library.custom_op("gdn::layer_fwd", mutates_args=())
+def _layer_fwd(x: torch.Tensor, cu_seqlens: Optional[torch.Tensor], layer: int,
+               params: List[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    m = _layer(layer)
+    _, y, saved = _layer_forward(m, x, cu_seqlens, params)
+    m._last_saved = weakref.ref(saved)
+    m.last_saved_bytes = saved.bytes
+    h = next(_HANDLES)
+    handle = torch.tensor([h], dtype=torch.int64)
+    _SAVED[h] = saved
+    weakref.finalize(handle, _SAVED.pop, h, None)
+    return _back(y, x), handle
+
+
+@_layer_fwd.register_fake
+def _(x, cu_seqlens, layer, params):
+    return x.new_empty(x.shape), torch.empty((1,), dtype=torch.int64, device="cpu")
+
+
+@torch.library.custom_op("gdn::layer_bwd", mutates_args=())
+def _layer_bwd(handle: torch.Tensor, dy: torch.Tensor, layer: int,
+               params: List[torch.Tensor]) -> List[torch.Tensor]:
+    m = _layer(layer)
+    saved = _SAVED.pop(int(handle[0]), None)
+    if saved is None:
+        raise RuntimeError(
+            "gdn's Saved was consumed by an earlier backward (the layer keeps one Saved per "
+            "forward; set module.retain_inputs = True to allow repeated backwards)")
+    core = m._core_layer(params)
+    dt = torch.float32 if (dy.device.type == "cpu" and dy.dtype == torch.float64) else None
+    dyc = dy.to(dt).contiguous() if dt is not None else dy.contiguous()
+    dx, grads = core.backward(saved, _core(dyc, "dy"))
+    dx = _back(dx)
+    if dx.dtype != dy.dtype:
+        dx = dx.to(dy.dtype)
+    gs = [_back(grads[n]) for n in m._names]
+    return [dx] + [g.to(p.dtype) if g.dtype != p.dtype else g for g, p in zip(gs, params)]
+
+
+@_layer_bwd.register_fake
+def _(handle, dy, layer, params):
+    return [dy.new_empty(dy.shape)] + [p.new_empty(p.shape) for p in params]
+
+
+def _layer_setup(ctx, inputs, output):
+    x, cu, layer, params = inputs
+    ctx.layer, ctx.cu, ctx.n = layer, cu, len(params)
+    m = _LAYERS.get(layer)
+    ctx.retain = m is not None and m.retain_inputs
+    # The handle and the parameters (references, no copies); x only with retain_inputs:
+    # gradcheck runs backward several times on one graph, and a second backward rebuilds the
+    # Saved from x (off by default).
+    ctx.save_for_backward(output[1], *params, *([x] if ctx.retain else []))
+
+
+def _layer_backward(ctx, dy, _dhandle):
+    handle, *rest = ctx.saved_tensors
+    params = rest[:ctx.n]
+    if ctx.retain and int(handle[0]) not in _SAVED:
+        _, _, saved = _layer_forward(_layer(ctx.layer), rest[ctx.n], ctx.cu, params)
+        _SAVED[int(handle[0])] = saved
+    dx, *gs = _layer_bwd(handle, dy.contiguous(), ctx.layer, params)
+    return dx, None, None, gs
+
+
+_layer_fwd.register_autograd(_layer_backward, setup_context=_layer_setup)
 
 
 class GatedDeltaNet(torch.nn.Module):
@@ -334,6 +382,8 @@ class GatedDeltaNet(torch.nn.Module):
         # Keep references to the inputs so that backward can run more than once per forward
         # (gradcheck); off: only gdn's Saved is kept.
         self.retain_inputs = False
+        self._layer_id = next(_HANDLES)
+        _LAYERS[self._layer_id] = self
 
     @property
     def last_saved(self):
@@ -364,11 +414,12 @@ class GatedDeltaNet(torch.nn.Module):
                     raise KeyError(f"missing parameter {n}")
                 p.copy_(torch.as_tensor(np.asarray(weights[n])).to(p.dtype))
 
-    @torch.compiler.disable
     def forward(self, x: torch.Tensor, cu_seqlens=None) -> torch.Tensor:
-        if cu_seqlens is not None and isinstance(cu_seqlens, torch.Tensor):
-            cu_seqlens = cu_seqlens.to("cpu")
-        return _LayerFn.apply(self, x, cu_seqlens, *self._params())
+        if cu_seqlens is not None:
+            if not isinstance(cu_seqlens, torch.Tensor):
+                cu_seqlens = torch.tensor(cu_seqlens, dtype=torch.int64)
+            cu_seqlens = cu_seqlens.to("cpu", torch.int64)
+        return _layer_fwd(x, cu_seqlens, self._layer_id, self._params())[0]
 
 
 def layer_from_checkpoint(path: str, layout: str, layer: int = 0, **config) -> GatedDeltaNet:
