@@ -977,6 +977,7 @@ fn forward_v6(
         opts,
         seqs.used(),
         false,
+        false,
         true,
         prep_kind,
     )?;
@@ -1253,14 +1254,25 @@ fn backward_v6(
             opts,
             seqs.used(),
             true,
+            true,
             pieces.scan,
             prep_kind,
         )?)
     } else {
         None
     };
-    let norm = match pre.as_mut() {
-        Some(p) => p.norm.take(),
+    let norm = match pre.as_mut().map(|p| p.norm.take()) {
+        Some(Some(v)) => {
+            let mut out = Vec::with_capacity(2);
+            for (f, b) in v {
+                let f = f.ok_or_else(|| {
+                    GdnError::Device("rule backward: the prep wrote no fp32 q, k".into())
+                })?;
+                out.push((f, b));
+            }
+            Some(out)
+        }
+        Some(None) => None,
         None => v6_norm(gpu, q, k, s, opts)?,
     };
     let mut a_pre = pre.as_mut().and_then(|p| p.a.take());
@@ -1673,8 +1685,8 @@ pub fn prep7_bytes(dk: usize, dv: usize) -> usize {
 /// when wanted). Layouts as `gdr_prep6` / `gdr_qk6` / `gdr_l2norm2` write them.
 #[doc(hidden)]
 pub struct V6Prep {
-    /// `[(q fp32, q bf16), (k fp32, k bf16)]`.
-    pub norm: Option<Vec<(DBuf, DBuf)>>,
+    /// `[(q fp32, q bf16), (k fp32, k bf16)]`; the fp32 copies only when wanted.
+    pub norm: Option<Vec<(Option<DBuf>, DBuf)>>,
     pub gam: GBuf<f32>,
     pub t: Option<GBuf<f32>>,
     pub w: GBuf<u16>,
@@ -1719,7 +1731,8 @@ fn v6_norm(
 }
 
 /// The chunk prep of the v6 pipeline (bf16 storage, Dk 64 / 128, checked inputs) by `kind`.
-/// `keep_t`: store T (backward); `want_a`: A is needed (prep7 always computes it).
+/// `want_f32`: the fp32 copies of the normalized q, k are needed (backward; v6's prep always
+/// writes them); `keep_t`: store T (backward); `want_a`: A is needed (prep7 always computes it).
 #[allow(clippy::too_many_arguments)]
 fn v6_prep(
     gpu: &Arc<Gpu>,
@@ -1732,6 +1745,7 @@ fn v6_prep(
     s: RuleShape,
     opts: RuleOpts,
     used: usize,
+    want_f32: bool,
     keep_t: bool,
     want_a: bool,
     kind: PrepKernel,
@@ -1799,6 +1813,7 @@ fn v6_prep(
         } else {
             None
         };
+        let norm = norm.map(|v| v.into_iter().map(|(f, b)| (Some(f), b)).collect());
         return Ok(V6Prep {
             norm,
             gam,
@@ -1811,17 +1826,20 @@ fn v6_prep(
     let norm = if opts.l2norm_in_kernel {
         let mut outs = Vec::with_capacity(2);
         for x in [q, k] {
-            outs.push((
-                DBuf::F32(out_f32(gpu, x.len())?),
-                DBuf::Bf16(ws_bf16(gpu, x.len())?),
-            ));
+            let f = if want_f32 {
+                Some(DBuf::F32(out_f32(gpu, x.len())?))
+            } else {
+                None
+            };
+            outs.push((f, DBuf::Bf16(ws_bf16(gpu, x.len())?)));
         }
         Some(outs)
     } else {
         None
     };
-    // gdr_prep7 normalizes the rows of the chunks; the padding rows (at or after `used`, in no
-    // chunk) get gdr_l2norm2's copies as with the v6 prep (the same per-row arithmetic).
+    // gdr_prep7 normalizes the rows of the chunks; with the fp32 copies (backward), the padding
+    // rows (at or after `used`, in no chunk, read by no kernel) get gdr_l2norm2's as with the v6
+    // prep (the same formula), so the buffers are the v6 prep's.
     let rows = q.len() / s.dk;
     let pad_rows = rows - used * s.hk;
     if let (Some(o), true) = (&norm, pad_rows > 0) {
@@ -1831,6 +1849,9 @@ fn v6_prep(
             x => x,
         };
         for (x, (y, yb)) in [q, k].into_iter().zip(o) {
+            let Some(y) = y else {
+                continue;
+            };
             launch(
                 gpu,
                 "gdr_l2norm2_bf16",
@@ -1847,9 +1868,10 @@ fn v6_prep(
         }
     }
     let a = ws_bf16(gpu, chh * C * C)?;
-    let n = |i: usize, j: usize| match &norm {
-        Some(o) => dptr(if j == 0 { &o[i].0 } else { &o[i].1 }, st),
-        None => Arg::Ptr(0),
+    let n = |i: usize, j: usize| match (&norm, j) {
+        (Some(o), 0) => o[i].0.as_ref().map_or(Arg::Ptr(0), |f| dptr(f, st)),
+        (Some(o), _) => dptr(&o[i].1, st),
+        (None, _) => Arg::Ptr(0),
     };
     let name = match kind {
         PrepKernel::V7Fast => "gdr_prep7f",
@@ -1927,6 +1949,7 @@ pub fn prep_only(
         shape,
         opts,
         seqs.used(),
+        true,
         true,
         true,
         kind,

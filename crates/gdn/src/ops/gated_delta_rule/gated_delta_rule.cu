@@ -2825,9 +2825,11 @@ extern "C" __global__ void __launch_bounds__(GDR_NT) gdr_cvt_bf16_f32(const bf16
 // gdr_l2norm2 x2 + gdr_prep6 + gdr_qk6 and writes exactly their outputs, same layouts and types):
 // per (chunk, value head), 8 warps:
 //   1. the chunk's raw q, k (bf16) and v rows by cp.async (16 B, rows >= l zero-filled);
-//   2. NORM: the l2 norm of each q / k row in fp32 (one warp per row, gdr_l2norm2's order, so
-//      the same bits), written fp32 and bf16 by the first value head of the GVA group; the
-//      normalized rows kept in shared memory as bf16 hi + lo (x = hi + lo to ~2^-16);
+//   2. NORM: the l2 norm of each q / k row in fp32 (two threads per row, 16-byte accesses; the
+//      formula of gdr_l2norm2, another summation order), written fp32 and bf16 by the first
+//      value head of the GVA group (cuda.rs runs gdr_l2norm2 on the padding rows, which are in
+//      no chunk); the normalized rows kept in shared memory as bf16 hi + lo (x = hi + lo to
+//      ~2^-16);
 //   3. gam = cumsum g (one thread, gdr_prep's order);
 //   4. K K^T and Q K^T on mma.sync m16n8k16 bf16, fp32 accumulation; SPLIT: three products per
 //      tile (hi hi + lo hi + hi lo), so the products keep ~fp32 accuracy (a q.k that cancels is
@@ -2835,7 +2837,7 @@ extern "C" __global__ void __launch_bounds__(GDR_NT) gdr_cvt_bf16_f32(const bf16
 //      shared memory (fp32), A = lower_incl(Q K^T * Gamma) to memory (bf16);
 //   5. T = (I + M)^-1 in fp32: the 16 x 16 diagonal blocks by forward substitution, one lane
 //      per column with the column in registers (no barrier per row); the blocks below by
-//      gdr_prep's block rows (fp32 FMAs);
+//      gdr_prep's block rows (fp32 FMAs, 4 adjacent columns per thread, 16-byte loads);
 //   6. W = (T diag(beta e^gam)) K and U = (T diag(beta)) V on mma.sync: the scaled T split into
 //      bf16 hi + lo (SPLIT), K as hi (+ lo), V exact in bf16; only the k blocks on or below the
 //      row block (T is lower triangular).
@@ -2984,43 +2986,60 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
     cp_async_wait_all();
     __syncthreads();
 
-    // 2. gam (thread 0) and the l2 norm of the 128 q / k rows (16 per warp).
-    if (tid == 0) {
+    // 2. gam (the last thread) and the l2 norm of the 128 q / k rows: two threads per row (K
+    // rows 0..63, then Q), each summing its half row in order, 16-byte shared-memory accesses.
+    if (tid == GDR_NT - 1) {
         float acc = 0.f;
         for (int i = 0; i < l; ++i) { acc += s_gam[i]; s_gam[i] = acc; }
     }
     if (NORM) {
-        const bool writer = (G.hv % ratio) == 0;
-        for (int rr = warp; rr < 2 * GDR_C; rr += GDR_NT / 32) {
-            const int i = rr & (GDR_C - 1);
-            const bool isq = rr >= GDR_C;
-            bf16_t* xh = (isq ? sQh : sKh) + i * L::LK;
-            bf16_t* xl = (isq ? sQl : sKl) + i * L::LK;
-            float xv[DK / 32];
-            float ss = 0.f;
+        constexpr int NV = DK / 16;  // 8-element pieces per half row
+        const int rr = tid >> 1, hf = tid & 1, i = rr & (GDR_C - 1);
+        const bool isq = rr >= GDR_C;
+        bf16_t* xh = (isq ? sQh : sKh) + i * L::LK + hf * (DK / 2);
+        bf16_t* xl = (isq ? sQl : sKl) + i * L::LK + hf * (DK / 2);
+        uint4 raw[NV];
+        float ss = 0.f;
 #pragma unroll
-            for (int j = 0; j < DK / 32; ++j) {
-                xv[j] = bf16_to_f32(xh[lane + 32 * j]);
-                ss += xv[j] * xv[j];
-            }
-            ss = warp_sum(ss);
-            const float rs = 1.f / sqrtf(ss + 1e-6f);
-            const i64 orow = ((G.t0 + i) * hk_n + G.kh) * DK;
-            float* yo = isq ? qn : kn;
-            bf16_t* ybo = isq ? qnb : knb;
+        for (int p = 0; p < NV; ++p) {
+            raw[p] = reinterpret_cast<const uint4*>(xh)[p];
+            const unsigned wv[4] = {raw[p].x, raw[p].y, raw[p].z, raw[p].w};
 #pragma unroll
-            for (int j = 0; j < DK / 32; ++j) {
-                const int x = lane + 32 * j;
-                const float y = xv[j] * rs;
-                bf16_t hi, lo;
-                p7_split(y, hi, lo);
-                xh[x] = hi;
-                xl[x] = lo;
-                if (writer && i < l) {
-                    yo[orow + x] = y;
-                    ybo[orow + x] = hi;
-                }
+            for (int e = 0; e < 4; ++e) {
+                const float a = __uint_as_float(wv[e] << 16), b = __uint_as_float(wv[e] & 0xffff0000u);
+                ss += a * a;
+                ss += b * b;
             }
+        }
+        ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+        const float rs = 1.f / sqrtf(ss + 1e-6f);
+        const bool wr = (G.hv % ratio) == 0 && i < l;  // the first value head of the group writes
+        const i64 orow = ((G.t0 + i) * hk_n + G.kh) * DK + hf * (DK / 2);
+        float* yo = isq ? qn : kn;  // null: the fp32 copies are not wanted (forward)
+        bf16_t* ybo = (isq ? qnb : knb) + orow;
+        const bool w32 = wr && yo != nullptr;
+        if (w32) yo += orow;
+#pragma unroll
+        for (int p = 0; p < NV; ++p) {
+            const unsigned wv[4] = {raw[p].x, raw[p].y, raw[p].z, raw[p].w};
+            float y[8];
+            unsigned hi[4], lo[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                y[2 * e] = __uint_as_float(wv[e] << 16) * rs;
+                y[2 * e + 1] = __uint_as_float(wv[e] & 0xffff0000u) * rs;
+                hi[e] = pack_bf16(y[2 * e], y[2 * e + 1]);
+                lo[e] = pack_bf16(y[2 * e] - __uint_as_float(hi[e] << 16),
+                                  y[2 * e + 1] - __uint_as_float(hi[e] & 0xffff0000u));
+            }
+            const uint4 h4 = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+            reinterpret_cast<uint4*>(xh)[p] = h4;
+            reinterpret_cast<uint4*>(xl)[p] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+            if (w32) {
+                reinterpret_cast<float4*>(yo)[2 * p] = make_float4(y[0], y[1], y[2], y[3]);
+                reinterpret_cast<float4*>(yo)[2 * p + 1] = make_float4(y[4], y[5], y[6], y[7]);
+            }
+            if (wr) reinterpret_cast<uint4*>(ybo)[p] = h4;
         }
     }
     __syncthreads();
@@ -3042,18 +3061,23 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
             p7_mma<4, true>(aqk, sQh, KLO ? sQl : nullptr, L::LK, sKh, KLO ? sKl : nullptr, L::LK, rt, c0, 0, DK);
         }
         __syncthreads();  // every warp is done with Q before M overwrites it
+        // M and A from the two accumulators (the same fragment layout): Gamma once per element.
         unsigned* a_out = reinterpret_cast<unsigned*>(a_ws + cb * (GDR_C * GDR_C));
-        p7_epi<4>(akk, rt, c0, [&](int i, int j, float x0, float x1) {
-            const bool ri = i < l;
-            sM[i * L::LF + j] = (j < i && ri) ? s_beta[i] * x0 * expf(s_gam[i] - s_gam[j]) : 0.f;
-            sM[i * L::LF + j + 1] = (j + 1 < i && ri) ? s_beta[i] * x1 * expf(s_gam[i] - s_gam[j + 1]) : 0.f;
-        });
-        p7_epi<4>(aqk, rt, c0, [&](int i, int j, float x0, float x1) {
-            const bool ri = i < l;
-            const float y0 = (j <= i && ri) ? x0 * expf(s_gam[i] - s_gam[j]) : 0.f;
-            const float y1 = (j + 1 <= i && ri) ? x1 * expf(s_gam[i] - s_gam[j + 1]) : 0.f;
-            a_out[(i * GDR_C + j) >> 1] = pack_bf16(y0, y1);
-        });
+        const int g4 = lane >> 2, t4 = lane & 3;
+#pragma unroll
+        for (int n = 0; n < 4; ++n)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int i = rt + g4 + 8 * h, j = c0 + 8 * n + 2 * t4;
+                const bool ri = i < l;
+                const float e0 = (j <= i && ri) ? expf(s_gam[i] - s_gam[j]) : 0.f;
+                const float e1 = (j + 1 <= i && ri) ? expf(s_gam[i] - s_gam[j + 1]) : 0.f;
+                const float bi = s_beta[i];
+                sM[i * L::LF + j] = (j < i && ri) ? bi * akk[n][2 * h] * e0 : 0.f;
+                sM[i * L::LF + j + 1] = (j + 1 < i && ri) ? bi * akk[n][2 * h + 1] * e1 : 0.f;
+                a_out[(i * GDR_C + j) >> 1] = pack_bf16((j <= i && ri) ? aqk[n][2 * h] * e0 : 0.f,
+                                                        (j + 1 <= i && ri) ? aqk[n][2 * h + 1] * e1 : 0.f);
+            }
     }
     __syncthreads();
 
@@ -3081,21 +3105,44 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
     }
     __syncthreads();
     // Blocks below the diagonal, block row by block row: T_ab = -T_aa X_ab with
-    // X_ab = sum_{b <= k < a} M_ak T_kb (gdr_prep's order).
+    // X_ab = sum_{b <= k < a} M_ak T_kb (gdr_prep's order). Thread e < 64 a owns 4 adjacent
+    // columns of one row of one block (16-byte loads of T and X rows, 4 FMAs per load).
     for (int a = 1; a < 4; ++a) {
-        for (int e = tid; e < a * 256; e += GDR_NT) {
-            const int b = e >> 8, i = 16 * a + ((e >> 4) & 15), col = 16 * b + (e & 15);
-            float x = 0.f;
-            for (int j = 16 * b; j < 16 * a; ++j) x += sM[i * L::LF + j] * sT[j * L::LF + col];
-            sX[e] = x;
+        const int e = tid, b = e >> 6, r = (e >> 2) & 15, cq = e & 3;
+        const int i = 16 * a + r, col = 16 * b + 4 * cq;
+        if (e < 64 * a) {
+            float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int j0 = 16 * b; j0 < 16 * a; j0 += 4) {
+                const float4 m4 = *reinterpret_cast<const float4*>(sM + i * L::LF + j0);
+                const float mv[4] = {m4.x, m4.y, m4.z, m4.w};
+#pragma unroll
+                for (int jj = 0; jj < 4; ++jj) {
+                    const float4 t4 = *reinterpret_cast<const float4*>(sT + (j0 + jj) * L::LF + col);
+                    x.x += mv[jj] * t4.x;
+                    x.y += mv[jj] * t4.y;
+                    x.z += mv[jj] * t4.z;
+                    x.w += mv[jj] * t4.w;
+                }
+            }
+            *reinterpret_cast<float4*>(sX + (b << 8) + (r << 4) + 4 * cq) = x;
         }
         __syncthreads();
-        for (int e = tid; e < a * 256; e += GDR_NT) {
-            const int b = e >> 8, i = 16 * a + ((e >> 4) & 15), col = 16 * b + (e & 15);
-            float y = 0.f;
+        if (e < 64 * a) {
+            float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-            for (int j = 0; j < 16; ++j) y -= sT[i * L::LF + 16 * a + j] * sX[(b << 8) + (j << 4) + (e & 15)];
-            sT[i * L::LF + col] = y;
+            for (int j0 = 0; j0 < 16; j0 += 4) {
+                const float4 d4 = *reinterpret_cast<const float4*>(sT + i * L::LF + 16 * a + j0);
+                const float dv4[4] = {d4.x, d4.y, d4.z, d4.w};
+#pragma unroll
+                for (int jj = 0; jj < 4; ++jj) {
+                    const float4 x4 = *reinterpret_cast<const float4*>(sX + (b << 8) + ((j0 + jj) << 4) + 4 * cq);
+                    y.x -= dv4[jj] * x4.x;
+                    y.y -= dv4[jj] * x4.y;
+                    y.z -= dv4[jj] * x4.z;
+                    y.w -= dv4[jj] * x4.w;
+                }
+            }
+            *reinterpret_cast<float4*>(sT + i * L::LF + col) = y;
         }
         __syncthreads();
     }
@@ -3146,7 +3193,8 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
 }
 
 // Entries: gdr_prep7{,f}_d{64,128}_{bf16n,bf16}: f = bf16 hi parts only (no split); bf16n = the
-// in-kernel l2 norm (qn, qnb, kn, knb written), bf16 = caller-normalized q, k (those four unused).
+// in-kernel l2 norm (qnb, knb written; qn, kn too unless null), bf16 = caller-normalized q, k
+// (those four unused).
 #define GDR_PREP7_ENTRY(SFX, SPLIT, DK, NS, NORM)                                                       \
     extern "C" __global__ void __launch_bounds__(GDR_NT, 2) gdr_prep7##SFX##_d##DK##_##NS(             \
         const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* g, const bf16_t* beta,          \
