@@ -17,7 +17,11 @@
 //!   CUDA events, medians, per-kernel times, and v6's o against v5's (RMS relative difference);
 //! - `bwd`: v5 against the v6 backward pieces (`BwdKernel::V6`: both, each alone, every CTA
 //!   width) at the same two cases: backward alone (after one default forward), CUDA events,
-//!   medians, per-kernel times, peak device memory, and each gradient against v5's.
+//!   medians, per-kernel times, peak device memory, and each gradient against v5's;
+//! - `prep`: the v6 pipeline's chunk prep, v6 (`gdr_l2norm2` x2 + `gdr_prep6` + `gdr_qk6`)
+//!   against prep7 (`gdr_prep7`, and `gdr_prep7f` without the hi/lo split) at the same two
+//!   cases: the prep alone, the v6 forward and the v6 backward with each, medians of 10,
+//!   per-kernel times, o against the v6 prep's.
 
 use std::sync::Arc;
 
@@ -25,8 +29,9 @@ use cudarc::driver::sys;
 use gdn::backend::launch::{profile_start, profile_take};
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
-    backward as backward_cuda, backward_with, chain6, forward as forward_cuda, forward_with,
-    set_v6_stages, BwdKernel, ChainInputs, FwdKernel,
+    backward as backward_cuda, backward_with, backward_with_prep, chain6, forward as forward_cuda,
+    forward_with, forward_with_prep, prep_only, set_v6_stages, BwdKernel, ChainInputs, FwdKernel,
+    PrepKernel,
 };
 use gdn::ops::gated_delta_rule::{RuleOpts, RuleShape, CHUNK};
 use gdn::Seqs;
@@ -121,6 +126,7 @@ fn main() {
         Some("chain") => return chain(&gpu),
         Some("variants") => return variants(&gpu),
         Some("bwd") => return bwd_variants(&gpu),
+        Some("prep") => return prep_variants(&gpu),
         _ => {}
     }
     let (dk, dv) = (128usize, 128usize);
@@ -526,6 +532,97 @@ fn bwd_variants(gpu: &Arc<Gpu>) {
             println!(
                 "bench-bwd | B{b} T{t} {hk}/{hv} | {kernel:?} | {ms:.3} | {peak:.2} | {} | {diff}",
                 fmt_times(&p)
+            );
+        }
+        gpu.reset_peak();
+    }
+}
+
+/// v6's prep against prep7 (see the module doc).
+fn prep_variants(gpu: &Arc<Gpu>) {
+    println!("bench-prep | case | prep | what | ms (median of 10) | per kernel");
+    for &(b, t, hk, hv) in &[(1usize, 32768usize, 16usize, 32usize), (8, 4096, 16, 16)] {
+        let x = inputs(gpu, b, t, hk, hv, 128, 128);
+        let d_o = DBuf::upload(gpu, &normals(b * t * hv * 128, 6), DType::Bf16).unwrap();
+        let fwdp = |kind: PrepKernel| {
+            forward_with_prep(
+                gpu,
+                &x.q,
+                &x.k,
+                &x.v,
+                &x.g,
+                &x.beta,
+                &x.seqs,
+                x.shape,
+                x.opts,
+                None,
+                false,
+                FwdKernel::V6 { warps: 0 },
+                kind,
+            )
+            .unwrap()
+            .0
+        };
+        let o6 = fwdp(PrepKernel::V6).download().unwrap();
+        for kind in [PrepKernel::V6, PrepKernel::V7, PrepKernel::V7Fast] {
+            let prep = || {
+                drop(
+                    prep_only(
+                        gpu, &x.q, &x.k, &x.v, &x.g, &x.beta, &x.seqs, x.shape, x.opts, kind,
+                    )
+                    .unwrap(),
+                )
+            };
+            let bwdp = || {
+                drop(
+                    backward_with_prep(
+                        gpu,
+                        &x.q,
+                        &x.k,
+                        &x.v,
+                        &x.g,
+                        &x.beta,
+                        &x.seqs,
+                        x.shape,
+                        x.opts,
+                        None,
+                        &d_o,
+                        None,
+                        BwdKernel::from_env(),
+                        kind,
+                    )
+                    .unwrap(),
+                )
+            };
+            let profile = |f: &dyn Fn()| {
+                gpu.sync().unwrap();
+                profile_start();
+                f();
+                gpu.sync().unwrap();
+                fmt_times(&profile_take())
+            };
+            let ms = time_ms(gpu, 10, prep);
+            println!(
+                "bench-prep | B{b} T{t} {hk}/{hv} | {kind:?} | prep alone | {ms:.3} | {}",
+                profile(&prep)
+            );
+            let ms = time_ms(gpu, 10, || drop(fwdp(kind)));
+            let o = fwdp(kind).download().unwrap();
+            let (mut num, mut den) = (0f64, 0f64);
+            for (a, b) in o.iter().zip(&o6) {
+                num += ((a - b) as f64).powi(2);
+                den += (*b as f64).powi(2);
+            }
+            println!(
+                "bench-prep | B{b} T{t} {hk}/{hv} | {kind:?} | v6 forward | {ms:.3} | {} | o vs v6 prep: RMS rel diff {:.2e}, finite {}",
+                profile(&|| drop(fwdp(kind))),
+                (num / den).sqrt(),
+                o.iter().all(|a| a.is_finite())
+            );
+            let ms = time_ms(gpu, 10, bwdp);
+            println!(
+                "bench-prep | B{b} T{t} {hk}/{hv} | {kind:?} | v6 backward | {ms:.3} | {}",
+                profile(&bwdp)
             );
         }
         gpu.reset_peak();

@@ -409,6 +409,7 @@ pub fn forward(
 /// [`forward`] with the forward kernels chosen by the caller. `FwdKernel::V6` runs the v6 path
 /// where [`v6_supports`] says it can (bf16 storage, Dk 64 or 128, Dv a multiple of 16) and v5
 /// elsewhere. Backward does not depend on which forward ran (it recomputes from the inputs).
+/// The v6 path's prep is [`PrepKernel::from_env`]'s.
 #[allow(clippy::too_many_arguments)]
 pub fn forward_with(
     gpu: &Arc<Gpu>,
@@ -423,6 +424,40 @@ pub fn forward_with(
     initial_state: Option<&GBuf<f32>>,
     output_final_state: bool,
     kernel: FwdKernel,
+) -> Result<(DBuf, Option<GBuf<f32>>)> {
+    forward_with_prep(
+        gpu,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        seqs,
+        shape,
+        opts,
+        initial_state,
+        output_final_state,
+        kernel,
+        PrepKernel::from_env(),
+    )
+}
+
+/// [`forward_with`] with the v6 path's prep chosen by the caller too.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_with_prep(
+    gpu: &Arc<Gpu>,
+    q: &DBuf,
+    k: &DBuf,
+    v: &DBuf,
+    g: &GBuf<f32>,
+    beta: &DBuf,
+    seqs: &Seqs,
+    shape: RuleShape,
+    opts: RuleOpts,
+    initial_state: Option<&GBuf<f32>>,
+    output_final_state: bool,
+    kernel: FwdKernel,
+    prep_kind: PrepKernel,
 ) -> Result<(DBuf, Option<GBuf<f32>>)> {
     let s = shape;
     let dt = check(gpu, q, k, v, g, beta, seqs, s, initial_state)?;
@@ -449,6 +484,7 @@ pub fn forward_with(
                 output_final_state,
                 warps,
                 loads,
+                prep_kind,
             );
         }
     }
@@ -539,7 +575,8 @@ pub fn backward(
 
 /// [`backward`] with the kernels chosen by the caller. `BwdKernel::V6` runs its selected v6
 /// pieces where [`v6_supports`] says they can (bf16 storage, Dk 64 or 128, Dv a multiple of 16)
-/// and v5 elsewhere (bit for bit the v5 path).
+/// and v5 elsewhere (bit for bit the v5 path). The v6 recompute's prep is
+/// [`PrepKernel::from_env`]'s.
 #[allow(clippy::too_many_arguments)]
 pub fn backward_with(
     gpu: &Arc<Gpu>,
@@ -555,6 +592,42 @@ pub fn backward_with(
     d_o: &DBuf,
     d_final_state: Option<&GBuf<f32>>,
     kernel: BwdKernel,
+) -> Result<Grads> {
+    backward_with_prep(
+        gpu,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        seqs,
+        shape,
+        opts,
+        initial_state,
+        d_o,
+        d_final_state,
+        kernel,
+        PrepKernel::from_env(),
+    )
+}
+
+/// [`backward_with`] with the v6 recompute's prep chosen by the caller too.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_with_prep(
+    gpu: &Arc<Gpu>,
+    q: &DBuf,
+    k: &DBuf,
+    v: &DBuf,
+    g: &GBuf<f32>,
+    beta: &DBuf,
+    seqs: &Seqs,
+    shape: RuleShape,
+    opts: RuleOpts,
+    initial_state: Option<&GBuf<f32>>,
+    d_o: &DBuf,
+    d_final_state: Option<&GBuf<f32>>,
+    kernel: BwdKernel,
+    prep_kind: PrepKernel,
 ) -> Result<Grads> {
     let s = shape;
     let dt = check(gpu, q, k, v, g, beta, seqs, s, initial_state)?;
@@ -591,6 +664,7 @@ pub fn backward_with(
                 d_o,
                 d_final_state,
                 pieces,
+                prep_kind,
             );
         }
     }
@@ -880,6 +954,7 @@ fn forward_v6(
     want_final: bool,
     warps: usize,
     loads: V6Loads,
+    prep_kind: PrepKernel,
 ) -> Result<(DBuf, Option<GBuf<f32>>)> {
     let st = gpu.stream();
     let dt = DType::Bf16;
@@ -889,87 +964,31 @@ fn forward_v6(
         ));
     }
     let ch = Chunks::new(gpu, seqs)?;
-    let chh = ch.count * s.hv;
-    // With the in-kernel norm: the normalized q, k in fp32 (prep's K K^T and A = Q K^T keep
-    // their accuracy, as in v5) and in bf16 (the fused kernel's mma operands).
-    let norm = if opts.l2norm_in_kernel {
-        let rows = q.len() / s.dk;
-        let mut outs = Vec::with_capacity(2);
-        for x in [q, k] {
-            let y = out_f32(gpu, x.len())?;
-            let yb = ws_bf16(gpu, x.len())?;
-            launch(
-                gpu,
-                "gdr_l2norm2_bf16",
-                rows.div_ceil(ROWS_PER_BLOCK),
-                0,
-                &[
-                    dptr(x, st),
-                    ptr(&y, st),
-                    ptr(&yb, st),
-                    Arg::I64(rows as i64),
-                    i32_arg(s.dk),
-                ],
-            )?;
-            outs.push((DBuf::F32(y), DBuf::Bf16(yb)));
-        }
-        Some(outs)
-    } else {
-        None
-    };
-    let (qf, kf, qb, kb) = match &norm {
-        Some(o) => (&o[0].0, &o[1].0, &o[0].1, &o[1].1),
-        None => (q, k, q, k),
-    };
-    let ks = chunk_sfx(dt, opts);
-    // Prep: gam, W (bf16), U.
-    let gam = ws(gpu, chh * C)?;
-    let w = ws_bf16(gpu, chh * C * s.dk)?;
-    let u = ws(gpu, chh * C * s.dv)?;
-    // gdr_prep6 copies the chunk's K (fp32 when normalized here, else bf16) and V (bf16) rows
-    // to shared memory after prep's usual layout.
-    let k_bytes = if opts.l2norm_in_kernel { 4 } else { 2 };
-    launch(
+    // Prep: the normalized q, k (fp32 and bf16, with the in-kernel norm), gam, W (bf16), U, A.
+    let pre = v6_prep(
         gpu,
-        &format!("gdr_prep6_{ks}"),
-        chh,
-        (STAGE_F + 2 * MAT_F + 3 * C) * 4 + C * s.dk * k_bytes + C * s.dv * 2,
-        &[
-            dptr(kf, st),
-            dptr(v, st),
-            ptr(g, st),
-            dptr(beta, st),
-            ptr(&ch.t0, st),
-            ptr(&ch.len, st),
-            i32_arg(s.hk),
-            i32_arg(s.hv),
-            i32_arg(s.dk),
-            i32_arg(s.dv),
-            ptr(&gam, st),
-            Arg::Ptr(0),
-            ptr(&w, st),
-            ptr(&u, st),
-        ],
+        q,
+        k,
+        v,
+        g,
+        beta,
+        &ch,
+        s,
+        opts,
+        seqs.used(),
+        false,
+        false,
+        true,
+        prep_kind,
     )?;
-    // A = lower_incl(Q K^T * Gamma), bf16.
-    let a = ws_bf16(gpu, chh * C * C)?;
-    launch(
-        gpu,
-        &format!("gdr_qk6_{ks}"),
-        chh,
-        (STAGE_F + MAT_F + 2 * C) * 4 + 2 * C * s.dk * k_bytes,
-        &[
-            dptr(qf, st),
-            dptr(kf, st),
-            ptr(&gam, st),
-            ptr(&ch.t0, st),
-            ptr(&ch.len, st),
-            i32_arg(s.hk),
-            i32_arg(s.hv),
-            i32_arg(s.dk),
-            ptr(&a, st),
-        ],
-    )?;
+    let (qb, kb) = match &pre.norm {
+        Some(o) => (&o[0].1, &o[1].1),
+        None => (q, k),
+    };
+    let (gam, w, u) = (&pre.gam, &pre.w, &pre.u);
+    let Some(a) = pre.a.as_ref() else {
+        unreachable!("the forward's prep computes A")
+    };
     // Scan + output.
     let fin = if want_final {
         Some(out_f32(gpu, seqs.count() * s.hv * s.dk * s.dv)?)
@@ -1002,10 +1021,10 @@ fn forward_v6(
         &[
             dptr(qb, st),
             dptr(kb, st),
-            ptr(&gam, st),
-            ptr(&w, st),
-            ptr(&u, st),
-            ptr(&a, st),
+            ptr(gam, st),
+            ptr(w, st),
+            ptr(u, st),
+            ptr(a, st),
             ptr(&ch.seq, st),
             ptr(&ch.t0, st),
             ptr(&ch.len, st),
@@ -1210,6 +1229,7 @@ fn backward_v6(
     d_o: &DBuf,
     d_final_state: Option<&GBuf<f32>>,
     pieces: V6Pieces,
+    prep_kind: PrepKernel,
 ) -> Result<Grads> {
     let st = gpu.stream();
     let dt = DType::Bf16;
@@ -1218,33 +1238,44 @@ fn backward_v6(
     let ch = Chunks::new(gpu, seqs)?;
     let chh = ch.count * s.hv;
     // With the in-kernel norm: the normalized q, k in fp32 (prep, qk6, dd_local, gdr_grad: as
-    // v5) and in bf16 (the v6 scans' mma operands), by the v6 forward's gdr_l2norm2 (its fp32
-    // output has v5's gdr_l2norm bits).
-    let norm = if opts.l2norm_in_kernel {
-        let rows = q.len() / s.dk;
-        let mut outs = Vec::with_capacity(2);
-        for x in [q, k] {
-            let y = out_f32(gpu, x.len())?;
-            let yb = ws_bf16(gpu, x.len())?;
-            launch(
-                gpu,
-                "gdr_l2norm2_bf16",
-                rows.div_ceil(ROWS_PER_BLOCK),
-                0,
-                &[
-                    dptr(x, st),
-                    ptr(&y, st),
-                    ptr(&yb, st),
-                    Arg::I64(rows as i64),
-                    i32_arg(s.dk),
-                ],
-            )?;
-            outs.push((DBuf::F32(y), DBuf::Bf16(yb)));
-        }
-        Some(outs)
+    // v5) and in bf16 (the v6 scans' mma operands), by the v6 pipeline's prep with the recompute
+    // (which also gives gam, T, W, U and A), else by gdr_l2norm2 (its fp32 output has v5's
+    // gdr_l2norm bits).
+    let mut pre = if pieces.recompute {
+        Some(v6_prep(
+            gpu,
+            q,
+            k,
+            v,
+            g,
+            beta,
+            &ch,
+            s,
+            opts,
+            seqs.used(),
+            true,
+            true,
+            pieces.scan,
+            prep_kind,
+        )?)
     } else {
         None
     };
+    let norm = match pre.as_mut().map(|p| p.norm.take()) {
+        Some(Some(v)) => {
+            let mut out = Vec::with_capacity(2);
+            for (f, b) in v {
+                let f = f.ok_or_else(|| {
+                    GdnError::Device("rule backward: the prep wrote no fp32 q, k".into())
+                })?;
+                out.push((f, b));
+            }
+            Some(out)
+        }
+        Some(None) => None,
+        None => v6_norm(gpu, q, k, s, opts)?,
+    };
+    let mut a_pre = pre.as_mut().and_then(|p| p.a.take());
     let (qq, kk, qb, kb) = match &norm {
         Some(o) => (&o[0].0, &o[1].0, &o[0].1, &o[1].1),
         None => (q, k, q, k),
@@ -1258,33 +1289,9 @@ fn backward_v6(
     let o16 = |b: Option<&GBuf<u16>>| b.map_or(Arg::Ptr(0), |b| ptr(b, st));
     // Recompute: gam, T, U (fp32), W (bf16 with v6's recompute, fp32 with v5's), chunk-start
     // states h (fp32, or bf16 with bf16 states) and D (fp32), in v5's layouts.
-    let (gam, t, u, mut w32, mut w16, h32, h16b, d) = if pieces.recompute {
-        let gam = ws(gpu, chh * C)?;
-        let t = ws(gpu, chh * C * C)?;
-        let w = ws_bf16(gpu, chh * C * s.dk)?;
-        let u = ws(gpu, chh * C * s.dv)?;
-        launch(
-            gpu,
-            &format!("gdr_prep6_{ks}"),
-            chh,
-            (STAGE_F + 2 * MAT_F + 3 * C) * 4 + C * s.dk * k_bytes + C * s.dv * 2,
-            &[
-                dptr(kk, st),
-                dptr(v, st),
-                ptr(g, st),
-                dptr(beta, st),
-                ptr(&ch.t0, st),
-                ptr(&ch.len, st),
-                i32_arg(s.hk),
-                i32_arg(s.hv),
-                i32_arg(s.dk),
-                i32_arg(s.dv),
-                ptr(&gam, st),
-                ptr(&t, st),
-                ptr(&w, st),
-                ptr(&u, st),
-            ],
-        )?;
+    let (gam, t, u, mut w32, mut w16, h32, h16b, d) = if let Some(p) = pre {
+        let V6Prep { gam, t, w, u, .. } = p;
+        let t = t.ok_or_else(|| GdnError::Device("rule backward: prep kept no T".into()))?;
         let (h32, h16b) = if h16 {
             (None, Some(ws_bf16(gpu, chh * s.dk * s.dv)?))
         } else {
@@ -1352,24 +1359,30 @@ fn backward_v6(
         None => None,
     };
     if let (true, Some(w)) = (pieces.scan, &w16) {
-        let a = ws_bf16(gpu, chh * C * C)?;
-        launch(
-            gpu,
-            &format!("gdr_qk6_{ks}"),
-            chh,
-            (STAGE_F + MAT_F + 2 * C) * 4 + 2 * C * s.dk * k_bytes,
-            &[
-                dptr(qq, st),
-                dptr(kk, st),
-                ptr(&gam, st),
-                ptr(&ch.t0, st),
-                ptr(&ch.len, st),
-                i32_arg(s.hk),
-                i32_arg(s.hv),
-                i32_arg(s.dk),
-                ptr(&a, st),
-            ],
-        )?;
+        let a = match a_pre.take() {
+            Some(a) => a,
+            None => {
+                let a = ws_bf16(gpu, chh * C * C)?;
+                launch(
+                    gpu,
+                    &format!("gdr_qk6_{ks}"),
+                    chh,
+                    (STAGE_F + MAT_F + 2 * C) * 4 + 2 * C * s.dk * k_bytes,
+                    &[
+                        dptr(qq, st),
+                        dptr(kk, st),
+                        ptr(&gam, st),
+                        ptr(&ch.t0, st),
+                        ptr(&ch.len, st),
+                        i32_arg(s.hk),
+                        i32_arg(s.hv),
+                        i32_arg(s.dk),
+                        ptr(&a, st),
+                    ],
+                )?;
+                a
+            }
+        };
         launch_in_threads(
             gpu,
             MODULE,
@@ -1630,4 +1643,315 @@ fn grad_v5(
     )?;
     drop(dw);
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The v6 pipeline's chunk prep (issue 13): v6's kernels (gdr_l2norm2 x2, gdr_prep6, gdr_qk6)
+// or one `gdr_prep7` launch writing the same buffers. See the prep7 section of
+// gated_delta_rule.cu.
+
+/// Which kernels compute the chunk prep of the v6 forward and of the v6 backward's recompute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrepKernel {
+    /// `gdr_l2norm2` (q, k), `gdr_prep6`, `gdr_qk6`: TF32 products, as before prep7.
+    V6,
+    /// `gdr_prep7`: one kernel per (chunk, value head), bf16 tensor cores with every product's
+    /// operands split in bf16 hi + lo (about fp32 accuracy).
+    V7,
+    /// `gdr_prep7f`: as V7 with the bf16 hi parts only (FLA's precision; measurement only).
+    V7Fast,
+}
+
+impl PrepKernel {
+    /// The default: V7; `GDN_RULE_PREP=v6` selects V6, `v7f` V7Fast.
+    pub fn from_env() -> PrepKernel {
+        match std::env::var("GDN_RULE_PREP").as_deref() {
+            Ok("v6") => PrepKernel::V6,
+            Ok("v7f") => PrepKernel::V7Fast,
+            _ => PrepKernel::V7,
+        }
+    }
+}
+
+/// Dynamic shared memory of `gdr_prep7` (the .cu file's `P7Layout<DK>` plus V): Q, K hi and lo
+/// (64 rows of Dk + 8 bf16 each), T (64 x 68 fp32), the off-diagonal solve's 768 fp32, gam,
+/// beta, beta e^gam (64 fp32 each), V (64 rows of Dv + 8 bf16).
+pub fn prep7_bytes(dk: usize, dv: usize) -> usize {
+    4 * C * (dk + 8) * 2 + C * (C + 4) * 4 + 3 * 256 * 4 + 3 * C * 4 + C * (dv + 8) * 2
+}
+
+/// Outputs of the v6 pipeline's prep: the normalized q, k (fp32 and bf16) when the norm is in
+/// the kernel, gam, T (when kept), W (bf16), U (fp32), A = lower_incl(Q K^T * Gamma) (bf16,
+/// when wanted). Layouts as `gdr_prep6` / `gdr_qk6` / `gdr_l2norm2` write them.
+#[doc(hidden)]
+pub struct V6Prep {
+    /// `[(q fp32, q bf16), (k fp32, k bf16)]`; the fp32 copies only when wanted.
+    pub norm: Option<Vec<(Option<DBuf>, DBuf)>>,
+    pub gam: GBuf<f32>,
+    pub t: Option<GBuf<f32>>,
+    pub w: GBuf<u16>,
+    pub u: GBuf<f32>,
+    pub a: Option<GBuf<u16>>,
+}
+
+/// The in-kernel l2 norm of q and k for the v6 kernels (`gdr_l2norm2`: fp32 and bf16 copies),
+/// or None with caller-side normalization.
+fn v6_norm(
+    gpu: &Arc<Gpu>,
+    q: &DBuf,
+    k: &DBuf,
+    s: RuleShape,
+    opts: RuleOpts,
+) -> Result<Option<Vec<(DBuf, DBuf)>>> {
+    if !opts.l2norm_in_kernel {
+        return Ok(None);
+    }
+    let st = gpu.stream();
+    let rows = q.len() / s.dk;
+    let mut outs = Vec::with_capacity(2);
+    for x in [q, k] {
+        let y = out_f32(gpu, x.len())?;
+        let yb = ws_bf16(gpu, x.len())?;
+        launch(
+            gpu,
+            "gdr_l2norm2_bf16",
+            rows.div_ceil(ROWS_PER_BLOCK),
+            0,
+            &[
+                dptr(x, st),
+                ptr(&y, st),
+                ptr(&yb, st),
+                Arg::I64(rows as i64),
+                i32_arg(s.dk),
+            ],
+        )?;
+        outs.push((DBuf::F32(y), DBuf::Bf16(yb)));
+    }
+    Ok(Some(outs))
+}
+
+/// The chunk prep of the v6 pipeline (bf16 storage, Dk 64 / 128, checked inputs) by `kind`.
+/// `want_f32`: the fp32 copies of the normalized q, k are needed (backward; v6's prep always
+/// writes them); `keep_t`: store T (backward); `want_a`: A is needed (prep7 always computes it).
+#[allow(clippy::too_many_arguments)]
+fn v6_prep(
+    gpu: &Arc<Gpu>,
+    q: &DBuf,
+    k: &DBuf,
+    v: &DBuf,
+    g: &GBuf<f32>,
+    beta: &DBuf,
+    ch: &Chunks,
+    s: RuleShape,
+    opts: RuleOpts,
+    used: usize,
+    want_f32: bool,
+    keep_t: bool,
+    want_a: bool,
+    kind: PrepKernel,
+) -> Result<V6Prep> {
+    let st = gpu.stream();
+    let chh = ch.count * s.hv;
+    let ks = chunk_sfx(DType::Bf16, opts);
+    let gam = ws(gpu, chh * C)?;
+    let t = if keep_t {
+        Some(ws(gpu, chh * C * C)?)
+    } else {
+        None
+    };
+    let w = ws_bf16(gpu, chh * C * s.dk)?;
+    let u = ws(gpu, chh * C * s.dv)?;
+    if kind == PrepKernel::V6 {
+        let norm = v6_norm(gpu, q, k, s, opts)?;
+        let (qf, kf) = match &norm {
+            Some(o) => (&o[0].0, &o[1].0),
+            None => (q, k),
+        };
+        let k_bytes = if opts.l2norm_in_kernel { 4 } else { 2 };
+        launch(
+            gpu,
+            &format!("gdr_prep6_{ks}"),
+            chh,
+            (STAGE_F + 2 * MAT_F + 3 * C) * 4 + C * s.dk * k_bytes + C * s.dv * 2,
+            &[
+                dptr(kf, st),
+                dptr(v, st),
+                ptr(g, st),
+                dptr(beta, st),
+                ptr(&ch.t0, st),
+                ptr(&ch.len, st),
+                i32_arg(s.hk),
+                i32_arg(s.hv),
+                i32_arg(s.dk),
+                i32_arg(s.dv),
+                ptr(&gam, st),
+                optr(t.as_ref(), st),
+                ptr(&w, st),
+                ptr(&u, st),
+            ],
+        )?;
+        let a = if want_a {
+            let a = ws_bf16(gpu, chh * C * C)?;
+            launch(
+                gpu,
+                &format!("gdr_qk6_{ks}"),
+                chh,
+                (STAGE_F + MAT_F + 2 * C) * 4 + 2 * C * s.dk * k_bytes,
+                &[
+                    dptr(qf, st),
+                    dptr(kf, st),
+                    ptr(&gam, st),
+                    ptr(&ch.t0, st),
+                    ptr(&ch.len, st),
+                    i32_arg(s.hk),
+                    i32_arg(s.hv),
+                    i32_arg(s.dk),
+                    ptr(&a, st),
+                ],
+            )?;
+            Some(a)
+        } else {
+            None
+        };
+        let norm = norm.map(|v| v.into_iter().map(|(f, b)| (Some(f), b)).collect());
+        return Ok(V6Prep {
+            norm,
+            gam,
+            t,
+            w,
+            u,
+            a,
+        });
+    }
+    let norm = if opts.l2norm_in_kernel {
+        let mut outs = Vec::with_capacity(2);
+        for x in [q, k] {
+            let f = if want_f32 {
+                Some(DBuf::F32(out_f32(gpu, x.len())?))
+            } else {
+                None
+            };
+            outs.push((f, DBuf::Bf16(ws_bf16(gpu, x.len())?)));
+        }
+        Some(outs)
+    } else {
+        None
+    };
+    // gdr_prep7 normalizes the rows of the chunks; with the fp32 copies (backward), the padding
+    // rows (at or after `used`, in no chunk, read by no kernel) get gdr_l2norm2's as with the v6
+    // prep (the same formula), so the buffers are the v6 prep's.
+    let rows = q.len() / s.dk;
+    let pad_rows = rows - used * s.hk;
+    if let (Some(o), true) = (&norm, pad_rows > 0) {
+        let r0 = used * s.hk * s.dk;
+        let at = |a: Arg, elem: usize| match a {
+            Arg::Ptr(p) => Arg::Ptr(p + (r0 * elem) as u64),
+            x => x,
+        };
+        for (x, (y, yb)) in [q, k].into_iter().zip(o) {
+            let Some(y) = y else {
+                continue;
+            };
+            launch(
+                gpu,
+                "gdr_l2norm2_bf16",
+                pad_rows.div_ceil(ROWS_PER_BLOCK),
+                0,
+                &[
+                    at(dptr(x, st), 2),
+                    at(dptr(y, st), 4),
+                    at(dptr(yb, st), 2),
+                    Arg::I64(pad_rows as i64),
+                    i32_arg(s.dk),
+                ],
+            )?;
+        }
+    }
+    let a = ws_bf16(gpu, chh * C * C)?;
+    let n = |i: usize, j: usize| match (&norm, j) {
+        (Some(o), 0) => o[i].0.as_ref().map_or(Arg::Ptr(0), |f| dptr(f, st)),
+        (Some(o), _) => dptr(&o[i].1, st),
+        (None, _) => Arg::Ptr(0),
+    };
+    let name = match kind {
+        PrepKernel::V7Fast => "gdr_prep7f",
+        _ => "gdr_prep7",
+    };
+    launch(
+        gpu,
+        &format!("{name}_d{}_{ks}", s.dk),
+        chh,
+        prep7_bytes(s.dk, s.dv),
+        &[
+            dptr(q, st),
+            dptr(k, st),
+            dptr(v, st),
+            ptr(g, st),
+            dptr(beta, st),
+            ptr(&ch.t0, st),
+            ptr(&ch.len, st),
+            i32_arg(s.hk),
+            i32_arg(s.hv),
+            i32_arg(s.dv),
+            n(0, 0),
+            n(0, 1),
+            n(1, 0),
+            n(1, 1),
+            ptr(&gam, st),
+            optr(t.as_ref(), st),
+            ptr(&w, st),
+            ptr(&u, st),
+            ptr(&a, st),
+        ],
+    )?;
+    Ok(V6Prep {
+        norm,
+        gam,
+        t,
+        w,
+        u,
+        a: Some(a),
+    })
+}
+
+/// Tests and benchmarks only: the v6 pipeline's chunk prep on its own (bf16 storage, Dk 64 or
+/// 128, Dv a multiple of 16), with T kept and A computed, by `kind`.
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn prep_only(
+    gpu: &Arc<Gpu>,
+    q: &DBuf,
+    k: &DBuf,
+    v: &DBuf,
+    g: &GBuf<f32>,
+    beta: &DBuf,
+    seqs: &Seqs,
+    shape: RuleShape,
+    opts: RuleOpts,
+    kind: PrepKernel,
+) -> Result<V6Prep> {
+    let dt = check(gpu, q, k, v, g, beta, seqs, shape, None)?;
+    if !v6_supports(dt, shape) {
+        return Err(GdnError::Invalid(format!(
+            "gated delta rule prep (v6 pipeline): needs bf16 storage, Dk 64 or 128 and Dv a \
+             multiple of 16, got {dt:?} {shape:?}"
+        )));
+    }
+    let ch = Chunks::new(gpu, seqs)?;
+    v6_prep(
+        gpu,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        &ch,
+        shape,
+        opts,
+        seqs.used(),
+        true,
+        true,
+        true,
+        kind,
+    )
 }

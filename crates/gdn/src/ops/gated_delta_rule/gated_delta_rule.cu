@@ -2819,3 +2819,396 @@ extern "C" __global__ void __launch_bounds__(GDR_NT) gdr_cvt_f32_bf16(const floa
 extern "C" __global__ void __launch_bounds__(GDR_NT) gdr_cvt_bf16_f32(const bf16_t* x, float* y, i64 n) {
     for (i64 i = (i64)blockIdx.x * GDR_NT + threadIdx.x; i < n; i += (i64)gridDim.x * GDR_NT) y[i] = bf16_to_f32(x[i]);
 }
+
+// =============================================================================================
+// prep7 (issue 13): one kernel for the v6 pipeline's whole chunk prep (it replaces
+// gdr_l2norm2 x2 + gdr_prep6 + gdr_qk6 and writes exactly their outputs, same layouts and types):
+// per (chunk, value head), 8 warps:
+//   1. the chunk's raw q, k (bf16) and v rows by cp.async (16 B, rows >= l zero-filled);
+//   2. NORM: the l2 norm of each q / k row in fp32 (two threads per row, 16-byte accesses; the
+//      formula of gdr_l2norm2, another summation order), written fp32 and bf16 by the first
+//      value head of the GVA group (cuda.rs runs gdr_l2norm2 on the padding rows, which are in
+//      no chunk); the normalized rows kept in shared memory as bf16 hi + lo (x = hi + lo to
+//      ~2^-16);
+//   3. gam = cumsum g (one thread, gdr_prep's order);
+//   4. K K^T and Q K^T on mma.sync m16n8k16 bf16, fp32 accumulation; SPLIT: three products per
+//      tile (hi hi + lo hi + hi lo), so the products keep ~fp32 accuracy (a q.k that cancels is
+//      not computed from bf16-rounded rows); M = strict_lower(diag(beta) K K^T * Gamma) to
+//      shared memory (fp32), A = lower_incl(Q K^T * Gamma) to memory (bf16);
+//   5. T = (I + M)^-1 in fp32: the 16 x 16 diagonal blocks by forward substitution, one lane
+//      per column with the column in registers (no barrier per row); the blocks below by
+//      gdr_prep's block rows (fp32 FMAs, 4 adjacent columns per thread, 16-byte loads);
+//   6. W = (T diag(beta e^gam)) K and U = (T diag(beta)) V on mma.sync: the scaled T split into
+//      bf16 hi + lo (SPLIT), K as hi (+ lo), V exact in bf16; only the k blocks on or below the
+//      row block (T is lower triangular).
+// Warp w owns rows 16 (w & 3) .. + 15 and one half of the columns (w >> 2) of every product.
+// Without SPLIT ("f" kernels) every product runs on the bf16 hi parts alone (FLA's precision).
+// Shared memory (P7Layout; cuda.rs prep7_bytes uses the same formula), DK = 128, Dv = 128:
+// 108,288 bytes: two CTAs per SM.
+
+template <int DK>
+struct P7Layout {
+    static constexpr int LK = DK + 8;   // bf16 row stride of Q, K (hi, lo)
+    static constexpr int LP = GDR_C + 8;  // bf16 row stride of the scaled T (hi, lo)
+    static constexpr int LF = GDR_C + 4;  // fp32 row stride of M and T
+    static constexpr int KH = 0;
+    static constexpr int KL = KH + GDR_C * LK * 2;
+    static constexpr int QH = KL + GDR_C * LK * 2;  // Q hi, Q lo; then M (fp32), then P hi / lo
+    static constexpr int QL = QH + GDR_C * LK * 2;
+    static constexpr int M_OFF = QH;
+    static constexpr int PH = QH;
+    static constexpr int PL = PH + GDR_C * LP * 2;
+    static constexpr int T_OFF = QL + GDR_C * LK * 2;
+    static constexpr int X_OFF = T_OFF + GDR_C * LF * 4;  // X blocks of the off-diagonal solve
+    static constexpr int S_OFF = X_OFF + 3 * 256 * 4;     // gam, beta, beta e^gam
+    static constexpr int V_OFF = S_OFF + 3 * GDR_C * 4;   // V bf16 [64][dv + 8]
+    static_assert(GDR_C * LF * 4 <= 2 * GDR_C * LK * 2, "M fits in the Q region");
+    static_assert(2 * GDR_C * LP * 2 <= 2 * GDR_C * LK * 2, "P fits in the Q region");
+};
+
+// acc (16 x 8 NT8 slice at rows rt, columns col0) += sum over k in [k0, k1) of A(i, k) B(k, n),
+// from bf16 shared memory; A stored [i][k]; BT true: B stored [n][k], false: [k][n]. The lo
+// parts (al, bl; either may be null) add the products al bh and ah bl.
+template <int NT8, bool BT>
+__device__ __forceinline__ void p7_mma(float (&acc)[NT8][4], const bf16_t* ah, const bf16_t* al, int lda,
+                                       const bf16_t* bh, const bf16_t* bl, int ldb, int rt, int col0, int k0,
+                                       int k1) {
+    const int lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
+    for (int kk = k0; kk < k1; kk += 16) {
+        const int ao = (rt + 8 * (mi & 1) + r) * lda + kk + 8 * (mi >> 1);
+        unsigned fh[4], fl[4];
+        ldsm_x4(fh, ah + ao);
+        if (al) ldsm_x4(fl, al + ao);
+#pragma unroll
+        for (int np = 0; np < NT8 / 2; ++np) {
+            const int n0 = col0 + 16 * np;
+            const int bo = BT ? (n0 + 8 * (mi >> 1) + r) * ldb + kk + 8 * (mi & 1)
+                              : (kk + 8 * (mi & 1) + r) * ldb + n0 + 8 * (mi >> 1);
+            unsigned bb[4];
+            if (BT) ldsm_x4(bb, bh + bo);
+            else ldsm_x4_t(bb, bh + bo);
+            mma_bf16(acc[2 * np], fh, bb[0], bb[1]);
+            mma_bf16(acc[2 * np + 1], fh, bb[2], bb[3]);
+            if (al) {
+                mma_bf16(acc[2 * np], fl, bb[0], bb[1]);
+                mma_bf16(acc[2 * np + 1], fl, bb[2], bb[3]);
+            }
+            if (bl) {
+                if (BT) ldsm_x4(bb, bl + bo);
+                else ldsm_x4_t(bb, bl + bo);
+                mma_bf16(acc[2 * np], fh, bb[0], bb[1]);
+                mma_bf16(acc[2 * np + 1], fh, bb[2], bb[3]);
+            }
+        }
+    }
+}
+
+template <int NT8>
+__device__ __forceinline__ void p7_zero(float (&acc)[NT8][4]) {
+#pragma unroll
+    for (int n = 0; n < NT8; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[n][c] = 0.f;
+}
+
+// f(row, column, v0, v1) for each pair of adjacent columns (2t, 2t + 1) of the warp's slice.
+template <int NT8, class F>
+__device__ __forceinline__ void p7_epi(const float (&acc)[NT8][4], int rt, int col0, F f) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int n = 0; n < NT8; ++n)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) f(rt + g + 8 * h, col0 + 8 * n + 2 * t, acc[n][2 * h], acc[n][2 * h + 1]);
+}
+
+// x as bf16 hi + lo (lo = the rounding error of hi, rounded).
+__device__ __forceinline__ void p7_split(float x, bf16_t& hi, bf16_t& lo) {
+    hi = f32_to_bf16(x);
+    lo = f32_to_bf16(x - bf16_to_f32(hi));
+}
+
+template <int DK, bool NORM, bool SPLIT>
+__device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+                          const float* __restrict__ g, const bf16_t* __restrict__ beta,
+                          const i64* __restrict__ ch_t0, const int* __restrict__ ch_len, int hk_n, int hv_n,
+                          int dv, float* __restrict__ qn, bf16_t* __restrict__ qnb, float* __restrict__ kn,
+                          bf16_t* __restrict__ knb, float* __restrict__ gam_ws, float* __restrict__ t_ws,
+                          bf16_t* __restrict__ w_ws, float* __restrict__ u_ws, bf16_t* __restrict__ a_ws) {
+    using L = P7Layout<DK>;
+    constexpr bool KLO = SPLIT && NORM;  // caller-normalized bf16 rows are exact in bf16
+    const int ratio = hv_n / hk_n;
+    ChunkGeo G = chunk_geo(ch_t0, ch_len, hv_n, ratio);
+    const int l = G.l, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const i64 cb = G.c * hv_n + G.hv;
+    char* sm = reinterpret_cast<char*>(gdr_smem);
+    bf16_t* sKh = reinterpret_cast<bf16_t*>(sm + L::KH);
+    bf16_t* sKl = reinterpret_cast<bf16_t*>(sm + L::KL);
+    bf16_t* sQh = reinterpret_cast<bf16_t*>(sm + L::QH);
+    bf16_t* sQl = reinterpret_cast<bf16_t*>(sm + L::QL);
+    float* sM = reinterpret_cast<float*>(sm + L::M_OFF);
+    bf16_t* sPh = reinterpret_cast<bf16_t*>(sm + L::PH);
+    bf16_t* sPl = reinterpret_cast<bf16_t*>(sm + L::PL);
+    float* sT = reinterpret_cast<float*>(sm + L::T_OFF);
+    float* sX = reinterpret_cast<float*>(sm + L::X_OFF);
+    float* s_gam = reinterpret_cast<float*>(sm + L::S_OFF);
+    float* s_beta = s_gam + GDR_C;
+    float* s_bge = s_beta + GDR_C;
+    const int lv = dv + 8;
+    bf16_t* sV = reinterpret_cast<bf16_t*>(sm + L::V_OFF);
+    const i64 krow = (i64)hk_n * DK, vrow = (i64)hv_n * dv;
+    const bf16_t* kg = k + G.t0 * krow + (i64)G.kh * DK;
+    const bf16_t* qg = q + G.t0 * krow + (i64)G.kh * DK;
+    const bf16_t* vg = v + G.t0 * vrow + (i64)G.hv * dv;
+
+    // 1. Raw rows (rows >= l zero-filled: they may belong to the next sequence or lie past the
+    // buffer), beta and g.
+    {
+        constexpr int PK = DK / 8;  // 16-byte pieces per q / k row
+        for (int e = tid; e < GDR_C * PK; e += GDR_NT) {
+            const int i = e / PK, x = 8 * (e - i * PK);
+            const bool ok = i < l;
+            const i64 src = ok ? (i64)i * krow + x : 0;
+            cp_async16(sKh + i * L::LK + x, kg + src, ok);
+            cp_async16(sQh + i * L::LK + x, qg + src, ok);
+        }
+        const int pv = dv / 8;
+        for (int e = tid; e < GDR_C * pv; e += GDR_NT) {
+            const int i = e / pv, x = 8 * (e - i * pv);
+            const bool ok = i < l;
+            cp_async16(sV + i * lv + x, vg + (ok ? (i64)i * vrow + x : 0), ok);
+        }
+        cp_async_commit();
+    }
+    if (tid < GDR_C) {
+        s_beta[tid] = tid < l ? ld(beta, (G.t0 + tid) * hv_n + G.hv) : 0.f;
+        s_gam[tid] = tid < l ? g[(G.t0 + tid) * hv_n + G.hv] : 0.f;
+    }
+    cp_async_wait_all();
+    __syncthreads();
+
+    // 2. gam (the last thread) and the l2 norm of the 128 q / k rows: two threads per row (K
+    // rows 0..63, then Q), each summing its half row in order, 16-byte shared-memory accesses.
+    if (tid == GDR_NT - 1) {
+        float acc = 0.f;
+        for (int i = 0; i < l; ++i) { acc += s_gam[i]; s_gam[i] = acc; }
+    }
+    if (NORM) {
+        constexpr int NV = DK / 16;  // 8-element pieces per half row
+        const int rr = tid >> 1, hf = tid & 1, i = rr & (GDR_C - 1);
+        const bool isq = rr >= GDR_C;
+        bf16_t* xh = (isq ? sQh : sKh) + i * L::LK + hf * (DK / 2);
+        bf16_t* xl = (isq ? sQl : sKl) + i * L::LK + hf * (DK / 2);
+        uint4 raw[NV];
+        float ss = 0.f;
+#pragma unroll
+        for (int p = 0; p < NV; ++p) {
+            raw[p] = reinterpret_cast<const uint4*>(xh)[p];
+            const unsigned wv[4] = {raw[p].x, raw[p].y, raw[p].z, raw[p].w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float a = __uint_as_float(wv[e] << 16), b = __uint_as_float(wv[e] & 0xffff0000u);
+                ss += a * a;
+                ss += b * b;
+            }
+        }
+        ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+        const float rs = 1.f / sqrtf(ss + 1e-6f);
+        const bool wr = (G.hv % ratio) == 0 && i < l;  // the first value head of the group writes
+        const i64 orow = ((G.t0 + i) * hk_n + G.kh) * DK + hf * (DK / 2);
+        float* yo = isq ? qn : kn;  // null: the fp32 copies are not wanted (forward)
+        bf16_t* ybo = (isq ? qnb : knb) + orow;
+        const bool w32 = wr && yo != nullptr;
+        if (w32) yo += orow;
+#pragma unroll
+        for (int p = 0; p < NV; ++p) {
+            const unsigned wv[4] = {raw[p].x, raw[p].y, raw[p].z, raw[p].w};
+            float y[8];
+            unsigned hi[4], lo[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                y[2 * e] = __uint_as_float(wv[e] << 16) * rs;
+                y[2 * e + 1] = __uint_as_float(wv[e] & 0xffff0000u) * rs;
+                hi[e] = pack_bf16(y[2 * e], y[2 * e + 1]);
+                lo[e] = pack_bf16(y[2 * e] - __uint_as_float(hi[e] << 16),
+                                  y[2 * e + 1] - __uint_as_float(hi[e] & 0xffff0000u));
+            }
+            const uint4 h4 = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+            reinterpret_cast<uint4*>(xh)[p] = h4;
+            reinterpret_cast<uint4*>(xl)[p] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+            if (w32) {
+                reinterpret_cast<float4*>(yo)[2 * p] = make_float4(y[0], y[1], y[2], y[3]);
+                reinterpret_cast<float4*>(yo)[2 * p + 1] = make_float4(y[4], y[5], y[6], y[7]);
+            }
+            if (wr) reinterpret_cast<uint4*>(ybo)[p] = h4;
+        }
+    }
+    __syncthreads();
+    if (tid < GDR_C) {
+        s_bge[tid] = tid < l ? s_beta[tid] * expf(s_gam[tid]) : 0.f;
+        gam_ws[cb * GDR_C + tid] = s_gam[tid];
+    }
+
+    // 3. K K^T and Q K^T: warp w, rows rt = 16 (w & 3), columns c0 = 32 (w >> 2) (4 n8 tiles);
+    // tiles wholly above the diagonal are not computed (their outputs are masked to zero).
+    const int rt = 16 * (warp & 3), half = warp >> 2;
+    {
+        const int c0 = 32 * half;
+        float akk[4][4], aqk[4][4];
+        p7_zero<4>(akk);
+        p7_zero<4>(aqk);
+        if (c0 <= rt + 15) {
+            p7_mma<4, true>(akk, sKh, KLO ? sKl : nullptr, L::LK, sKh, KLO ? sKl : nullptr, L::LK, rt, c0, 0, DK);
+            p7_mma<4, true>(aqk, sQh, KLO ? sQl : nullptr, L::LK, sKh, KLO ? sKl : nullptr, L::LK, rt, c0, 0, DK);
+        }
+        __syncthreads();  // every warp is done with Q before M overwrites it
+        // M and A from the two accumulators (the same fragment layout): Gamma once per element.
+        unsigned* a_out = reinterpret_cast<unsigned*>(a_ws + cb * (GDR_C * GDR_C));
+        const int g4 = lane >> 2, t4 = lane & 3;
+#pragma unroll
+        for (int n = 0; n < 4; ++n)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int i = rt + g4 + 8 * h, j = c0 + 8 * n + 2 * t4;
+                const bool ri = i < l;
+                const float e0 = (j <= i && ri) ? expf(s_gam[i] - s_gam[j]) : 0.f;
+                const float e1 = (j + 1 <= i && ri) ? expf(s_gam[i] - s_gam[j + 1]) : 0.f;
+                const float bi = s_beta[i];
+                sM[i * L::LF + j] = (j < i && ri) ? bi * akk[n][2 * h] * e0 : 0.f;
+                sM[i * L::LF + j + 1] = (j + 1 < i && ri) ? bi * akk[n][2 * h + 1] * e1 : 0.f;
+                a_out[(i * GDR_C + j) >> 1] = pack_bf16((j <= i && ri) ? aqk[n][2 * h] * e0 : 0.f,
+                                                        (j + 1 <= i && ri) ? aqk[n][2 * h + 1] * e1 : 0.f);
+            }
+    }
+    __syncthreads();
+
+    // 4. T = (I + M)^-1. Diagonal blocks: thread (a, c) (64 threads) computes column c of block
+    // a by forward substitution with the column in registers; the other threads zero the
+    // blocks above the diagonal.
+    if (tid < GDR_C) {
+        const int a = tid >> 4, c = tid & 15;
+        const float* mb = sM + (16 * a) * L::LF + 16 * a;
+        float tc[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            float s = 0.f;
+#pragma unroll
+            for (int j = 0; j < i; ++j) s -= mb[i * L::LF + j] * tc[j];
+            tc[i] = i == c ? 1.f : s;
+        }
+#pragma unroll
+        for (int i = 0; i < 16; ++i) sT[(16 * a + i) * L::LF + 16 * a + c] = tc[i];
+    } else {
+        for (int e = tid - GDR_C; e < GDR_C * GDR_C; e += GDR_NT - GDR_C) {
+            const int i = e >> 6, c = e & 63;
+            if ((c >> 4) > (i >> 4)) sT[i * L::LF + c] = 0.f;
+        }
+    }
+    __syncthreads();
+    // Blocks below the diagonal, block row by block row: T_ab = -T_aa X_ab with
+    // X_ab = sum_{b <= k < a} M_ak T_kb (gdr_prep's order). Thread e < 64 a owns 4 adjacent
+    // columns of one row of one block (16-byte loads of T and X rows, 4 FMAs per load).
+    for (int a = 1; a < 4; ++a) {
+        const int e = tid, b = e >> 6, r = (e >> 2) & 15, cq = e & 3;
+        const int i = 16 * a + r, col = 16 * b + 4 * cq;
+        if (e < 64 * a) {
+            float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int j0 = 16 * b; j0 < 16 * a; j0 += 4) {
+                const float4 m4 = *reinterpret_cast<const float4*>(sM + i * L::LF + j0);
+                const float mv[4] = {m4.x, m4.y, m4.z, m4.w};
+#pragma unroll
+                for (int jj = 0; jj < 4; ++jj) {
+                    const float4 t4 = *reinterpret_cast<const float4*>(sT + (j0 + jj) * L::LF + col);
+                    x.x += mv[jj] * t4.x;
+                    x.y += mv[jj] * t4.y;
+                    x.z += mv[jj] * t4.z;
+                    x.w += mv[jj] * t4.w;
+                }
+            }
+            *reinterpret_cast<float4*>(sX + (b << 8) + (r << 4) + 4 * cq) = x;
+        }
+        __syncthreads();
+        if (e < 64 * a) {
+            float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int j0 = 0; j0 < 16; j0 += 4) {
+                const float4 d4 = *reinterpret_cast<const float4*>(sT + i * L::LF + 16 * a + j0);
+                const float dv4[4] = {d4.x, d4.y, d4.z, d4.w};
+#pragma unroll
+                for (int jj = 0; jj < 4; ++jj) {
+                    const float4 x4 = *reinterpret_cast<const float4*>(sX + (b << 8) + ((j0 + jj) << 4) + 4 * cq);
+                    y.x -= dv4[jj] * x4.x;
+                    y.y -= dv4[jj] * x4.y;
+                    y.z -= dv4[jj] * x4.z;
+                    y.w -= dv4[jj] * x4.w;
+                }
+            }
+            *reinterpret_cast<float4*>(sT + i * L::LF + col) = y;
+        }
+        __syncthreads();
+    }
+
+    // 5. T to memory (backward), P = T diag(beta e^gam) (overwrites M), W = P K.
+    if (t_ws) {
+        for (int e = tid; e < GDR_C * GDR_C; e += GDR_NT)
+            t_ws[cb * (GDR_C * GDR_C) + e] = sT[(e >> 6) * L::LF + (e & 63)];
+    }
+    for (int e = tid; e < GDR_C * GDR_C; e += GDR_NT) {
+        const int i = e >> 6, m = e & 63;
+        bf16_t hi, lo;
+        p7_split(sT[i * L::LF + m] * s_bge[m], hi, lo);
+        sPh[i * L::LP + m] = hi;
+        sPl[i * L::LP + m] = lo;
+    }
+    __syncthreads();
+    {
+        constexpr int NT8 = DK / 16;  // half of the columns
+        const int c0 = half * (DK / 2);
+        float acc[NT8][4];
+        p7_zero<NT8>(acc);
+        p7_mma<NT8, false>(acc, sPh, SPLIT ? sPl : nullptr, L::LP, sKh, KLO ? sKl : nullptr, L::LK, rt, c0, 0,
+                           rt + 16);
+        unsigned* w_out = reinterpret_cast<unsigned*>(w_ws + cb * GDR_C * DK);
+        p7_epi<NT8>(acc, rt, c0,
+                    [&](int i, int j, float x0, float x1) { w_out[(i * DK + j) >> 1] = pack_bf16(x0, x1); });
+    }
+    __syncthreads();
+    // 6. P = T diag(beta), U = P V (16-column groups, alternating between the two halves).
+    for (int e = tid; e < GDR_C * GDR_C; e += GDR_NT) {
+        const int i = e >> 6, m = e & 63;
+        bf16_t hi, lo;
+        p7_split(sT[i * L::LF + m] * s_beta[m], hi, lo);
+        sPh[i * L::LP + m] = hi;
+        sPl[i * L::LP + m] = lo;
+    }
+    __syncthreads();
+    float* u_out = u_ws + cb * GDR_C * (i64)dv;
+    for (int c0 = 16 * half; c0 < dv; c0 += 32) {
+        float acc[2][4];
+        p7_zero<2>(acc);
+        p7_mma<2, false>(acc, sPh, SPLIT ? sPl : nullptr, L::LP, sV, nullptr, lv, rt, c0, 0, rt + 16);
+        p7_epi<2>(acc, rt, c0, [&](int i, int j, float x0, float x1) {
+            *reinterpret_cast<float2*>(u_out + (i64)i * dv + j) = make_float2(x0, x1);
+        });
+    }
+}
+
+// Entries: gdr_prep7{,f}_d{64,128}_{bf16n,bf16}: f = bf16 hi parts only (no split); bf16n = the
+// in-kernel l2 norm (qnb, knb written; qn, kn too unless null), bf16 = caller-normalized q, k
+// (those four unused).
+#define GDR_PREP7_ENTRY(SFX, SPLIT, DK, NS, NORM)                                                       \
+    extern "C" __global__ void __launch_bounds__(GDR_NT, 2) gdr_prep7##SFX##_d##DK##_##NS(             \
+        const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* g, const bf16_t* beta,          \
+        const i64* ch_t0, const int* ch_len, int hk, int hv, int dv, float* qn, bf16_t* qnb, float* kn, \
+        bf16_t* knb, float* gam_ws, float* t_ws, bf16_t* w_ws, float* u_ws, bf16_t* a_ws) {             \
+        gdr_prep7<DK, NORM, SPLIT>(q, k, v, g, beta, ch_t0, ch_len, hk, hv, dv, qn, qnb, kn, knb, gam_ws,   \
+                                   t_ws, w_ws, u_ws, a_ws);                                             \
+    }
+
+GDR_PREP7_ENTRY(, true, 64, bf16n, true)
+GDR_PREP7_ENTRY(, true, 64, bf16, false)
+GDR_PREP7_ENTRY(, true, 128, bf16n, true)
+GDR_PREP7_ENTRY(, true, 128, bf16, false)
+GDR_PREP7_ENTRY(f, false, 64, bf16n, true)
+GDR_PREP7_ENTRY(f, false, 64, bf16, false)
+GDR_PREP7_ENTRY(f, false, 128, bf16n, true)
+GDR_PREP7_ENTRY(f, false, 128, bf16, false)
