@@ -17,7 +17,8 @@
 //!   CUDA events, medians, per-kernel times, and v6's o against v5's (RMS relative difference);
 //! - `bwd`: v5 against the v6 backward pieces (`BwdKernel::V6`: both, each alone, every CTA
 //!   width) at the same two cases: backward alone (after one default forward), CUDA events,
-//!   medians, per-kernel times, peak device memory, and each gradient against v5's.
+//!   medians, per-kernel times, peak device memory, and each gradient against v5's; also
+//!   `gdr_grad7` (GDN_RULE_BWD=v7) against `gdr_grad6`.
 
 use std::sync::Arc;
 
@@ -475,7 +476,17 @@ fn bwd_variants(gpu: &Arc<Gpu>) {
         scan,
         bf16_states,
         grad,
+        grad7: false,
         warps,
+    };
+    // gdr_grad7 instead of gdr_grad6 (GDN_RULE_BWD=v7).
+    let v7 = BwdKernel::V6 {
+        recompute: true,
+        scan: true,
+        bf16_states: true,
+        grad: true,
+        grad7: true,
+        warps: 0,
     };
     for &(b, t, hk, hv) in &[(1usize, 32768usize, 16usize, 32usize), (8, 4096, 16, 16)] {
         let x = inputs(gpu, b, t, hk, hv, 128, 128);
@@ -483,6 +494,7 @@ fn bwd_variants(gpu: &Arc<Gpu>) {
         let g5 = bwd(gpu, &x, &d_o, BwdKernel::V5);
         let mut kernels = vec![
             BwdKernel::V5,
+            v7,
             v6(true, true, true, true, 0),
             v6(true, true, true, false, 0),
             v6(true, true, false, false, 0),
