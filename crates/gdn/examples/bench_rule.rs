@@ -22,6 +22,8 @@
 //!   against prep7 (`gdr_prep7`, and `gdr_prep7f` without the hi/lo split) at the same two
 //!   cases: the prep alone, the v6 forward and the v6 backward with each, medians of 10,
 //!   per-kernel times, o against the v6 prep's.
+//!   medians, per-kernel times, peak device memory, and each gradient against v5's; also
+//!   `gdr_grad7` (GDN_RULE_BWD=v7) against `gdr_grad6`.
 
 use std::sync::Arc;
 
@@ -481,7 +483,17 @@ fn bwd_variants(gpu: &Arc<Gpu>) {
         scan,
         bf16_states,
         grad,
+        grad7: false,
         warps,
+    };
+    // gdr_grad7 instead of gdr_grad6 (GDN_RULE_BWD=v7).
+    let v7 = BwdKernel::V6 {
+        recompute: true,
+        scan: true,
+        bf16_states: true,
+        grad: true,
+        grad7: true,
+        warps: 0,
     };
     for &(b, t, hk, hv) in &[(1usize, 32768usize, 16usize, 32usize), (8, 4096, 16, 16)] {
         let x = inputs(gpu, b, t, hk, hv, 128, 128);
@@ -489,6 +501,7 @@ fn bwd_variants(gpu: &Arc<Gpu>) {
         let g5 = bwd(gpu, &x, &d_o, BwdKernel::V5);
         let mut kernels = vec![
             BwdKernel::V5,
+            v7,
             v6(true, true, true, true, 0),
             v6(true, true, true, false, 0),
             v6(true, true, false, false, 0),

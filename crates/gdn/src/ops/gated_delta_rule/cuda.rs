@@ -638,16 +638,19 @@ pub fn backward_with_prep(
         scan,
         bf16_states,
         grad,
+        grad7,
         warps,
     } = kernel
     {
         if (recompute || scan) && v6_supports(dt, s) {
             let bf16_states = bf16_states && recompute && scan;
+            let grad = grad && bf16_states && matches!(s.dk, 64 | 128) && matches!(s.dv, 64 | 128);
             let pieces = V6Pieces {
                 recompute,
                 scan,
                 bf16_states,
-                grad: grad && bf16_states && matches!(s.dk, 64 | 128) && matches!(s.dv, 64 | 128),
+                grad,
+                grad7: grad && grad7,
                 warps,
             };
             return backward_v6(
@@ -1129,18 +1132,23 @@ pub enum BwdKernel {
     /// as in [`FwdKernel::V6`] (0 picks by shape). `grad` (with both pieces and bf16 states, Dk
     /// and Dv 64 or 128; v5's gdr_grad elsewhere): the per-chunk gradients by `gdr_grad6` (bf16
     /// tensor cores, every operand staged once in shared memory) instead of v5's `gdr_grad`.
+    /// `grad7` (with `grad`): `gdr_grad7` instead of `gdr_grad6`: one CTA per (chunk, key head)
+    /// over the GVA group's value heads, dq and dk summed in the CTA and written through the
+    /// l2norm backward (no `gdr_reduce_qk`, no per-value-head fp32 partials).
     V6 {
         recompute: bool,
         scan: bool,
         bf16_states: bool,
         grad: bool,
+        grad7: bool,
         warps: usize,
     },
 }
 
 impl BwdKernel {
     /// The default (and `GDN_RULE_BWD=v6`): every v6 piece (both scans, bf16 states,
-    /// gdr_grad6); `v5` the v5 backward; `v6h` (both scans, bf16 states, v5's gradient kernel),
+    /// gdr_grad6); `v7` the same with gdr_grad7 instead of gdr_grad6; `v5` the v5 backward;
+    /// `v6h` (both scans, bf16 states, v5's gradient kernel),
     /// `v6f` (both scans, fp32 states), `v6r` (the recompute only), `v6s` (the reverse scan
     /// only), with `GDN_RULE_V6_WARPS` as for the forward. Where v6 does not apply (f32
     /// storage, other head dims) every choice runs v5.
@@ -1154,10 +1162,19 @@ impl BwdKernel {
             scan,
             bf16_states,
             grad,
+            grad7: false,
             warps,
         };
         match std::env::var("GDN_RULE_BWD").as_deref() {
             Ok("v5") => BwdKernel::V5,
+            Ok("v7") => BwdKernel::V6 {
+                recompute: true,
+                scan: true,
+                bf16_states: true,
+                grad: true,
+                grad7: true,
+                warps,
+            },
             Ok("v6h") => v6(true, true, true, false),
             Ok("v6f") => v6(true, true, false, false),
             Ok("v6r") => v6(true, false, false, false),
@@ -1174,6 +1191,7 @@ struct V6Pieces {
     scan: bool,
     bf16_states: bool,
     grad: bool,
+    grad7: bool,
     warps: usize,
 }
 
@@ -1198,6 +1216,12 @@ pub fn g6_bytes(dk: usize, dv: usize) -> usize {
     let u1 = 2 * dk * lv * 2;
     let u2 = 3 * C * lf * 4 + 2 * C * lc * 2;
     base + u1.max(u2) + (7 * C + 32) * 4
+}
+
+/// Dynamic shared memory of `gdr_grad7` (`G7<DK, DV>::BYTES`): `gdr_grad6`'s layout and four
+/// pairs of 64 fp32 row partials.
+pub fn g7_bytes(dk: usize, dv: usize) -> usize {
+    g6_bytes(dk, dv) + 8 * C * 4
 }
 
 /// Element-wise copy of `n` values between an fp32 and a bf16 buffer (`name`: gdr_cvt_f32_bf16
@@ -1462,6 +1486,20 @@ fn backward_v6(
     }
     drop((w32, w16));
 
+    if pieces.grad7 {
+        drop(u);
+        return grad7(
+            gpu,
+            (q, k, qq, kk, qb, kb),
+            (v, beta, d_o),
+            (&gam, &t, h16b.as_ref(), dh16.as_ref(), &d, &dd),
+            &ch,
+            seqs,
+            s,
+            opts,
+            dh0,
+        );
+    }
     // The per-chunk gradients (U's workspace becomes dVb), then v5's GVA reduction.
     let dkb = ws(gpu, chh * C * s.dk)?;
     let dq_part = ws(gpu, tokens * s.hv * s.dk)?;
@@ -1888,6 +1926,68 @@ fn v6_prep(
             dptr(v, st),
             ptr(g, st),
             dptr(beta, st),
+/// The per-chunk gradients by `gdr_grad7` (bf16 states; Dk, Dv 64 or 128): one CTA per (chunk,
+/// key head) over the GVA group, dq and dk summed in an fp32 `[tokens, Hk, Dk]` accumulator
+/// that each CTA owns for its rows and written through the l2norm backward by the same CTA.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+fn grad7(
+    gpu: &Arc<Gpu>,
+    qk: (&DBuf, &DBuf, &DBuf, &DBuf, &DBuf, &DBuf),
+    vbo: (&DBuf, &DBuf, &DBuf),
+    w: (
+        &GBuf<f32>,
+        &GBuf<f32>,
+        Option<&GBuf<u16>>,
+        Option<&GBuf<u16>>,
+        &GBuf<f32>,
+        &GBuf<f32>,
+    ),
+    ch: &Chunks,
+    seqs: &Seqs,
+    s: RuleShape,
+    opts: RuleOpts,
+    dh0: Option<GBuf<f32>>,
+) -> Result<Grads> {
+    let (q, k, qq, kk, qb, kb) = qk;
+    let (v, beta, d_o) = vbo;
+    let (gam, t, h16, dh16, d, dd) = w;
+    let (Some(h16), Some(dh16)) = (h16, dh16) else {
+        return Err(GdnError::Device(
+            "rule backward: gdr_grad7 needs the bf16 states".into(),
+        ));
+    };
+    let st = gpu.stream();
+    let dt = DType::Bf16;
+    let ks = chunk_sfx(dt, opts);
+    let tokens = seqs.tokens();
+    let dqa = ws(gpu, tokens * s.hk * s.dk)?;
+    let dka = ws(gpu, tokens * s.hk * s.dk)?;
+    let mut dq = out_d(gpu, tokens * s.hk * s.dk, dt)?;
+    let mut dk = out_d(gpu, tokens * s.hk * s.dk, dt)?;
+    let mut dv = out_d(gpu, tokens * s.hv * s.dv, dt)?;
+    let dg = out_f32(gpu, tokens * s.hv)?;
+    let mut dbeta = out_d(gpu, tokens * s.hv, dt)?;
+    launch(
+        gpu,
+        &format!("gdr_grad7_{ks}_d{}_v{}", s.dk, s.dv),
+        ch.count * s.hk,
+        g7_bytes(s.dk, s.dv),
+        &[
+            dptr(q, st),
+            dptr(k, st),
+            dptr(qq, st),
+            dptr(kk, st),
+            dptr(qb, st),
+            dptr(kb, st),
+            dptr(v, st),
+            dptr(beta, st),
+            dptr(d_o, st),
+            ptr(gam, st),
+            ptr(t, st),
+            ptr(h16, st),
+            ptr(dh16, st),
+            ptr(d, st),
+            ptr(dd, st),
             ptr(&ch.t0, st),
             ptr(&ch.len, st),
             i32_arg(s.hk),
@@ -1954,4 +2054,35 @@ pub fn prep_only(
         true,
         kind,
     )
+}
+            Arg::F32(opts.scale),
+            Arg::I32(opts.l2norm_in_kernel as i32),
+            ptr(&dqa, st),
+            ptr(&dka, st),
+            dptr(&dq, st),
+            dptr(&dk, st),
+            dptr(&dv, st),
+            ptr(&dg, st),
+            dptr(&dbeta, st),
+        ],
+    )?;
+    drop((dqa, dka));
+    let used = seqs.used();
+    zero_tail("gated delta rule", gpu, &mut dq, used, tokens, s.hk * s.dk)?;
+    zero_tail("gated delta rule", gpu, &mut dk, used, tokens, s.hk * s.dk)?;
+    zero_tail("gated delta rule", gpu, &mut dv, used, tokens, s.hv * s.dv)?;
+    zero_tail("gated delta rule", gpu, &mut dbeta, used, tokens, s.hv)?;
+    let mut dg = DBuf::F32(dg);
+    zero_tail("gated delta rule", gpu, &mut dg, used, tokens, s.hv)?;
+    let DBuf::F32(dg) = dg else {
+        unreachable!("dg is f32")
+    };
+    Ok(Grads {
+        dq,
+        dk,
+        dv,
+        dg,
+        dbeta,
+        dh0,
+    })
 }

@@ -3212,3 +3212,509 @@ GDR_PREP7_ENTRY(f, false, 64, bf16n, true)
 GDR_PREP7_ENTRY(f, false, 64, bf16, false)
 GDR_PREP7_ENTRY(f, false, 128, bf16n, true)
 GDR_PREP7_ENTRY(f, false, 128, bf16, false)
+// gdr_grad7 (issue 13, the backward's per-chunk gradients, second bf16 version). One CTA of 8
+// warps per (chunk, key head) walks the GVA group's value heads in order; per value head it
+// runs gdr_grad6's products (the same formulas, operands and fragment mapping) with these
+// differences:
+//   - Q, K (bf16) are staged once per CTA, not once per value head;
+//   - the fp32 operands D, dD, T are rounded to bf16 from registers after all of a thread's
+//     loads of a matrix are in flight (gdr_grad6 waits on one global round trip per row group);
+//   - the row dots (<dq, q>, <dk, k> of the states' parts, <dVb, v>, <dKb, k>) are reduced from
+//     the accumulator fragments (quad shuffles, then the two warps sharing a row through shared
+//     memory), so no per-value-head dq / dk / dVb / dKb goes through memory and back;
+//   - dv is written from the dVb fragments (packed bf16 pairs);
+//   - dq, dk are summed over the group in fp32 in a [tokens, Hk, Dk] accumulator that only this
+//     CTA touches (rows of its chunk, its key head; head 0 writes, later heads add, in order),
+//     then the CTA applies the l2norm backward (rstd from the raw rows, as gdr_reduce_qk) and
+//     writes dq, dk bf16: gdr_reduce_qk and the per-value-head fp32 partials are gone.
+// No atomics; every sum has a fixed order.
+
+template <int DK, int DV>
+struct G7 {
+    typedef G6<DK, DV> B;
+    // after G6's vectors (7 x 64 + 32 fp32): four pairs of 64 row partials (q, k, v, kb)
+    static constexpr int PART_OFF = B::VEC_OFF + (7 * GDR_C + 32) * 4;
+    static constexpr int BYTES = PART_OFF + 8 * GDR_C * 4;
+};
+
+// rows 0 .. 63 x N fp32 (row stride gs) -> bf16 shared (row stride ls), rounded to nearest even.
+// Every load of the thread is issued before the first store.
+template <int N>
+__device__ __forceinline__ void g7_rows32(bf16_t* dst, int ls, const float* src, i64 gs) {
+    constexpr int PER = N / 4, IT = GDR_C * PER / GDR_NT;
+    static_assert(GDR_C * PER % GDR_NT == 0, "g7_rows32: whole iterations");
+    float4 v[IT];
+#pragma unroll
+    for (int u = 0; u < IT; ++u) {
+        const int e = threadIdx.x + u * GDR_NT, i = e / PER, x = (e - i * PER) * 4;
+        v[u] = *reinterpret_cast<const float4*>(src + (i64)i * gs + x);
+    }
+#pragma unroll
+    for (int u = 0; u < IT; ++u) {
+        const int e = threadIdx.x + u * GDR_NT, i = e / PER, x = (e - i * PER) * 4;
+        *reinterpret_cast<uint2*>(dst + i * ls + x) = make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
+    }
+}
+
+// f(row, column, value&) for every element of this warp's slice (gdr_grad6's C mapping).
+template <int NT8, class F>
+__device__ __forceinline__ void g7_map(float (&acc)[NT8][4], F f) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int r0 = 16 * (warp & 3) + g, c0 = (warp >> 2) * (8 * NT8) + 2 * t;
+#pragma unroll
+    for (int n = 0; n < NT8; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) f(r0 + 8 * (c >> 1), c0 + 8 * n + (c & 1), acc[n][c]);
+}
+
+// Row sums of f(row, column, value) over a 64 x 16 NT8 product held as fragments: each lane
+// sums its elements of its two rows (columns in increasing order), the quad adds (xor 1, then
+// xor 2), lane t == 0 writes part[64 (warp >> 2) + row]. The row's sum is then
+// part[row] + part[64 + row] (after a barrier).
+template <int NT8, class F>
+__device__ __forceinline__ void g7_rowsum(const float (&acc)[NT8][4], float* part, F f) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int r0 = 16 * (warp & 3) + g, c0 = (warp >> 2) * (8 * NT8) + 2 * t;
+    float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+    for (int n = 0; n < NT8; ++n) {
+        s0 += f(r0, c0 + 8 * n, acc[n][0]);
+        s0 += f(r0, c0 + 8 * n + 1, acc[n][1]);
+        s1 += f(r0 + 8, c0 + 8 * n, acc[n][2]);
+        s1 += f(r0 + 8, c0 + 8 * n + 1, acc[n][3]);
+    }
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+    if (t == 0) {
+        part[GDR_C * (warp >> 2) + r0] = s0;
+        part[GDR_C * (warp >> 2) + r0 + 8] = s1;
+    }
+}
+
+// Two adjacent elements (x even) of an fp32 or bf16 row as fp32.
+__device__ __forceinline__ float2 g7_ld2(const float* p, i64 i) { return *reinterpret_cast<const float2*>(p + i); }
+__device__ __forceinline__ float2 g7_ld2(const bf16_t* p, i64 i) {
+    const unsigned u = *reinterpret_cast<const unsigned*>(p + i);
+    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+}
+
+// g7_rowsum of a (row, column) * x[row * rs + column] over rows < l (x in global memory, read as
+// pairs of adjacent columns).
+template <int NT8, typename TX>
+__device__ __forceinline__ void g7_rowdot(const float (&acc)[NT8][4], float* part, const TX* x, i64 rs, int l) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int r0 = 16 * (warp & 3) + g, c0 = (warp >> 2) * (8 * NT8) + 2 * t;
+    float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+    for (int n = 0; n < NT8; ++n) {
+        if (r0 < l) {
+            const float2 u = g7_ld2(x, r0 * rs + c0 + 8 * n);
+            s0 += acc[n][0] * u.x;
+            s0 += acc[n][1] * u.y;
+        }
+        if (r0 + 8 < l) {
+            const float2 u = g7_ld2(x, (r0 + 8) * rs + c0 + 8 * n);
+            s1 += acc[n][2] * u.x;
+            s1 += acc[n][3] * u.y;
+        }
+    }
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+    if (t == 0) {
+        part[GDR_C * (warp >> 2) + r0] = s0;
+        part[GDR_C * (warp >> 2) + r0 + 8] = s1;
+    }
+}
+
+// acc_mem[row][col] (fp32, row stride rs, rows < l) = (first ? 0 : acc_mem) + the fragments'
+// values: every load of the thread is issued before the first store. Each element is owned by
+// one thread (the same one for every 64 x DK product of the CTA).
+template <int NT8>
+__device__ __forceinline__ void g7_accum(const float (&acc)[NT8][4], float* mem, i64 rs, int l, bool first) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int r0 = 16 * (warp & 3) + g, c0 = (warp >> 2) * (8 * NT8) + 2 * t;
+    // two halves of the columns (register pressure)
+#pragma unroll
+    for (int n0 = 0; n0 < NT8; n0 += NT8 / 2) {
+        float2 old[NT8 / 2][2];
+#pragma unroll
+        for (int n = 0; n < NT8 / 2; ++n)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int i = r0 + 8 * h;
+                old[n][h] = make_float2(0.f, 0.f);
+                if (!first && i < l) old[n][h] = *reinterpret_cast<const float2*>(mem + i * rs + c0 + 8 * (n0 + n));
+            }
+#pragma unroll
+        for (int n = 0; n < NT8 / 2; ++n)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int i = r0 + 8 * h;
+                if (i < l)
+                    *reinterpret_cast<float2*>(mem + i * rs + c0 + 8 * (n0 + n)) =
+                        make_float2(old[n][h].x + acc[n0 + n][2 * h], old[n][h].y + acc[n0 + n][2 * h + 1]);
+            }
+    }
+}
+
+template <typename TQ, int DK, int DV>
+__device__ void gdr_grad7(const bf16_t* __restrict__ q_raw, const bf16_t* __restrict__ k_raw,
+                          const TQ* __restrict__ q, const TQ* __restrict__ k, const bf16_t* __restrict__ qb,
+                          const bf16_t* __restrict__ kb, const bf16_t* __restrict__ v,
+                          const bf16_t* __restrict__ beta, const bf16_t* __restrict__ d_o,
+                          const float* __restrict__ gam_ws, const float* __restrict__ t_ws,
+                          const bf16_t* __restrict__ h_ws, const bf16_t* __restrict__ dh_ws,
+                          const float* __restrict__ d_ws, const float* __restrict__ dd_ws,
+                          const i64* __restrict__ ch_t0, const int* __restrict__ ch_len, int hk_n, int hv_n,
+                          float scale, int l2norm, float* __restrict__ dqa, float* __restrict__ dka,
+                          bf16_t* __restrict__ dq_out, bf16_t* __restrict__ dk_out, bf16_t* __restrict__ dv_out,
+                          float* __restrict__ dg, bf16_t* __restrict__ dbeta) {
+    typedef G6<DK, DV> L;
+    constexpr int dk = DK, dv = DV;
+    // A launch with too little shared memory writes nothing (tests see the poisoned outputs).
+    if (dyn_smem_bytes() < (unsigned)G7<DK, DV>::BYTES) return;
+    char* sm = reinterpret_cast<char*>(gdr_smem);
+    bf16_t* sQ = reinterpret_cast<bf16_t*>(sm + L::Q_OFF);
+    bf16_t* sK = reinterpret_cast<bf16_t*>(sm + L::K_OFF);
+    bf16_t* sV = reinterpret_cast<bf16_t*>(sm + L::V_OFF);
+    bf16_t* sO = reinterpret_cast<bf16_t*>(sm + L::O_OFF);
+    bf16_t* sD = reinterpret_cast<bf16_t*>(sm + L::D_OFF);
+    bf16_t* sDD = reinterpret_cast<bf16_t*>(sm + L::DD_OFF);
+    bf16_t* sT = reinterpret_cast<bf16_t*>(sm + L::T_OFF);
+    bf16_t* sW = reinterpret_cast<bf16_t*>(sm + L::W_OFF);
+    bf16_t* sH = reinterpret_cast<bf16_t*>(sm + L::H_OFF);
+    bf16_t* sDH = reinterpret_cast<bf16_t*>(sm + L::DH_OFF);
+    float* sA = reinterpret_cast<float*>(sm + L::A_OFF);
+    float* sP = reinterpret_cast<float*>(sm + L::P_OFF);
+    float* sE = reinterpret_cast<float*>(sm + L::E_OFF);
+    bf16_t* sG = reinterpret_cast<bf16_t*>(sm + L::G_OFF);
+    bf16_t* sX = reinterpret_cast<bf16_t*>(sm + L::X_OFF);
+    float* s_gam = reinterpret_cast<float*>(sm + L::VEC_OFF);
+    float* s_eg = s_gam + GDR_C;
+    float* s_ed = s_eg + GDR_C;
+    float* s_beta = s_ed + GDR_C;
+    float* s_dgam = s_beta + GDR_C;
+    float* s_db = s_dgam + GDR_C;
+    float* s_tmp = s_db + GDR_C;
+    float* s_red = s_tmp + GDR_C;  // 32 floats for block_sum
+    float* p_q = reinterpret_cast<float*>(sm + G7<DK, DV>::PART_OFF);  // [2][64] each
+    float* p_k = p_q + 2 * GDR_C;
+    float* p_v = p_k + 2 * GDR_C;
+    float* p_kb = p_v + 2 * GDR_C;
+    constexpr int LK = L::LK, LV = L::LV, LC = L::LC, LF = L::LF;
+    constexpr int NK = DK / 16, NV = DV / 16;  // NT8 of 64 x DK and 64 x DV products
+
+    const i64 b = blockIdx.x;
+    const int kh = (int)(b % hk_n);
+    const i64 c = b / hk_n;
+    const i64 t0 = ch_t0[c];
+    const int l = ch_len[c];
+    const int ratio = hv_n / hk_n;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const i64 krow = (i64)hk_n * dk, vrow = (i64)hv_n * dv;
+    const TQ* qc = q + t0 * krow + (i64)kh * dk;
+    const TQ* kc = k + t0 * krow + (i64)kh * dk;
+    float* dqc = dqa + t0 * krow + (i64)kh * dk;  // the group's fp32 sums, row stride krow
+    float* dkc = dka + t0 * krow + (i64)kh * dk;
+
+    // Q, K once (their cp.async group completes with the first value head's wait below).
+    g6_rows16(sQ, LK, qb + t0 * krow + (i64)kh * dk, krow, dk, GDR_C, l);
+    g6_rows16(sK, LK, kb + t0 * krow + (i64)kh * dk, krow, dk, GDR_C, l);
+    cp_async_commit();
+
+    for (int r = 0; r < ratio; ++r) {
+        const int hv = kh * ratio + r;
+        const i64 cb = c * hv_n + hv;
+        const bool first = r == 0;
+        const bf16_t* vc = v + t0 * vrow + (i64)hv * dv;
+        __syncthreads();  // the previous value head is done with the per-head buffers
+        g6_rows16(sV, LV, vc, vrow, dv, GDR_C, l);
+        g6_rows16(sO, LV, d_o + t0 * vrow + (i64)hv * dv, vrow, dv, GDR_C, l);
+        g6_rows16(sH, LV, h_ws + cb * (i64)dk * dv, dv, dv, dk, dk);
+        g6_rows16(sDH, LV, dh_ws + cb * (i64)dk * dv, dv, dv, dk, dk);
+        cp_async_commit();
+        g7_rows32<DV>(sD, LV, d_ws + cb * GDR_C * (i64)dv, dv);
+        g7_rows32<DV>(sDD, LV, dd_ws + cb * GDR_C * (i64)dv, dv);
+        g7_rows32<GDR_C>(sT, LC, t_ws + cb * (GDR_C * GDR_C), GDR_C);
+        load_gam(gam_ws, cb * GDR_C, l, s_gam, s_eg, s_ed);  // synchronizes
+        if (tid < GDR_C) {
+            s_beta[tid] = tid < l ? ld(beta, (t0 + tid) * hv_n + hv) : 0.f;
+            s_dgam[tid] = 0.f;
+            s_db[tid] = 0.f;
+        }
+        cp_async_wait_all();
+        __syncthreads();
+        const float gl = s_gam[l - 1];
+        const float egl = expf(gl);
+        auto gamma = [&](int i, int j) { return expf(s_gam[i] - s_gam[j]); };
+
+        // Phase 1. dq += e^gam (scale dO S0^T), its row dot with q; dk += e^(gam_L - gam)
+        // (D dS^T), its row dot with k; dW = -dD S0^T.
+        {
+            float acc[NK][4];
+            g6_zero(acc);
+            g6_mma<NK, false, true>(acc, sO, LV, sH, LV, dv);
+            g7_map(acc, [&](int i, int x, float& a) { a = s_eg[i] * (scale * a); });
+            g7_rowdot(acc, p_q, qc, krow, l);
+            g7_accum(acc, dqc, krow, l, first);
+            g6_zero(acc);
+            g6_mma<NK, false, true>(acc, sD, LV, sDH, LV, dv);
+            g7_map(acc, [&](int i, int x, float& a) { a = s_ed[i] * a; });
+            g7_rowdot(acc, p_k, kc, krow, l);
+            g7_accum(acc, dkc, krow, l, first);
+            g6_zero(acc);
+            g6_mma<NK, false, true>(acc, sDD, LV, sH, LV, dv);
+            g6_epi(acc, [&](int i, int x, float a) { sW[i * LK + x] = f32_to_bf16(-a); });
+        }
+        float sds;
+        {
+            float p = 0.f;
+            for (int e = tid; e < dk * dv; e += GDR_NT) {
+                const int x = e / dv, cc = e - x * dv;
+                p += bf16_to_f32(sH[x * LV + cc]) * bf16_to_f32(sDH[x * LV + cc]);
+            }
+            sds = block_sum(p, s_red);  // synchronizes: sW, p_q, p_k written; h, dh no longer read
+        }
+        // dgam_i = <dq_i, q_i> - t_i, t_i = <dk_i, k_i>; dgam_L += sum t + e^gam_L <S0, dS>.
+        if (tid < GDR_C) {
+            const int i = tid;
+            s_dgam[i] = i < l ? p_q[i] + p_q[GDR_C + i] : 0.f;
+            s_tmp[i] = i < l ? p_k[i] + p_k[GDR_C + i] : 0.f;
+        }
+        __syncthreads();
+        if (tid < GDR_C) {
+            float d = s_dgam[tid] - s_tmp[tid];
+            if (tid == l - 1) {
+                float t = 0.f;
+                for (int i = 0; i < GDR_C; ++i) t += s_tmp[i];
+                d += egl * sds + t;
+            }
+            s_dgam[tid] = d;
+        }
+
+        // Phase 2 (h, dh's space reused). A = lower_incl(Q K^T * Gamma), P = K K^T (fp32).
+        {
+            float acc[4][4];
+            g6_zero(acc);
+            g6_mma<4, false, true>(acc, sQ, LK, sK, LK, dk);
+            g6_epi(acc, [&](int i, int j, float a) { sA[i * LF + j] = (j <= i && i < l) ? a * gamma(i, j) : 0.f; });
+            g6_zero(acc);
+            g6_mma<4, false, true>(acc, sK, LK, sK, LK, dk);
+            g6_epi(acc, [&](int i, int j, float a) { sP[i * LF + j] = a; });
+        }
+        __syncthreads();
+        // dA = scale dO D^T (j <= i): E = dA * A (for dgam), G = dA * Gamma (bf16 operand).
+        {
+            float acc[4][4];
+            g6_zero(acc);
+            g6_mma<4, false, true>(acc, sO, LV, sD, LV, dv);
+            g6_epi(acc, [&](int i, int j, float a) {
+                const bool in = j <= i && i < l;
+                const float x = scale * a;
+                sE[i * LF + j] = in ? x * sA[i * LF + j] : 0.f;
+                sG[i * LC + j] = f32_to_bf16(in ? x * gamma(i, j) : 0.f);
+            });
+        }
+        __syncthreads();
+        if (tid < GDR_C) {
+            float rs = 0.f, cs = 0.f;
+            for (int j = 0; j < GDR_C; ++j) rs += sE[tid * LF + j];
+            for (int i = 0; i < GDR_C; ++i) cs += sE[i * LF + tid];
+            s_dgam[tid] += rs - cs;
+        }
+        // dq += G K ; dk += G^T Q.
+        {
+            float acc[NK][4];
+            g6_zero(acc);
+            g6_mma<NK, false, false>(acc, sG, LC, sK, LK, GDR_C);
+            g7_accum(acc, dqc, krow, l, false);
+            g6_zero(acc);
+            g6_mma<NK, true, false>(acc, sG, LC, sQ, LK, GDR_C);
+            g7_accum(acc, dkc, krow, l, false);
+        }
+        // dT = dD Vb^T + dW Kb^T, Vb = diag(beta) V, Kb = diag(beta e^gam) K (column scales of dT).
+        {
+            float a1[4][4], a2[4][4];
+            g6_zero(a1);
+            g6_zero(a2);
+            g6_mma<4, false, true>(a1, sDD, LV, sV, LV, dv);
+            g6_mma<4, false, true>(a2, sW, LK, sK, LK, dk);
+            const int g = lane >> 2, t = lane & 3;
+            const int r0 = 16 * (warp & 3) + g, c0 = (warp >> 2) * 32 + 2 * t;
+#pragma unroll
+            for (int n = 0; n < 4; ++n)
+#pragma unroll
+                for (int cc = 0; cc < 4; ++cc) {
+                    const int i = r0 + 8 * (cc >> 1), j = c0 + 8 * n + (cc & 1);
+                    const float x = s_beta[j] * a1[n][cc] + (s_beta[j] * s_eg[j]) * a2[n][cc];
+                    sX[i * LC + j] = f32_to_bf16(x);
+                }
+        }
+        // dVb = T^T dD: dv = beta dVb (packed bf16 pairs), <dVb_i, v_i>.
+        {
+            float acc[NV][4];
+            g6_zero(acc);
+            g6_mma<NV, true, false>(acc, sT, LC, sDD, LV, GDR_C);
+            g7_rowsum(acc, p_v, [&](int i, int x, float a) { return a * bf16_to_f32(sV[i * LV + x]); });
+            const int g = lane >> 2, t = lane & 3;
+            const int r0 = 16 * (warp & 3) + g, c0 = (warp >> 2) * (8 * NV) + 2 * t;
+#pragma unroll
+            for (int n = 0; n < NV; ++n)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int i = r0 + 8 * h;
+                    if (i < l) {
+                        const float bb = s_beta[i];
+                        *reinterpret_cast<unsigned*>(dv_out + (t0 + i) * vrow + (i64)hv * dv + c0 + 8 * n) =
+                            pack_bf16(bb * acc[n][2 * h], bb * acc[n][2 * h + 1]);
+                    }
+                }
+        }
+        // dKb = T^T dW: dk += beta e^gam dKb, <dKb_i, k_i>.
+        {
+            float acc[NK][4];
+            g6_zero(acc);
+            g6_mma<NK, true, false>(acc, sT, LC, sW, LK, GDR_C);
+            g7_rowdot(acc, p_kb, kc, krow, l);
+            g7_map(acc, [&](int i, int x, float& a) { a = (s_beta[i] * s_eg[i]) * a; });
+            g7_accum(acc, dkc, krow, l, false);
+        }
+        __syncthreads();
+        // dbeta += <dVb, v> + e^gam <dKb, k>; dgam += beta e^gam <dKb, k>.
+        if (tid < l) {
+            const int i = tid;
+            const float sv = p_v[i] + p_v[GDR_C + i], sk = p_kb[i] + p_kb[GDR_C + i];
+            s_db[i] += sv + s_eg[i] * sk;
+            s_dgam[i] += (s_beta[i] * s_eg[i]) * sk;
+        }
+        // dM = -T^T dT T^T: tmp = T^T dT (bf16, into G's space), dM = -(tmp T^T) (fp32, into A's).
+        {
+            float acc[4][4];
+            g6_zero(acc);
+            g6_mma<4, true, false>(acc, sT, LC, sX, LC, GDR_C);
+            g6_epi(acc, [&](int m, int n, float a) { sG[m * LC + n] = f32_to_bf16(a); });
+        }
+        __syncthreads();
+        {
+            float acc[4][4];
+            g6_zero(acc);
+            g6_mma<4, false, true>(acc, sG, LC, sT, LC, GDR_C);
+            g6_epi(acc, [&](int m, int n, float a) { sA[m * LF + n] = -a; });
+        }
+        __syncthreads();
+        // M_ij = beta_i P_ij Gamma_ij (j < i): dbeta_i += sum_j dM_ij P_ij Gamma_ij ;
+        // f = dM_ij beta_i P_ij Gamma_ij: dgam_i += f, dgam_j -= f ; dP_ij = dM_ij beta_i Gamma_ij.
+        if (tid < GDR_C) {
+            const int i = tid;
+            float db = 0.f, fr = 0.f, fc = 0.f;
+            if (i < l) {
+                for (int j = 0; j < i; ++j) {
+                    float x = sA[i * LF + j];
+                    float pg = sP[i * LF + j] * gamma(i, j);
+                    db += x * pg;
+                    fr += x * s_beta[i] * pg;
+                }
+                for (int m = i + 1; m < l; ++m) {
+                    fc += sA[m * LF + i] * s_beta[m] * (sP[m * LF + i] * gamma(m, i));
+                }
+            }
+            s_db[i] += db;
+            s_dgam[i] += fr - fc;
+        }
+        for (int e = tid; e < GDR_C * GDR_C; e += GDR_NT) {
+            int i = e >> 6, j = e & 63;
+            float d = 0.f;
+            if (j < i && i < l) d = sA[i * LF + j] * s_beta[i] * gamma(i, j);
+            else if (i < j && j < l) d = sA[j * LF + i] * s_beta[j] * gamma(j, i);
+            sX[i * LC + j] = f32_to_bf16(d);
+        }
+        __syncthreads();
+        // dk += dP_sym K.
+        {
+            float acc[NK][4];
+            g6_zero(acc);
+            g6_mma<NK, false, false>(acc, sX, LC, sK, LK, GDR_C);
+            g7_accum(acc, dkc, krow, l, false);
+        }
+        __syncthreads();
+        // gam = cumsum(g): dg_j = sum_{i >= j} dgam_i.
+        if (tid == 0) {
+            float acc = 0.f;
+            for (int i = l - 1; i >= 0; --i) {
+                acc += s_dgam[i];
+                dg[(t0 + i) * hv_n + hv] = acc;
+            }
+        }
+        if (tid < l) st(dbeta, (t0 + tid) * hv_n + hv, s_db[tid]);
+    }
+    __syncthreads();  // the group's dq, dk sums are complete (written by other threads)
+
+    // dq, dk through the l2 norm (as gdr_reduce_qk: rstd from the raw row, y = x rstd):
+    // dx = rstd (dy - y <dy, y>). Warp w: rows w, w + 8, .. (NR at a time, all their loads
+    // issued first).
+    constexpr int NU = DK / 32, NR = GDR_C / (GDR_NT / 32) / 2;
+    for (int which = 0; which < 4; ++which) {
+        const int i0 = (GDR_NT / 32) * NR * (which & 1);
+        const float* acc = which < 2 ? dqc : dkc;
+        const bf16_t* xr = (which < 2 ? q_raw : k_raw) + t0 * krow + (i64)kh * dk;
+        bf16_t* out = (which < 2 ? dq_out : dk_out) + t0 * krow + (i64)kh * dk;
+        float dy[NR][NU], xv[NR][NU];
+#pragma unroll
+        for (int j = 0; j < NR; ++j) {
+            const int i = i0 + warp + (GDR_NT / 32) * j;
+#pragma unroll
+            for (int u = 0; u < NU; ++u) {
+                const int x = lane + 32 * u;
+                dy[j][u] = i < l ? acc[i * krow + x] : 0.f;
+                xv[j][u] = (l2norm && i < l) ? ld(xr, i * krow + x) : 0.f;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NR; ++j) {
+            const int i = i0 + warp + (GDR_NT / 32) * j;
+            if (l2norm) {
+                float ss = 0.f;
+#pragma unroll
+                for (int u = 0; u < NU; ++u) ss += xv[j][u] * xv[j][u];
+                const float rstd = 1.f / sqrtf(warp_sum(ss) + 1e-6f);
+                float d = 0.f;
+#pragma unroll
+                for (int u = 0; u < NU; ++u) d += dy[j][u] * (xv[j][u] * rstd);
+                d = warp_sum(d);
+#pragma unroll
+                for (int u = 0; u < NU; ++u) dy[j][u] = rstd * (dy[j][u] - (xv[j][u] * rstd) * d);
+            }
+            if (i < l) {
+#pragma unroll
+                for (int u = 0; u < NU; ++u) st(out, i * krow + lane + 32 * u, dy[j][u]);
+            }
+        }
+    }
+}
+
+// gdr_grad7 (bf16 states; TQ: the q, k the row dots read, as gdr_grad6).
+#define GDR_GRAD7_ENTRY(TQ, S, DK, DV)                                                                  \
+    extern "C" __global__ void __launch_bounds__(GDR_NT, 1) gdr_grad7_##S##_d##DK##_v##DV(              \
+        const bf16_t* q_raw, const bf16_t* k_raw, const TQ* q, const TQ* k, const bf16_t* qb,           \
+        const bf16_t* kb, const bf16_t* v, const bf16_t* beta, const bf16_t* d_o, const float* gam_ws,  \
+        const float* t_ws, const bf16_t* h_ws, const bf16_t* dh_ws, const float* d_ws,                  \
+        const float* dd_ws, const i64* ch_t0, const int* ch_len, int hk, int hv, float scale,           \
+        int l2norm, float* dqa, float* dka, bf16_t* dq_out, bf16_t* dk_out, bf16_t* dv_out, float* dg,  \
+        bf16_t* dbeta) {                                                                                \
+        gdr_grad7<TQ, DK, DV>(q_raw, k_raw, q, k, qb, kb, v, beta, d_o, gam_ws, t_ws, h_ws, dh_ws, d_ws, \
+                              dd_ws, ch_t0, ch_len, hk, hv, scale, l2norm, dqa, dka, dq_out, dk_out,    \
+                              dv_out, dg, dbeta);                                                       \
+    }
+
+GDR_GRAD7_ENTRY(bf16_t, bf16, 64, 64)
+GDR_GRAD7_ENTRY(bf16_t, bf16, 64, 128)
+GDR_GRAD7_ENTRY(bf16_t, bf16, 128, 64)
+GDR_GRAD7_ENTRY(bf16_t, bf16, 128, 128)
+GDR_GRAD7_ENTRY(float, bf16n, 64, 64)
+GDR_GRAD7_ENTRY(float, bf16n, 64, 128)
+GDR_GRAD7_ENTRY(float, bf16n, 128, 64)
+GDR_GRAD7_ENTRY(float, bf16n, 128, 128)
