@@ -580,7 +580,7 @@ fn ref_fwd(c: &Case) -> (Vec<f64>, Vec<f64>) {
 fn strong(mut c: Case) -> Case {
     let dk = c.shape.dk;
     for (i, g) in c.g.iter_mut().enumerate() {
-        *g = if (i % dk) % 2 == 0 {
+        *g = if (i % dk).is_multiple_of(2) {
             20.0 * *g - 10.0
         } else {
             *g / 20.0

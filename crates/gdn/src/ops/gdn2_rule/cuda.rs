@@ -403,11 +403,18 @@ struct ChunkedIo<'a> {
     fin: Option<&'a GBuf<f32>>,
 }
 
-/// Chunk tables of the chunked kernels: global first token `[chunks]` (i64) and length
-/// `[chunks]` (i32) of every 64-token chunk, sequence after sequence, and the first chunk of
-/// every sequence `[N + 1]` (i64). Empty sequences have no chunk. The device tables hold at least
+/// Chunk tables of the chunked kernels: global first token `t0` `[chunks]` (i64) and length `len`
+/// `[chunks]` (i32) of every 64-token chunk, sequence after sequence, and the first chunk of every
+/// sequence `chf` `[N + 1]` (i64). Empty sequences have no chunk. The device tables hold at least
 /// one element.
-fn chunk_tables(gpu: &Arc<Gpu>, seqs: &Seqs) -> Result<(GBuf<i64>, GBuf<i32>, GBuf<i64>, usize)> {
+struct ChunkTables {
+    t0: GBuf<i64>,
+    len: GBuf<i32>,
+    chf: GBuf<i64>,
+    chunks: usize,
+}
+
+fn chunk_tables(gpu: &Arc<Gpu>, seqs: &Seqs) -> Result<ChunkTables> {
     let (mut t0, mut len, mut chf) = (Vec::new(), Vec::new(), vec![0i64]);
     for n in 0..seqs.count() {
         let r = seqs.range(n);
@@ -425,12 +432,12 @@ fn chunk_tables(gpu: &Arc<Gpu>, seqs: &Seqs) -> Result<(GBuf<i64>, GBuf<i32>, GB
         t0.push(0);
         len.push(0);
     }
-    Ok((
-        gpu.upload(&t0)?,
-        gpu.upload(&len)?,
-        gpu.upload(&chf)?,
+    Ok(ChunkTables {
+        t0: gpu.upload(&t0)?,
+        len: gpu.upload(&len)?,
+        chf: gpu.upload(&chf)?,
         chunks,
-    ))
+    })
 }
 
 /// Shared memory (bytes) of `g2c_prep` (see the kernel).
@@ -475,7 +482,12 @@ fn chunked_forward(
     dt: DType,
 ) -> Result<()> {
     let st = gpu.stream();
-    let (ch_t0, ch_len, chf, chunks) = chunk_tables(gpu, seqs)?;
+    let ChunkTables {
+        t0: ch_t0,
+        len: ch_len,
+        chf,
+        chunks,
+    } = chunk_tables(gpu, seqs)?;
     let ch = chunks * s.hv;
     let ws_u = out_f32(gpu, ch * CK * s.dv)?;
     let ws_wm = out_f32(gpu, ch * CK * s.dk)?;

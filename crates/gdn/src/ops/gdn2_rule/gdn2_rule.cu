@@ -449,29 +449,54 @@ __device__ void g2c_prep(const TQ* __restrict__ q, const TQ* __restrict__ k, con
 #define G2C_GD(i, jj, x) \
     expf((sGh[(i) * LX + (x)] - sGh[(jj) * LX + (x)]) + (sGl[(i) * LX + (x)] - sGl[(jj) * LX + (x)]))
 
-    // 2. Diagonal 16x16 blocks of A and M, one warp per (i, j <= i), lanes over channels.
+    // 2. Diagonal 16x16 blocks of A and M, one block row I at a time: thread (il, xs) =
+    //    (tid / 16, tid % 16) keeps row i's Q, Kb, Gam on channels xs + 16 p in registers and walks
+    //    j <= i (a warp holds rows il & ~1 and il | 1 and walks to the larger; the other row's
+    //    extra steps are discarded); the 16 channel slices of a row (one half-warp) are summed by
+    //    shuffles in a fixed order.
     {
-        const int warp = tid >> 5, lane = tid & 31;
-        for (int p = warp; p < 4 * 136; p += G2C_NT / 32) {
-            const int I = p / 136;
-            int r = p - I * 136, il = 0;
-            while (r > il) {
-                r -= il + 1;
-                ++il;
+        const int il = tid >> 4, xs = tid & 15;
+        const int np = dk >> 4;  // channels per thread, <= 8
+        for (int I = 0; I < 4; ++I) {
+            const int i = 16 * I + il;
+            float qi[8], kbi[8], ghi[8], gli[8];
+#pragma unroll
+            for (int p = 0; p < 8; ++p) {
+                qi[p] = kbi[p] = ghi[p] = gli[p] = 0.f;
+                if (p < np) {
+                    const int x = xs + 16 * p;
+                    qi[p] = sQ[i * LX + x];
+                    kbi[p] = sKb[i * LX + x];
+                    ghi[p] = sGh[i * LX + x];
+                    gli[p] = sGl[i * LX + x];
+                }
             }
-            const int i = 16 * I + il, jj = 16 * I + r;
-            float sa = 0.f, sm = 0.f;
-            for (int x = lane; x < dk; x += 32) {
-                const float e = (i == jj) ? 1.f : G2C_GD(i, jj, x);
-                const float kk = e * sK[jj * LX + x];
-                sa += sQ[i * LX + x] * kk;
-                sm += sKb[i * LX + x] * kk;
-            }
-            sa = warp_sum(sa);
-            sm = warp_sum(sm);
-            if (lane == 0) {
-                a_out[i * G2C_C + jj] = sa;
-                sM[i * 65 + jj] = (jj < i) ? sm : 0.f;
+            for (int jl = 0; jl <= (il | 1); ++jl) {
+                const int jj = 16 * I + jl;
+                float sa = 0.f, sm = 0.f;
+                if (jl <= il) {
+#pragma unroll
+                    for (int p = 0; p < 8; ++p) {
+                        if (p < np) {
+                            const int x = xs + 16 * p;
+                            const float e = (jl == il)
+                                                ? 1.f
+                                                : expf((ghi[p] - sGh[jj * LX + x]) + (gli[p] - sGl[jj * LX + x]));
+                            const float kk = e * sK[jj * LX + x];
+                            sa += qi[p] * kk;
+                            sm += kbi[p] * kk;
+                        }
+                    }
+                }
+#pragma unroll
+                for (int o = 8; o > 0; o >>= 1) {
+                    sa += __shfl_xor_sync(0xffffffffu, sa, o);
+                    sm += __shfl_xor_sync(0xffffffffu, sm, o);
+                }
+                if (xs == 0 && jl <= il) {
+                    a_out[i * G2C_C + jj] = sa;
+                    sM[i * 65 + jj] = (jl < il) ? sm : 0.f;
+                }
             }
         }
     }
@@ -509,19 +534,26 @@ __device__ void g2c_prep(const TQ* __restrict__ q, const TQ* __restrict__ k, con
     __syncthreads();
 #undef G2C_GD
 
-    // 4. Strips below the diagonal blocks: rows of block I against columns [0, 16 I).
+    // 4. Strips below the diagonal blocks: rows of block I against columns [0, 16 I), from
+    //    Kl = Kdn * c_IJ (built per I in Gam-lo's space, free now).
     {
         const int il = tid >> 4, jl = tid & 15;
+        float* sKl = sGl;
         for (int I = 1; I < 4; ++I) {
+            const float* cI = sC + (I * (I - 1) / 2) * dk;
+            for (int idx = tid; idx < 16 * I * dk; idx += G2C_NT) {
+                const int jj = idx / dk, x = idx - jj * dk;
+                sKl[jj * LX + x] = sK[jj * LX + x] * cI[(jj >> 4) * dk + x];
+            }
+            __syncthreads();
             const int i = 16 * I + il;
             float sa[3] = {0.f, 0.f, 0.f}, sm[3] = {0.f, 0.f, 0.f};
-            const float* cI = sC + (I * (I - 1) / 2) * dk;
             for (int x = 0; x < dk; ++x) {
                 const float qv = sQ[i * LX + x], kbv = sKb[i * LX + x];
 #pragma unroll
                 for (int m = 0; m < 3; ++m) {
                     if (m < I) {
-                        const float kk = sK[(16 * m + jl) * LX + x] * cI[m * dk + x];
+                        const float kk = sKl[(16 * m + jl) * LX + x];
                         sa[m] += qv * kk;
                         sm[m] += kbv * kk;
                     }
@@ -534,9 +566,9 @@ __device__ void g2c_prep(const TQ* __restrict__ q, const TQ* __restrict__ k, con
                     sM[i * 65 + 16 * m + jl] = sm[m];
                 }
             }
+            __syncthreads();
         }
     }
-    __syncthreads();
 
     // 5. W * V into sK's space; T's diagonal blocks (thread = column) into sT (Q's space).
     for (int idx = tid; idx < G2C_C * dv; idx += G2C_NT) {
