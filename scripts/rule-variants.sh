@@ -66,6 +66,9 @@ step rule-table-prep-v7 150 env GDN_RULE_PREP=v7 "$g/bench_rule"
 grep -E "^bench-rule" "$OUT/rule-table-prep-v7.log" | cut -c1-900
 step rule-table-bwd-v7 150 env GDN_RULE_BWD=v7 "$g/bench_rule"
 grep -E "^bench-rule" "$OUT/rule-table-bwd-v7.log" | cut -c1-900
+step rule-table-bwd-v6 150 env GDN_RULE_BWD=v6 "$g/bench_rule"
+grep -E "^bench-rule" "$OUT/rule-table-bwd-v6.log" | cut -c1-900
+step rule2 300 "$g/bench_rule2"; grep -E "^bench-rule2" "$OUT/rule2.log" | cut -c1-700  # GDN2 chunked vs recurrent (issue 17)
 if [ "${RULE_EXTRA:-0}" = 1 ]; then
     step test-gpu_rule-env-fwd-v5 200 env GDN_RULE_FWD=v5 "$g/test-gpu_rule" --include-ignored --test-threads=1 --nocapture bf16 two_runs
     grep -E "gdr-check bf16|gdr-check bitwise|^test |panicked|test result" "$OUT/test-gpu_rule-env-fwd-v5.log" | cut -c1-300

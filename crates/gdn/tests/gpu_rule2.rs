@@ -1,12 +1,16 @@
 //! The CUDA GDN2 rule against the CPU op (f32 storage) and the f64 recurrence (bf16 storage),
 //! with poisoned outputs and workspaces, exact-zero padding rows (packed sequences with empty and
-//! length-1 ones) and bitwise reproducibility. Run on the device machine with
+//! length-1 ones) and bitwise reproducibility. The chunked forward (the default) is also checked
+//! on its own against the f64 recurrence and the token-recurrence kernel (`gdn2_chunked_*`). Run on the device machine with
 //! `--include-ignored --nocapture`: every check prints one line (`gdn2-check ...`).
 
 use std::sync::Arc;
 
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
-use gdn::ops::gdn2_rule::cuda::{backward as backward_cuda, forward as forward_cuda, set_poison};
+use gdn::ops::gdn2_rule::cuda::{
+    backward as backward_cuda, chunked_supports, forward as forward_cuda, forward_with, set_poison,
+    Fwd,
+};
 use gdn::ops::gdn2_rule::reference::{self, RefInputs};
 use gdn::ops::gdn2_rule::{self as g2, RuleOpts, RuleShape};
 use gdn::testutil::{max_rel_err as max_rel, rms_rel_err as rms_rel};
@@ -513,5 +517,303 @@ fn gdn2_two_runs_are_bitwise_identical() {
         let same = a.bits() == b.bits();
         println!("gdn2-check bitwise {dt:?}: identical={same}");
         assert!(same, "{dt:?}: two runs differ");
+    }
+}
+
+// ---- the chunked forward (issue 17) against the f64 recurrence and the recurrence kernel ----
+
+/// Forward only, with the chosen kernels: (o, final state).
+fn fwd_gpu(gpu: &Arc<Gpu>, c: &Case, dt: DType, fwd: Fwd) -> (Vec<f32>, Vec<f32>) {
+    let up = |x: &[f32]| DBuf::upload(gpu, x, dt).unwrap();
+    let up32 = |x: &[f32]| -> GBuf<f32> { gpu.upload(x).unwrap() };
+    let (q, k, v, b, w) = (up(&c.q), up(&c.k), up(&c.v), up(&c.b), up(&c.w));
+    let g = up32(&c.g);
+    let h0 = c.h0.as_deref().map(up32);
+    let (o, fin) = forward_with(
+        gpu,
+        fwd,
+        &q,
+        &k,
+        &v,
+        &g,
+        &b,
+        &w,
+        &c.seqs,
+        c.shape,
+        c.opts,
+        h0.as_ref(),
+        true,
+    )
+    .unwrap();
+    assert_eq!(o.dtype(), dt);
+    (
+        o.download().unwrap(),
+        gpu.download(fin.as_ref().unwrap()).unwrap(),
+    )
+}
+
+/// The f64 recurrence's (o, final state).
+fn ref_fwd(c: &Case) -> (Vec<f64>, Vec<f64>) {
+    let f = |x: &[f32]| x.iter().map(|&a| a as f64).collect::<Vec<f64>>();
+    let (q, k, v, g, b, w) = (f(&c.q), f(&c.k), f(&c.v), f(&c.g), f(&c.b), f(&c.w));
+    let h0 = c.h0.as_deref().map(f);
+    let inp = RefInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        g: &g,
+        b: &b,
+        w: &w,
+        cu: c.seqs.cu(),
+        tokens: c.seqs.tokens(),
+        shape: c.shape,
+        scale: c.opts.scale as f64,
+        l2norm_in_kernel: c.opts.l2norm_in_kernel,
+        h0: h0.as_deref(),
+    };
+    reference::forward(&inp)
+}
+
+/// Strongly decaying gates on every other key channel (g = 20 logsigmoid(z) - 10: a 64-token
+/// chunk decays by e^-1000 and more, which overflows any whole-chunk e^-Gam), nearly no decay on
+/// the others (g = logsigmoid(z) / 20).
+fn strong(mut c: Case) -> Case {
+    let dk = c.shape.dk;
+    for (i, g) in c.g.iter_mut().enumerate() {
+        *g = if (i % dk).is_multiple_of(2) {
+            20.0 * *g - 10.0
+        } else {
+            *g / 20.0
+        };
+    }
+    c.name += " strong";
+    c
+}
+
+/// The chunked forward's cases: Dk 16 .. 256 (256: the recurrence fallback), Dv 48 / 128, GVA 1 /
+/// 2, T 1 .. 300 with partial chunks, states, packed sequences with empty and length-1 ones and
+/// padding, in-kernel and caller-side l2norm, strongly decaying gates.
+fn chunked_cases(bf16: bool) -> Vec<Case> {
+    let s = if bf16 { 100 } else { 200 };
+    vec![
+        case(
+            "T1 1/1 d64",
+            Seqs::uniform(1, 1),
+            sh(1, 1, 64, 64),
+            false,
+            false,
+            s + 1,
+            bf16,
+        ),
+        case(
+            "T63 1/2 d128 norm",
+            Seqs::uniform(1, 63),
+            sh(1, 2, 128, 128),
+            true,
+            true,
+            s + 2,
+            bf16,
+        ),
+        case(
+            "T64x2 2/2 d64x48",
+            Seqs::uniform(2, 64),
+            sh(2, 2, 64, 48),
+            false,
+            true,
+            s + 3,
+            bf16,
+        ),
+        case(
+            "T65 1/1 d128x48 norm",
+            Seqs::uniform(1, 65),
+            sh(1, 1, 128, 48),
+            true,
+            false,
+            s + 4,
+            bf16,
+        ),
+        case(
+            "T300 1/2 d128 norm",
+            Seqs::uniform(1, 300),
+            sh(1, 2, 128, 128),
+            true,
+            true,
+            s + 5,
+            bf16,
+        ),
+        case(
+            "packed 2/4 d64 norm",
+            packed(),
+            sh(2, 4, 64, 64),
+            true,
+            true,
+            s + 6,
+            bf16,
+        ),
+        case(
+            "packed 1/2 d128x48",
+            packed(),
+            sh(1, 2, 128, 48),
+            false,
+            true,
+            s + 7,
+            bf16,
+        ),
+        case(
+            "T100 1/1 d16",
+            Seqs::uniform(1, 100),
+            sh(1, 1, 16, 16),
+            true,
+            true,
+            s + 8,
+            bf16,
+        ),
+        case(
+            "T90 1/2 d32x48",
+            Seqs::uniform(1, 90),
+            sh(1, 2, 32, 48),
+            false,
+            false,
+            s + 9,
+            bf16,
+        ),
+        strong(case(
+            "T200x2 2/2 d64x128",
+            Seqs::uniform(2, 200),
+            sh(2, 2, 64, 128),
+            true,
+            true,
+            s + 10,
+            bf16,
+        )),
+        strong(case(
+            "packed 1/2 d128",
+            packed(),
+            sh(1, 2, 128, 128),
+            true,
+            true,
+            s + 11,
+            bf16,
+        )),
+        case(
+            "T70 1/1 d256 fallback",
+            Seqs::uniform(1, 70),
+            sh(1, 1, 256, 64),
+            true,
+            true,
+            s + 12,
+            bf16,
+        ),
+    ]
+}
+
+/// Finite everywhere, padding rows of o exactly zero.
+fn check_fwd_written(c: &Case, o: &[f32], fin: &[f32], what: &str, fails: &mut Vec<String>) {
+    let w = c.shape.hv * c.shape.dv;
+    for (name, x) in [("o", o), ("final_state", fin)] {
+        if let Some(i) = x.iter().position(|a| !a.is_finite()) {
+            fails.push(format!(
+                "{} {what}: {name}[{i}] = {} (unwritten or non-finite)",
+                c.name, x[i]
+            ));
+        }
+    }
+    if o[c.seqs.used() * w..].iter().any(|&a| a != 0.0) {
+        fails.push(format!("{} {what}: o padding rows are not zero", c.name));
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gdn2_chunked_f32_matches_f64_and_recurrence() {
+    let gpu = gpu();
+    let mut fails = Vec::new();
+    for c in &chunked_cases(false) {
+        let (o, fin) = fwd_gpu(&gpu, c, DType::F32, Fwd::Chunked);
+        let (ro, rfin) = fwd_gpu(&gpu, c, DType::F32, Fwd::Recurrent);
+        check_fwd_written(c, &o, &fin, "chunked f32", &mut fails);
+        check_fwd_written(c, &ro, &rfin, "recurrent f32", &mut fails);
+        let (fo, ffin) = ref_fwd(c);
+        let f64s = |x: &[f32]| x.iter().map(|&a| a as f64).collect::<Vec<f64>>();
+        let mut line = format!("gdn2-check chunked-f32 {:<30}", c.name);
+        for (name, x, r, f) in [("o", &o, &ro, &fo), ("final_state", &fin, &rfin, &ffin)] {
+            let e = max_rel(x, f);
+            let er = max_rel(r, f);
+            let ecr = max_rel(x, &f64s(r));
+            line +=
+                &format!(" {name}: vs-f64={e:.1e} (recurrence {er:.1e}) vs-recurrence={ecr:.1e}");
+            if e.is_nan() || e > 5e-6 {
+                fails.push(format!(
+                    "{}: chunked f32 {name} vs f64: {e:.3e} > 5e-6",
+                    c.name
+                ));
+            }
+            if ecr.is_nan() || ecr > 1e-5 {
+                fails.push(format!(
+                    "{}: chunked f32 {name} vs recurrence: {ecr:.3e} > 1e-5",
+                    c.name
+                ));
+            }
+        }
+        if !chunked_supports(c.shape) && (o != ro || fin != rfin) {
+            fails.push(format!("{}: the fallback is not the recurrence", c.name));
+        }
+        println!("{line}");
+    }
+    finish(fails);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gdn2_chunked_bf16_matches_f64() {
+    let gpu = gpu();
+    let mut fails = Vec::new();
+    for c in &chunked_cases(true) {
+        let (o, fin) = fwd_gpu(&gpu, c, DType::Bf16, Fwd::Chunked);
+        let (ro, rfin) = fwd_gpu(&gpu, c, DType::Bf16, Fwd::Recurrent);
+        check_fwd_written(c, &o, &fin, "chunked bf16", &mut fails);
+        let (fo, ffin) = ref_fwd(c);
+        let mut line = format!("gdn2-check chunked-bf16 {:<29}", c.name);
+        for (name, x, r, f) in [("o", &o, &ro, &fo), ("final_state", &fin, &rfin, &ffin)] {
+            let e = rms_rel(x, f);
+            let er = rms_rel(r, f);
+            line += &format!(" {name}={e:.2e} (recurrence {er:.2e})");
+            if e.is_nan() || e > 5e-3 {
+                fails.push(format!(
+                    "{}: chunked bf16 {name}: RMS rel {e:.3e} > 5e-3",
+                    c.name
+                ));
+            }
+        }
+        println!("{line}");
+    }
+    finish(fails);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gdn2_chunked_two_runs_are_bitwise_identical() {
+    let gpu = gpu();
+    for (dt, bf) in [(DType::Bf16, true), (DType::F32, false)] {
+        let c = strong(case(
+            "bitwise",
+            Seqs::packed(&[0, 0, 1, 100, 300], 303).unwrap(),
+            sh(1, 2, 128, 128),
+            true,
+            true,
+            43,
+            bf,
+        ));
+        let a = fwd_gpu(&gpu, &c, dt, Fwd::Chunked);
+        let b = fwd_gpu(&gpu, &c, dt, Fwd::Chunked);
+        let bits = |x: &(Vec<f32>, Vec<f32>)| {
+            x.0.iter()
+                .chain(&x.1)
+                .map(|a| a.to_bits())
+                .collect::<Vec<u32>>()
+        };
+        let same = bits(&a) == bits(&b);
+        println!("gdn2-check chunked-bitwise {dt:?}: identical={same}");
+        assert!(same, "{dt:?}: two runs of the chunked forward differ");
     }
 }

@@ -8,8 +8,15 @@
 //! Storage: q, k, v, b, w (and d_o) are all f32 or all bf16; `g` is f32. Math and workspaces are
 //! fp32. No atomics, fixed reduction orders: two runs give the same bits.
 //!
-//! Design (simple, not fast): a token-by-token recurrence, one block per (sequence, value head,
-//! V tile of 32 columns) with the state tile in registers. Backward stores the state at the start
+//! Forward (issue 17): chunked by default ([`Fwd::Chunked`], kernels `g2c_*`: per (chunk, value
+//! head) prep of the WY/UT pieces with per-channel decay in 16-row sub-chunks, a sequential scan
+//! over the chunks per (sequence, value head, V tile) carrying the state, then the output per
+//! chunk; fp32 math and workspaces; Dk, Dv <= 128, larger heads fall back to the recurrence).
+//! `GDN_RULE2=recurrent` selects the token-by-token recurrence ([`Fwd::Recurrent`]), which the
+//! tests compare against.
+//!
+//! Backward (and the recurrent forward): a token-by-token recurrence, one block per (sequence,
+//! value head, V tile of 32 columns) with the state tile in registers. Backward stores the state at the start
 //! of every 64-token chunk, then walks the chunks in reverse, recomputing each chunk's states into
 //! a per-block workspace (`64 * Dk * 32` floats per block). Per-tile partials of dq, dk, dg, db
 //! are summed in tile order; the GVA sum and the l2 norm's backward reuse the gated delta rule's
@@ -227,11 +234,76 @@ fn tiles(s: RuleShape) -> usize {
     s.dv.div_ceil(32)
 }
 
-/// Forward on the GPU. Returns `o` `[tokens, Hv, Dv]` (storage type of q) and, if
-/// `output_final_state`, the final states `[N, Hv, Dk, Dv]` fp32.
+/// Which forward kernels run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fwd {
+    /// The token-by-token recurrence (`g2_fwd_*`).
+    Recurrent,
+    /// The chunked kernels (`g2c_prep_*`, `g2c_scan*`, `g2c_out_*`) where
+    /// [`chunked_supports`] says yes, else the recurrence.
+    Chunked,
+}
+
+impl Fwd {
+    /// `GDN_RULE2=recurrent` picks the recurrence; anything else (or unset) the chunked kernels.
+    pub fn from_env() -> Fwd {
+        match std::env::var("GDN_RULE2").as_deref() {
+            Ok("recurrent") => Fwd::Recurrent,
+            _ => Fwd::Chunked,
+        }
+    }
+}
+
+/// Largest `Dk` / `Dv` of the chunked forward (its prep kernel keeps six `[64, max(Dk, Dv)]`
+/// fp32 matrices in shared memory).
+pub const CHUNKED_MAX_HEAD_DIM: usize = 128;
+
+/// Whether the chunked forward runs this shape (otherwise [`Fwd::Chunked`] falls back to the
+/// recurrence). `Dk`, `Dv` are multiples of 16 (checked for every forward).
+pub fn chunked_supports(s: RuleShape) -> bool {
+    s.dk <= CHUNKED_MAX_HEAD_DIM && s.dv <= CHUNKED_MAX_HEAD_DIM
+}
+
+/// Forward on the GPU with the kernels [`Fwd::from_env`] names (chunked by default). Returns `o`
+/// `[tokens, Hv, Dv]` (storage type of q) and, if `output_final_state`, the final states
+/// `[N, Hv, Dk, Dv]` fp32.
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     gpu: &Arc<Gpu>,
+    q: &DBuf,
+    k: &DBuf,
+    v: &DBuf,
+    g: &GBuf<f32>,
+    b: &DBuf,
+    w: &DBuf,
+    seqs: &Seqs,
+    shape: RuleShape,
+    opts: RuleOpts,
+    initial_state: Option<&GBuf<f32>>,
+    output_final_state: bool,
+) -> Result<(DBuf, Option<GBuf<f32>>)> {
+    forward_with(
+        gpu,
+        Fwd::from_env(),
+        q,
+        k,
+        v,
+        g,
+        b,
+        w,
+        seqs,
+        shape,
+        opts,
+        initial_state,
+        output_final_state,
+    )
+}
+
+/// [`forward`] with the kernels chosen by the caller.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_with(
+    gpu: &Arc<Gpu>,
+    fwd: Fwd,
     q: &DBuf,
     k: &DBuf,
     v: &DBuf,
@@ -261,6 +333,29 @@ pub fn forward(
         None
     };
     let mut o = out_d(gpu, seqs.tokens() * s.hv * s.dv, dt)?;
+    if fwd == Fwd::Chunked && chunked_supports(s) {
+        let x = ChunkedIo {
+            q: qq,
+            k: kk,
+            v,
+            g,
+            b,
+            w,
+            h0: initial_state,
+            o: &o,
+            fin: fin.as_ref(),
+        };
+        chunked_forward(gpu, &x, seqs, s, opts, dt)?;
+        zero_tail(
+            "gdn2 rule",
+            gpu,
+            &mut o,
+            seqs.used(),
+            seqs.tokens(),
+            s.hv * s.dv,
+        )?;
+        return Ok((o, fin));
+    }
     launch(
         gpu,
         MODULE,
@@ -293,6 +388,186 @@ pub fn forward(
         s.hv * s.dv,
     )?;
     Ok((o, fin))
+}
+
+/// Buffers of one chunked forward (q, k already normalized when the norm is in the kernel).
+struct ChunkedIo<'a> {
+    q: &'a DBuf,
+    k: &'a DBuf,
+    v: &'a DBuf,
+    g: &'a GBuf<f32>,
+    b: &'a DBuf,
+    w: &'a DBuf,
+    h0: Option<&'a GBuf<f32>>,
+    o: &'a DBuf,
+    fin: Option<&'a GBuf<f32>>,
+}
+
+/// Chunk tables of the chunked kernels: global first token `t0` `[chunks]` (i64) and length `len`
+/// `[chunks]` (i32) of every 64-token chunk, sequence after sequence, and the first chunk of every
+/// sequence `chf` `[N + 1]` (i64). Empty sequences have no chunk. The device tables hold at least
+/// one element.
+struct ChunkTables {
+    t0: GBuf<i64>,
+    len: GBuf<i32>,
+    chf: GBuf<i64>,
+    chunks: usize,
+}
+
+fn chunk_tables(gpu: &Arc<Gpu>, seqs: &Seqs) -> Result<ChunkTables> {
+    let (mut t0, mut len, mut chf) = (Vec::new(), Vec::new(), vec![0i64]);
+    for n in 0..seqs.count() {
+        let r = seqs.range(n);
+        let mut c = r.start;
+        while c < r.end {
+            let l = CK.min(r.end - c);
+            t0.push(c as i64);
+            len.push(l as i32);
+            c += l;
+        }
+        chf.push(t0.len() as i64);
+    }
+    let chunks = t0.len();
+    if chunks == 0 {
+        t0.push(0);
+        len.push(0);
+    }
+    Ok(ChunkTables {
+        t0: gpu.upload(&t0)?,
+        len: gpu.upload(&len)?,
+        chf: gpu.upload(&chf)?,
+        chunks,
+    })
+}
+
+/// Shared memory (bytes) of `g2c_prep` (see the kernel).
+fn prep_smem(s: RuleShape) -> usize {
+    let lx = (s.dk.max(s.dv) + 1).max(68);
+    4 * (6 * CK * lx + CK * 65 + 6 * s.dk)
+}
+
+/// Shared memory (bytes) of `g2c_scan{bv}`: two buffers of operands, then (16) the state tile
+/// and D, or (32) the transposed state, transposed D and a partial product.
+fn scan_smem(s: RuleShape, bv: usize) -> usize {
+    let ops = 2 * (2 * CK * s.dk + CK * bv + s.dk);
+    4 * match bv {
+        16 => ops + s.dk * bv + CK * bv,
+        _ => ops + bv * (s.dk + 4) + bv * (CK + 4) + CK * bv,
+    }
+}
+
+/// Shared memory (bytes) of `g2c_out_*`.
+fn out_smem(s: RuleShape) -> usize {
+    4 * (CK * s.dk + CK * CK + 64 * (s.dk + 4) + 64 * (CK + 4))
+}
+
+/// State columns per block of the chunked scan: 32 where Dv allows it, else 16;
+/// `GDN_RULE2_BV=16|32` forces one (where it divides Dv).
+fn scan_bv(s: RuleShape) -> usize {
+    match std::env::var("GDN_RULE2_BV").as_deref() {
+        Ok("16") => 16,
+        Ok("32") if s.dv.is_multiple_of(32) => 32,
+        _ if s.dv.is_multiple_of(32) => 32,
+        _ => 16,
+    }
+}
+
+/// The chunked forward: `g2c_prep`, `g2c_scan`, `g2c_out` (kernels' header comment).
+fn chunked_forward(
+    gpu: &Arc<Gpu>,
+    x: &ChunkedIo,
+    seqs: &Seqs,
+    s: RuleShape,
+    opts: RuleOpts,
+    dt: DType,
+) -> Result<()> {
+    let st = gpu.stream();
+    let ChunkTables {
+        t0: ch_t0,
+        len: ch_len,
+        chf,
+        chunks,
+    } = chunk_tables(gpu, seqs)?;
+    let ch = chunks * s.hv;
+    let ws_u = out_f32(gpu, ch * CK * s.dv)?;
+    let ws_wm = out_f32(gpu, ch * CK * s.dk)?;
+    let ws_qg = out_f32(gpu, ch * CK * s.dk)?;
+    let ws_kd = out_f32(gpu, ch * CK * s.dk)?;
+    let ws_a = out_f32(gpu, ch * CK * CK)?;
+    let ws_egl = out_f32(gpu, ch * s.dk)?;
+    launch_in(
+        gpu,
+        MODULE,
+        &format!("g2c_prep_{}", rule_sfx(dt, opts)),
+        ch,
+        prep_smem(s),
+        &[
+            dptr(x.q, st),
+            dptr(x.k, st),
+            dptr(x.v, st),
+            ptr(x.g, st),
+            dptr(x.b, st),
+            dptr(x.w, st),
+            ptr(&ch_t0, st),
+            ptr(&ch_len, st),
+            i32_arg(s.hk),
+            i32_arg(s.hv),
+            i32_arg(s.dk),
+            i32_arg(s.dv),
+            ptr(&ws_u, st),
+            ptr(&ws_wm, st),
+            ptr(&ws_qg, st),
+            ptr(&ws_kd, st),
+            ptr(&ws_a, st),
+            ptr(&ws_egl, st),
+        ],
+    )?;
+    let ws_h = out_f32(gpu, ch * s.dk * s.dv)?;
+    let ws_d = out_f32(gpu, ch * CK * s.dv)?;
+    let bv = scan_bv(s);
+    launch_in(
+        gpu,
+        MODULE,
+        &format!("g2c_scan{bv}"),
+        seqs.count() * s.hv * (s.dv / bv),
+        scan_smem(s, bv),
+        &[
+            ptr(&ws_u, st),
+            ptr(&ws_wm, st),
+            ptr(&ws_kd, st),
+            ptr(&ws_egl, st),
+            ptr(&chf, st),
+            i32_arg(s.hv),
+            i32_arg(s.dk),
+            i32_arg(s.dv),
+            optr(x.h0, st),
+            ptr(&ws_h, st),
+            ptr(&ws_d, st),
+            optr(x.fin, st),
+        ],
+    )?;
+    drop((ws_u, ws_wm, ws_kd, ws_egl));
+    launch_in(
+        gpu,
+        MODULE,
+        &format!("g2c_out_{}", suffix(dt)),
+        ch * s.dv.div_ceil(64),
+        out_smem(s),
+        &[
+            ptr(&ws_qg, st),
+            ptr(&ws_a, st),
+            ptr(&ws_h, st),
+            ptr(&ws_d, st),
+            ptr(&ch_t0, st),
+            ptr(&ch_len, st),
+            i32_arg(s.hv),
+            i32_arg(s.dk),
+            i32_arg(s.dv),
+            Arg::F32(opts.scale),
+            dptr(x.o, st),
+        ],
+    )?;
+    Ok(())
 }
 
 /// Backward on the GPU from `d_o` `[tokens, Hv, Dv]` (storage type of q) and optionally the

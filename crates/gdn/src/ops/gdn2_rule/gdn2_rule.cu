@@ -335,3 +335,657 @@ extern "C" __global__ void __launch_bounds__(G2_NT)
                    i64 tokens, i64 used, int hv, int dk, float* dq, float* dk_out, float* dg, bf16_t* db) {
     g2_reduce<bf16_t>(dq_p, dk_p, dg_p, db_p, tiles, tokens, used, hv, dk, dq, dk_out, dg, db);
 }
+
+// =============================================================================================
+// Chunked forward (issue 17): the algorithm of cpu.rs on the GPU, chunk C = 64 rows, per-channel
+// decay handled in sub-chunks of 16 rows so that no exponential overflows. Dk, Dv <= 128.
+//
+// Within a chunk of l <= 64 rows (rows >= l are zero rows with g = 0) with start state S0, per
+// key channel c: Gam = inclusive cumsum of g over the chunk's rows (summed in f64, kept as
+// hi + lo f32 so that a difference of two rows is accurate), gd(i, j) = e^(Gam_i - Gam_j),
+// Kb = B * K, eg = e^Gam, ed = e^(Gam_63 - Gam) (Gam_63 = Gam_{l-1}: padding rows add 0):
+//
+//   M_ij = sum_c Kb_ic gd_c(i, j) K_jc   (j < i)       A_ij = sum_c Q_ic gd_c(i, j) K_jc  (j <= i)
+//   T  = (I + M)^-1,   U = T (W * V),   Wm = T (Kb * eg)
+//   D  = U - Wm S0,    O = scale ((Q * eg) S0 + A D),   S1 = Diag(eg_63) S0 + (K * ed)^T D
+//
+// M and A by 16-row sub-chunks (I = row block, J = column block):
+//   - diagonal blocks (J = I): elementwise, the exponent Gam_i - Gam_j <= 0 taken first;
+//   - J < I: with ref_I = 16 I - 1 (the row before block I) and r_J = 16 J + 15 (J's last row),
+//     gd(i, j) = e^(Gam_i - Gam_ref_I) * e^(Gam_ref_I - Gam_r_J) * e^(Gam_r_J - Gam_j), three
+//     factors in [0, 1] (j <= r_J <= ref_I < i): the strip A[I, 0..16I) is the product of
+//     Qup_I = Q_I * e^(Gam_I - Gam_ref_I) and (Kdn * c_IJ)^T, Kdn_j = K_j e^(Gam_r_J - Gam_j),
+//     c_IJ = e^(Gam_ref_I - Gam_r_J) (a vector over channels; 1 for J = I - 1). Same for M with
+//     Kbup. Nothing overflows; what underflows is negligible next to what is kept.
+//   - T by 16x16 blocks: diagonal blocks by substitution (one thread per column), then block rows
+//     I = 1..3: T_IJ = -T_II sum_{K=J}^{I-1} M_IK T_KJ.
+//
+// Kernels (256 threads, dynamic shared memory):
+//   g2c_prep   per (chunk, value head): Gam, M, A, T, U, Wm; writes U, Wm, A, Qg = Q * eg,
+//              Kd = K * ed, eg_63 to fp32 workspaces (rows >= l zero)
+//   g2c_scan   per (sequence, value head, V tile of BV = 16 or 32 columns): walks the chunks with
+//              the state tile S [Dk, BV] fp32 in shared memory: stores h[c] = S, D = U - Wm S,
+//              then S = eg_63 * S + Kd^T D; the next chunk's Wm, Kd, U, eg_63 are fetched with
+//              cp.async while the current one computes (double buffer); final state
+//   g2c_out    per (chunk, value head, 64 columns): O = scale (Qg h[c] + A D)
+// fp32 FMAs throughout (both storage types), fixed summation orders, no atomics: bitwise
+// reproducible. Offsets 64-bit.
+
+#define G2C_C 64
+#define G2C_MAXD 128
+#define G2C_NT 256
+// Row stride of T in shared memory (float4-aligned rows).
+#define G2C_LT 68
+
+__device__ __forceinline__ void g2c_cp16(void* s, const void* g) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(s);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(g));
+}
+__device__ __forceinline__ void g2c_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void g2c_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Workspace geometry of one (chunk, value head) `cj`: U [64][dv], Wm, Qg, Kd [64][dk],
+// A [64][64], eg_63 [dk], h [dk][dv], D [64][dv].
+
+template <typename TQ, typename T>
+__device__ void g2c_prep(const TQ* __restrict__ q, const TQ* __restrict__ k, const T* __restrict__ v,
+                         const float* __restrict__ g, const T* __restrict__ b, const T* __restrict__ w,
+                         const i64* __restrict__ ch_t0, const int* __restrict__ ch_len, int hk_n, int hv_n,
+                         int dk, int dv, float* __restrict__ ws_u, float* __restrict__ ws_wm,
+                         float* __restrict__ ws_qg, float* __restrict__ ws_kd, float* __restrict__ ws_a,
+                         float* __restrict__ ws_egl) {
+    extern __shared__ __align__(16) float g2c_sm[];
+    const int tid = threadIdx.x;
+    const i64 cj = blockIdx.x;
+    const i64 c = cj / hv_n;
+    const int j = (int)(cj % hv_n);
+    const int kh = j / (hv_n / hk_n);
+    const i64 t0 = ch_t0[c];
+    const int l = ch_len[c];
+    const int LX = (dk > dv ? dk : dv) + 1;
+    const int MX = G2C_C * (LX > G2C_LT ? LX : G2C_LT);  // T [64][G2C_LT] lives in one of these
+    float* sGh = g2c_sm;            // Gam hi; later T-solve scratch
+    float* sGl = sGh + MX;          // Gam lo
+    float* sQ = sGl + MX;           // Q, then Qup; later T [64][G2C_LT]
+    float* sK = sQ + MX;            // K, then Kdn; later W * V
+    float* sKb = sK + MX;           // Kb, then Kbup
+    float* sX = sKb + MX;           // Kb * eg
+    float* sM = sX + MX;            // M [64][65]
+    float* sC = sM + G2C_C * 65;    // c_IJ [6][dk]
+    float* sT = sQ;
+    const i64 ck = cj * G2C_C * (i64)dk, cv = cj * G2C_C * (i64)dv;
+    float* a_out = ws_a + cj * G2C_C * G2C_C;
+
+    // 1. Rows (zero at or after l) and Gam.
+    for (int idx = tid; idx < G2C_C * dk; idx += G2C_NT) {
+        const int i = idx / dk, x = idx - i * dk;
+        float qv = 0.f, kv = 0.f, bv = 0.f;
+        if (i < l) {
+            const i64 t = t0 + i;
+            const i64 kr = (t * hk_n + kh) * dk + x;
+            qv = ld(q, kr);
+            kv = ld(k, kr);
+            bv = ld(b, (t * hv_n + j) * dk + x);
+        }
+        sQ[i * LX + x] = qv;
+        sK[i * LX + x] = kv;
+        sKb[i * LX + x] = bv * kv;
+    }
+    if (tid < dk) {
+        double acc = 0.0;
+        for (int i = 0; i < G2C_C; ++i) {
+            if (i < l) acc += (double)g[((t0 + i) * hv_n + j) * dk + tid];
+            const float hi = (float)acc;
+            sGh[i * LX + tid] = hi;
+            sGl[i * LX + tid] = (float)(acc - (double)hi);
+        }
+    }
+    // Upper triangle of A is zero.
+    for (int idx = tid; idx < G2C_C * G2C_C; idx += G2C_NT) {
+        if ((idx & 63) > (idx >> 6)) a_out[idx] = 0.f;
+    }
+    __syncthreads();
+#define G2C_GD(i, jj, x) \
+    expf((sGh[(i) * LX + (x)] - sGh[(jj) * LX + (x)]) + (sGl[(i) * LX + (x)] - sGl[(jj) * LX + (x)]))
+
+    // 2. Diagonal 16x16 blocks of A and M, one block row I at a time: thread (il, xs) =
+    //    (tid / 16, tid % 16) keeps row i's Q, Kb, Gam on channels xs + 16 p in registers and walks
+    //    j <= i (a warp holds rows il & ~1 and il | 1 and walks to the larger; the other row's
+    //    extra steps are discarded); the 16 channel slices of a row (one half-warp) are summed by
+    //    shuffles in a fixed order.
+    {
+        const int il = tid >> 4, xs = tid & 15;
+        const int np = dk >> 4;  // channels per thread, <= 8
+        for (int I = 0; I < 4; ++I) {
+            const int i = 16 * I + il;
+            float qi[8], kbi[8], ghi[8], gli[8];
+#pragma unroll
+            for (int p = 0; p < 8; ++p) {
+                qi[p] = kbi[p] = ghi[p] = gli[p] = 0.f;
+                if (p < np) {
+                    const int x = xs + 16 * p;
+                    qi[p] = sQ[i * LX + x];
+                    kbi[p] = sKb[i * LX + x];
+                    ghi[p] = sGh[i * LX + x];
+                    gli[p] = sGl[i * LX + x];
+                }
+            }
+            for (int jl = 0; jl <= (il | 1); ++jl) {
+                const int jj = 16 * I + jl;
+                float sa = 0.f, sm = 0.f;
+                if (jl <= il) {
+#pragma unroll
+                    for (int p = 0; p < 8; ++p) {
+                        if (p < np) {
+                            const int x = xs + 16 * p;
+                            const float e = (jl == il)
+                                                ? 1.f
+                                                : expf((ghi[p] - sGh[jj * LX + x]) + (gli[p] - sGl[jj * LX + x]));
+                            const float kk = e * sK[jj * LX + x];
+                            sa += qi[p] * kk;
+                            sm += kbi[p] * kk;
+                        }
+                    }
+                }
+#pragma unroll
+                for (int o = 8; o > 0; o >>= 1) {
+                    sa += __shfl_xor_sync(0xffffffffu, sa, o);
+                    sm += __shfl_xor_sync(0xffffffffu, sm, o);
+                }
+                if (xs == 0 && jl <= il) {
+                    a_out[i * G2C_C + jj] = sa;
+                    sM[i * 65 + jj] = (jl < il) ? sm : 0.f;
+                }
+            }
+        }
+    }
+    __syncthreads();
+
+    // 3. Kd = K * ed, stored transposed ([dk][64]: the scan reads it along the rows), before K is
+    //    overwritten below.
+    for (int idx = tid; idx < G2C_C * dk; idx += G2C_NT) {
+        const int x = idx >> 6, i = idx & 63;
+        ws_kd[ck + idx] = sK[i * LX + x] * G2C_GD(G2C_C - 1, i, x);
+    }
+    __syncthreads();
+    //    Per-element factors (read Gam of other rows; each thread rewrites only its own
+    //    elements of Q, K, Kb, so the in-place updates do not race).
+    for (int idx = tid; idx < G2C_C * dk; idx += G2C_NT) {
+        const int i = idx / dk, x = idx - i * dk;
+        const int I = i >> 4;
+        const float eg = expf(sGh[i * LX + x] + sGl[i * LX + x]);
+        const float kv = sK[i * LX + x], qv = sQ[i * LX + x], kbv = sKb[i * LX + x];
+        ws_qg[ck + (i64)i * dk + x] = qv * eg;
+        sX[i * LX + x] = kbv * eg;
+        const float up = (I == 0) ? eg : G2C_GD(i, 16 * I - 1, x);
+        sQ[i * LX + x] = qv * up;
+        sKb[i * LX + x] = kbv * up;
+        sK[i * LX + x] = kv * G2C_GD(16 * I + 15, i, x);
+    }
+    for (int idx = tid; idx < 6 * dk; idx += G2C_NT) {
+        const int p = idx / dk, x = idx - p * dk;
+        // p = I (I - 1) / 2 + J for J < I.
+        const int I = p < 1 ? 1 : (p < 3 ? 2 : 3);
+        const int J = p - I * (I - 1) / 2;
+        sC[p * dk + x] = (J == I - 1) ? 1.f : G2C_GD(16 * I - 1, 16 * J + 15, x);
+    }
+    if (tid < dk) ws_egl[cj * dk + tid] = expf(sGh[(G2C_C - 1) * LX + tid] + sGl[(G2C_C - 1) * LX + tid]);
+    __syncthreads();
+#undef G2C_GD
+
+    // 4. Strips below the diagonal blocks: rows of block I against columns [0, 16 I), from
+    //    Kl = Kdn * c_IJ (built per I in Gam-lo's space, free now).
+    {
+        const int il = tid >> 4, jl = tid & 15;
+        float* sKl = sGl;
+        for (int I = 1; I < 4; ++I) {
+            const float* cI = sC + (I * (I - 1) / 2) * dk;
+            for (int idx = tid; idx < 16 * I * dk; idx += G2C_NT) {
+                const int jj = idx / dk, x = idx - jj * dk;
+                sKl[jj * LX + x] = sK[jj * LX + x] * cI[(jj >> 4) * dk + x];
+            }
+            __syncthreads();
+            const int i = 16 * I + il;
+            float sa[3] = {0.f, 0.f, 0.f}, sm[3] = {0.f, 0.f, 0.f};
+            for (int x = 0; x < dk; ++x) {
+                const float qv = sQ[i * LX + x], kbv = sKb[i * LX + x];
+#pragma unroll
+                for (int m = 0; m < 3; ++m) {
+                    if (m < I) {
+                        const float kk = sKl[(16 * m + jl) * LX + x];
+                        sa[m] += qv * kk;
+                        sm[m] += kbv * kk;
+                    }
+                }
+            }
+#pragma unroll
+            for (int m = 0; m < 3; ++m) {
+                if (m < I) {
+                    a_out[i * G2C_C + 16 * m + jl] = sa[m];
+                    sM[i * 65 + 16 * m + jl] = sm[m];
+                }
+            }
+            __syncthreads();
+        }
+    }
+
+    // 5. W * V into sK's space; T's diagonal blocks (thread = column) into sT (Q's space).
+    for (int idx = tid; idx < G2C_C * dv; idx += G2C_NT) {
+        const int i = idx / dv, y = idx - i * dv;
+        float wv = 0.f;
+        if (i < l) {
+            const i64 r = ((t0 + i) * hv_n + j) * dv + y;
+            wv = ld(w, r) * ld(v, r);
+        }
+        sK[i * LX + y] = wv;
+    }
+    if (tid < G2C_C) {
+        const int I = tid >> 4, cl = tid & 15, x = tid;
+        for (int il = 0; il < 16; ++il) {
+            const int i = 16 * I + il;
+            float tv;
+            if (il < cl) {
+                tv = 0.f;
+            } else if (il == cl) {
+                tv = 1.f;
+            } else {
+                float s = 0.f;
+                for (int jl = cl; jl < il; ++jl) s += sM[i * 65 + 16 * I + jl] * sT[(16 * I + jl) * G2C_LT + x];
+                tv = -s;
+            }
+            sT[i * G2C_LT + x] = tv;
+        }
+    }
+    __syncthreads();
+    float* sY = sGh;  // scratch [16][48]
+    for (int I = 1; I < 4; ++I) {
+        const int n = 16 * I;
+        for (int idx = tid; idx < 16 * n; idx += G2C_NT) {
+            const int il = idx / n, x = idx - il * n;
+            const int J = x >> 4;
+            float s = 0.f;
+            for (int y = 16 * J; y < n; ++y) s += sM[(n + il) * 65 + y] * sT[y * G2C_LT + x];
+            sY[il * 48 + x] = s;
+        }
+        __syncthreads();
+        for (int idx = tid; idx < 16 * n; idx += G2C_NT) {
+            const int il = idx / n, x = idx - il * n;
+            float s = 0.f;
+            for (int kl = 0; kl <= il; ++kl) s += sT[(n + il) * G2C_LT + n + kl] * sY[kl * 48 + x];
+            sT[(n + il) * G2C_LT + x] = -s;
+        }
+        __syncthreads();
+    }
+
+    // 6. U = T (W * V), Wm = T (Kb * eg). T is lower triangular: rows of block rb read columns
+    //    < 16 (rb + 1) only (the blocks above the diagonal are never written). Warp w: rows
+    //    16 (w & 3) .. + 15, columns y0 + 32 (w >> 2) + lane; T rows read as float4 broadcasts.
+    {
+        const int warp = tid >> 5, lane = tid & 31, rb = warp & 3;
+        for (int mat = 0; mat < 2; ++mat) {
+            const int D = mat ? dk : dv;
+            const float* X = mat ? sX : sK;
+            float* outp = mat ? ws_wm + ck : ws_u + cv;
+            for (int y0 = 0; y0 < D; y0 += 64) {
+                const int y = y0 + 32 * (warp >> 2) + lane;
+                const bool ok = y < D;
+                float acc[16];
+#pragma unroll
+                for (int m = 0; m < 16; ++m) acc[m] = 0.f;
+                for (int jj = 0; jj < 16 * (rb + 1); jj += 4) {
+                    float xv[4];
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) xv[u] = ok ? X[(jj + u) * LX + y] : 0.f;
+#pragma unroll
+                    for (int m = 0; m < 16; ++m) {
+                        const float4 t4 = *reinterpret_cast<const float4*>(sT + (16 * rb + m) * G2C_LT + jj);
+                        acc[m] += t4.x * xv[0];
+                        acc[m] += t4.y * xv[1];
+                        acc[m] += t4.z * xv[2];
+                        acc[m] += t4.w * xv[3];
+                    }
+                }
+                if (ok) {
+#pragma unroll
+                    for (int m = 0; m < 16; ++m) outp[(i64)(16 * rb + m) * D + y] = acc[m];
+                }
+            }
+        }
+    }
+}
+
+// Shared memory of g2c_prep (floats): 6 * 64 * max(max(dk, dv) + 1, 68) + 64 * 65 + 6 * dk
+// (cuda.rs computes the same).
+
+// Issues the cp.async copies of chunk `cj`'s scan operands into B: Wm [64][dk], Kd^T [dk][64],
+// the U tile [64][BV] (columns tile * BV ..), eg_63 [dk]; one commit group.
+template <int BV>
+__device__ __forceinline__ void g2c_fetch(float* B, i64 cj, int tile, int dk, int dv, const float* __restrict__ ws_u,
+                                          const float* __restrict__ ws_wm, const float* __restrict__ ws_kd,
+                                          const float* __restrict__ ws_egl) {
+    const int tid = threadIdx.x;
+    const float* wm = ws_wm + cj * G2C_C * (i64)dk;
+    const float* kd = ws_kd + cj * G2C_C * (i64)dk;
+    const int n4 = G2C_C * dk / 4;
+    for (int e = tid; e < n4; e += G2C_NT) {
+        g2c_cp16(B + 4 * e, wm + 4 * e);
+        g2c_cp16(B + G2C_C * dk + 4 * e, kd + 4 * e);
+    }
+    const float* u = ws_u + cj * G2C_C * (i64)dv + tile * BV;
+    for (int e = tid; e < G2C_C * BV / 4; e += G2C_NT) {
+        const int r = e / (BV / 4), q4 = e - r * (BV / 4);
+        g2c_cp16(B + 2 * G2C_C * dk + r * BV + 4 * q4, u + (i64)r * dv + 4 * q4);
+    }
+    for (int e = tid; e < dk / 4; e += G2C_NT)
+        g2c_cp16(B + 2 * G2C_C * dk + G2C_C * BV + 4 * e, ws_egl + cj * dk + 4 * e);
+    g2c_commit();
+}
+
+// Sequential scan over the chunks of one (sequence, value head, V tile of BV columns).
+template <int BV>
+__device__ void g2c_scan(const float* __restrict__ ws_u, const float* __restrict__ ws_wm,
+                         const float* __restrict__ ws_kd, const float* __restrict__ ws_egl,
+                         const i64* __restrict__ chf, int hv_n, int dk, int dv, const float* __restrict__ h0,
+                         float* __restrict__ ws_h, float* __restrict__ ws_d, float* __restrict__ fin) {
+    extern __shared__ __align__(16) float g2c_sm[];
+    constexpr int RS = G2C_NT / BV;  // row groups
+    const int tid = threadIdx.x;
+    const int ntile = dv / BV;
+    const int tile = blockIdx.x % ntile;
+    const int j = (blockIdx.x / ntile) % hv_n;
+    const i64 n = blockIdx.x / ntile / hv_n;
+    const int col = tid % BV, r0 = tid / BV;
+    const int y = tile * BV + col;  // this thread's state column
+    const int buf = 2 * G2C_C * dk + G2C_C * BV + dk;  // one chunk's operands
+    float* sS = g2c_sm + 2 * buf;                        // [dk][BV]
+    float* sD = sS + dk * BV;                            // [64][BV]
+    const i64 sbase = (n * hv_n + j) * (i64)dk * dv;
+    for (int x = r0; x < dk; x += RS) sS[x * BV + col] = h0 ? h0[sbase + (i64)x * dv + y] : 0.f;
+    const i64 c0 = chf[n], nch = chf[n + 1] - c0;
+    if (nch > 0) g2c_fetch<BV>(g2c_sm, c0 * hv_n + j, tile, dk, dv, ws_u, ws_wm, ws_kd, ws_egl);
+    for (i64 ci = 0; ci < nch; ++ci) {
+        if (ci + 1 < nch) {
+            g2c_fetch<BV>(g2c_sm + ((ci + 1) & 1) * buf, (c0 + ci + 1) * hv_n + j, tile, dk, dv, ws_u, ws_wm, ws_kd,
+                          ws_egl);
+            g2c_wait<1>();
+        } else {
+            g2c_wait<0>();
+        }
+        __syncthreads();
+        const float* B = g2c_sm + (ci & 1) * buf;
+        const float* sW = B;
+        const float* sKd = B + G2C_C * dk;  // Kd^T [dk][64]
+        const float* sU = B + 2 * G2C_C * dk;
+        const float* sE = sU + G2C_C * BV;
+        const i64 cj = (c0 + ci) * hv_n + j;
+        // D = U - Wm S.
+        {
+            float acc[G2C_C / RS];
+#pragma unroll
+            for (int m = 0; m < G2C_C / RS; ++m) acc[m] = 0.f;
+            for (int x = 0; x < dk; ++x) {
+                const float s = sS[x * BV + col];
+#pragma unroll
+                for (int m = 0; m < G2C_C / RS; ++m) acc[m] += sW[(r0 + m * RS) * dk + x] * s;
+            }
+            float* dg = ws_d + cj * G2C_C * (i64)dv + y;
+#pragma unroll
+            for (int m = 0; m < G2C_C / RS; ++m) {
+                const int r = r0 + m * RS;
+                const float d = sU[r * BV + col] - acc[m];
+                sD[r * BV + col] = d;
+                dg[(i64)r * dv] = d;
+            }
+        }
+        __syncthreads();
+        // h[c] = S; S = eg_63 * S + Kd^T D.
+        {
+            float* hg = ws_h + cj * (i64)dk * dv + y;
+            for (int x = r0; x < dk; x += RS) {
+                const float s = sS[x * BV + col];
+                hg[(i64)x * dv] = s;
+                float acc = sE[x] * s;
+                for (int i = 0; i < G2C_C; ++i) acc += sKd[x * G2C_C + i] * sD[i * BV + col];
+                sS[x * BV + col] = acc;
+            }
+        }
+        __syncthreads();
+    }
+    if (fin) {
+        for (int x = r0; x < dk; x += RS) fin[sbase + (i64)x * dv + y] = sS[x * BV + col];
+    }
+}
+
+// Shared memory of g2c_scan (floats): 2 (2 * 64 dk + 64 BV + dk) + dk BV + 64 BV.
+
+// Scan with 32 state columns per block, register-blocked (Dv a multiple of 32): lane = state
+// column; shared operands read as float4 (Wm and Kd^T rows broadcast to the warp, the state and
+// D transposed per column). D = U - Wm S: warp w computes rows 16 (w & 3) .. + 15 over half of
+// the channels (w >> 2), the two halves summed in a fixed order; S = eg_63 * S + Kd^T D: warp w
+// updates channels w * dk/8 .. + dk/8.
+__device__ void g2c_scan_f(const float* __restrict__ ws_u, const float* __restrict__ ws_wm,
+                           const float* __restrict__ ws_kdt, const float* __restrict__ ws_egl,
+                           const i64* __restrict__ chf, int hv_n, int dk, int dv, const float* __restrict__ h0,
+                           float* __restrict__ ws_h, float* __restrict__ ws_d, float* __restrict__ fin) {
+    extern __shared__ __align__(16) float g2c_sm[];
+    constexpr int BV = 32;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int ntile = dv / BV;
+    const int tile = blockIdx.x % ntile;
+    const int j = (blockIdx.x / ntile) % hv_n;
+    const i64 n = blockIdx.x / ntile / hv_n;
+    const int y = tile * BV + lane;
+    const int LS = dk + 4;          // row stride of the transposed state
+    const int LD = G2C_C + 4;       // row stride of the transposed D
+    const int buf = 2 * G2C_C * dk + G2C_C * BV + dk;
+    float* sSt = g2c_sm + 2 * buf;  // [BV][LS]: S transposed
+    float* sDt = sSt + BV * LS;     // [BV][LD]: D transposed
+    float* sP = sDt + BV * LD;      // [64][BV]: second half of Wm S
+    const int xr = dk >> 3;         // channels per warp in the update
+    const i64 sbase = (n * hv_n + j) * (i64)dk * dv;
+    for (int x = warp; x < dk; x += 8) sSt[lane * LS + x] = h0 ? h0[sbase + (i64)x * dv + y] : 0.f;
+    const i64 c0 = chf[n], nch = chf[n + 1] - c0;
+    if (nch > 0) g2c_fetch<BV>(g2c_sm, c0 * hv_n + j, tile, dk, dv, ws_u, ws_wm, ws_kdt, ws_egl);
+    for (i64 ci = 0; ci < nch; ++ci) {
+        if (ci + 1 < nch) {
+            g2c_fetch<BV>(g2c_sm + ((ci + 1) & 1) * buf, (c0 + ci + 1) * hv_n + j, tile, dk, dv, ws_u, ws_wm, ws_kdt,
+                          ws_egl);
+            g2c_wait<1>();
+        } else {
+            g2c_wait<0>();
+        }
+        __syncthreads();
+        const float* B = g2c_sm + (ci & 1) * buf;
+        const float* sW = B;                    // [64][dk]
+        const float* sKt = B + G2C_C * dk;      // [dk][64]
+        const float* sU = B + 2 * G2C_C * dk;   // [64][BV]
+        const float* sE = sU + G2C_C * BV;      // [dk]
+        const i64 cj = (c0 + ci) * hv_n + j;
+        // D = U - Wm S.
+        {
+            const int rb = warp & 3, half = warp >> 2;
+            const int xa = half * (dk >> 1), xb = xa + (dk >> 1);
+            float acc[16];
+#pragma unroll
+            for (int m = 0; m < 16; ++m) acc[m] = 0.f;
+            for (int x = xa; x < xb; x += 4) {
+                const float4 s4 = *reinterpret_cast<const float4*>(sSt + lane * LS + x);
+#pragma unroll
+                for (int m = 0; m < 16; ++m) {
+                    const float4 w4 = *reinterpret_cast<const float4*>(sW + (16 * rb + m) * dk + x);
+                    acc[m] += w4.x * s4.x;
+                    acc[m] += w4.y * s4.y;
+                    acc[m] += w4.z * s4.z;
+                    acc[m] += w4.w * s4.w;
+                }
+            }
+            if (half == 1) {
+#pragma unroll
+                for (int m = 0; m < 16; ++m) sP[(16 * rb + m) * BV + lane] = acc[m];
+            }
+            __syncthreads();
+            if (half == 0) {
+                float* dg = ws_d + cj * G2C_C * (i64)dv + y;
+#pragma unroll
+                for (int m = 0; m < 16; ++m) {
+                    const int r = 16 * rb + m;
+                    const float d = sU[r * BV + lane] - (acc[m] + sP[r * BV + lane]);
+                    sDt[lane * LD + r] = d;
+                    dg[(i64)r * dv] = d;
+                }
+            }
+        }
+        __syncthreads();
+        // h[c] = S; S = eg_63 * S + Kd^T D.
+        {
+            const int xa = warp * xr;
+            float acc[16];
+            float* hg = ws_h + cj * (i64)dk * dv + y;
+#pragma unroll
+            for (int m = 0; m < 16; ++m) {
+                acc[m] = 0.f;
+                if (m < xr) {
+                    const float s = sSt[lane * LS + xa + m];
+                    hg[(i64)(xa + m) * dv] = s;
+                    acc[m] = sE[xa + m] * s;
+                }
+            }
+            for (int i = 0; i < G2C_C; i += 4) {
+                const float4 d4 = *reinterpret_cast<const float4*>(sDt + lane * LD + i);
+#pragma unroll
+                for (int m = 0; m < 16; ++m) {
+                    if (m < xr) {
+                        const float4 k4 = *reinterpret_cast<const float4*>(sKt + (xa + m) * G2C_C + i);
+                        acc[m] += k4.x * d4.x;
+                        acc[m] += k4.y * d4.y;
+                        acc[m] += k4.z * d4.z;
+                        acc[m] += k4.w * d4.w;
+                    }
+                }
+            }
+#pragma unroll
+            for (int m = 0; m < 16; ++m)
+                if (m < xr) sSt[lane * LS + xa + m] = acc[m];
+        }
+        __syncthreads();
+    }
+    if (fin) {
+        for (int x = warp; x < dk; x += 8) fin[sbase + (i64)x * dv + y] = sSt[lane * LS + x];
+    }
+}
+
+// O = scale (Qg h[c] + A D) for one (chunk, value head, 64 columns). Warp w computes rows
+// 16 (w & 3) .. + 15 of columns 32 (w >> 2) + lane; Qg and A rows are read as float4 broadcasts,
+// h and D transposed per column (float4 along the reduction).
+template <typename T>
+__device__ void g2c_out(const float* __restrict__ ws_qg, const float* __restrict__ ws_a,
+                        const float* __restrict__ ws_h, const float* __restrict__ ws_d,
+                        const i64* __restrict__ ch_t0, const int* __restrict__ ch_len, int hv_n, int dk, int dv,
+                        float scale, T* __restrict__ o) {
+    extern __shared__ __align__(16) float g2c_sm[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int ntile = (dv + 63) / 64;
+    const int tile = blockIdx.x % ntile;
+    const i64 cj = blockIdx.x / ntile;
+    const i64 c = cj / hv_n;
+    const int j = (int)(cj % hv_n);
+    const i64 t0 = ch_t0[c];
+    const int l = ch_len[c];
+    const int y0 = tile * 64;
+    const int nc = min(64, dv - y0);
+    const int LH = dk + 4, LD = G2C_C + 4;
+    float* sQg = g2c_sm;              // [64][dk]
+    float* sA = sQg + G2C_C * dk;     // [64][64]
+    float* sHt = sA + G2C_C * G2C_C;  // [64 columns][LH]: h transposed
+    float* sDt = sHt + 64 * LH;       // [64 columns][LD]: D transposed
+    const float* qg = ws_qg + cj * G2C_C * (i64)dk;
+    const float* a = ws_a + cj * G2C_C * G2C_C;
+    for (int e = tid; e < G2C_C * dk / 4; e += G2C_NT)
+        reinterpret_cast<float4*>(sQg)[e] = reinterpret_cast<const float4*>(qg)[e];
+    for (int e = tid; e < G2C_C * G2C_C / 4; e += G2C_NT)
+        reinterpret_cast<float4*>(sA)[e] = reinterpret_cast<const float4*>(a)[e];
+    const float* h = ws_h + cj * (i64)dk * dv + y0;
+    const float* d = ws_d + cj * G2C_C * (i64)dv + y0;
+    for (int e = tid; e < dk * 64; e += G2C_NT) {
+        const int x = e >> 6, cc = e & 63;
+        sHt[cc * LH + x] = cc < nc ? h[(i64)x * dv + cc] : 0.f;
+    }
+    for (int e = tid; e < G2C_C * 64; e += G2C_NT) {
+        const int r = e >> 6, cc = e & 63;
+        sDt[cc * LD + r] = cc < nc ? d[(i64)r * dv + cc] : 0.f;
+    }
+    __syncthreads();
+    const int r0 = 16 * (warp & 3), col = 32 * (warp >> 2) + lane;
+    float acc[16];
+#pragma unroll
+    for (int m = 0; m < 16; ++m) acc[m] = 0.f;
+    for (int x = 0; x < dk; x += 4) {
+        const float4 h4 = *reinterpret_cast<const float4*>(sHt + col * LH + x);
+#pragma unroll
+        for (int m = 0; m < 16; ++m) {
+            const float4 q4 = *reinterpret_cast<const float4*>(sQg + (r0 + m) * dk + x);
+            acc[m] += q4.x * h4.x;
+            acc[m] += q4.y * h4.y;
+            acc[m] += q4.z * h4.z;
+            acc[m] += q4.w * h4.w;
+        }
+    }
+    for (int jj = 0; jj < G2C_C; jj += 4) {
+        const float4 d4 = *reinterpret_cast<const float4*>(sDt + col * LD + jj);
+#pragma unroll
+        for (int m = 0; m < 16; ++m) {
+            const float4 a4 = *reinterpret_cast<const float4*>(sA + (r0 + m) * G2C_C + jj);
+            acc[m] += a4.x * d4.x;
+            acc[m] += a4.y * d4.y;
+            acc[m] += a4.z * d4.z;
+            acc[m] += a4.w * d4.w;
+        }
+    }
+    if (col < nc) {
+#pragma unroll
+        for (int m = 0; m < 16; ++m) {
+            const int r = r0 + m;
+            if (r < l) st(o, ((t0 + r) * hv_n + j) * (i64)dv + y0 + col, scale * acc[m]);
+        }
+    }
+}
+
+// Shared memory of g2c_out (floats): 64 dk + 64 * 64 + 64 (dk + 4) + 64 * 68.
+
+#define G2C_ENTRIES(TQ, T, S)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(G2_NT)                                                       \
+        g2c_prep_##S(const TQ* q, const TQ* k, const T* v, const float* g, const T* b, const T* w,            \
+                     const i64* ch_t0, const int* ch_len, int hk, int hv, int dk, int dv, float* ws_u,        \
+                     float* ws_wm, float* ws_qg, float* ws_kd, float* ws_a, float* ws_egl) {                  \
+        g2c_prep<TQ, T>(q, k, v, g, b, w, ch_t0, ch_len, hk, hv, dk, dv, ws_u, ws_wm, ws_qg, ws_kd, ws_a,     \
+                        ws_egl);                                                                              \
+    }
+
+G2C_ENTRIES(float, float, f32)
+G2C_ENTRIES(bf16_t, bf16_t, bf16)
+G2C_ENTRIES(float, bf16_t, bf16n)
+
+extern "C" __global__ void __launch_bounds__(G2_NT)
+    g2c_scan16(const float* ws_u, const float* ws_wm, const float* ws_kd, const float* ws_egl, const i64* chf,
+               int hv, int dk, int dv, const float* h0, float* ws_h, float* ws_d, float* fin) {
+    g2c_scan<16>(ws_u, ws_wm, ws_kd, ws_egl, chf, hv, dk, dv, h0, ws_h, ws_d, fin);
+}
+
+extern "C" __global__ void __launch_bounds__(G2_NT, 1)
+    g2c_scan32(const float* ws_u, const float* ws_wm, const float* ws_kd, const float* ws_egl, const i64* chf,
+               int hv, int dk, int dv, const float* h0, float* ws_h, float* ws_d, float* fin) {
+    g2c_scan_f(ws_u, ws_wm, ws_kd, ws_egl, chf, hv, dk, dv, h0, ws_h, ws_d, fin);
+}
+
+extern "C" __global__ void __launch_bounds__(G2_NT)
+    g2c_out_f32(const float* ws_qg, const float* ws_a, const float* ws_h, const float* ws_d, const i64* ch_t0,
+                const int* ch_len, int hv, int dk, int dv, float scale, float* o) {
+    g2c_out<float>(ws_qg, ws_a, ws_h, ws_d, ch_t0, ch_len, hv, dk, dv, scale, o);
+}
+
+extern "C" __global__ void __launch_bounds__(G2_NT)
+    g2c_out_bf16(const float* ws_qg, const float* ws_a, const float* ws_h, const float* ws_d, const i64* ch_t0,
+                 const int* ch_len, int hv, int dk, int dv, float scale, bf16_t* o) {
+    g2c_out<bf16_t>(ws_qg, ws_a, ws_h, ws_d, ch_t0, ch_len, hv, dk, dv, scale, o);
+}
