@@ -415,10 +415,12 @@ fn nccl_two_data_ranks_equal_one() {
     let two = params(Parallel {
         comm: Some(comm.clone()),
         micro_batches: 1,
+        ..Default::default()
     });
     let one = params(Parallel {
         comm: None,
         micro_batches: 2,
+        ..Default::default()
     });
     for ((n, a), (_, b)) in two.iter().zip(one.iter()) {
         assert_eq!(a.data(), b.data(), "rank {rank}: {n}");
