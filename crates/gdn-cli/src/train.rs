@@ -116,8 +116,8 @@ impl Layout {
         let cp = args.cp;
         let dp = match (args.dp, &env) {
             (Some(d), _) => d,
-            (None, Some(e)) => {
-                if cp == 0 || !e.world_size.is_multiple_of(cp) {
+            (None, Some(e)) if cp > 0 => {
+                if !e.world_size.is_multiple_of(cp) {
                     bail!(
                         "--cp {cp}: the launcher's WORLD_SIZE={} is not a multiple of it (ranks = --dp x --cp)",
                         e.world_size
@@ -125,7 +125,7 @@ impl Layout {
                 }
                 e.world_size / cp
             }
-            (None, None) => 1,
+            (None, _) => 1,
         };
         gdn::dist::check_layout(dp, cp, env.as_ref().map(|e| e.world_size))?;
         Ok(Layout { dp, cp, env })
@@ -156,11 +156,11 @@ fn parallel_for(
             b / (dp * m)
         }
     };
-    let group = |c: &std::sync::Arc<dyn gdn::dist::Communicator>| (c.size() > 1).then(|| c.clone());
+    let multi = |c: &std::sync::Arc<dyn gdn::dist::Communicator>| (c.size() > 1).then(|| c.clone());
     Ok(gdn::train::Parallel {
-        comm: grid.and_then(|g| group(&g.dp)),
+        comm: grid.and_then(|g| multi(&g.dp)),
         micro_batches,
-        cp: grid.and_then(|g| group(&g.cp)),
+        cp: grid.and_then(|g| multi(&g.cp)),
     })
 }
 
@@ -765,7 +765,6 @@ pub fn run(args: TrainArgs) -> Result<()> {
 /// One rank's run (all of `gdn train` when alone): rank 0 prints, evaluates, and writes the run
 /// directory; every rank steps (the steps' collectives keep them together).
 fn run_rank(args: &TrainArgs, device: Device, rank: Rank) -> Result<()> {
-    let args = args;
     let started = Instant::now();
     let lead = rank.lead;
 

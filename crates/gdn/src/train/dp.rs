@@ -281,7 +281,7 @@ impl Trainer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dist::run_ranks;
+    use crate::dist::{run_grid, run_ranks};
     use crate::testutil::bits;
 
     fn small() -> RunConfig {
@@ -334,41 +334,177 @@ mod tests {
     }
 
     #[test]
-    fn two_data_ranks_equal_one_rank_with_two_micro_batches_bitwise() {
+    fn the_step_depends_on_the_micro_batch_count_only_bitwise() {
+        // S = 2: 2 ranks x 1 = 1 rank x 2; S = 4: 1 x 4 = 2 x 2 = 4 x 1 (4 steps each).
         let cfg = small();
-        let mut one = Trainer::new(&cfg).unwrap();
-        one.set_parallel(Parallel {
-            comm: None,
-            micro_batches: 2,
-            ..Default::default()
-        })
-        .unwrap();
-        let want = run(&mut one, 4).unwrap();
-        for (dp, m) in [(2, 1), (4, 1)] {
-            let got = run_ranks(dp, |comm| {
-                let mut t = Trainer::new(&cfg)?;
-                t.set_parallel(Parallel {
-                    comm: Some(comm),
-                    micro_batches: m,
-                    ..Default::default()
-                })?;
-                run(&mut t, 4)
+        for (s, layouts) in [(2, vec![(2, 1)]), (4, vec![(2, 2), (4, 1)])] {
+            let mut one = Trainer::new(&cfg).unwrap();
+            one.set_parallel(Parallel {
+                micro_batches: s,
+                ..Default::default()
             })
             .unwrap();
-            // Every rank holds the same parameters.
-            for g in &got {
-                assert_eq!(g, &got[0]);
-            }
-            if dp == 2 {
-                assert_eq!(got[0], want, "2 ranks vs 1 rank x 2 micro-batches");
-            } else {
-                // 4 ranks: the same losses (f64 sums in shard order equal the 2-shard sums only
-                // up to rounding, so compare counts exactly and the parameters closely).
-                for (a, b) in got[0].1.iter().zip(&want.1) {
-                    assert_eq!((a.2, a.3), (b.2, b.3));
+            let want = run(&mut one, 4).unwrap();
+            for (dp, m) in layouts {
+                let got = run_grid(dp, 1, |g| {
+                    let mut t = Trainer::new(&cfg)?;
+                    t.set_parallel(Parallel {
+                        comm: Some(g.dp.clone()),
+                        micro_batches: m,
+                        ..Default::default()
+                    })?;
+                    run(&mut t, 4)
+                })
+                .unwrap();
+                for g in &got {
+                    assert_eq!(g, &got[0], "ranks disagree");
                 }
+                assert_eq!(
+                    got[0], want,
+                    "{dp} ranks x {m} vs 1 rank x {s} micro-batches"
+                );
             }
         }
+    }
+
+    fn cp_cfg(seq: usize) -> RunConfig {
+        RunConfig::from_toml_str(&format!(
+            r#"
+            [model]
+            hidden_size = 16
+            num_layers = 2
+            ffn_hidden_size = 32
+            linear_num_key_heads = 4
+            linear_num_value_heads = 8
+            linear_key_head_dim = 8
+            linear_value_head_dim = 8
+            [data]
+            seq_length = {seq}
+            batch_size = 4
+            num_kv_pairs = 4
+            key_vocab_size = 16
+            value_vocab_size = 16
+            eval_sequences = 8
+            [optimizer]
+            lr_warmup_iters = 2
+            [train]
+            train_iters = 3
+            "#
+        ))
+        .unwrap()
+    }
+
+    /// max |a - b| / max |b|
+    fn rel(a: &[f32], b: &[f32]) -> f64 {
+        let m = b
+            .iter()
+            .fold(0.0f64, |m, x| m.max(x.abs() as f64))
+            .max(1e-30);
+        a.iter()
+            .zip(b)
+            .fold(0.0f64, |e, (x, y)| e.max((*x as f64 - *y as f64).abs()))
+            / m
+    }
+
+    /// CP = 2 and 4 inside the model (2 blocks) against CP = 1 on one batch: the same target
+    /// counts and correct predictions, the loss within 1e-6 (f64 sums of per-rank f32 row losses),
+    /// every gradient within 1e-5 of max |.| (the GEMMs over 1 / cp of the rows and the rank-order
+    /// sums of the row-partial gradients round differently: `CpLayer`'s tolerance), the ranks'
+    /// gradients bitwise equal, and CP x DP (2 x 2) through the trainer within the same bounds
+    /// of DP 2 for 3 steps' losses.
+    #[test]
+    fn context_parallel_model_equals_one_rank() {
+        let cfg = cp_cfg(16);
+        let t = Trainer::new(&cfg).unwrap();
+        let batch = t.data.train_batch(1);
+        let (st, saved) = t.model.forward(&batch).unwrap();
+        let want = t.model.backward(saved).unwrap();
+        for cp in [2, 4] {
+            let got = run_grid(1, cp, |g| {
+                let mut t = Trainer::new(&cfg)?;
+                t.set_parallel(Parallel {
+                    cp: Some(g.cp.clone()),
+                    ..Default::default()
+                })?;
+                let (st, saved) = t.model.forward(&batch)?;
+                Ok((st, t.model.backward(saved)?))
+            })
+            .unwrap();
+            for (st2, g) in &got {
+                assert_eq!((st2.count, st2.correct), (st.count, st.correct), "cp {cp}");
+                let e = (st2.loss_sum - st.loss_sum).abs() / st.loss_sum.abs();
+                assert!(e <= 1e-6, "cp {cp}: loss rel err {e:e}");
+                assert_eq!(g.names(), want.names());
+                for ((n, a), (_, b)) in g.iter().zip(got[0].1.iter()) {
+                    assert_eq!(
+                        bits(a.data()),
+                        bits(b.data()),
+                        "cp {cp}: {n} differs across ranks"
+                    );
+                }
+            }
+            for ((n, a), (_, b)) in got[0].1.iter().zip(want.iter()) {
+                let e = rel(a.data(), b.data());
+                assert!(e <= 1e-5, "cp {cp}: {n} rel err {e:e}");
+            }
+        }
+        // CP x DP: 2 x 2 ranks against 2 data ranks, 3 steps.
+        let losses = |dp: usize, cp: usize| {
+            run_grid(dp, cp, |g| {
+                let mut t = Trainer::new(&cfg)?;
+                t.set_parallel(Parallel {
+                    comm: Some(g.dp.clone()),
+                    cp: Some(g.cp.clone()),
+                    ..Default::default()
+                })?;
+                (0..3)
+                    .map(|_| t.step().map(|s| s.loss))
+                    .collect::<Result<Vec<_>>>()
+            })
+            .unwrap()
+        };
+        let (a, b) = (losses(2, 2), losses(2, 1));
+        for r in &a {
+            assert_eq!(r, &a[0], "every rank has the whole batch's statistics");
+        }
+        for (x, y) in a[0].iter().zip(&b[0]) {
+            assert_eq!((x.count, x.correct), (y.count, y.correct));
+            let e = (x.loss_sum - y.loss_sum).abs() / y.loss_sum.abs();
+            assert!(e <= 1e-5, "cp 2 x dp 2 vs dp 2: loss rel err {e:e}");
+        }
+    }
+
+    #[test]
+    fn context_parallel_rules_are_errors() {
+        let group = |n: usize| -> Arc<dyn Communicator> {
+            Arc::new(crate::dist::InProc::group(n).unwrap().remove(0))
+        };
+        let set = |cfg: &RunConfig, cp: usize| {
+            let mut t = Trainer::new(cfg).unwrap();
+            t.set_parallel(Parallel {
+                cp: Some(group(cp)),
+                ..Default::default()
+            })
+            .unwrap_err()
+            .to_string()
+        };
+        // 16 tokens over 2 x 3 chunks.
+        let e = set(&cp_cfg(16), 3);
+        assert!(
+            e.contains("data.seq_length") && e.contains("16 is not divisible by 2 x cp = 6"),
+            "{e}"
+        );
+        // 4 key heads over 8 ranks (16 tokens = 2 x 8 chunks of 1).
+        let e = set(&cp_cfg(16), 8);
+        assert!(
+            e.contains("linear_num_key_heads=4 must be a multiple of"),
+            "{e}"
+        );
+        // The model refuses too.
+        let mut m = Trainer::new(&cp_cfg(16)).unwrap().model;
+        assert!(m.set_cp(Some(group(8))).is_err());
+        m.set_cp(Some(group(2))).unwrap();
+        assert_eq!(m.cp_size(), 2);
     }
 
     #[test]
