@@ -81,6 +81,15 @@ pub fn run(a: LaunchArgs) -> Result<()> {
     if a.args.first().map(String::as_str) == Some("launch") {
         bail!("gdn launch -- launch ...: the processes would launch again");
     }
+    if uses_cuda(&a.args) {
+        let gpus = gdn::device::cuda::device_count();
+        if a.nproc_per_node > gpus {
+            bail!(
+                "--nproc-per-node {}: the ranks use one GPU each (--device cuda) and this machine has {gpus} CUDA GPUs",
+                a.nproc_per_node
+            );
+        }
+    }
     let exe = std::env::current_exe().context("finding the gdn binary to start")?;
     let n = a.nproc_per_node;
     let mut children: Vec<Child> = Vec::with_capacity(n);
@@ -139,6 +148,15 @@ pub fn run(a: LaunchArgs) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Whether the command runs on a GPU (`--device cuda[:N]` or `--device=cuda[:N]`).
+fn uses_cuda(args: &[String]) -> bool {
+    args.iter().enumerate().any(|(i, a)| {
+        a.strip_prefix("--device=")
+            .is_some_and(|d| d.starts_with("cuda"))
+            || (a == "--device" && args.get(i + 1).is_some_and(|d| d.starts_with("cuda")))
+    })
 }
 
 /// Stop every child still running (each by its own handle) and reap it.

@@ -85,6 +85,83 @@ pub struct TrainArgs {
     /// and optimizer state) or f32. The CPU computes in f32 only.
     #[arg(long, value_name = "DTYPE")]
     pub dtype: Option<String>,
+    /// Data-parallel ranks: the global batch (data.batch_size) is split into equal micro-batches
+    /// over N ranks, gradients summed in a fixed order. Without a launcher: N in-process ranks
+    /// (threads on --device); under `gdn launch` / torchrun: one process per rank (default:
+    /// WORLD_SIZE / --cp).
+    #[arg(long, value_name = "N")]
+    pub dp: Option<usize>,
+    /// Context-parallel ranks: each holds 1/N of every sequence (zigzag chunks), the GDN layers
+    /// run head-parallel (heads divisible by N, data.seq_length by 2 N). Ranks = --dp x --cp.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub cp: usize,
+    /// Sequences per micro-batch (one forward + backward); default: the global batch / --dp.
+    /// The step's gradient depends only on the number of micro-batches per step, not on how
+    /// many ranks run them: keep it to resume bit for bit on another --dp.
+    #[arg(long, value_name = "N")]
+    pub micro_batch_size: Option<usize>,
+}
+
+/// How `gdn train` spreads its ranks.
+struct Layout {
+    dp: usize,
+    cp: usize,
+    /// The launcher's environment (one process per rank, NCCL), when it starts several.
+    env: Option<gdn::dist::DistEnv>,
+}
+
+impl Layout {
+    fn from_args(args: &TrainArgs) -> Result<Self> {
+        let env = gdn::dist::DistEnv::from_env()?.filter(|e| e.world_size > 1);
+        let cp = args.cp;
+        let dp = match (args.dp, &env) {
+            (Some(d), _) => d,
+            (None, Some(e)) if cp > 0 => {
+                if !e.world_size.is_multiple_of(cp) {
+                    bail!(
+                        "--cp {cp}: the launcher's WORLD_SIZE={} is not a multiple of it (ranks = --dp x --cp)",
+                        e.world_size
+                    );
+                }
+                e.world_size / cp
+            }
+            (None, _) => 1,
+        };
+        gdn::dist::check_layout(dp, cp, env.as_ref().map(|e| e.world_size))?;
+        Ok(Layout { dp, cp, env })
+    }
+    fn ranks(&self) -> usize {
+        self.dp * self.cp
+    }
+}
+
+/// This rank's data-parallel layout for `cfg`'s global batch.
+fn parallel_for(
+    args: &TrainArgs,
+    cfg: &RunConfig,
+    grid: Option<&gdn::dist::Grid>,
+) -> Result<gdn::train::Parallel> {
+    let dp = grid.map_or(1, |g| g.dp.size());
+    let b = cfg.data.batch_size;
+    let micro_batches = match args.micro_batch_size {
+        None => 1,
+        Some(0) => bail!("--micro-batch-size 0: a micro-batch holds at least one sequence"),
+        Some(m) => {
+            if !b.is_multiple_of(dp.saturating_mul(m)) {
+                bail!(
+                    "--micro-batch-size {m}: the global batch of {b} sequences (data.batch_size) must be divisible by --dp {dp} x --micro-batch-size {m} = {}",
+                    dp.saturating_mul(m)
+                );
+            }
+            b / (dp * m)
+        }
+    };
+    let multi = |c: &std::sync::Arc<dyn gdn::dist::Communicator>| (c.size() > 1).then(|| c.clone());
+    Ok(gdn::train::Parallel {
+        comm: grid.and_then(|g| multi(&g.dp)),
+        micro_batches,
+        cp: grid.and_then(|g| multi(&g.cp)),
+    })
 }
 
 /// The activation storage type of `--dtype` on `device`.
@@ -346,7 +423,7 @@ struct Setup {
 
 /// Config, run directory and trainer of a new run; `None` after --print-config. Everything
 /// that can fail (config, data, model, device) fails before the directory is created.
-fn start_new(args: &TrainArgs, device: Device) -> Result<Option<Setup>> {
+fn start_new(args: &TrainArgs, device: Device, rank: &Rank) -> Result<Option<Setup>> {
     if args.allow_data_change {
         // clap waives `requires` when a flag that conflicts with --resume (--out) is given
         bail!("--allow-data-change applies to --resume only (a new run reads its data fresh)");
@@ -369,14 +446,30 @@ fn start_new(args: &TrainArgs, device: Device) -> Result<Option<Setup>> {
         (None, None) => PathBuf::from("runs").join(timestamp()),
     };
     if args.print_config {
-        crate::write_out(format_args!("{doc}"));
+        if rank.lead {
+            crate::write_out(format_args!("{doc}"));
+        }
         return Ok(None);
     }
-    NewRunDir::check(&dir)?;
+    if rank.lead {
+        NewRunDir::check(&dir)?;
+    }
     let mut trainer = Trainer::new(&cfg)?;
+    trainer.set_parallel(parallel_for(args, &cfg, rank.grid.as_ref())?)?;
     if device != Device::Cpu {
         // The whole model, its gradients and AdamW run there.
         trainer.to_device(device, train_dtype(args, device)?)?;
+    }
+    if !rank.lead {
+        // Only rank 0 writes the run directory.
+        return Ok(Some(Setup {
+            cfg,
+            dir,
+            trainer,
+            resumed_from: None,
+            created: None,
+            metrics: Vec::new(),
+        }));
     }
     let mut nd = NewRunDir::create(&dir)
         .with_context(|| format!("creating the run directory {}", dir.display()))?;
@@ -395,7 +488,12 @@ fn start_new(args: &TrainArgs, device: Device) -> Result<Option<Setup>> {
 
 /// Config and trainer of the run in `dir`, from its newest good checkpoint; `None` after
 /// --print-config.
-fn start_resumed(args: &TrainArgs, dir: &Path, device: Device) -> Result<Option<Setup>> {
+fn start_resumed(
+    args: &TrainArgs,
+    dir: &Path,
+    device: Device,
+    rank: &Rank,
+) -> Result<Option<Setup>> {
     let cannot = || format!("cannot resume {}", dir.display());
     let mut cfg = rundir::read_config(dir).with_context(cannot)?;
     let file_iters = cfg.train.train_iters;
@@ -404,18 +502,22 @@ fn start_resumed(args: &TrainArgs, dir: &Path, device: Device) -> Result<Option<
         cfg.validate()?;
     }
     if args.print_config {
-        crate::write_out(format_args!("{}", cfg.to_toml_string()));
+        if rank.lead {
+            crate::write_out(format_args!("{}", cfg.to_toml_string()));
+        }
         return Ok(None);
     }
-    for p in rundir::remove_stray_temps(dir).with_context(cannot)? {
-        note(&format!(
-            "removed {}, left by an interrupted write",
-            p.display()
-        ));
+    if rank.lead {
+        for p in rundir::remove_stray_temps(dir).with_context(cannot)? {
+            note(&format!(
+                "removed {}, left by an interrupted write",
+                p.display()
+            ));
+        }
     }
     let data = Dataset::from_config(&cfg.data).with_context(cannot)?;
     let latest = rundir::load_latest(&dir.join(rundir::CHECKPOINTS)).with_context(cannot)?;
-    if let Some((newest, _)) = latest.rejected.first() {
+    if let Some((newest, _)) = latest.rejected.first().filter(|_| rank.lead) {
         for (_, e) in &latest.rejected {
             warn(&format!("passing over a corrupt checkpoint: {e}"));
         }
@@ -431,9 +533,12 @@ fn start_resumed(args: &TrainArgs, dir: &Path, device: Device) -> Result<Option<
     let path = latest.path;
     let (mut trainer, notes) = Trainer::from_checkpoint(&cfg, data, latest.checkpoint, &path, opts)
         .with_context(|| format!("cannot resume from {}", path.display()))?;
-    for n in notes {
-        warn(&n);
+    if rank.lead {
+        for n in notes {
+            warn(&n);
+        }
     }
+    trainer.set_parallel(parallel_for(args, &cfg, rank.grid.as_ref())?)?;
     if device != Device::Cpu {
         trainer.to_device(device, train_dtype(args, device)?)?;
     }
@@ -447,6 +552,16 @@ fn start_resumed(args: &TrainArgs, dir: &Path, device: Device) -> Result<Option<
         );
     }
     let mpath = dir.join(rundir::METRICS);
+    if !rank.lead {
+        return Ok(Some(Setup {
+            cfg,
+            dir: dir.to_path_buf(),
+            trainer,
+            resumed_from: Some(path),
+            created: None,
+            metrics: Vec::new(),
+        }));
+    }
     let (metrics, changed) = read_metrics(&mpath, trainer.step_count())?;
     if changed {
         write_metrics(&mpath, &metrics)?;
@@ -467,6 +582,8 @@ fn start_resumed(args: &TrainArgs, dir: &Path, device: Device) -> Result<Option<
 
 /// Progress output: an indicatif bar on a terminal, plain lines otherwise.
 struct Progress {
+    /// Ranks other than 0 print nothing.
+    quiet: bool,
     bar: Option<ProgressBar>,
     total: u64,
     last_eval: Option<LossStats>,
@@ -474,8 +591,8 @@ struct Progress {
 }
 
 impl Progress {
-    fn new(start: u64, total: u64) -> Self {
-        let bar = std::io::stderr().is_terminal().then(|| {
+    fn new(start: u64, total: u64, quiet: bool) -> Self {
+        let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
             let b = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
             b.set_style(
                 ProgressStyle::with_template(
@@ -489,6 +606,7 @@ impl Progress {
             b
         });
         Progress {
+            quiet,
             bar,
             total,
             last_eval: None,
@@ -499,6 +617,9 @@ impl Progress {
     /// A line above the bar, or on stderr (indicatif ignores write errors; errln! turns stderr
     /// off after its first failure).
     fn println(&self, s: &str) {
+        if self.quiet {
+            return;
+        }
         match &self.bar {
             Some(b) => b.println(s),
             None => errln!("{s}"),
@@ -531,6 +652,7 @@ impl Progress {
         self.last_train = Some(m.clone());
         match &self.bar {
             Some(b) => b.set_message(self.message()),
+            None if self.quiet => {}
             None => errln!(
                 "step {:>w$}/{}  loss {:.4}  acc {:6.2}%  lr {:.2e}  grad norm {:.3}  {} tok/s  eta {}",
                 m.step,
@@ -566,20 +688,90 @@ impl Progress {
     }
 }
 
-/// Run `gdn train`.
+/// This process's (or thread's) rank.
+struct Rank {
+    /// Its groups (`None`: one rank alone).
+    grid: Option<gdn::dist::Grid>,
+    /// Rank 0: the one that prints, evaluates and writes the run directory.
+    lead: bool,
+    /// One process per rank (launched): every rank handles SIGINT / SIGTERM itself.
+    launched: bool,
+    /// How the ranks talk, for the header.
+    how: String,
+}
+
+/// Run `gdn train`: one rank; `--dp` x `--cp` in-process ranks (threads); or, under `gdn launch` /
+/// torchrun, this process's rank of the launched group (NCCL).
 pub fn run(args: TrainArgs) -> Result<()> {
     let device: Device = args.device.parse()?;
     train_dtype(&args, device)?;
+    let layout = Layout::from_args(&args)?;
+    if let Some(env) = &layout.env {
+        let Device::Cuda(_) = device else {
+            bail!(
+                "launched ranks (WORLD_SIZE={}) talk over NCCL, one GPU each: use --device cuda \
+                 (in-process ranks on the CPU: gdn train --dp N without gdn launch)",
+                env.world_size
+            );
+        };
+        // Rank i uses cuda:LOCAL_RANK.
+        let device = Device::Cuda(env.local_rank);
+        let grid = gdn::dist::Nccl::grid(env, layout.dp, layout.cp)?;
+        let lead = grid.rank() == 0;
+        let rank = Rank {
+            grid: Some(grid),
+            lead,
+            launched: true,
+            how: format!("{} processes over NCCL", env.world_size),
+        };
+        return run_rank(&args, device, rank);
+    }
     if let Device::Cuda(i) = device {
         // Fail before creating the run directory when no GPU can be used.
         gdn::device::cuda::gpu(i)?;
     }
+    if layout.ranks() == 1 {
+        let rank = Rank {
+            grid: None,
+            lead: true,
+            launched: false,
+            how: String::new(),
+        };
+        return run_rank(&args, device, rank);
+    }
+    let how = format!("{} in-process ranks on {device}", layout.ranks());
+    let results = gdn::dist::run_grid(layout.dp, layout.cp, |grid| {
+        let lead = grid.rank() == 0;
+        let rank = Rank {
+            grid: Some(grid),
+            lead,
+            launched: false,
+            how: how.clone(),
+        };
+        Ok(run_rank(&args, device, rank))
+    })?;
+    // The cause: the first error that is not another rank leaving because one failed.
+    let mut errs: Vec<anyhow::Error> = results.into_iter().filter_map(|r| r.err()).collect();
+    if errs.is_empty() {
+        return Ok(());
+    }
+    let cause = errs
+        .iter()
+        .position(|e| !crate::report(e).contains("has left the group"))
+        .unwrap_or(0);
+    Err(errs.swap_remove(cause))
+}
+
+/// One rank's run (all of `gdn train` when alone): rank 0 prints, evaluates, and writes the run
+/// directory; every rank steps (the steps' collectives keep them together).
+fn run_rank(args: &TrainArgs, device: Device, rank: Rank) -> Result<()> {
     let started = Instant::now();
+    let lead = rank.lead;
 
     // Config, run directory, and the trainer (fresh or resumed).
     let setup = match &args.resume {
-        Some(dir) => start_resumed(&args, dir, device)?,
-        None => start_new(&args, device)?,
+        Some(dir) => start_resumed(args, dir, device, &rank)?,
+        None => start_new(args, device, &rank)?,
     };
     let Some(Setup {
         cfg,
@@ -598,66 +790,38 @@ pub fn run(args: TrainArgs) -> Result<()> {
     let total = cfg.train.train_iters;
     let start_step = trainer.step_count();
     let stop = args.stop_at_step.map_or(total, |s| s.min(total));
-    let mcfg = trainer.model().config().clone();
-    let l = &mcfg.layer;
-    outln!(
-        "model: {} blocks of {} (hidden {}, {} key / {} value heads, Dk {}, Dv {}) + SwiGLU MLP {}, vocab {}, {} parameters",
-        l.num_layers,
-        match l.variant {
-            gdn::Variant::Gdn => "GDN",
-            gdn::Variant::Gdn2 => "GDN2",
-        },
-        l.hidden_size,
-        l.linear_num_key_heads,
-        l.linear_num_value_heads,
-        l.linear_key_head_dim,
-        l.linear_value_head_dim,
-        mcfg.ffn_hidden_size,
-        mcfg.vocab_size,
-        group(trainer.model().numel())
-    );
-    outln!("data: {}", trainer.data().describe());
-    if let Device::Cuda(_) = trainer.device() {
-        let dt = match trainer.model().dtype() {
-            gdn::device::cuda::DType::Bf16 => "bf16",
-            gdn::device::cuda::DType::F32 => "f32",
-        };
-        outln!(
-            "device: {} ({dt} activations; fp32 weights, gradients and AdamW moments), the whole model on the GPU",
-            trainer.device()
+    if lead {
+        print_header(
+            &cfg,
+            &trainer,
+            &dir,
+            start_step,
+            resumed_from.as_deref(),
+            &rank,
         );
-    }
-    outln!(
-        "train: {} steps of {} x {} tokens, AdamW lr {:.1e} ({} warmup, {:?} decay to {:.1e}), {} threads",
-        total,
-        cfg.data.batch_size,
-        cfg.data.seq_length,
-        cfg.optimizer.lr,
-        cfg.optimizer.lr_warmup_iters,
-        cfg.optimizer.lr_decay_style,
-        cfg.optimizer.min_lr,
-        rayon::current_num_threads()
-    );
-    match &resumed_from {
-        Some(p) => outln!(
-            "run dir: {} (resumed at step {start_step} from {})",
-            dir.display(),
-            p.display()
-        ),
-        None => outln!("run dir: {}", dir.display()),
     }
 
     // From here on SIGINT / SIGTERM stop the run at the next step boundary, with a checkpoint.
-    let signals = match StopSignals::register() {
-        Ok(s) => Some(s),
-        Err(e) => {
-            errln!("gdn: note: cannot handle SIGINT / SIGTERM ({e}); they end the run unsaved");
-            None
+    // (In-process ranks: rank 0 handles them for the process; launched: every process, and
+    // rank 0's decision holds for all.)
+    let signals = if lead || rank.launched {
+        match StopSignals::register() {
+            Ok(s) => Some(s),
+            Err(e) => {
+                if lead {
+                    errln!(
+                        "gdn: note: cannot handle SIGINT / SIGTERM ({e}); they end the run unsaved"
+                    );
+                }
+                None
+            }
         }
+    } else {
+        None
     };
     let mut interrupted: Option<i32> = None;
     let mut stop = stop;
-    let mut progress = Progress::new(start_step, total);
+    let mut progress = Progress::new(start_step, total, !lead);
     let mut acc = LossStats::default();
     let mut last: Option<StepStats> = None;
     let (mut win_tokens, mut win_time) = (0usize, Duration::ZERO);
@@ -697,7 +861,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
         tokens_per_s: None,
         elapsed_s: started.elapsed().as_secs_f64(),
     };
-    if start_step == 0 {
+    if start_step == 0 && lead {
         // the untrained model, so the held-out curve starts at chance
         let e = trainer.evaluate()?;
         progress.eval(0, e);
@@ -718,12 +882,24 @@ pub fn run(args: TrainArgs) -> Result<()> {
         let s = st.step;
         if interrupted.is_none() && s < stop {
             // a signal during this step: make this step the last one (logged and saved below)
-            interrupted = signals.as_ref().and_then(StopSignals::received);
+            let mine = signals.as_ref().and_then(StopSignals::received);
+            interrupted = match &rank.grid {
+                // every rank stops where rank 0 does
+                Some(g) => {
+                    let mut v = vec![mine.unwrap_or(0) as f32];
+                    g.broadcast_host(&mut v)?;
+                    (v[0] != 0.0).then_some(v[0] as i32)
+                }
+                None => mine,
+            };
             if interrupted.is_some() {
                 stop = s;
             }
         }
         progress.step(s);
+        if !lead {
+            continue;
+        }
         if s % cfg.train.log_interval == 0 || s == stop {
             let rate = win_tokens as f64 / win_time.as_secs_f64().max(1e-9);
             let m = Metric {
@@ -765,6 +941,12 @@ pub fn run(args: TrainArgs) -> Result<()> {
         }
     }
     progress.finish();
+    if !lead {
+        return match interrupted {
+            Some(signal) => Err(Interrupted { signal }.into()),
+            None => Ok(()),
+        };
+    }
     if last_ckpt.is_none() {
         // nothing to train (already at the end): make sure the final state is saved
         last_ckpt = Some(save(&trainer)?);
@@ -841,6 +1023,79 @@ pub fn run(args: TrainArgs) -> Result<()> {
     match interrupted {
         Some(signal) => Err(Interrupted { signal }.into()),
         None => Ok(()),
+    }
+}
+
+/// The run's description (rank 0).
+fn print_header(
+    cfg: &RunConfig,
+    trainer: &Trainer,
+    dir: &Path,
+    start_step: u64,
+    resumed_from: Option<&Path>,
+    rank: &Rank,
+) {
+    let total = cfg.train.train_iters;
+    let mcfg = trainer.model().config().clone();
+    let l = &mcfg.layer;
+    outln!(
+        "model: {} blocks of {} (hidden {}, {} key / {} value heads, Dk {}, Dv {}) + SwiGLU MLP {}, vocab {}, {} parameters",
+        l.num_layers,
+        match l.variant {
+            gdn::Variant::Gdn => "GDN",
+            gdn::Variant::Gdn2 => "GDN2",
+        },
+        l.hidden_size,
+        l.linear_num_key_heads,
+        l.linear_num_value_heads,
+        l.linear_key_head_dim,
+        l.linear_value_head_dim,
+        mcfg.ffn_hidden_size,
+        mcfg.vocab_size,
+        group(trainer.model().numel())
+    );
+    outln!("data: {}", trainer.data().describe());
+    if let Device::Cuda(_) = trainer.device() {
+        let dt = match trainer.model().dtype() {
+            gdn::device::cuda::DType::Bf16 => "bf16",
+            gdn::device::cuda::DType::F32 => "f32",
+        };
+        outln!(
+            "device: {} ({dt} activations; fp32 weights, gradients and AdamW moments), the whole model on the GPU",
+            trainer.device()
+        );
+    }
+    outln!(
+        "train: {} steps of {} x {} tokens, AdamW lr {:.1e} ({} warmup, {:?} decay to {:.1e}), {} threads",
+        total,
+        cfg.data.batch_size,
+        cfg.data.seq_length,
+        cfg.optimizer.lr,
+        cfg.optimizer.lr_warmup_iters,
+        cfg.optimizer.lr_decay_style,
+        cfg.optimizer.min_lr,
+        rayon::current_num_threads()
+    );
+    match resumed_from {
+        Some(p) => outln!(
+            "run dir: {} (resumed at step {start_step} from {})",
+            dir.display(),
+            p.display()
+        ),
+        None => outln!("run dir: {}", dir.display()),
+    }
+
+    if let Some(g) = &rank.grid {
+        let par = trainer.parallel();
+        let per = cfg.data.batch_size / par.shards().max(1);
+        outln!(
+            "parallel: dp {} x cp {} ({}); {} micro-batch(es) of {per} sequences per data rank, the step's gradient summed over {} micro-batches in order",
+            g.dp.size(),
+            g.cp.size(),
+            rank.how,
+            par.micro_batches,
+            par.shards()
+        );
     }
 }
 

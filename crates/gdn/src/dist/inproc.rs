@@ -17,6 +17,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use super::comm::{check_a2a, copy_range, host_like, Communicator};
+use super::grid::Grid;
 use crate::backend::Act;
 use crate::error::{GdnError, Result};
 
@@ -50,8 +51,9 @@ pub struct InProc {
     rank: usize,
     size: usize,
     baton: Arc<Baton>,
-    /// Whether this rank holds the baton.
-    holding: AtomicBool,
+    /// Whether this rank's thread holds the baton (shared by the groups of one thread, see
+    /// [`InProc::grid`]).
+    holding: Arc<AtomicBool>,
     /// `to[d]`: the channel from this rank to rank `d`.
     to: Vec<Sender<Vec<f32>>>,
     /// `from[s]`: the channel from rank `s` to this rank.
@@ -72,6 +74,46 @@ impl InProc {
                 "an in-process group needs at least 1 rank".into(),
             ));
         }
+        let baton = Arc::new(Baton::default());
+        let holding: Vec<Arc<AtomicBool>> = (0..n).map(|_| Arc::default()).collect();
+        Ok(Self::connect(&baton, &holding))
+    }
+
+    /// `dp x cp` ranks of one process as a grid (Megatron's order, CP innermost): world rank
+    /// `w = d cp + c` is rank `c` of the context-parallel group `d` (its `cp` ranks hold the same
+    /// micro-batches) and rank `d` of the data-parallel group `c`. Returns `(dp group, cp group)`
+    /// per world rank, in world-rank order. All groups share one baton, so the threads still take
+    /// turns, and a thread waiting in either group hands the turn on.
+    pub fn grid(dp: usize, cp: usize) -> Result<Vec<(InProc, InProc)>> {
+        if dp == 0 || cp == 0 {
+            return Err(GdnError::Invalid(format!(
+                "an in-process grid needs at least 1 x 1 ranks, got dp {dp} x cp {cp}"
+            )));
+        }
+        let baton = Arc::new(Baton::default());
+        let holding: Vec<Arc<AtomicBool>> = (0..dp * cp).map(|_| Arc::default()).collect();
+        let mut cps: Vec<Option<InProc>> = Vec::with_capacity(dp * cp);
+        for d in 0..dp {
+            let h: Vec<_> = (0..cp).map(|c| holding[d * cp + c].clone()).collect();
+            cps.extend(Self::connect(&baton, &h).into_iter().map(Some));
+        }
+        let mut dps: Vec<Option<InProc>> = (0..dp * cp).map(|_| None).collect();
+        for c in 0..cp {
+            let h: Vec<_> = (0..dp).map(|d| holding[d * cp + c].clone()).collect();
+            for (d, g) in Self::connect(&baton, &h).into_iter().enumerate() {
+                dps[d * cp + c] = Some(g);
+            }
+        }
+        Ok(dps
+            .into_iter()
+            .zip(cps)
+            .map(|(d, c)| (d.expect("every rank"), c.expect("every rank")))
+            .collect())
+    }
+
+    /// One group of `holding.len()` ranks (rank `i` uses `holding[i]`) under `baton`.
+    fn connect(baton: &Arc<Baton>, holding: &[Arc<AtomicBool>]) -> Vec<InProc> {
+        let n = holding.len();
         // tx[s][d], rx[d][s]
         let mut tx: Vec<Vec<Sender<Vec<f32>>>> = (0..n).map(|_| Vec::new()).collect();
         let mut rx: Vec<Vec<Option<Receiver<Vec<f32>>>>> =
@@ -83,23 +125,21 @@ impl InProc {
                 rx[d][s] = Some(r);
             }
         }
-        let baton = Arc::new(Baton::default());
-        Ok(tx
-            .into_iter()
+        tx.into_iter()
             .zip(rx)
             .enumerate()
             .map(|(rank, (to, from))| InProc {
                 rank,
                 size: n,
                 baton: baton.clone(),
-                holding: AtomicBool::new(false),
+                holding: holding[rank].clone(),
                 to,
                 from: from
                     .into_iter()
                     .map(|r| Mutex::new(r.expect("every pair has a channel")))
                     .collect(),
             })
-            .collect())
+            .collect()
     }
 
     fn send(&self, dest: usize, v: Vec<f32>) -> Result<()> {
@@ -269,6 +309,42 @@ where
                     c.enter();
                     let c: Arc<dyn Communicator> = Arc::new(c);
                     f(c)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(GdnError::Invalid("an in-process rank panicked".into()))
+                })
+            })
+            .collect()
+    });
+    results.into_iter().collect()
+}
+
+/// Run `f` on a `dp x cp` in-process grid ([`InProc::grid`]; one thread per rank, taking turns
+/// between collectives) and return the results in world-rank order; the first error (lowest
+/// rank) if any failed.
+pub fn run_grid<T, F>(dp: usize, cp: usize, f: F) -> Result<Vec<T>>
+where
+    T: Send,
+    F: Fn(Grid) -> Result<T> + Sync,
+{
+    let grid = InProc::grid(dp, cp)?;
+    let f = &f;
+    let results: Vec<Result<T>> = std::thread::scope(|s| {
+        let handles: Vec<_> = grid
+            .into_iter()
+            .map(|(d, c)| {
+                s.spawn(move || {
+                    d.enter();
+                    let g = Grid {
+                        dp: Arc::new(d),
+                        cp: Arc::new(c),
+                    };
+                    f(g)
                 })
             })
             .collect();

@@ -11,11 +11,13 @@
 pub mod comm;
 pub mod cp;
 pub mod env;
+pub mod grid;
 pub mod inproc;
 pub mod nccl;
 pub mod rendezvous;
 
 pub use comm::{all_reduce_sum_f32, all_reduce_sum_host, Communicator};
 pub use env::DistEnv;
-pub use inproc::{run_ranks, InProc};
+pub use grid::{check_layout, Grid};
+pub use inproc::{run_grid, run_ranks, InProc};
 pub use nccl::Nccl;

@@ -18,6 +18,7 @@ use cudarc::nccl::{result as nr, sys as ns};
 
 use super::comm::{check_a2a, copy_range, Communicator};
 use super::env::DistEnv;
+use super::grid::Grid;
 use super::rendezvous;
 use crate::backend::cuda::{self, DBuf, Gpu};
 use crate::backend::Act;
@@ -27,6 +28,12 @@ use crate::error::{GdnError, Result};
 pub fn nccl_present() -> bool {
     // SAFETY: only tries to dlopen the library.
     unsafe { ns::is_culib_present() }
+}
+
+/// A fresh NCCL unique id (128 bytes).
+fn new_id() -> Result<Vec<u8>> {
+    let id = nr::get_uniqueid().map_err(|e| nccl_err("ncclGetUniqueId", e))?;
+    Ok(id.internal.iter().map(|&c| c as u8).collect())
 }
 
 fn nccl_err(what: &str, e: nr::NcclError) -> GdnError {
@@ -80,6 +87,77 @@ pub fn rendezvous_timeout() -> Duration {
 impl Nccl {
     /// The group of the launched processes: this process is `env.rank` on `cuda:env.local_rank`.
     pub fn from_env(env: &DistEnv) -> Result<Self> {
+        let gpu = Self::prepare(env)?;
+        let id = rendezvous::share(
+            &env.master_addr,
+            env.master_port,
+            env.rank,
+            env.world_size,
+            rendezvous_timeout(),
+            new_id,
+        )?;
+        Self::init(gpu, &id, env.rank, env.world_size)
+    }
+
+    /// The launched processes as a `dp x cp` grid ([`Grid`]; world rank `d cp + c`): one NCCL
+    /// communicator per group of more than one rank (rank 0 makes every group's id and shares
+    /// them in one rendezvous; every rank creates its CP group first, then its DP group), a
+    /// group of one rank is in-process. Errors unless `WORLD_SIZE = dp x cp`.
+    pub fn grid(env: &DistEnv, dp: usize, cp: usize) -> Result<Grid> {
+        super::grid::check_layout(dp, cp, Some(env.world_size))?;
+        let gpu = Self::prepare(env)?;
+        let ids = rendezvous::share(
+            &env.master_addr,
+            env.master_port,
+            env.rank,
+            env.world_size,
+            rendezvous_timeout(),
+            || {
+                let mut v = Vec::with_capacity(128 * (dp + cp));
+                for _ in 0..dp + cp {
+                    v.extend(new_id()?);
+                }
+                Ok(v)
+            },
+        )?;
+        if ids.len() != 128 * (dp + cp) {
+            return Err(GdnError::Device(format!(
+                "rendezvous: {} bytes of NCCL ids, expected {}",
+                ids.len(),
+                128 * (dp + cp)
+            )));
+        }
+        let (d, c) = (env.rank / cp, env.rank % cp);
+        let solo = || -> Result<Arc<dyn Communicator>> {
+            Ok(Arc::new(
+                super::inproc::InProc::group(1)?
+                    .into_iter()
+                    .next()
+                    .expect("one rank"),
+            ))
+        };
+        // CP group d: ids[d]; DP group c: ids[dp + c].
+        let cpc: Arc<dyn Communicator> = if cp > 1 {
+            Arc::new(Self::init(
+                gpu.clone(),
+                &ids[128 * d..128 * (d + 1)],
+                c,
+                cp,
+            )?)
+        } else {
+            solo()?
+        };
+        let dpc: Arc<dyn Communicator> = if dp > 1 {
+            let o = 128 * (dp + c);
+            Arc::new(Self::init(gpu, &ids[o..o + 128], d, dp)?)
+        } else {
+            solo()?
+        };
+        Ok(Grid { dp: dpc, cp: cpc })
+    }
+
+    /// NVLS off, NCCL present, this rank's GPU.
+    fn prepare(env: &DistEnv) -> Result<Arc<Gpu>> {
         if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
             // Before NCCL reads its environment (at the first communicator); no other thread
             // reads the environment at this point of startup.
@@ -90,18 +168,18 @@ impl Nccl {
                 "NCCL (libnccl.so.2) was not found; install NCCL (e.g. pip's nvidia-nccl-cu13) and put its lib directory on LD_LIBRARY_PATH".into(),
             ));
         }
-        let gpu = cuda::gpu(env.local_rank)?;
-        let id = rendezvous::share(
-            &env.master_addr,
-            env.master_port,
-            env.rank,
-            env.world_size,
-            rendezvous_timeout(),
-            || {
-                let id = nr::get_uniqueid().map_err(|e| nccl_err("ncclGetUniqueId", e))?;
-                Ok(id.internal.iter().map(|&c| c as u8).collect())
-            },
-        )?;
+        let n = cuda::device_count();
+        if env.local_rank >= n {
+            return Err(GdnError::Device(format!(
+                "LOCAL_RANK={} but this machine has {n} CUDA GPUs (one process per GPU: start at most {n} on this machine)",
+                env.local_rank
+            )));
+        }
+        cuda::gpu(env.local_rank)
+    }
+
+    /// Rank `rank` of a communicator of `size` ranks with the unique id `id` (128 bytes).
+    fn init(gpu: Arc<Gpu>, id: &[u8], rank: usize, size: usize) -> Result<Self> {
         if id.len() != 128 {
             return Err(GdnError::Device(format!(
                 "rendezvous: the NCCL id has {} bytes, expected 128",
@@ -109,7 +187,7 @@ impl Nccl {
             )));
         }
         let mut internal = [0 as ::core::ffi::c_char; 128];
-        for (d, s) in internal.iter_mut().zip(&id) {
+        for (d, s) in internal.iter_mut().zip(id) {
             *d = *s as ::core::ffi::c_char;
         }
         let uid = ns::ncclUniqueId { internal };
@@ -117,20 +195,15 @@ impl Nccl {
         // SAFETY: `comm` is written by NCCL; the GPU's context is bound to this thread first.
         let comm = unsafe {
             bind(&gpu)?;
-            nr::comm_init_rank(
-                comm.as_mut_ptr(),
-                env.world_size as i32,
-                uid,
-                env.rank as i32,
-            )
-            .map_err(|e| nccl_err("ncclCommInitRank", e))?;
+            nr::comm_init_rank(comm.as_mut_ptr(), size as i32, uid, rank as i32)
+                .map_err(|e| nccl_err("ncclCommInitRank", e))?;
             comm.assume_init()
         };
         Ok(Nccl {
             comm,
             gpu,
-            rank: env.rank,
-            size: env.world_size,
+            rank,
+            size,
         })
     }
 

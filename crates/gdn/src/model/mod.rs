@@ -52,8 +52,11 @@ use rand_distr::{Distribution, Normal};
 use crate::backend::cuda::{self, DType, GBuf, Gpu};
 use crate::backend::{Act, Device, F32s, Ids, PMut, P};
 use crate::config::Normalization;
+use crate::dist::Communicator;
 use crate::error::{GdnError, Result};
-use crate::layer::{param_specs as layer_param_specs, GatedDeltaNet, Params, Saved};
+use crate::layer::{
+    param_specs as layer_param_specs, CpLayer, CpSaved, GatedDeltaNet, Params, Saved,
+};
 use crate::ops::{adamw, add, cross_entropy, embedding, linear, norm};
 use crate::seqs::Seqs;
 use crate::tensor::Tensor;
@@ -167,6 +170,8 @@ pub struct Model {
     layers: Vec<GatedDeltaNet>,
     own: Params,
     dev: Option<DevModel>,
+    /// The context-parallel group ([`Model::set_cp`]); `None`: one rank.
+    cp: Option<Arc<dyn Communicator>>,
 }
 
 /// The model's own parameters on a GPU: fp32 masters (the values the optimizer updates; the host
@@ -275,6 +280,7 @@ impl Model {
             layers,
             own: Params::from_entries(own),
             dev: None,
+            cp: None,
         })
     }
 
@@ -289,6 +295,28 @@ impl Model {
     /// The config.
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
+    }
+
+    /// Train with context parallelism over `comm` (its size is the CP size; `None` or one rank:
+    /// off). Every rank of the group passes the same batches to [`forward`](Self::forward); each
+    /// computes its zigzag share of every sequence ([`crate::dist::cp::local_rows`]): the
+    /// embedding, MLPs and head on its rows, the GDN layers through [`CpLayer`] (head-parallel
+    /// over whole sequences). The loss statistics and every gradient come back whole and equal on
+    /// every rank (row-partial gradients summed in rank order). [`evaluate`](Self::evaluate) stays
+    /// on one rank. Errors unless the key and value heads are divisible by the CP size (sequence
+    /// lengths must be divisible by `2 cp`: checked per batch).
+    pub fn set_cp(&mut self, comm: Option<Arc<dyn Communicator>>) -> Result<()> {
+        let comm = comm.filter(|c| c.size() > 1);
+        if let Some(c) = &comm {
+            crate::dist::cp::check_heads(&self.cfg.layer, c.size())?;
+        }
+        self.cp = comm;
+        Ok(())
+    }
+
+    /// The context-parallel size (1 without).
+    pub fn cp_size(&self) -> usize {
+        self.cp.as_ref().map_or(1, |c| c.size())
     }
 
     /// Number of parameter values.
@@ -612,8 +640,30 @@ impl Model {
         b: usize,
         t: usize,
         keep: bool,
+        cp: Option<&CpLayer>,
     ) -> Result<(Act, Option<Saved>)> {
         let layer = &self.layers[i];
+        if let Some(cl) = cp {
+            // This rank's rows of the batch of b sequences of t tokens.
+            let seqs = Seqs::uniform(b, t);
+            let (y, saved) = match x {
+                Act::Host(x) => {
+                    let xt = Tensor::from_vec(
+                        &[x.len() / self.cfg.hidden_size(), self.cfg.hidden_size()],
+                        x,
+                    )?;
+                    let (y, s) = cl.forward(&xt, &seqs)?;
+                    (Act::Host(y.into_vec()), s.into_saved())
+                }
+                Act::Dev(x) => {
+                    let (y, s) = cl.forward_dev(x, &seqs)?;
+                    (Act::Dev(y), s.into_saved())
+                }
+            };
+            let mut h1 = y;
+            add::add_assign(&mut h1, &saved.x)?;
+            return Ok((h1, Some(saved)));
+        }
         match x {
             Act::Host(x) => {
                 let xt = Tensor::from_vec(&[b, t, self.cfg.hidden_size()], x)?;
@@ -640,9 +690,42 @@ impl Model {
     /// The model, top to bottom.
     fn run_forward(&self, batch: &Batch, keep: bool) -> Result<(LossStats, Option<ModelSaved>)> {
         self.check_batch(batch)?;
+        // Context parallelism (training only): this rank's rows of every sequence.
+        let cp = self.cp.as_ref().filter(|_| keep);
+        let global_count = batch.targets.iter().filter(|&&t| t != IGNORE_INDEX).count();
+        let local;
+        let (batch, cp_layers) = match cp {
+            None => (batch, Vec::new()),
+            Some(comm) => {
+                let seqs = Seqs::uniform(batch.batch, batch.seq_len);
+                crate::dist::cp::check_seqs(&seqs, comm.size())?;
+                let rows = crate::dist::cp::local_rows(&seqs, comm.size(), comm.rank());
+                let pick = |v: &[u32]| {
+                    rows.iter()
+                        .flat_map(|r| v[r.clone()].iter().copied())
+                        .collect::<Vec<u32>>()
+                };
+                let targets: Vec<i32> = rows
+                    .iter()
+                    .flat_map(|r| batch.targets[r.clone()].iter().copied())
+                    .collect();
+                local = Batch {
+                    tokens: pick(&batch.tokens),
+                    targets,
+                    batch: batch.batch,
+                    seq_len: batch.seq_len,
+                };
+                let layers = self
+                    .layers
+                    .iter()
+                    .map(|l| CpLayer::new(l.clone(), comm.clone()))
+                    .collect::<Result<Vec<_>>>()?;
+                (&local, layers)
+            }
+        };
         let c = &self.cfg;
         let (b, t) = (batch.batch, batch.seq_len);
-        let n = b * t;
+        let n = batch.tokens.len();
         let (h, f, vsz) = (c.hidden_size(), c.ffn_hidden_size, c.vocab_size);
         let (kind, eps, zc) = (
             c.layer.normalization,
@@ -664,7 +747,7 @@ impl Model {
         let mut blocks = Vec::new();
         for i in 0..self.layers.len() {
             // x = x + GDN(x)
-            let (h1, gdn_saved) = self.gdn_forward(i, x, b, t, keep)?;
+            let (h1, gdn_saved) = self.gdn_forward(i, x, b, t, keep, cp_layers.get(i))?;
             // x = x + fc2(swiglu(fc1(norm(x))))
             let p = format!("decoder.layers.{i}.mlp.");
             let (nw, nb) = (
@@ -708,13 +791,27 @@ impl Model {
             .map_or(Ids::Host(&batch.targets), |t| Ids::Dev(&t.0));
         let (st, probs) = cross_entropy::forward(&logits, n, vsz, tg, keep)?;
         drop(logits);
+        // Under CP: the whole batch's statistics (every rank's, added in rank order) and the
+        // loss's mean over the whole batch's targets.
+        let (st, count) = match cp {
+            None => (st, st.count),
+            Some(comm) => {
+                let mut all = LossStats::default();
+                for s in loss::gather_stats(comm.as_ref(), &[st])? {
+                    all.add(&s);
+                }
+                (all, global_count)
+            }
+        };
         let saved = probs.map(|probs| ModelSaved {
             batch: b,
             seq_len: t,
+            rows: n,
+            cp_layers,
             tokens: batch.tokens.clone(),
             targets: batch.targets.clone(),
             targets_dev: tgt_dev,
-            count: st.count,
+            count,
             blocks,
             head: HeadSaved {
                 x,
@@ -788,8 +885,37 @@ impl Model {
         dh1: Act,
         b: usize,
         t: usize,
+        cp: Option<&CpLayer>,
     ) -> Result<(Act, Vec<(String, F32s)>)> {
         let pre = gdn_prefix(i);
+        if let Some(cl) = cp {
+            let shape = saved.x_shape.clone();
+            let saved = CpSaved::from_saved(saved);
+            return match dh1 {
+                Act::Host(dh1) => {
+                    let dh1t = Tensor::from_vec(&shape, dh1)?;
+                    let (dxl, lg) = cl.backward(saved, &dh1t)?;
+                    let mut dx = Act::Host(dh1t.into_vec());
+                    add::add_assign(&mut dx, &Act::Host(dxl.into_vec()))?;
+                    let g = lg
+                        .iter()
+                        .map(|(n, t)| (format!("{pre}{n}"), F32s::Host(t.data().to_vec())))
+                        .collect();
+                    Ok((dx, g))
+                }
+                Act::Dev(dh1) => {
+                    let (dxl, lg) = cl.backward_dev(saved, dh1.try_clone()?)?;
+                    let mut dx = Act::Dev(dh1);
+                    add::add_assign(&mut dx, &Act::Dev(dxl))?;
+                    let g = lg
+                        .into_entries()
+                        .into_iter()
+                        .map(|(n, _, b)| (format!("{pre}{n}"), F32s::Dev(b)))
+                        .collect();
+                    Ok((dx, g))
+                }
+            };
+        }
         match dh1 {
             Act::Host(dh1) => {
                 let dh1t = Tensor::from_vec(&[b, t, self.cfg.hidden_size()], dh1)?;
@@ -827,6 +953,7 @@ impl Model {
             )));
         }
         let on_gpu = matches!(saved.head.x, Act::Dev(_));
+        let on_cp = !saved.cp_layers.is_empty();
         if on_gpu != self.dev.is_some() {
             return Err(GdnError::Invalid(
                 "backward: the saved state comes from a forward on another device".into(),
@@ -835,6 +962,8 @@ impl Model {
         let ModelSaved {
             batch: b,
             seq_len: t,
+            rows: n,
+            cp_layers,
             tokens,
             targets,
             targets_dev,
@@ -842,7 +971,6 @@ impl Model {
             blocks,
             head,
         } = saved;
-        let n = b * t;
         let (h, f, vsz) = (c.hidden_size(), c.ffn_hidden_size, c.vocab_size);
         let (kind, eps, zc) = (
             c.layer.normalization,
@@ -910,7 +1038,7 @@ impl Model {
             add::add_assign(&mut dx, &dh1)?;
             drop(dh1);
             // GDN: d x = d h1 + d(layer input).
-            let (dxn, mut bg) = self.gdn_backward(i, gdn, dx, b, t)?;
+            let (dxn, mut bg) = self.gdn_backward(i, gdn, dx, b, t, cp_layers.get(i))?;
             dx = dxn;
             bg.push((nwn, dnw));
             if let Some(db) = dnb {
@@ -945,6 +1073,18 @@ impl Model {
         g.extend(tail);
         if let Some(dw) = dw_head {
             g.push((OUTPUT_LAYER.into(), dw));
+        }
+        drop(cp_layers);
+        if let Some(comm) = &self.cp {
+            if on_cp {
+                // The model's own gradients are sums over this rank's rows: add the ranks' in
+                // rank order (the GDN layers' came back whole from their CpLayer).
+                for (name, v) in g.iter_mut() {
+                    if !name.contains(".self_attention.") {
+                        crate::dist::all_reduce_sum_f32(comm.as_ref(), v)?;
+                    }
+                }
+            }
         }
         Ok(g)
     }

@@ -11,7 +11,13 @@ use crate::ops::norm::Stats;
 pub struct ModelSaved {
     pub(crate) batch: usize,
     pub(crate) seq_len: usize,
-    /// Token ids `[n]` (u32, host): the embedding's backward scatters into their rows (on a GPU
+    /// Rows this rank computed: `batch * seq_len`, or `1 / cp` of them under context
+    /// parallelism (the rank's zigzag share of every sequence).
+    pub(crate) rows: usize,
+    /// Under context parallelism: each block's `CpLayer` of the forward (this rank's slices of
+    /// the parameters; backward runs through them). Parameters, not activations: not counted.
+    pub(crate) cp_layers: Vec<crate::layer::CpLayer>,
+    /// Token ids `[rows]` (u32, host): the embedding's backward scatters into their rows (on a GPU
     /// it builds its per-token position lists from them).
     pub(crate) tokens: Vec<u32>,
     /// Targets `[n]` (i32, host): the loss's backward on the CPU.

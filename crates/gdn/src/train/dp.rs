@@ -1,32 +1,42 @@
-//! Data parallelism: the step's global batch (the same on every rank: a function of the data seed
-//! and the step) is cut into `dp x micro_batches` equal shards of whole sequences; rank `r` runs
-//! shards `r m .. (r + 1) m` one after the other, adding their gradients in shard order, then the
-//! ranks' sums are added in rank order ([`Communicator::all_reduce_sum`]: the same bits on every
-//! rank). Every shard's loss is the mean over the whole batch's target rows (its backward divides
-//! by the global count), so the sum is the batch's gradient; clipping and AdamW then run on equal
-//! gradients and keep the parameters equal on every rank.
+//! Data and context parallelism of a training step.
 //!
-//! Bitwise: `dp` ranks with one micro-batch each equal one rank with `micro_batches = dp` (both
-//! compute `((g_0 + g_1) + g_2) + ...` over the same shards with the same kernels). Other splits
-//! of the same batch differ by the order of those f32 additions (and from the unsplit step by the
-//! GEMMs' row sums).
+//! Data parallelism: the step's global batch (the same on every rank: a function of the data
+//! seed and the step) is cut into `S = dp x micro_batches` equal micro-batches of whole
+//! sequences; data rank `r` runs micro-batches `r m .. (r + 1) m`. The step's gradient is
+//! `((g_0 + g_1) + g_2) + ... + g_{S-1}` over the micro-batches in order, on every rank: each
+//! rank's micro-batch gradients are gathered ([`Communicator::all_gather`]) and every rank adds
+//! all `S` of them in that order. Every micro-batch's loss is the mean over the whole batch's
+//! target rows (its backward divides by the global count), so the sum is the batch's gradient;
+//! clipping and AdamW then run on equal gradients and keep the parameters equal on every rank.
+//!
+//! Bitwise: the sum depends on `S` only, not on how the micro-batches are spread over ranks, so
+//! `dp x m` ranks x micro-batches equal `1 x S` (and `S x 1`) bit for bit, and a run resumed on
+//! another number of ranks with the same `S` continues bit for bit. Another `S` differs by the
+//! order of those f32 additions (and from the unsplit step, `S = 1`, by the GEMMs' row sums).
+//!
+//! Context parallelism ([`Parallel::cp`]): the `cp` ranks of a CP group run the same
+//! micro-batches, each its zigzag share of every sequence ([`Model::set_cp`]); the model returns
+//! whole gradients, equal on the group's ranks, before the data-parallel sum above.
 
 use std::sync::Arc;
 
 use super::*;
 use crate::backend::{Act, F32s};
-use crate::dist::comm::all_reduce_sum_f32;
+use crate::dist::comm::{act_to_f32s, alloc_like, copy_range, f32s_to_act};
 use crate::dist::Communicator;
+use crate::model::loss::gather_stats;
 use crate::model::{Batch, IGNORE_INDEX};
 use crate::ops::add;
 
 /// How a step is spread over ranks and micro-batches.
 #[derive(Clone, Debug)]
 pub struct Parallel {
-    /// The data-parallel group (`None`: one rank).
+    /// The data-parallel group (`None`: one data rank).
     pub comm: Option<Arc<dyn Communicator>>,
-    /// Micro-batches per rank and step (>= 1).
+    /// Micro-batches per data rank and step (>= 1).
     pub micro_batches: usize,
+    /// The context-parallel group (`None`: no context parallelism).
+    pub cp: Option<Arc<dyn Communicator>>,
 }
 
 impl Default for Parallel {
@@ -34,6 +44,7 @@ impl Default for Parallel {
         Parallel {
             comm: None,
             micro_batches: 1,
+            cp: None,
         }
     }
 }
@@ -43,20 +54,28 @@ impl Parallel {
     pub fn dp(&self) -> usize {
         self.comm.as_ref().map_or(1, |c| c.size())
     }
-    /// This rank.
+    /// Context-parallel ranks.
+    pub fn cp_size(&self) -> usize {
+        self.cp.as_ref().map_or(1, |c| c.size())
+    }
+    /// This data rank.
     pub fn rank(&self) -> usize {
         self.comm.as_ref().map_or(0, |c| c.rank())
     }
-    /// Whether the step is split at all.
-    pub fn is_split(&self) -> bool {
-        self.dp() * self.micro_batches > 1
+    /// Micro-batches per step over all data ranks (`S`).
+    pub fn shards(&self) -> usize {
+        self.dp() * self.micro_batches
     }
-    /// The rule: the global batch divisible by `dp x micro_batches`.
+    /// Whether the step is split over micro-batches at all.
+    pub fn is_split(&self) -> bool {
+        self.shards() > 1
+    }
+    /// The data rule: the global batch divisible by `dp x micro_batches`.
     pub fn check(&self, global_batch: usize) -> Result<()> {
         if self.micro_batches == 0 {
             return Err(GdnError::Invalid("micro_batches must be at least 1".into()));
         }
-        let parts = self.dp() * self.micro_batches;
+        let parts = self.shards();
         if !global_batch.is_multiple_of(parts) {
             return Err(GdnError::config(
                 "data.batch_size",
@@ -69,9 +88,31 @@ impl Parallel {
         }
         Ok(())
     }
+    /// Every rule of this layout for `cfg`: the data rule, and under context parallelism
+    /// Megatron's (key and value heads divisible by the CP size) and the zigzag's (the sequence
+    /// length divisible by `2 cp`).
+    pub fn check_config(&self, cfg: &RunConfig) -> Result<()> {
+        self.check(cfg.data.batch_size)?;
+        let cp = self.cp_size();
+        if cp > 1 {
+            let seq = cfg.data.seq_length;
+            if !seq.is_multiple_of(2 * cp) {
+                return Err(GdnError::config(
+                    "data.seq_length",
+                    format!(
+                        "{seq} is not divisible by 2 x cp = {}: context parallelism cuts every sequence into 2 x cp chunks (zigzag load balancing)",
+                        2 * cp
+                    ),
+                ));
+            }
+            let mc = cfg.model_config(1);
+            crate::dist::cp::check_heads(&mc.layer, cp)?;
+        }
+        Ok(())
+    }
 }
 
-/// Shard `k` of `parts` equal shards of whole sequences.
+/// Micro-batch `k` of `parts` equal ones of whole sequences.
 fn shard(b: &Batch, parts: usize, k: usize) -> Batch {
     let per = b.batch / parts;
     let (lo, hi) = (k * per * b.seq_len, (k + 1) * per * b.seq_len);
@@ -83,150 +124,156 @@ fn shard(b: &Batch, parts: usize, k: usize) -> Batch {
     }
 }
 
-/// Loss statistics of every rank, in rank order (f64 and counts sent bit for bit).
-fn gather_stats(comm: &dyn Communicator, st: &[LossStats]) -> Result<Vec<LossStats>> {
-    let mut v = Vec::with_capacity(st.len() * 4);
-    for s in st {
-        let b = s.loss_sum.to_bits();
-        v.push(f32::from_bits((b >> 32) as u32));
-        v.push(f32::from_bits(b as u32));
-        v.push(f32::from_bits(u32::try_from(s.count).unwrap_or(u32::MAX)));
-        v.push(f32::from_bits(u32::try_from(s.correct).unwrap_or(u32::MAX)));
-    }
-    let parts = comm.all_gather(&Act::Host(v))?;
-    let mut out = Vec::new();
-    for p in parts {
-        let p = p.into_host()?;
-        for c in p.chunks(4) {
-            let hi = c[0].to_bits() as u64;
-            let lo = c[1].to_bits() as u64;
-            out.push(LossStats {
-                loss_sum: f64::from_bits((hi << 32) | lo),
-                count: c[2].to_bits() as usize,
-                correct: c[3].to_bits() as usize,
-            });
+/// `((g_0 + g_1) + g_2) + ...` over every data rank's micro-batch gradients in order: `local`
+/// holds this rank's (its micro-batches in order), the group's are gathered first.
+fn fold_shards(comm: Option<&dyn Communicator>, local: Vec<Act>) -> Result<Act> {
+    let m = local.len();
+    let len = local.first().map_or(0, Act::len);
+    let parts: Vec<Act> = match comm {
+        Some(c) if c.size() > 1 => {
+            let cat = if m == 1 {
+                local.into_iter().next().expect("one")
+            } else {
+                let mut cat = alloc_like(&local[0], m * len)?;
+                for (k, a) in local.iter().enumerate() {
+                    copy_range(&mut cat, k * len, a, 0, len)?;
+                }
+                cat
+            };
+            let mut v = Vec::with_capacity(c.size() * m);
+            for g in c.all_gather(&cat)? {
+                if m == 1 {
+                    v.push(g);
+                    continue;
+                }
+                for k in 0..m {
+                    let mut p = alloc_like(&g, len)?;
+                    copy_range(&mut p, 0, &g, k * len, len)?;
+                    v.push(p);
+                }
+            }
+            v
         }
+        _ => local,
+    };
+    let mut it = parts.into_iter();
+    let mut acc = it
+        .next()
+        .ok_or_else(|| GdnError::Invalid("no micro-batch gradients".into()))?;
+    for p in it {
+        add::add_assign(&mut acc, &p)?;
     }
-    Ok(out)
+    Ok(acc)
 }
 
 impl Trainer {
-    /// Spread every later step over `par`'s data-parallel ranks and micro-batches (each rank of
-    /// the group calls this with its own communicator). Errors unless the global batch
-    /// (`data.batch_size`) is divisible by ranks x micro-batches. The parameters must be equal
-    /// on every rank (same seed, or the same checkpoint).
+    /// Spread every later step over `par`'s data-parallel ranks, micro-batches and
+    /// context-parallel ranks (each rank calls this with its own communicators). Errors unless
+    /// the layout's rules hold ([`Parallel::check_config`]). The parameters must be equal on
+    /// every rank (same seed, or the same checkpoint).
     pub fn set_parallel(&mut self, par: Parallel) -> Result<()> {
-        par.check(self.cfg.data.batch_size)?;
+        par.check_config(&self.cfg)?;
+        self.model.set_cp(par.cp.clone())?;
         self.par = par;
         Ok(())
     }
 
-    /// The step's forward and backward over this rank's shards; the gradients summed over
-    /// shards and ranks. CPU: returned; GPU: in the model's gradient buffers. Returns the whole
-    /// batch's loss statistics, this rank's largest activation bytes (all, GDN) and the
-    /// gradients (CPU).
+    /// The layout of the steps.
+    pub fn parallel(&self) -> &Parallel {
+        &self.par
+    }
+
+    /// The step's forward and backward over this rank's micro-batches; the gradients summed
+    /// over all micro-batches in order. CPU: returned; GPU: in the model's gradient buffers.
+    /// Returns the whole batch's loss statistics, this rank's largest activation bytes (all,
+    /// GDN) and the gradients (CPU).
     pub(super) fn split_forward_backward(
         &mut self,
         batch: &Batch,
     ) -> Result<(LossStats, usize, usize, Option<crate::model::ModelGrads>)> {
-        let (dp, rank, m) = (self.par.dp(), self.par.rank(), self.par.micro_batches);
-        let parts = dp * m;
+        let (rank, m) = (self.par.rank(), self.par.micro_batches);
+        let parts = self.par.shards();
         self.par.check(batch.batch)?;
         let count = batch.targets.iter().filter(|&&t| t != IGNORE_INDEX).count();
         let mut stats = Vec::with_capacity(m);
         let (mut act_bytes, mut gdn_bytes) = (0, 0);
-        let mut host: Option<crate::model::ModelGrads> = None;
-        let mut dev_acc: Option<Vec<GBuf<f32>>> = None;
+        let on_gpu = self.dev_moments.is_some();
+        // Per parameter, this rank's micro-batch gradients in order.
+        let mut per_param: Vec<Vec<Act>> = Vec::new();
+        let mut names: Vec<(String, Vec<usize>)> = Vec::new();
         for k in 0..m {
             let sb = shard(batch, parts, rank * m + k);
             let (st, mut saved) = self.model.forward(&sb)?;
             act_bytes = act_bytes.max(saved.bytes());
             gdn_bytes = gdn_bytes.max(saved.gdn_bytes());
             stats.push(st);
-            // Each shard's loss is its part of the whole batch's mean.
+            // Each micro-batch's loss is its part of the whole batch's mean.
             saved.count = count;
-            if self.dev_moments.is_none() {
+            let grads: Vec<Act> = if !on_gpu {
                 let g = self.model.backward(saved)?;
-                match &mut host {
-                    None => host = Some(g),
-                    Some(acc) => {
-                        for ((_, a), (_, x)) in acc.iter_mut().zip(g.iter()) {
-                            add::cpu::add_assign(a.data_mut(), x.data())?;
-                        }
-                    }
+                if names.is_empty() {
+                    names = g
+                        .iter()
+                        .map(|(n, t)| (n.to_string(), t.shape().to_vec()))
+                        .collect();
                 }
+                g.iter()
+                    .map(|(_, t)| Act::Host(t.data().to_vec()))
+                    .collect()
             } else {
                 self.model.backward_into_grads(saved)?;
-                if m > 1 {
-                    let grads = self
-                        .model
-                        .device_grads()
-                        .ok_or_else(|| GdnError::Invalid("no device gradients".into()))?;
-                    match &mut dev_acc {
-                        None => {
-                            let mut v = Vec::with_capacity(grads.len());
-                            for g in grads {
-                                let mut c = g.gpu().uninit::<f32>(g.len())?;
-                                g.gpu()
-                                    .stream()
-                                    .memcpy_dtod(&g.slice, &mut c.slice)
-                                    .map_err(|e| {
-                                        GdnError::Device(format!("cuMemcpyDtoDAsync: {e:?}"))
-                                    })?;
-                                v.push(c);
-                            }
-                            dev_acc = Some(v);
-                        }
-                        Some(acc) => {
-                            for (a, g) in acc.iter_mut().zip(grads) {
-                                add::cuda::add_assign_f32(a, g)?;
-                            }
-                        }
-                    }
+                let dg = self
+                    .model
+                    .device_grads()
+                    .ok_or_else(|| GdnError::Invalid("no device gradients".into()))?;
+                let mut v = Vec::with_capacity(dg.len());
+                for g in dg {
+                    // A copy: the next micro-batch's backward replaces the model's buffers.
+                    let mut c = g.gpu().uninit::<f32>(g.len())?;
+                    g.gpu()
+                        .stream()
+                        .memcpy_dtod(&g.slice, &mut c.slice)
+                        .map_err(|e| GdnError::Device(format!("cuMemcpyDtoDAsync: {e:?}")))?;
+                    v.push(f32s_to_act(F32s::Dev(c)));
+                }
+                v
+            };
+            if per_param.is_empty() {
+                per_param = grads.into_iter().map(|g| vec![g]).collect();
+            } else {
+                for (p, g) in per_param.iter_mut().zip(grads) {
+                    p.push(g);
                 }
             }
         }
-        // Across ranks, in rank order.
         let comm = self.par.comm.clone();
-        if let Some(acc) = dev_acc {
-            // The shards' sum into the model's buffers.
-            let dst = self
-                .model
-                .device_grads_mut()
-                .ok_or_else(|| GdnError::Invalid("no device gradients".into()))?;
-            for (d, a) in dst.iter_mut().zip(acc) {
-                *d = a;
+        let dp_comm = comm.as_deref();
+        let mut host = Vec::new();
+        for (j, local) in per_param.into_iter().enumerate() {
+            let sum = fold_shards(dp_comm, local)?;
+            if on_gpu {
+                let dst = self
+                    .model
+                    .device_grads_mut()
+                    .ok_or_else(|| GdnError::Invalid("no device gradients".into()))?;
+                match act_to_f32s(sum)? {
+                    F32s::Dev(g) => dst[j] = g,
+                    F32s::Host(_) => return Err(crate::backend::mixed("gradients")),
+                }
+            } else {
+                let (n, shape) = &names[j];
+                host.push((n.clone(), Tensor::from_vec(shape, sum.into_host()?)?));
             }
         }
         let all_stats = match &comm {
-            Some(c) if c.size() > 1 => {
-                if let Some(g) = &mut host {
-                    for (_, t) in g.iter_mut() {
-                        let mut v = t.data().to_vec();
-                        crate::dist::all_reduce_sum_host(c.as_ref(), &mut v)?;
-                        t.data_mut().copy_from_slice(&v);
-                    }
-                }
-                if let Some(dst) = self.model.device_grads_mut() {
-                    for d in dst.iter_mut() {
-                        let tmp = d.gpu().uninit::<f32>(d.len())?;
-                        let g = std::mem::replace(d, tmp);
-                        let mut f = F32s::Dev(g);
-                        all_reduce_sum_f32(c.as_ref(), &mut f)?;
-                        match f {
-                            F32s::Dev(g) => *d = g,
-                            F32s::Host(_) => return Err(crate::backend::mixed("gradients")),
-                        }
-                    }
-                }
-                gather_stats(c.as_ref(), &stats)?
-            }
+            Some(c) if c.size() > 1 => gather_stats(c.as_ref(), &stats)?,
             _ => stats,
         };
         let mut loss = LossStats::default();
         for s in &all_stats {
             loss.add(s);
         }
+        let host = (!on_gpu).then(|| Params::from_entries(host));
         Ok((loss, act_bytes, gdn_bytes, host))
     }
 }
@@ -234,7 +281,7 @@ impl Trainer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dist::run_ranks;
+    use crate::dist::{run_grid, run_ranks};
     use crate::testutil::bits;
 
     fn small() -> RunConfig {
@@ -287,39 +334,177 @@ mod tests {
     }
 
     #[test]
-    fn two_data_ranks_equal_one_rank_with_two_micro_batches_bitwise() {
+    fn the_step_depends_on_the_micro_batch_count_only_bitwise() {
+        // S = 2: 2 ranks x 1 = 1 rank x 2; S = 4: 1 x 4 = 2 x 2 = 4 x 1 (4 steps each).
         let cfg = small();
-        let mut one = Trainer::new(&cfg).unwrap();
-        one.set_parallel(Parallel {
-            comm: None,
-            micro_batches: 2,
-        })
-        .unwrap();
-        let want = run(&mut one, 4).unwrap();
-        for (dp, m) in [(2, 1), (4, 1)] {
-            let got = run_ranks(dp, |comm| {
-                let mut t = Trainer::new(&cfg)?;
-                t.set_parallel(Parallel {
-                    comm: Some(comm),
-                    micro_batches: m,
-                })?;
-                run(&mut t, 4)
+        for (s, layouts) in [(2, vec![(2, 1)]), (4, vec![(2, 2), (4, 1)])] {
+            let mut one = Trainer::new(&cfg).unwrap();
+            one.set_parallel(Parallel {
+                micro_batches: s,
+                ..Default::default()
             })
             .unwrap();
-            // Every rank holds the same parameters.
-            for g in &got {
-                assert_eq!(g, &got[0]);
-            }
-            if dp == 2 {
-                assert_eq!(got[0], want, "2 ranks vs 1 rank x 2 micro-batches");
-            } else {
-                // 4 ranks: the same losses (f64 sums in shard order equal the 2-shard sums only
-                // up to rounding, so compare counts exactly and the parameters closely).
-                for (a, b) in got[0].1.iter().zip(&want.1) {
-                    assert_eq!((a.2, a.3), (b.2, b.3));
+            let want = run(&mut one, 4).unwrap();
+            for (dp, m) in layouts {
+                let got = run_grid(dp, 1, |g| {
+                    let mut t = Trainer::new(&cfg)?;
+                    t.set_parallel(Parallel {
+                        comm: Some(g.dp.clone()),
+                        micro_batches: m,
+                        ..Default::default()
+                    })?;
+                    run(&mut t, 4)
+                })
+                .unwrap();
+                for g in &got {
+                    assert_eq!(g, &got[0], "ranks disagree");
                 }
+                assert_eq!(
+                    got[0], want,
+                    "{dp} ranks x {m} vs 1 rank x {s} micro-batches"
+                );
             }
         }
+    }
+
+    fn cp_cfg(seq: usize) -> RunConfig {
+        RunConfig::from_toml_str(&format!(
+            r#"
+            [model]
+            hidden_size = 16
+            num_layers = 2
+            ffn_hidden_size = 32
+            linear_num_key_heads = 4
+            linear_num_value_heads = 8
+            linear_key_head_dim = 8
+            linear_value_head_dim = 8
+            [data]
+            seq_length = {seq}
+            batch_size = 4
+            num_kv_pairs = 4
+            key_vocab_size = 16
+            value_vocab_size = 16
+            eval_sequences = 8
+            [optimizer]
+            lr_warmup_iters = 2
+            [train]
+            train_iters = 3
+            "#
+        ))
+        .unwrap()
+    }
+
+    /// max |a - b| / max |b|
+    fn rel(a: &[f32], b: &[f32]) -> f64 {
+        let m = b
+            .iter()
+            .fold(0.0f64, |m, x| m.max(x.abs() as f64))
+            .max(1e-30);
+        a.iter()
+            .zip(b)
+            .fold(0.0f64, |e, (x, y)| e.max((*x as f64 - *y as f64).abs()))
+            / m
+    }
+
+    /// CP = 2 and 4 inside the model (2 blocks) against CP = 1 on one batch: the same target
+    /// counts and correct predictions, the loss within 1e-6 (f64 sums of per-rank f32 row losses),
+    /// every gradient within 1e-5 of max |.| (the GEMMs over 1 / cp of the rows and the rank-order
+    /// sums of the row-partial gradients round differently: `CpLayer`'s tolerance), the ranks'
+    /// gradients bitwise equal, and CP x DP (2 x 2) through the trainer within the same bounds
+    /// of DP 2 for 3 steps' losses.
+    #[test]
+    fn context_parallel_model_equals_one_rank() {
+        let cfg = cp_cfg(16);
+        let t = Trainer::new(&cfg).unwrap();
+        let batch = t.data.train_batch(1);
+        let (st, saved) = t.model.forward(&batch).unwrap();
+        let want = t.model.backward(saved).unwrap();
+        for cp in [2, 4] {
+            let got = run_grid(1, cp, |g| {
+                let mut t = Trainer::new(&cfg)?;
+                t.set_parallel(Parallel {
+                    cp: Some(g.cp.clone()),
+                    ..Default::default()
+                })?;
+                let (st, saved) = t.model.forward(&batch)?;
+                Ok((st, t.model.backward(saved)?))
+            })
+            .unwrap();
+            for (st2, g) in &got {
+                assert_eq!((st2.count, st2.correct), (st.count, st.correct), "cp {cp}");
+                let e = (st2.loss_sum - st.loss_sum).abs() / st.loss_sum.abs();
+                assert!(e <= 1e-6, "cp {cp}: loss rel err {e:e}");
+                assert_eq!(g.names(), want.names());
+                for ((n, a), (_, b)) in g.iter().zip(got[0].1.iter()) {
+                    assert_eq!(
+                        bits(a.data()),
+                        bits(b.data()),
+                        "cp {cp}: {n} differs across ranks"
+                    );
+                }
+            }
+            for ((n, a), (_, b)) in got[0].1.iter().zip(want.iter()) {
+                let e = rel(a.data(), b.data());
+                assert!(e <= 1e-5, "cp {cp}: {n} rel err {e:e}");
+            }
+        }
+        // CP x DP: 2 x 2 ranks against 2 data ranks, 3 steps.
+        let losses = |dp: usize, cp: usize| {
+            run_grid(dp, cp, |g| {
+                let mut t = Trainer::new(&cfg)?;
+                t.set_parallel(Parallel {
+                    comm: Some(g.dp.clone()),
+                    cp: Some(g.cp.clone()),
+                    ..Default::default()
+                })?;
+                (0..3)
+                    .map(|_| t.step().map(|s| s.loss))
+                    .collect::<Result<Vec<_>>>()
+            })
+            .unwrap()
+        };
+        let (a, b) = (losses(2, 2), losses(2, 1));
+        for r in &a {
+            assert_eq!(r, &a[0], "every rank has the whole batch's statistics");
+        }
+        for (x, y) in a[0].iter().zip(&b[0]) {
+            assert_eq!((x.count, x.correct), (y.count, y.correct));
+            let e = (x.loss_sum - y.loss_sum).abs() / y.loss_sum.abs();
+            assert!(e <= 1e-5, "cp 2 x dp 2 vs dp 2: loss rel err {e:e}");
+        }
+    }
+
+    #[test]
+    fn context_parallel_rules_are_errors() {
+        let group = |n: usize| -> Arc<dyn Communicator> {
+            Arc::new(crate::dist::InProc::group(n).unwrap().remove(0))
+        };
+        let set = |cfg: &RunConfig, cp: usize| {
+            let mut t = Trainer::new(cfg).unwrap();
+            t.set_parallel(Parallel {
+                cp: Some(group(cp)),
+                ..Default::default()
+            })
+            .unwrap_err()
+            .to_string()
+        };
+        // 16 tokens over 2 x 3 chunks.
+        let e = set(&cp_cfg(16), 3);
+        assert!(
+            e.contains("data.seq_length") && e.contains("16 is not divisible by 2 x cp = 6"),
+            "{e}"
+        );
+        // 4 key heads over 8 ranks (16 tokens = 2 x 8 chunks of 1).
+        let e = set(&cp_cfg(16), 8);
+        assert!(
+            e.contains("linear_num_key_heads=4 must be a multiple of"),
+            "{e}"
+        );
+        // The model refuses too.
+        let mut m = Trainer::new(&cp_cfg(16)).unwrap().model;
+        assert!(m.set_cp(Some(group(8))).is_err());
+        m.set_cp(Some(group(2))).unwrap();
+        assert_eq!(m.cp_size(), 2);
     }
 
     #[test]
@@ -333,6 +518,7 @@ mod tests {
             t.set_parallel(Parallel {
                 comm: None,
                 micro_batches: m,
+                ..Default::default()
             })
             .unwrap();
             let (st2, _, _, g) = t.split_forward_backward(&batch).unwrap();
@@ -365,6 +551,7 @@ mod tests {
             .set_parallel(Parallel {
                 comm: None,
                 micro_batches: 3,
+                ..Default::default()
             })
             .unwrap_err()
             .to_string();
@@ -377,6 +564,7 @@ mod tests {
             t.set_parallel(Parallel {
                 comm: Some(comm),
                 micro_batches: 1,
+                ..Default::default()
             })
         })
         .unwrap_err()
@@ -386,6 +574,7 @@ mod tests {
             .set_parallel(Parallel {
                 comm: None,
                 micro_batches: 0,
+                ..Default::default()
             })
             .is_err());
     }

@@ -47,6 +47,14 @@ impl std::fmt::Debug for CpLayer {
 pub struct CpSaved(Saved);
 
 impl CpSaved {
+    /// The layer's saved state (a model keeps it with its blocks' states).
+    pub(crate) fn into_saved(self) -> Saved {
+        self.0
+    }
+    /// Back from [`into_saved`](Self::into_saved).
+    pub(crate) fn from_saved(s: Saved) -> Self {
+        CpSaved(s)
+    }
     /// Bytes held on this rank, exactly (as [`Saved::bytes`]): the rank's input rows, its in_proj
     /// norm statistics and out_proj input, and the full-sequence, head-local activations.
     pub fn bytes(&self) -> usize {
