@@ -12,7 +12,7 @@ OUT=${OUT:-/tmp/gdn-out}
 mkdir -p "$OUT"
 g=${GPU_DIR:-.gpu}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-timeout 150 "$g/bench_decode" > "$OUT/bench_decode.log" 2>&1
+timeout 200 "$g/bench_decode" > "$OUT/bench_decode.log" 2>&1
 echo "bench_decode: rc=$?"
 grep -v '^json:' "$OUT/bench_decode.log"
 if [ -d .whl ]; then

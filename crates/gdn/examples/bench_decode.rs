@@ -1,14 +1,15 @@
 //! Times inference on a CUDA GPU (issue 14), CUDA events, median of 20 after 3 warm-up runs:
 //!
-//! 1. the decode step of the rule alone (`ops::decode::cuda::rule_with`, 4 and 8 value columns
-//!    per thread: one token per slot, fp32
-//!    state `[B, Hv, 128, 128]` read and written once, bf16 o), Hk/Hv = 16/32, at B = 1, 8, 64,
-//!    256 (and 16/16 at B = 64): time, the state bytes moved (read + write), GB/s and the share
-//!    of 4.2 TB/s;
+//! 1. the decode step of the rule alone (`ops::decode::cuda::rule_with`: the tile kernel with 4
+//!    and 8 value columns per thread, the pipelined kernel, and the default pick; one token per
+//!    slot, state `[B, Hv, 128, 128]` read and written once, bf16 o), Hk/Hv = 16/32, at B = 1,
+//!    8, 64, 256 (and 16/16 at B = 64), fp32 states, then bf16 states: time, the state bytes
+//!    moved (read + write), GB/s and the share of 4.2 TB/s;
 //! 2. the whole layer's decode step (`decode_slots_dev`: norm + in_proj GEMM, the fused pre step,
-//!    the rule, gated norm, out_proj GEMM) at B = 64, hidden 2048 (Qwen3-Next's layer), bf16,
+//!    the rule, gated norm, out_proj GEMM) at B = 1, 8, 64, 256, hidden 2048 (Qwen3-Next's
+//!    layer), bf16, as a CUDA graph and op by op, fp32 states (and bf16 states at B 64 and 256),
 //!    against its byte floor (state read + written, both projection weights read once), with the
-//!    split by kernel for the ops' own kernels;
+//!    split by kernel of the op-by-op step at B 64;
 //! 3. prefill of 8 x 4096 tokens (`extend_slots_dev`, fresh) against the layer's device-resident
 //!    training forward (`forward_dev`) on the same input.
 //!
@@ -21,6 +22,7 @@ use cudarc::driver::sys;
 use gdn::backend::cuda::{self, DBuf, DType, Gpu};
 use gdn::backend::launch::{profile_start, profile_take};
 use gdn::backend::F32s;
+use gdn::ops::decode::cuda::RuleKernel;
 use gdn::ops::decode::{self, DecodeShape, PreOut};
 use gdn::{Device, GatedDeltaNet, GdnConfig, Seqs};
 
@@ -71,7 +73,7 @@ fn unif(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {
         .collect()
 }
 
-fn rule_row(gpu: &Arc<Gpu>, b: usize, hk: usize, hv: usize, cols: usize) {
+fn rule_row(gpu: &Arc<Gpu>, b: usize, hk: usize, hv: usize, kernel: Option<RuleKernel>, sd: DType) {
     let (dk, dv) = (128, 128);
     let s = DecodeShape {
         hk,
@@ -91,25 +93,33 @@ fn rule_row(gpu: &Arc<Gpu>, b: usize, hk: usize, hv: usize, cols: usize) {
         b: up(unif(b * hv, 5, 0.1, 0.9)),
         w: None,
     };
-    let mut state = gpu.upload(&unif(b * s.state_len(), 6, -0.1, 0.1)).unwrap();
+    let mut state = DBuf::upload(gpu, &unif(b * s.state_len(), 6, -0.1, 0.1), sd).unwrap();
     let slots: Vec<i32> = (0..b as i32).collect();
     let dslots = gpu.upload(&slots).unwrap();
     let mut o = DBuf::uninit(gpu, b * hv * dv, DType::Bf16).unwrap();
     let scale = 1.0 / (dk as f32).sqrt();
+    let k = kernel.unwrap_or_else(|| decode::cuda::default_kernel(b, &s, sd));
     let ms = time_ms(gpu, || {
-        decode::cuda::rule_with(&x, &mut state, &dslots, b, s, scale, &mut o, cols).unwrap();
+        decode::cuda::rule_with(&x, &mut state, &dslots, b, s, scale, &mut o, k).unwrap();
     });
-    let bytes = 2.0 * (b * s.state_len() * 4) as f64;
+    let esz = if sd == DType::Bf16 { 2 } else { 4 };
+    let bytes = 2.0 * (b * s.state_len() * esz) as f64;
     let bps = bytes / (ms * 1e-3);
+    let kname = match (kernel, k) {
+        (None, RuleKernel::Tile { cols }) => format!("default (tile {cols})"),
+        (None, RuleKernel::Pipe { .. }) => "default (pipe)".to_string(),
+        (_, RuleKernel::Tile { cols }) => format!("tile {cols}"),
+        (_, RuleKernel::Pipe { .. }) => "pipe".to_string(),
+    };
     println!(
-        "rule decode  B {b:>3} {hk:>2}/{hv:<2} heads  {cols} cols/thread  {:>9.4} ms  state {:>8.1} MB r+w  {:>7.1} GB/s  {:>5.1}% of 4.2 TB/s",
+        "rule decode  B {b:>3} {hk:>2}/{hv:<2} heads  {sd:?} state  {kname:<18} {:>9.4} ms  state {:>8.1} MB r+w  {:>7.1} GB/s  {:>5.1}% of 4.2 TB/s",
         ms,
         bytes / 1e6,
         bps / 1e9,
         100.0 * bps / PEAK_BPS
     );
     println!(
-        "json: {{\"what\":\"rule_decode\",\"cols\":{cols},\"B\":{b},\"hk\":{hk},\"hv\":{hv},\"ms\":{ms:.5},\"bytes\":{bytes},\"gbps\":{:.1}}}",
+        "json: {{\"what\":\"rule_decode\",\"kernel\":\"{kname}\",\"state\":\"{sd:?}\",\"B\":{b},\"hk\":{hk},\"hv\":{hv},\"ms\":{ms:.5},\"bytes\":{bytes},\"gbps\":{:.1}}}",
         bps / 1e9
     );
 }
@@ -125,16 +135,12 @@ fn qwen3_next() -> GdnConfig {
     }
 }
 
-fn layer_rows(gpu: &Arc<Gpu>) {
-    let cfg = qwen3_next();
-    let l = GatedDeltaNet::new(&cfg, 1)
-        .unwrap()
-        .to_device(Device::Cuda(0), DType::Bf16)
-        .unwrap();
+/// One layer decode step at batch `b`: graph or op by op, fp32 or bf16 states.
+fn layer_step(gpu: &Arc<Gpu>, l: &GatedDeltaNet, b: usize, graph: bool, sd: DType, split: bool) {
+    let cfg = l.config();
     let h = cfg.hidden_size;
-    // Whole-layer decode step at B = 64.
-    let b = 64;
-    let mut pool = l.cache_pool(b).unwrap();
+    let mut pool = l.cache_pool_with(b, sd).unwrap();
+    pool.set_graphs(graph);
     let slots: Vec<i32> = (0..b as i32).collect();
     let x = DBuf::upload(gpu, &unif(b * h, 7, -1.0, 1.0), DType::Bf16).unwrap();
     // Fill the states with a prefill of 16 tokens per slot first (realistic values).
@@ -145,26 +151,50 @@ fn layer_rows(gpu: &Arc<Gpu>) {
         let xi = x.try_clone().unwrap();
         l.decode_slots_dev(xi, &slots, &mut pool).unwrap();
     });
-    let state = 2.0 * (b * cfg.linear_num_value_heads * 128 * 128 * 4) as f64;
+    let esz = if sd == DType::Bf16 { 2 } else { 4 };
+    let state = 2.0 * (b * cfg.linear_num_value_heads * 128 * 128 * esz) as f64;
     let weights = 2.0 * (h * (cfg.in_proj_dim() + cfg.v_dim())) as f64;
     let floor_ms = (state + weights) / PEAK_BPS * 1e3;
+    let mode = if graph { "graph" } else { "op by op" };
+    let used = match (graph, pool.graph_batch(), pool.graph_error()) {
+        (false, _, _) => String::new(),
+        (true, Some(n), _) => format!(" (graph of batch {n})"),
+        (true, None, e) => format!(" (NO GRAPH: {e:?})"),
+    };
     println!(
-        "layer decode B {b} hidden {h} bf16: {ms:.4} ms; byte floor {floor_ms:.4} ms (state {:.0} MB r+w + weights {:.0} MB at 4.2 TB/s): {:.2}x the floor",
+        "layer decode B {b:>3} hidden {h} bf16, {sd:?} states, {mode:<8}: {ms:.4} ms; byte floor {floor_ms:.4} ms (state {:.0} MB r+w + weights {:.0} MB at 4.2 TB/s): {:.2}x the floor{used}",
         state / 1e6,
         weights / 1e6,
         ms / floor_ms
     );
     println!(
-        "json: {{\"what\":\"layer_decode\",\"B\":{b},\"ms\":{ms:.5},\"floor_ms\":{floor_ms:.5}}}"
+        "json: {{\"what\":\"layer_decode\",\"B\":{b},\"graph\":{graph},\"state\":\"{sd:?}\",\"ms\":{ms:.5},\"floor_ms\":{floor_ms:.5}}}"
     );
-    profile_start();
-    let xi = x.try_clone().unwrap();
-    l.decode_slots_dev(xi, &slots, &mut pool).unwrap();
-    gpu.sync().unwrap();
-    for (k, t, n) in profile_take() {
-        println!("  kernel {k:<28} {t:9.4} ms ({n} launches)");
+    if split {
+        profile_start();
+        let xi = x.try_clone().unwrap();
+        l.decode_slots_dev(xi, &slots, &mut pool).unwrap();
+        gpu.sync().unwrap();
+        for (k, t, n) in profile_take() {
+            println!("  kernel {k:<36} {t:9.4} ms ({n} launches)");
+        }
     }
-    drop(pool);
+}
+
+fn layer_rows(gpu: &Arc<Gpu>) {
+    let cfg = qwen3_next();
+    let l = GatedDeltaNet::new(&cfg, 1)
+        .unwrap()
+        .to_device(Device::Cuda(0), DType::Bf16)
+        .unwrap();
+    let h = cfg.hidden_size;
+    for b in [1usize, 8, 64, 256] {
+        layer_step(gpu, &l, b, true, DType::F32, false);
+        layer_step(gpu, &l, b, false, DType::F32, b == 64);
+    }
+    for b in [64usize, 256] {
+        layer_step(gpu, &l, b, true, DType::Bf16, false);
+    }
 
     // Prefill 8 x 4096 against the training forward on the same input.
     let (b, t) = (8usize, 4096usize);
@@ -195,11 +225,20 @@ fn layer_rows(gpu: &Arc<Gpu>) {
 fn main() {
     let gpu = cuda::gpu(0).expect("a CUDA GPU");
     println!("{gpu:?}");
-    for cols in [4usize, 8] {
+    let kernels = [
+        Some(RuleKernel::Tile { cols: 4 }),
+        Some(RuleKernel::Tile { cols: 8 }),
+        Some(RuleKernel::Pipe { grid: None }),
+        None,
+    ];
+    for k in kernels {
         for b in [1usize, 8, 64, 256] {
-            rule_row(&gpu, b, 16, 32, cols);
+            rule_row(&gpu, b, 16, 32, k, DType::F32);
         }
-        rule_row(&gpu, 64, 16, 16, cols);
+        rule_row(&gpu, 64, 16, 16, k, DType::F32);
+    }
+    for b in [1usize, 8, 64, 256] {
+        rule_row(&gpu, b, 16, 32, None, DType::Bf16);
     }
     if std::env::args().nth(1).as_deref() == Some("rule") {
         return;

@@ -4,9 +4,10 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+pub use cudarc::driver::CudaGraph;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits,
 };
@@ -53,6 +54,23 @@ pub struct Gpu {
     live: AtomicUsize,
     peak: AtomicUsize,
     blaslt: OnceLock<BlasLt>,
+    /// The stream CUDA graphs are captured on (created at the first capture; the legacy default
+    /// stream `stream` cannot be captured), see [`Gpu::capture`].
+    capture_stream: OnceLock<Arc<CudaStream>>,
+    /// The thread (a [`thread_token`]) capturing now, 0 when none: on that thread
+    /// [`Gpu::stream`] is the capture stream.
+    capture_owner: AtomicU64,
+    /// One capture at a time per GPU.
+    capture_lock: Mutex<()>,
+}
+
+/// A small per-thread number (1, 2, ...), to tell the capturing thread from the others.
+fn thread_token() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static TOKEN: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    TOKEN.with(|t| *t)
 }
 
 impl std::fmt::Debug for Gpu {
@@ -132,6 +150,9 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
         live: AtomicUsize::new(0),
         peak: AtomicUsize::new(0),
         blaslt: OnceLock::new(),
+        capture_stream: OnceLock::new(),
+        capture_owner: AtomicU64::new(0),
+        capture_lock: Mutex::new(()),
     });
     m.insert(ordinal, g.clone());
     Ok(g)
@@ -323,7 +344,7 @@ impl DBuf {
         fn dup<T: DeviceRepr>(b: &GBuf<T>) -> Result<GBuf<T>> {
             let mut c = b.gpu.uninit::<T>(b.len())?;
             b.gpu
-                .stream
+                .stream()
                 .memcpy_dtod(&b.slice, &mut c.slice)
                 .map_err(|e| dev_err("cuMemcpyDtoDAsync", e))?;
             Ok(c)
@@ -368,10 +389,117 @@ impl Gpu {
     pub fn arch(&self) -> &'static str {
         self.arch
     }
-    /// The stream all our work goes to.
+    /// The stream all our work goes to: the context's default stream, except on a thread inside
+    /// [`Gpu::capture`], where it is the capture stream (so every op's launches, allocations and
+    /// copies on that thread become nodes of the graph).
     pub fn stream(&self) -> &Arc<CudaStream> {
+        let owner = self.capture_owner.load(Ordering::Acquire);
+        if owner != 0 && owner == thread_token() {
+            if let Some(s) = self.capture_stream.get() {
+                return s;
+            }
+        }
         &self.stream
     }
+    /// Number of streaming multiprocessors.
+    pub fn sm_count(&self) -> Result<usize> {
+        self.ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map(|n| n.max(1) as usize)
+            .map_err(|e| dev_err("querying the multiprocessor count", e))
+    }
+
+    /// The capture stream (created on first use: a non-blocking stream of this context, kept
+    /// for the life of the process like the GPU itself). Called under `capture_lock`.
+    fn capture_stream(&self) -> Result<&Arc<CudaStream>> {
+        if let Some(s) = self.capture_stream.get() {
+            return Ok(s);
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| dev_err("binding the CUDA context", e))?;
+        let raw = cudarc::driver::result::stream::create(
+            cudarc::driver::result::stream::StreamKind::NonBlocking,
+        )
+        .map_err(|e| dev_err("creating the capture stream", e))?;
+        // SAFETY: `raw` is a live stream of this context, never destroyed (the wrapper does not
+        // own it, and the GPU registry keeps this `Gpu` for the life of the process).
+        let s = unsafe { self.ctx.wrap_borrowed_stream(raw) };
+        let _ = self.capture_stream.set(s);
+        Ok(self.capture_stream.get().expect("set above"))
+    }
+
+    /// Capture the work that `f` queues on this GPU from the calling thread into a CUDA graph
+    /// (instantiated, not run: [`Gpu::launch_graph`] runs it). While `f` runs, [`Gpu::stream`]
+    /// is the capture stream on this thread only (other threads keep the default stream; the
+    /// capture mode is thread-local), so every op's kernels, GEMMs, copies and stream-ordered
+    /// allocations and frees become the graph's nodes. The default stream is synchronized
+    /// first (the graph reads what it wrote).
+    ///
+    /// The graph bakes in every device address `f` used: the buffers it read and wrote must
+    /// outlive the graph and stay where they are. Buffers `f` allocates must be dropped inside
+    /// `f` (then the graph allocates and frees them itself at each launch); `f` must not
+    /// synchronize or copy to the host. One capture at a time per GPU.
+    pub fn capture<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<(T, CudaGraph)> {
+        use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+        let _one = self
+            .capture_lock
+            .lock()
+            .map_err(|_| GdnError::Device("capture lock poisoned".into()))?;
+        let cs = self.capture_stream()?.clone();
+        self.sync()?;
+        cs.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| dev_err("beginning a stream capture", e))?;
+        /// Ends the capture state on every exit (a panic in `f` included).
+        struct Guard<'a> {
+            owner: &'a AtomicU64,
+            cs: &'a Arc<CudaStream>,
+        }
+        impl Drop for Guard<'_> {
+            fn drop(&mut self) {
+                self.owner.store(0, Ordering::Release);
+                if let Ok(st) = self.cs.capture_status() {
+                    if st
+                        != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+                    {
+                        let _ = self.cs.end_capture(CUgraphInstantiate_flags(0));
+                    }
+                }
+            }
+        }
+        self.capture_owner.store(thread_token(), Ordering::Release);
+        let guard = Guard {
+            owner: &self.capture_owner,
+            cs: &cs,
+        };
+        let r = f();
+        self.capture_owner.store(0, Ordering::Release);
+        let g = cs.end_capture(CUgraphInstantiate_flags(0));
+        drop(guard);
+        let v = r?;
+        match g {
+            Ok(Some(g)) => Ok((v, g)),
+            Ok(None) => Err(GdnError::Device("stream capture produced no graph".into())),
+            Err(e) => Err(dev_err(
+                "ending a stream capture (instantiating the graph)",
+                e,
+            )),
+        }
+    }
+
+    /// Run a graph made by [`Gpu::capture`] on the default stream, after the work queued there.
+    pub fn launch_graph(&self, g: &CudaGraph) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| dev_err("binding the CUDA context", e))?;
+        // SAFETY: the graph was instantiated in this context (by `capture`) and is live; the
+        // default stream is this context's.
+        unsafe { cudarc::driver::result::graph::launch(g.cu_graph_exec(), self.stream.cu_stream()) }
+            .map_err(|e| dev_err("launching a CUDA graph", e))
+    }
+
     /// Free and total bytes of this GPU's memory: the driver's `cuMemGetInfo`, plus the bytes
     /// the caching pool holds but no buffer uses (reserved - used), which our next allocations
     /// get without asking the driver.
@@ -423,7 +551,7 @@ impl Gpu {
     /// A zeroed buffer of `n` elements.
     pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(self: &Arc<Self>, n: usize) -> Result<GBuf<T>> {
         let slice = self
-            .stream
+            .stream()
             .alloc_zeros::<T>(n)
             .map_err(|e| dev_err("cudaMalloc", e))?;
         self.count(n * std::mem::size_of::<T>());
@@ -436,7 +564,7 @@ impl Gpu {
     /// An uninitialized buffer of `n` elements (every element must be written before it is read).
     pub fn uninit<T: DeviceRepr>(self: &Arc<Self>, n: usize) -> Result<GBuf<T>> {
         // SAFETY: callers write every element before reading (tests poison and check this).
-        let slice = unsafe { self.stream.alloc::<T>(n) }.map_err(|e| dev_err("cudaMalloc", e))?;
+        let slice = unsafe { self.stream().alloc::<T>(n) }.map_err(|e| dev_err("cudaMalloc", e))?;
         self.count(n * std::mem::size_of::<T>());
         Ok(GBuf {
             slice,
@@ -447,7 +575,7 @@ impl Gpu {
     /// Copy host data to a new device buffer.
     pub fn upload<T: DeviceRepr>(self: &Arc<Self>, host: &[T]) -> Result<GBuf<T>> {
         let slice = self
-            .stream
+            .stream()
             .clone_htod(host)
             .map_err(|e| dev_err("host-to-device copy", e))?;
         self.count(std::mem::size_of_val(host));

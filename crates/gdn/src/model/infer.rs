@@ -39,13 +39,19 @@ impl ModelCache {
 }
 
 impl Model {
-    /// An empty cache of `slots` slots for every GDN layer, where the model runs.
+    /// An empty cache of `slots` slots for every GDN layer, where the model runs (fp32 states).
     pub fn cache(&self, slots: usize) -> Result<ModelCache> {
+        self.cache_with(slots, DType::F32)
+    }
+
+    /// [`cache`](Self::cache) with the states in `state_dtype` storage (bf16: a GPU option, see
+    /// [`GatedDeltaNet::cache_pool_with`](crate::GatedDeltaNet::cache_pool_with)).
+    pub fn cache_with(&self, slots: usize, state_dtype: DType) -> Result<ModelCache> {
         self.check_infer_device()?;
         let pools = self
             .layers
             .iter()
-            .map(|l| l.cache_pool(slots))
+            .map(|l| l.cache_pool_with(slots, state_dtype))
             .collect::<Result<Vec<_>>>()?;
         Ok(ModelCache { pools, slots })
     }

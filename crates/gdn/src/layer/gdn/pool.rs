@@ -1,7 +1,8 @@
-//! A pool of cache slots for serving: recurrent states `[slots, Hv, Dk, Dv]` fp32 and conv
-//! windows `[slots, W - 1, conv_dim]` (the pre-conv `[q | k | v]` rows of the last `W - 1`
-//! tokens, oldest first, in the layer's activation storage) where the layer runs, addressed by
-//! slot indices (`i32`; `-1` is padding and touches nothing).
+//! A pool of cache slots for serving: recurrent states `[slots, Hv, Dk, Dv]` (fp32; bf16 as an
+//! option on a GPU, [`GatedDeltaNet::cache_pool_with`]) and conv windows `[slots, W - 1,
+//! conv_dim]` (the pre-conv `[q | k | v]` rows of the last `W - 1` tokens, oldest first, in the
+//! layer's activation storage) where the layer runs, addressed by slot indices (`i32`; `-1` is
+//! padding and touches nothing).
 //!
 //! - [`GatedDeltaNet::prefill_slots`]: packed prompts (`cu_seqlens`); sequence `i` starts afresh
 //!   and its final state and last `W - 1` rows go to slot `slots[i]`.
@@ -9,7 +10,9 @@
 //!   (chunked prefill, multi-turn).
 //! - [`GatedDeltaNet::decode_slots`]: one token per row, row `i` continuing slot `slots[i]`: the
 //!   fused decode ops (`ops::decode`: conv step + SiLU + gates, then the rule reading and writing
-//!   each state once, in place).
+//!   each state once, in place). On a GPU the whole step (norm + in_proj .. out_proj) runs as one
+//!   CUDA graph (`infer_graph.rs`), captured per batch size; `GDN_DECODE_GRAPH=0` or
+//!   [`CachePool::set_graphs`] turns graphs off (same kernels, same bits).
 //!
 //! Every argument (shapes, slots in range, no slot twice in one call, the pool's device, storage
 //! and shape) is checked before anything is written, so an error leaves every cache as it was.
@@ -22,24 +25,36 @@ use super::*;
 use crate::backend::Ids;
 use crate::ops::decode::{self, DecodeShape, PreCols, PreParams};
 
+#[path = "infer_graph.rs"]
+mod graph;
+use graph::DecodeGraph;
+
 /// The cache pool of one layer (see the module doc). Made by [`GatedDeltaNet::cache_pool`].
 pub struct CachePool {
     shape: DecodeShape,
     slots: usize,
     device: Device,
     dtype: DType,
-    /// `[slots, Hv, Dk, Dv]` fp32.
-    state: F32s,
+    /// Storage of the states: fp32, or bf16 (GPU only).
+    state_dtype: DType,
+    /// `[slots, Hv, Dk, Dv]`, `state_dtype` storage.
+    state: Act,
     /// `[slots, W - 1, conv_dim]`, activation storage.
     conv: Act,
+    /// Whether a GPU decode step runs as a CUDA graph.
+    graphs: bool,
+    /// The captured decode step (GPU; its batch size, the weights it reads).
+    graph: Option<DecodeGraph>,
+    /// Why capturing failed (graphs are then off for this pool), if it did.
+    graph_error: Option<String>,
 }
 
 impl std::fmt::Debug for CachePool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "CachePool({} slots, {:?}, {:?} on {:?})",
-            self.slots, self.shape, self.dtype, self.device
+            "CachePool({} slots, {:?}, {:?} ({:?} states) on {:?})",
+            self.slots, self.shape, self.dtype, self.state_dtype, self.device
         )
     }
 }
@@ -66,13 +81,34 @@ impl CachePool {
     pub fn bytes(&self) -> usize {
         self.state.bytes() + self.conv.bytes()
     }
-    /// A host copy of the states (downloads from a GPU).
+    /// Storage type of the states: fp32, or bf16 (GPU only).
+    pub fn state_dtype(&self) -> DType {
+        self.state_dtype
+    }
+    /// A host copy of the states, as f32 (downloads from a GPU; bf16 states convert exactly).
     pub fn state_host(&self) -> Result<Tensor> {
         let v = match &self.state {
-            F32s::Host(v) => v.clone(),
-            F32s::Dev(g) => g.gpu().download(g)?,
+            Act::Host(v) => v.clone(),
+            Act::Dev(d) => d.download()?,
         };
         Tensor::from_vec(&self.state_shape(), v)
+    }
+    /// Run GPU decode steps as CUDA graphs (the default unless `GDN_DECODE_GRAPH=0`) or not.
+    /// Either way the same kernels run on the same inputs: the outputs and states are the same
+    /// bits.
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs = on;
+        if !on {
+            self.graph = None;
+        }
+    }
+    /// The batch size of the captured decode graph, if one is held (tests, benchmarks).
+    pub fn graph_batch(&self) -> Option<usize> {
+        self.graph.as_ref().map(DecodeGraph::batch)
+    }
+    /// Why capturing the decode graph failed, if it did (graphs are then off for this pool).
+    pub fn graph_error(&self) -> Option<&str> {
+        self.graph_error.as_deref()
     }
     /// A host copy of the conv windows, as f32 (downloads from a GPU).
     pub fn conv_host(&self) -> Result<Tensor> {
@@ -82,16 +118,16 @@ impl CachePool {
         };
         Tensor::from_vec(&self.conv_shape(), v)
     }
-    /// Write the pool to a safetensors file (`state`, `conv`, f32).
+    /// Write the pool to a safetensors file (`state`, `conv`, f32; bf16 states convert exactly).
     pub fn save(&self, path: &std::path::Path) -> Result<()> {
         let (s, c) = (self.state_host()?, self.conv_host()?);
         crate::io::write_tensors(path, &[("state", &s), ("conv", &c)])
     }
-    /// The device-resident states (fp32), for benchmarks and tests.
-    pub fn state_dev(&self) -> Option<&GBuf<f32>> {
+    /// The device-resident states (fp32 or bf16), for benchmarks and tests.
+    pub fn state_dev(&self) -> Option<&DBuf> {
         match &self.state {
-            F32s::Dev(g) => Some(g),
-            F32s::Host(_) => None,
+            Act::Dev(d) => Some(d),
+            Act::Host(_) => None,
         }
     }
 }
@@ -117,6 +153,13 @@ impl GatedDeltaNet {
             Some(g) => Act::Dev(DBuf::zeros(&g, n, self.dtype)?),
         })
     }
+    /// Zeros where the layer computes, in `dtype` storage (the CPU: f32 only).
+    fn zeros_as(&self, n: usize, dtype: DType) -> Result<Act> {
+        Ok(match self.gpu()? {
+            None => Act::Host(vec![0.0; n]),
+            Some(g) => Act::Dev(DBuf::zeros(&g, n, dtype)?),
+        })
+    }
     /// Zeros where the layer computes: fp32.
     fn zeros_f32s(&self, n: usize) -> Result<F32s> {
         Ok(match self.gpu()? {
@@ -126,14 +169,28 @@ impl GatedDeltaNet {
     }
 
     /// An empty pool of `slots` slots (zero states and conv rows: each slot starts a sequence)
-    /// where the layer runs, in its storage type.
+    /// where the layer runs, in its storage type, with fp32 states.
     pub fn cache_pool(&self, slots: usize) -> Result<CachePool> {
+        self.cache_pool_with(slots, DType::F32)
+    }
+
+    /// [`cache_pool`](Self::cache_pool) with the states in `state_dtype` storage: fp32, or bf16
+    /// on a GPU (half the bytes each decode step moves; the arithmetic stays fp32 in registers,
+    /// each stored state rounded to nearest even; prefill and extend run in fp32 from and to the
+    /// bf16 states). The CPU keeps fp32 states only.
+    pub fn cache_pool_with(&self, slots: usize, state_dtype: DType) -> Result<CachePool> {
+        if state_dtype == DType::Bf16 && self.gpu()?.is_none() {
+            return Err(GdnError::Invalid(
+                "bf16 cache states are a GPU option; the CPU keeps fp32 states".into(),
+            ));
+        }
         let s = self.decode_shape();
         let (sl, cl) = (
             crate::budget::mul(slots as u128, s.state_len() as u128),
             crate::budget::mul(slots as u128, ((s.width - 1) * s.conv_dim()) as u128),
         );
-        let bytes = crate::budget::mul(4, sl.saturating_add(cl));
+        let sbytes = if state_dtype == DType::Bf16 { 2 } else { 4 };
+        let bytes = crate::budget::mul(sbytes, sl).saturating_add(crate::budget::mul(4, cl));
         let what = format!("a cache pool of {slots} slots");
         match self.gpu()? {
             None => crate::budget::check_host(&what, bytes)?,
@@ -145,8 +202,12 @@ impl GatedDeltaNet {
             slots,
             device: self.device,
             dtype: self.dtype,
-            state: self.zeros_f32s(sl)?,
+            state_dtype,
+            state: self.zeros_as(sl, state_dtype)?,
             conv: self.zeros_act(cl)?,
+            graphs: graph::enabled_by_env(),
+            graph: None,
+            graph_error: None,
         })
     }
 
@@ -164,7 +225,10 @@ impl GatedDeltaNet {
         let mut pool = self.cache_pool(slots)?;
         st.expect_shape("state", &pool.state_shape())?;
         cv.expect_shape("conv", &pool.conv_shape())?;
-        pool.state = self.f32s(st.data())?;
+        pool.state = match self.f32s(st.data())? {
+            F32s::Host(v) => Act::Host(v),
+            F32s::Dev(g) => Act::Dev(DBuf::F32(g)),
+        };
         pool.conv = self.act(cv.data())?;
         Ok(pool)
     }
@@ -362,7 +426,7 @@ impl GatedDeltaNet {
                 .enumerate()
                 .map(|(i, &s)| (s, i as i32))
                 .collect();
-            decode::copy_rows_f32(
+            decode::copy_rows_from_state(
                 &pool.state,
                 Cols::dense(sl),
                 &mut h0,
@@ -390,7 +454,7 @@ impl GatedDeltaNet {
             .enumerate()
             .map(|(i, &s)| (i as i32, s))
             .collect();
-        decode::copy_rows_f32(
+        decode::copy_rows_into_state(
             &fin,
             Cols::dense(sl),
             &mut pool.state,
@@ -425,7 +489,8 @@ impl GatedDeltaNet {
         Ok(y)
     }
 
-    /// Decode one token per row over activations where the layer computes.
+    /// Decode one token per row over activations where the layer computes: on a GPU as the
+    /// pool's CUDA graph when graphs are on, else op by op.
     pub(crate) fn decode_slots_act(
         &self,
         x: &Act,
@@ -445,9 +510,43 @@ impl GatedDeltaNet {
         if n == 0 {
             return self.zeros_act(0);
         }
+        if let (Act::Dev(xd), true) = (x, pool.graphs) {
+            match self.decode_graph(xd, slots, pool) {
+                Ok(y) => return Ok(Act::Dev(y)),
+                Err(e) if graph::is_capture_error(&e) => {
+                    // Nothing ran: the captured work was never executed. Off for this pool.
+                    eprintln!("gdn: decode graph capture failed, running op by op: {e}");
+                    pool.graph_error = Some(e.to_string());
+                    pool.set_graphs(false);
+                }
+                Err(e) => return Err(e),
+            }
+        }
         let p = self.view()?;
         let mut prof = Prof::new(self.gpu()?);
-        let (proj, _) = self.in_proj(&p, x, n)?;
+        let dev_slots = match self.gpu()? {
+            None => None,
+            Some(g) => Some(g.upload(slots)?),
+        };
+        let ids = dev_slots.as_ref().map_or(Ids::Host(slots), Ids::Dev);
+        let y = self.decode_step(&p, x, ids, pool, &mut prof)?;
+        prof.report();
+        Ok(y)
+    }
+
+    /// One decode step, every op of it in order (the graph captures exactly this): norm +
+    /// in_proj, the fused pre step, the rule, gated norm + out_proj. `slots` checked by the
+    /// caller (the host copy); `ids` are the same slots where the layer computes.
+    fn decode_step(
+        &self,
+        p: &ParamView,
+        x: &Act,
+        ids: Ids<i32>,
+        pool: &mut CachePool,
+        prof: &mut Prof,
+    ) -> Result<Act> {
+        let n = ids.len();
+        let (proj, _) = self.in_proj(p, x, n)?;
         prof.mark("decode in_proj (norm + GEMM)");
         let pc = self.proj_cols();
         let cols = PreCols {
@@ -460,11 +559,6 @@ impl GatedDeltaNet {
             a_log: p.get("A_log"),
             dt_bias: p.get("dt_bias"),
         };
-        let dev_slots = match self.gpu()? {
-            None => None,
-            Some(g) => Some(g.upload(slots)?),
-        };
-        let ids = dev_slots.as_ref().map_or(Ids::Host(slots), Ids::Dev);
         let (shape, ns) = (pool.shape, pool.slots);
         let pre = decode::pre(&proj, &cols, &mut pool.conv, ids, ns, shape, &params)?;
         prof.mark("decode conv + gates");
@@ -479,9 +573,8 @@ impl GatedDeltaNet {
         )?;
         drop(pre);
         prof.mark("decode rule");
-        let (y, _, _) = self.out_proj(&p, &o, &proj, n, &mut prof)?;
+        let (y, _, _) = self.out_proj(p, &o, &proj, n, prof)?;
         prof.mark("decode out_proj");
-        prof.report();
         Ok(y)
     }
 }

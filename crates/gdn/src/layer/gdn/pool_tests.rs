@@ -397,3 +397,18 @@ fn prefill_is_the_training_forward_bitwise() {
         }
     }
 }
+
+/// bf16 cache states are a GPU option: asking for them on the CPU is an error that names it;
+/// fp32 states through `cache_pool_with` are `cache_pool`'s.
+#[test]
+fn bf16_states_on_the_cpu_are_an_error() {
+    let cfg = tiny(Variant::Gdn, 1, 2, false);
+    let l = layer(&cfg, 71);
+    let e = l.cache_pool_with(2, DType::Bf16).unwrap_err();
+    assert!(matches!(e, GdnError::Invalid(_)), "{e:?}");
+    assert!(e.to_string().contains("bf16"), "{e}");
+    let p = l.cache_pool_with(2, DType::F32).unwrap();
+    assert_eq!(p.state_dtype(), DType::F32);
+    assert_eq!(p.bytes(), l.cache_pool(2).unwrap().bytes());
+    assert_eq!(p.graph_batch(), None);
+}

@@ -1,6 +1,7 @@
-//! CUDA decode (kernels in `decode.cu`): row copies, the fused pre step (conv step + SiLU + window
-//! shift + gates) and the fused decode rule (one block of 128 threads per (row, value head, 32
-//! value columns); the state tile read once into registers and written once).
+//! CUDA decode (kernels in `decode.cu`): row copies (and the fp32 <-> bf16 ones of bf16 cache
+//! states), the fused pre step (conv step + SiLU + window shift + gates) and the fused decode rule
+//! (128 threads per (row, value head, 32 or 64 value columns); the state tile read once into
+//! registers and written once; fp32 or bf16 states).
 
 use crate::backend::cuda::{DBuf, DType, GBuf};
 use crate::backend::launch::{
@@ -17,18 +18,9 @@ const MODULE: &str = "decode";
 pub const RULE_THREADS: u32 = 128;
 pub const RULE_MAX_DK: usize = 256;
 
-/// Value columns per thread of the rule (a block covers 8 times as many): 4 (the default), or 8
-/// when the environment variable `GDN_DECODE_COLS` is `8`.
-pub fn default_cols() -> usize {
-    match std::env::var("GDN_DECODE_COLS").as_deref() {
-        Ok("8") => 8,
-        _ => 4,
-    }
-}
-
 fn copy_rows_raw(
     gpu: &std::sync::Arc<crate::backend::cuda::Gpu>,
-    dt: DType,
+    kernel: &str,
     src: Arg,
     sc: Cols,
     dst: Arg,
@@ -60,15 +52,7 @@ fn copy_rows_raw(
         ptr(&idx, s),
         Arg::I64(chunks as i64),
     ];
-    launch_in_threads(
-        gpu,
-        MODULE,
-        &format!("copy_rows_{}", suffix(dt)),
-        blocks,
-        256,
-        0,
-        &args,
-    )
+    launch_in_threads(gpu, MODULE, kernel, blocks, 256, 0, &args)
 }
 
 /// Row copies between activations of one storage type (pairs checked by the entry).
@@ -87,7 +71,8 @@ pub(crate) fn copy_rows_d(
         ));
     }
     let s = gpu.stream();
-    copy_rows_raw(&gpu, src.dtype(), dptr(src, s), sc, dptr(dst, s), dc, pairs)
+    let name = format!("copy_rows_{}", suffix(src.dtype()));
+    copy_rows_raw(&gpu, &name, dptr(src, s), sc, dptr(dst, s), dc, pairs)
 }
 
 /// Row copies between fp32 buffers (pairs checked by the entry).
@@ -101,7 +86,15 @@ pub(crate) fn copy_rows_g(
     let gpu = src.gpu().clone();
     check_gpu("copy_rows destination", &gpu, dst.gpu())?;
     let s = gpu.stream();
-    copy_rows_raw(&gpu, DType::F32, ptr(src, s), sc, ptr(dst, s), dc, pairs)
+    copy_rows_raw(
+        &gpu,
+        "copy_rows_f32",
+        ptr(src, s),
+        sc,
+        ptr(dst, s),
+        dc,
+        pairs,
+    )
 }
 
 fn dev<'a>(x: &'a crate::backend::F32s, name: &str, len: usize) -> Result<&'a GBuf<f32>> {
@@ -231,46 +224,106 @@ pub fn pre(
     })
 }
 
-/// Rows of the state each thread of the rule holds: `ceil(Dk / 16)` rounded up to a power of two.
+/// Rows of the state each thread of the rule holds: `ceil(Dk / 16)` rounded up to a power of two,
+/// at least 2.
 pub fn rule_rows(dk: usize) -> Result<usize> {
     if dk == 0 || dk > RULE_MAX_DK {
         return Err(GdnError::Invalid(format!(
             "decode rule: the CUDA kernel takes key heads of 1..={RULE_MAX_DK} dims, got {dk}"
         )));
     }
-    Ok(dk.div_ceil(16).next_power_of_two())
+    Ok(dk.div_ceil(16).next_power_of_two().max(2))
 }
 
-/// The rule on device buffers: `state` `[nslots, Hv, Dk, Dv]` updated in place, `o`
-/// `[n, Hv Dv]` written (every element); [`default_cols`] value columns per thread.
+/// Which decode rule kernel runs (every choice gives the same bits: the per-item arithmetic is
+/// one code path).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RuleKernel {
+    /// One block per (row, value head, 8 `cols` value columns); `cols` 4 or 8 value columns per
+    /// thread (bf16 states: 8).
+    Tile { cols: usize },
+    /// `grid` resident blocks (`None`: as many as fit on the GPU at once) looping over the
+    /// items, the next item's state tile loading while the current one computes; fp32 states,
+    /// 4 columns per thread, `Dk <= 128`.
+    Pipe { grid: Option<usize> },
+}
+
+/// The kernel [`rule`] runs for `n` rows: `GDN_DECODE_KERNEL` = `pipe`, `tile4` or `tile8` when
+/// set (and the kernel takes the shape), else (`GDN_DECODE_COLS` = 4 or 8 picks the tile width)
+/// 8 columns per thread from `n Hv >= 2048` rows x heads (the H200 measurements: 8 columns
+/// faster at B 64 and 256 with 32 heads, 4 at B 64 with 16), 4 below; bf16 states always 8.
+pub fn default_kernel(n: usize, s: &DecodeShape, state: DType) -> RuleKernel {
+    let pipe_ok = state == DType::F32 && s.dk <= 128;
+    match std::env::var("GDN_DECODE_KERNEL").as_deref() {
+        Ok("pipe") if pipe_ok => return RuleKernel::Pipe { grid: None },
+        Ok("tile4") if state == DType::F32 => return RuleKernel::Tile { cols: 4 },
+        Ok("tile8") => return RuleKernel::Tile { cols: 8 },
+        _ => {}
+    }
+    if state == DType::Bf16 {
+        return RuleKernel::Tile { cols: 8 };
+    }
+    let cols = match std::env::var("GDN_DECODE_COLS").as_deref() {
+        Ok("8") => 8,
+        Ok("4") => 4,
+        _ if n.saturating_mul(s.hv) >= 2048 => 8,
+        _ => 4,
+    };
+    RuleKernel::Tile { cols }
+}
+
+/// The rule on device buffers: `state` `[nslots, Hv, Dk, Dv]` (fp32 or bf16) updated in place,
+/// `o` `[n, Hv Dv]` written (every element); the kernel of [`default_kernel`].
 pub fn rule(
     x: &PreOut,
-    state: &mut GBuf<f32>,
+    state: &mut DBuf,
     slots: &GBuf<i32>,
     nslots: usize,
     s: DecodeShape,
     scale: f32,
     o: &mut DBuf,
 ) -> Result<()> {
-    rule_with(x, state, slots, nslots, s, scale, o, default_cols())
+    let k = default_kernel(slots.len(), &s, state.dtype());
+    rule_with(x, state, slots, nslots, s, scale, o, k)
 }
 
-/// [`rule`] with `cols` (4 or 8) value columns per thread (tests, benchmarks).
+/// [`rule`] with a given kernel (tests, benchmarks).
 #[allow(clippy::too_many_arguments)]
 pub fn rule_with(
     x: &PreOut,
-    state: &mut GBuf<f32>,
+    state: &mut DBuf,
     slots: &GBuf<i32>,
     nslots: usize,
     s: DecodeShape,
     scale: f32,
     o: &mut DBuf,
-    cols: usize,
+    kernel: RuleKernel,
 ) -> Result<()> {
-    if cols != 4 && cols != 8 {
-        return Err(GdnError::Invalid(format!(
-            "decode rule: {cols} value columns per thread; the kernels take 4 or 8"
-        )));
+    let sd = state.dtype();
+    let rows = rule_rows(s.dk)?;
+    match kernel {
+        RuleKernel::Tile { cols } if cols != 4 && cols != 8 => {
+            return Err(GdnError::Invalid(format!(
+                "decode rule: {cols} value columns per thread; the kernels take 4 or 8"
+            )))
+        }
+        RuleKernel::Tile { cols: 4 } if sd == DType::Bf16 => {
+            return Err(GdnError::Invalid(
+                "decode rule: bf16 states take 8 value columns per thread".into(),
+            ))
+        }
+        RuleKernel::Pipe { .. } if sd == DType::Bf16 || rows > 8 => {
+            return Err(GdnError::Invalid(format!(
+                "decode rule: the pipelined kernel takes fp32 states and Dk <= 128 (got {sd:?}, Dk {})",
+                s.dk
+            )))
+        }
+        RuleKernel::Pipe { grid: Some(0) } => {
+            return Err(GdnError::Invalid(
+                "decode rule: a grid of 0 blocks".into(),
+            ))
+        }
+        _ => {}
     }
     let gpu = state.gpu().clone();
     let n = slots.len();
@@ -290,7 +343,7 @@ pub fn rule_with(
             ))
         }
     };
-    check_g("state", state, nslots * s.state_len())?;
+    check_d("state", state, nslots * s.state_len(), sd)?;
     check_d("o", o, n * vd, o.dtype())?;
     for (name, gg) in [
         ("q", q.gpu()),
@@ -303,22 +356,25 @@ pub fn rule_with(
     ] {
         check_gpu(name, &gpu, gg)?;
     }
-    let rows = rule_rows(s.dk)?;
     int("decode rule: slots", nslots)?;
+    let cols = match kernel {
+        RuleKernel::Tile { cols } => cols,
+        RuleKernel::Pipe { .. } => 4,
+    };
     let vtiles = s.dv.div_ceil(8 * cols);
-    let blocks = n
+    let items = n
         .checked_mul(s.hv)
         .and_then(|x| x.checked_mul(vtiles))
         .ok_or_else(|| GdnError::Invalid("decode rule: too many blocks".into()))?;
     let st = gpu.stream();
-    let args = [
+    let mut args = vec![
         ptr(q, st),
         ptr(k, st),
         ptr(v, st),
         ptr(g, st),
         ptr(b, st),
         w.map_or(Arg::Ptr(0), |w| ptr(w, st)),
-        ptr(state, st),
+        dptr(state, st),
         ptr(slots, st),
         i32_arg(nslots),
         dptr(o, st),
@@ -330,13 +386,85 @@ pub fn rule_with(
         i32_arg(s.l2norm as usize),
         i32_arg(s.gdn2 as usize),
     ];
-    launch_in_threads(
-        &gpu,
-        MODULE,
-        &format!("decode_rule_r{rows}_c{cols}_{}", suffix(o.dtype())),
-        blocks,
-        RULE_THREADS,
-        0,
-        &args,
-    )
+    let (os, ss) = (suffix(o.dtype()), suffix(sd));
+    match kernel {
+        RuleKernel::Tile { cols } => launch_in_threads(
+            &gpu,
+            MODULE,
+            &format!("decode_rule_r{rows}_c{cols}_{os}_{ss}"),
+            items,
+            RULE_THREADS,
+            0,
+            &args,
+        ),
+        RuleKernel::Pipe { grid } => {
+            let rows = rows.max(4);
+            let name = format!("decode_rule_pipe_r{rows}_c4_{os}_{ss}");
+            let grid = match grid {
+                Some(gr) => gr,
+                None => {
+                    let f = gpu.function(MODULE, &name)?;
+                    let per_sm = f
+                        .occupancy_max_active_blocks_per_multiprocessor(RULE_THREADS, 0, None)
+                        .map_err(|e| GdnError::Device(format!("occupancy of {name}: {e:?}")))?;
+                    gpu.sm_count()?.saturating_mul(per_sm.max(1) as usize)
+                }
+            }
+            .min(items);
+            args.push(Arg::I64(items as i64));
+            launch_in_threads(&gpu, MODULE, &name, grid, RULE_THREADS, 0, &args)
+        }
+    }
+}
+
+/// Row copies from an fp32 buffer into a state buffer (fp32 or bf16: rounded to nearest even),
+/// pairs checked by the entry.
+pub(crate) fn copy_rows_into_state(
+    src: &GBuf<f32>,
+    sc: Cols,
+    dst: &mut DBuf,
+    dc: Cols,
+    pairs: &[(i32, i32)],
+) -> Result<()> {
+    let gpu = src.gpu().clone();
+    check_gpu("copy_rows destination", &gpu, dst.gpu())?;
+    let s = gpu.stream();
+    match dst.dtype() {
+        DType::F32 => copy_rows_raw(
+            &gpu,
+            "copy_rows_f32",
+            ptr(src, s),
+            sc,
+            dptr(dst, s),
+            dc,
+            pairs,
+        ),
+        DType::Bf16 => copy_rows_raw(
+            &gpu,
+            "copy_rows_cvt_f32_bf16",
+            ptr(src, s),
+            sc,
+            dptr(dst, s),
+            dc,
+            pairs,
+        ),
+    }
+}
+
+/// Row copies from a state buffer (fp32 or bf16) into an fp32 buffer, pairs checked by the entry.
+pub(crate) fn copy_rows_from_state(
+    src: &DBuf,
+    sc: Cols,
+    dst: &mut GBuf<f32>,
+    dc: Cols,
+    pairs: &[(i32, i32)],
+) -> Result<()> {
+    let gpu = src.gpu().clone();
+    check_gpu("copy_rows destination", &gpu, dst.gpu())?;
+    let s = gpu.stream();
+    let name = match src.dtype() {
+        DType::F32 => "copy_rows_f32",
+        DType::Bf16 => "copy_rows_cvt_bf16_f32",
+    };
+    copy_rows_raw(&gpu, name, dptr(src, s), sc, ptr(dst, s), dc, pairs)
 }

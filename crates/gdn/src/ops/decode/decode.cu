@@ -1,12 +1,16 @@
 // Inference kernels over a pool of cache slots (see ops/decode/mod.rs for the math and layouts).
 //
 //   copy_rows    row copies between row-major matrices by index pairs (gather / scatter of
-//                cached states and conv rows); a pair with a negative index is skipped.
+//                cached states and conv rows); a pair with a negative index is skipped;
+//                copy_rows_cvt_* convert between fp32 and bf16 (bf16 cache states).
 //   decode_pre   one decode token per row: causal conv over the slot's cached W-1 rows + the new
 //                row, SiLU, the window shifted in place, and the gates (GDN or GDN2).
 //   decode_rule  one decode token per row: the recurrent state of (slot, value head) read once,
 //                decayed, S^T k and S^T q summed in the same pass, the state updated and written
-//                back in place; o = scale (S'^T q + u (k.q)).
+//                back in place; o = scale (S'^T q + u (k.q)). The state is fp32 or bf16 in
+//                memory (fp32 in registers; bf16 rounded to nearest even when stored).
+//                decode_rule_pipe: the same per item, a grid of resident blocks looping over the
+//                items with the next item's state tile loading while the current one computes.
 //
 // No atomics: every sum runs in a fixed order, so reruns are bitwise equal.
 
@@ -32,6 +36,29 @@ extern "C" __global__ void copy_rows_bf16(const bf16_t* src, long long s_ld, lon
                                           long long d_ld, long long d_off, long long width, const int* pairs,
                                           long long chunks) {
     copy_rows(src, s_ld, s_off, dst, d_ld, d_off, width, pairs, chunks);
+}
+
+// Converting row copies (fp32 <-> bf16 cache states), same grid as copy_rows.
+template <typename TS, typename TD>
+__device__ void copy_rows_cvt(const TS* __restrict__ src, long long s_ld, long long s_off, TD* __restrict__ dst,
+                              long long d_ld, long long d_off, long long width, const int* __restrict__ pairs,
+                              long long chunks) {
+    long long p = blockIdx.x / chunks, ch = blockIdx.x % chunks;
+    long long c = ch * blockDim.x + threadIdx.x;
+    int sr = pairs[2 * p], dr = pairs[2 * p + 1];
+    if (sr < 0 || dr < 0 || c >= width) return;
+    st(dst, (long long)dr * d_ld + d_off + c, ld(src, (long long)sr * s_ld + s_off + c));
+}
+
+extern "C" __global__ void copy_rows_cvt_f32_bf16(const float* src, long long s_ld, long long s_off, bf16_t* dst,
+                                                  long long d_ld, long long d_off, long long width,
+                                                  const int* pairs, long long chunks) {
+    copy_rows_cvt(src, s_ld, s_off, dst, d_ld, d_off, width, pairs, chunks);
+}
+extern "C" __global__ void copy_rows_cvt_bf16_f32(const bf16_t* src, long long s_ld, long long s_off, float* dst,
+                                                  long long d_ld, long long d_off, long long width,
+                                                  const int* pairs, long long chunks) {
+    copy_rows_cvt(src, s_ld, s_off, dst, d_ld, d_off, width, pairs, chunks);
 }
 
 __device__ __forceinline__ float dec_sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
@@ -109,96 +136,155 @@ __device__ void decode_pre(const T* __restrict__ proj, long long pd, int qkv_off
 DECODE_PRE(f32, float)
 DECODE_PRE(bf16, bf16_t)
 
-// ---- decode_rule: one block of 128 threads per (row, value head, tile of 8 C value columns).
-// Thread (tx = tid % 8, ty = tid / 8) holds columns c0 .. c0+C-1 (c0 = tile*8C + C tx) of key rows
-// ty, ty+16, ..., ty+16(R-1): the state tile is loaded once (16-byte loads when Dv % 4 == 0) into
-// registers, decayed, reduced over its rows, reduced over the 16 row groups in order through
-// shared memory, updated and stored. q, k of the key head (l2-normalized in the block when asked)
-// sit in shared memory. GDN: S' = exp(g) S, u = beta (v - S'^T k), S = S' + k u^T.
-// GDN2: S' = diag(exp(g)) S, u = w v - S'^T (b k), S = S' + k u^T. Both: o = scale S^T q
-// = scale (S'^T q + u (k.q)).
+// ---- decode_rule: one item = (row, value head, tile of BV = 8 C value columns), 128 threads.
+// Thread (tx = tid % 8, ty = tid / 8) holds columns c0 .. c0+C-1 (c0 = tile*BV + C tx) of key rows
+// ty, ty+16, ..., ty+16(R-1): the state tile is loaded once (16-byte loads when the row stride
+// allows: fp32 4 values, bf16 8 (C = 8) or 4 values in 8 bytes (C = 4)) into fp32 registers,
+// decayed, reduced over its rows, reduced over the 16 row groups in order through shared memory,
+// updated and stored (plain 16-byte stores: `st.global.cs` cost 16-52 bytes of spills). q, k of the
+// key head (l2-normalized in the block when asked) sit in shared memory.
+// GDN: S' = exp(g) S, u = beta (v - S'^T k), S = S' + k u^T.
+// GDN2: S' = diag(exp(g)) S, u = w v - S'^T (b k), S = S' + k u^T.
+// Both: o = scale S^T q = scale (S'^T q + u (k.q)).
+// decode_rule_r{R}_c{C}_{o}_{s}: one block per item. decode_rule_pipe_r{R}_c4_{o}_{s}: a grid of
+// resident blocks, block b taking items b, b + grid, ...; the next item's tile is loaded into a
+// second register set before the current one is computed, so a block always has loads in flight.
+// Per item the arithmetic is the same code in the same order: both kernels give the same bits.
 #define DEC_THREADS 128
 #define DEC_MAXDK 256
 
-// C columns per thread (4 or 8): a block covers BV = 8 C value columns.
-template <int R, int C, typename TO>
-__device__ void decode_rule(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                            const float* __restrict__ g, const float* __restrict__ bb, const float* __restrict__ w,
-                            float* __restrict__ state, const int* __restrict__ slots, int nslots, TO* __restrict__ o,
-                            int hk, int hv, int dk, int dv, float scale, int l2norm, int gdn2) {
-    constexpr int BV = 8 * C;
-    __shared__ float sk[DEC_MAXDK], sq[DEC_MAXDK], skb[DEC_MAXDK], sa[DEC_MAXDK];
-    __shared__ float red_p[16][BV], red_q[16][BV];
-    __shared__ float su[BV], sred[3];
-    const int vtiles = (dv + BV - 1) / BV;
-    const long long blk = blockIdx.x;
-    const int tile = (int)(blk % vtiles);
-    const int h = (int)((blk / vtiles) % hv);
-    const long long row = blk / ((long long)vtiles * hv);
-    const int tid = threadIdx.x, tx = tid & 7, ty = tid >> 3;
-    const int c0 = tile * BV + tx * C;
-    const long long orow = (row * hv + h) * dv;
-    const int slot = slots[row];
-    if (slot < 0 || slot >= nslots) {
-        // Padding: zero output, no state touched.
-        if (tid < BV && tile * BV + tid < dv) st(o, orow + tile * BV + tid, 0.f);
-        return;
+template <int C>
+struct DecSmem {
+    float sk[DEC_MAXDK], sq[DEC_MAXDK], skb[DEC_MAXDK], sa[DEC_MAXDK];
+    float red_p[16][8 * C], red_q[16][8 * C];
+    float su[8 * C], sred[3];
+};
+
+// 16-byte (or 8-byte) vector accesses of C consecutive state values.
+template <int C>
+__device__ __forceinline__ void dec_ldv(const float* p, float* r) {
+#pragma unroll
+    for (int j4 = 0; j4 < C / 4; ++j4) {
+        const float4 t = *reinterpret_cast<const float4*>(p + 4 * j4);
+        r[4 * j4 + 0] = t.x;
+        r[4 * j4 + 1] = t.y;
+        r[4 * j4 + 2] = t.z;
+        r[4 * j4 + 3] = t.w;
     }
-    float* S = state + ((long long)slot * hv + h) * dk * dv;
-    const bool vec = (dv & 3) == 0 && c0 + C - 1 < dv;
-    // 1. The state tile, first, so its loads are in flight during the q/k work below.
-    float s[R][C];
+}
+__device__ __forceinline__ float dec_lo(unsigned int w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float dec_hi(unsigned int w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ unsigned int dec_pack(float a, float b) {
+    return (unsigned int)f32_to_bf16(a) | ((unsigned int)f32_to_bf16(b) << 16);
+}
+template <int C>
+__device__ __forceinline__ void dec_ldv(const bf16_t* p, float* r) {
+    if (C == 8) {
+        const uint4 t = *reinterpret_cast<const uint4*>(p);
+        r[0] = dec_lo(t.x); r[1] = dec_hi(t.x); r[2] = dec_lo(t.y); r[3] = dec_hi(t.y);
+        r[4] = dec_lo(t.z); r[5] = dec_hi(t.z); r[6] = dec_lo(t.w); r[7] = dec_hi(t.w);
+    } else {
+        const uint2 t = *reinterpret_cast<const uint2*>(p);
+        r[0] = dec_lo(t.x); r[1] = dec_hi(t.x); r[2] = dec_lo(t.y); r[3] = dec_hi(t.y);
+    }
+}
+template <int C>
+__device__ __forceinline__ void dec_stv(float* p, const float* r) {
+#pragma unroll
+    for (int j4 = 0; j4 < C / 4; ++j4)
+        *reinterpret_cast<float4*>(p + 4 * j4) = make_float4(r[4 * j4], r[4 * j4 + 1], r[4 * j4 + 2], r[4 * j4 + 3]);
+}
+template <int C>
+__device__ __forceinline__ void dec_stv(bf16_t* p, const float* r) {
+    if (C == 8)
+        *reinterpret_cast<uint4*>(p) =
+            make_uint4(dec_pack(r[0], r[1]), dec_pack(r[2], r[3]), dec_pack(r[4], r[5]), dec_pack(r[6], r[7]));
+    else
+        *reinterpret_cast<uint2*>(p) = make_uint2(dec_pack(r[0], r[1]), dec_pack(r[2], r[3]));
+}
+
+// Values per vector access of the state type: the row stride must be a multiple for the vector path.
+template <int C, typename TS>
+__device__ __forceinline__ int dec_vec_mult() { return sizeof(TS) == 4 ? 4 : C; }
+
+// The item's coordinates.
+struct DecItem {
+    long long row;
+    int h, tile, slot;
+};
+__device__ __forceinline__ DecItem dec_item(long long it, int vtiles, int hv, const int* __restrict__ slots) {
+    DecItem d;
+    d.tile = (int)(it % vtiles);
+    d.h = (int)((it / vtiles) % hv);
+    d.row = it / ((long long)vtiles * hv);
+    d.slot = slots[d.row];
+    return d;
+}
+
+// Load the thread's part of an item's state tile (S: the (slot, head) state) into registers.
+template <int R, int C, typename TS>
+__device__ __forceinline__ void dec_load(float (&s)[R][C], const TS* __restrict__ S, int ty, int c0, int dk, int dv) {
+    const bool vec = (dv % dec_vec_mult<C, TS>()) == 0 && c0 + C - 1 < dv;
 #pragma unroll
     for (int i = 0; i < R; ++i) {
         const int r = ty + 16 * i;
         if (r < dk && vec) {
-#pragma unroll
-            for (int j4 = 0; j4 < C / 4; ++j4) {
-                const float4 t = *reinterpret_cast<const float4*>(S + (long long)r * dv + c0 + 4 * j4);
-                s[i][4 * j4 + 0] = t.x;
-                s[i][4 * j4 + 1] = t.y;
-                s[i][4 * j4 + 2] = t.z;
-                s[i][4 * j4 + 3] = t.w;
-            }
+            dec_ldv<C>(S + (long long)r * dv + c0, s[i]);
         } else {
 #pragma unroll
-            for (int j = 0; j < C; ++j) s[i][j] = (r < dk && c0 + j < dv) ? S[(long long)r * dv + c0 + j] : 0.f;
+            for (int j = 0; j < C; ++j) s[i][j] = (r < dk && c0 + j < dv) ? ld(S, (long long)r * dv + c0 + j) : 0.f;
         }
     }
+}
+
+// One live item, its tile in `s`: steps 2-6 (q/k, reductions, u and o, the update stored).
+template <int R, int C, typename TS, typename TO>
+__device__ __forceinline__ void dec_body(float (&s)[R][C], TS* __restrict__ S, const DecItem& it,
+                                         const float* __restrict__ q, const float* __restrict__ k,
+                                         const float* __restrict__ v, const float* __restrict__ g,
+                                         const float* __restrict__ bb, const float* __restrict__ w,
+                                         TO* __restrict__ o, int hk, int hv, int dk, int dv, float scale, int l2norm,
+                                         int gdn2, DecSmem<C>& sm) {
+    constexpr int BV = 8 * C;
+    const int tid = threadIdx.x, tx = tid & 7, ty = tid >> 3;
+    const int c0 = it.tile * BV + tx * C;
+    const long long row = it.row;
+    const int h = it.h;
+    const long long orow = (row * hv + h) * dv;
     // 2. q, k of the key head (and GDN2's per-channel decay) into shared memory.
     const int kh = h / (hv / hk);
     const long long kb = (row * hk + kh) * dk;
     for (int c = tid; c < dk; c += DEC_THREADS) {
-        sq[c] = q[kb + c];
-        sk[c] = k[kb + c];
-        sa[c] = gdn2 ? expf(g[kb + c]) : 0.f;
+        sm.sq[c] = q[kb + c];
+        sm.sk[c] = k[kb + c];
+        sm.sa[c] = gdn2 ? expf(g[kb + c]) : 0.f;
     }
     __syncthreads();
     const int wid = tid >> 5, lane = tid & 31;
     if (l2norm) {
         // Warp 0: sum k^2, warp 1: sum q^2, lane-strided then the fixed butterfly.
         if (wid < 2) {
-            const float* x = wid == 0 ? sk : sq;
+            const float* x = wid == 0 ? sm.sk : sm.sq;
             float acc = 0.f;
             for (int c = lane; c < dk; c += 32) acc += x[c] * x[c];
             acc = warp_sum(acc);
-            if (lane == 0) sred[wid] = 1.f / sqrtf(acc + 1e-6f);
+            if (lane == 0) sm.sred[wid] = 1.f / sqrtf(acc + 1e-6f);
         }
         __syncthreads();
         for (int c = tid; c < dk; c += DEC_THREADS) {
-            sk[c] *= sred[0];
-            sq[c] *= sred[1];
+            sm.sk[c] *= sm.sred[0];
+            sm.sq[c] *= sm.sred[1];
         }
         __syncthreads();
     }
     // 3. k.q (warp 0) and the key the prediction reads (GDN2: b k).
     if (wid == 0) {
         float acc = 0.f;
-        for (int c = lane; c < dk; c += 32) acc += sk[c] * sq[c];
+        for (int c = lane; c < dk; c += 32) acc += sm.sk[c] * sm.sq[c];
         acc = warp_sum(acc);
-        if (lane == 0) sred[2] = acc;
+        if (lane == 0) sm.sred[2] = acc;
     }
-    for (int c = tid; c < dk; c += DEC_THREADS) skb[c] = gdn2 ? bb[kb + c] * sk[c] : sk[c];
+    for (int c = tid; c < dk; c += DEC_THREADS) sm.skb[c] = gdn2 ? bb[kb + c] * sm.sk[c] : sm.sk[c];
     __syncthreads();
     // 4. Decay, and the partial sums of S'^T (k or b k) and S'^T q over this thread's rows.
     const float a_h = gdn2 ? 1.f : expf(g[row * hv + h]);
@@ -212,7 +298,7 @@ __device__ void decode_rule(const float* __restrict__ q, const float* __restrict
     for (int i = 0; i < R; ++i) {
         const int r = ty + 16 * i;
         if (r < dk) {
-            const float a = gdn2 ? sa[r] : a_h, kr = skb[r], qr = sq[r];
+            const float a = gdn2 ? sm.sa[r] : a_h, kr = sm.skb[r], qr = sm.sq[r];
 #pragma unroll
             for (int j = 0; j < C; ++j) {
                 s[i][j] *= a;
@@ -223,8 +309,8 @@ __device__ void decode_rule(const float* __restrict__ q, const float* __restrict
     }
 #pragma unroll
     for (int j = 0; j < C; ++j) {
-        red_p[ty][tx * C + j] = pp[j];
-        red_q[ty][tx * C + j] = pq[j];
+        sm.red_p[ty][tx * C + j] = pp[j];
+        sm.red_q[ty][tx * C + j] = pq[j];
     }
     __syncthreads();
     // 5. Row groups summed in order; u and o per column.
@@ -232,36 +318,110 @@ __device__ void decode_rule(const float* __restrict__ q, const float* __restrict
         float p = 0.f, qq = 0.f;
 #pragma unroll
         for (int t = 0; t < 16; ++t) {
-            p += red_p[t][tid];
-            qq += red_q[t][tid];
+            p += sm.red_p[t][tid];
+            qq += sm.red_q[t][tid];
         }
-        const int col = tile * BV + tid;
+        const int col = it.tile * BV + tid;
         float u = 0.f;
         if (col < dv) {
             const float vv = v[orow + col];
             u = gdn2 ? w[orow + col] * vv - p : bb[row * hv + h] * (vv - p);
-            st(o, orow + col, scale * (qq + u * sred[2]));
+            st(o, orow + col, scale * (qq + u * sm.sred[2]));
         }
-        su[tid] = u;
+        sm.su[tid] = u;
     }
     __syncthreads();
     // 6. S = S' + k u^T, stored in place.
+    const bool vec = (dv % dec_vec_mult<C, TS>()) == 0 && c0 + C - 1 < dv;
 #pragma unroll
     for (int i = 0; i < R; ++i) {
         const int r = ty + 16 * i;
         if (r >= dk) continue;
-        const float kr = sk[r];
+        const float kr = sm.sk[r];
 #pragma unroll
-        for (int j = 0; j < C; ++j) s[i][j] += kr * su[tx * C + j];
+        for (int j = 0; j < C; ++j) s[i][j] += kr * sm.su[tx * C + j];
         if (vec) {
-#pragma unroll
-            for (int j4 = 0; j4 < C / 4; ++j4)
-                *reinterpret_cast<float4*>(S + (long long)r * dv + c0 + 4 * j4) =
-                    make_float4(s[i][4 * j4], s[i][4 * j4 + 1], s[i][4 * j4 + 2], s[i][4 * j4 + 3]);
+            dec_stv<C>(S + (long long)r * dv + c0, s[i]);
         } else {
 #pragma unroll
             for (int j = 0; j < C; ++j)
-                if (c0 + j < dv) S[(long long)r * dv + c0 + j] = s[i][j];
+                if (c0 + j < dv) st(S, (long long)r * dv + c0 + j, s[i][j]);
+        }
+    }
+}
+
+// Padding (a slot outside [0, nslots)): zero output, no state touched.
+template <int C, typename TO>
+__device__ __forceinline__ void dec_pad(const DecItem& it, TO* __restrict__ o, int hv, int dv) {
+    constexpr int BV = 8 * C;
+    const int tid = threadIdx.x;
+    const long long orow = (it.row * hv + it.h) * dv;
+    if (tid < BV && it.tile * BV + tid < dv) st(o, orow + it.tile * BV + tid, 0.f);
+}
+
+template <int R, int C, typename TS, typename TO>
+__device__ void decode_rule(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                            const float* __restrict__ g, const float* __restrict__ bb, const float* __restrict__ w,
+                            TS* __restrict__ state, const int* __restrict__ slots, int nslots, TO* __restrict__ o,
+                            int hk, int hv, int dk, int dv, float scale, int l2norm, int gdn2) {
+    __shared__ DecSmem<C> sm;
+    const int vtiles = (dv + 8 * C - 1) / (8 * C);
+    const DecItem it = dec_item(blockIdx.x, vtiles, hv, slots);
+    if (it.slot < 0 || it.slot >= nslots) {
+        dec_pad<C>(it, o, hv, dv);
+        return;
+    }
+    TS* S = state + ((long long)it.slot * hv + it.h) * dk * dv;
+    const int tid = threadIdx.x;
+    const int c0 = it.tile * 8 * C + (tid & 7) * C;
+    // 1. The state tile, first, so its loads are in flight during the q/k work.
+    float s[R][C];
+    dec_load<R, C>(s, S, tid >> 3, c0, dk, dv);
+    dec_body<R, C>(s, S, it, q, k, v, g, bb, w, o, hk, hv, dk, dv, scale, l2norm, gdn2, sm);
+}
+
+template <int R, int C, typename TS, typename TO>
+__device__ void decode_rule_pipe(const float* __restrict__ q, const float* __restrict__ k,
+                                 const float* __restrict__ v, const float* __restrict__ g,
+                                 const float* __restrict__ bb, const float* __restrict__ w, TS* __restrict__ state,
+                                 const int* __restrict__ slots, int nslots, TO* __restrict__ o, int hk, int hv,
+                                 int dk, int dv, float scale, int l2norm, int gdn2, long long items) {
+    __shared__ DecSmem<C> sm;
+    const int vtiles = (dv + 8 * C - 1) / (8 * C);
+    const int tid = threadIdx.x, ty = tid >> 3, txc = (tid & 7) * C;
+    long long i = blockIdx.x;
+    if (i >= items) return;
+    DecItem cur = dec_item(i, vtiles, hv, slots);
+    bool cur_live = cur.slot >= 0 && cur.slot < nslots;
+    float s[R][C];
+    if (cur_live) dec_load<R, C>(s, state + ((long long)cur.slot * hv + cur.h) * dk * dv, ty, cur.tile * 8 * C + txc, dk, dv);
+    for (; i < items; i += gridDim.x) {
+        // The next item's tile into the second register set, before this one computes.
+        const long long j = i + gridDim.x;
+        DecItem nx = cur;
+        bool nx_live = false;
+        float sn[R][C];
+        if (j < items) {
+            nx = dec_item(j, vtiles, hv, slots);
+            nx_live = nx.slot >= 0 && nx.slot < nslots;
+            if (nx_live)
+                dec_load<R, C>(sn, state + ((long long)nx.slot * hv + nx.h) * dk * dv, ty, nx.tile * 8 * C + txc, dk, dv);
+        }
+        if (cur_live) {
+            TS* S = state + ((long long)cur.slot * hv + cur.h) * dk * dv;
+            dec_body<R, C>(s, S, cur, q, k, v, g, bb, w, o, hk, hv, dk, dv, scale, l2norm, gdn2, sm);
+        } else {
+            dec_pad<C>(cur, o, hv, dv);
+        }
+        // Everyone is done with this item's shared memory before the next one writes it.
+        __syncthreads();
+        cur = nx;
+        cur_live = nx_live;
+        if (nx_live) {
+#pragma unroll
+            for (int a = 0; a < R; ++a)
+#pragma unroll
+                for (int b = 0; b < C; ++b) s[a][b] = sn[a][b];
         }
     }
 }
@@ -270,23 +430,45 @@ __device__ void decode_rule(const float* __restrict__ q, const float* __restrict
 // thread: 8 up to R = 4 (64 registers), 6 for R = 8 (Dk 65..128: 80 registers; 8 blocks spilled
 // 60 bytes), 3 for R = 16. 8 columns per thread (twice the bytes in flight per thread, half the
 // blocks and half the per-block q/k work per byte): 8 / 6 / 4 / 2 for R <= 2 / 4 / 8 / 16.
-#define DECODE_RULE(R, C, SFX, TO, MINB)                                                                         \
-    extern "C" __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_rule_r##R##_c##C##_##SFX(             \
+// Pipelined (two register sets of R x 4): 4 blocks per SM at R = 8.
+#define DECODE_RULE(R, C, OS, TO, SS, TS, MINB)                                                                  \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_rule_r##R##_c##C##_##OS##_##SS(     \
         const float* q, const float* k, const float* v, const float* g, const float* bb, const float* w,          \
-        float* state, const int* slots, int nslots, TO* o, int hk, int hv, int dk, int dv, float scale,           \
-        int l2norm, int gdn2) {                                                                                    \
-        decode_rule<R, C, TO>(q, k, v, g, bb, w, state, slots, nslots, o, hk, hv, dk, dv, scale, l2norm, gdn2);  \
+        TS* state, const int* slots, int nslots, TO* o, int hk, int hv, int dk, int dv, float scale, int l2norm,  \
+        int gdn2) {                                                                                                \
+        decode_rule<R, C, TS, TO>(q, k, v, g, bb, w, state, slots, nslots, o, hk, hv, dk, dv, scale, l2norm,    \
+                                  gdn2);                                                                           \
     }
-#define DECODE_RULE_TYPES(R, C, MINB)           \
-    DECODE_RULE(R, C, f32, float, MINB)         \
-    DECODE_RULE(R, C, bf16, bf16_t, MINB)
-DECODE_RULE_TYPES(1, 4, 8)
+// fp32 states: C = 4 and 8; bf16 states: C = 8 (one 16-byte access per row of a thread).
+#define DECODE_RULE_TYPES(R, C, MINB)                       \
+    DECODE_RULE(R, C, f32, float, f32, float, MINB)         \
+    DECODE_RULE(R, C, bf16, bf16_t, f32, float, MINB)
+#define DECODE_RULE_TYPES_BF16S(R, MINB)                    \
+    DECODE_RULE(R, 8, f32, float, bf16, bf16_t, MINB)       \
+    DECODE_RULE(R, 8, bf16, bf16_t, bf16, bf16_t, MINB)
 DECODE_RULE_TYPES(2, 4, 8)
 DECODE_RULE_TYPES(4, 4, 8)
 DECODE_RULE_TYPES(8, 4, 6)
 DECODE_RULE_TYPES(16, 4, 3)
-DECODE_RULE_TYPES(1, 8, 8)
 DECODE_RULE_TYPES(2, 8, 8)
 DECODE_RULE_TYPES(4, 8, 6)
 DECODE_RULE_TYPES(8, 8, 4)
 DECODE_RULE_TYPES(16, 8, 2)
+DECODE_RULE_TYPES_BF16S(2, 8)
+DECODE_RULE_TYPES_BF16S(4, 6)
+DECODE_RULE_TYPES_BF16S(8, 4)
+DECODE_RULE_TYPES_BF16S(16, 2)
+
+#define DECODE_RULE_PIPE(R, OS, TO, SS, TS, MINB)                                                                \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_rule_pipe_r##R##_c4_##OS##_##SS(    \
+        const float* q, const float* k, const float* v, const float* g, const float* bb, const float* w,          \
+        TS* state, const int* slots, int nslots, TO* o, int hk, int hv, int dk, int dv, float scale, int l2norm,  \
+        int gdn2, long long items) {                                                                               \
+        decode_rule_pipe<R, 4, TS, TO>(q, k, v, g, bb, w, state, slots, nslots, o, hk, hv, dk, dv, scale, l2norm, \
+                                       gdn2, items);                                                               \
+    }
+// Pipelined: fp32 states, Dk 33..128.
+DECODE_RULE_PIPE(4, f32, float, f32, float, 5)
+DECODE_RULE_PIPE(4, bf16, bf16_t, f32, float, 5)
+DECODE_RULE_PIPE(8, f32, float, f32, float, 4)
+DECODE_RULE_PIPE(8, bf16, bf16_t, f32, float, 4)

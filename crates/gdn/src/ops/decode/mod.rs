@@ -1,7 +1,8 @@
 //! Inference over a pool of cache slots: one decode token per row, and the row copies that move
 //! cached states and conv rows between the pool and a batch.
 //!
-//! The pool (see `layer::gdn::pool`): states `[slots, Hv, Dk, Dv]` fp32 and the conv window
+//! The pool (see `layer::gdn::pool`): states `[slots, Hv, Dk, Dv]` fp32 (bf16 as an option on a
+//! GPU: fp32 arithmetic, rounded to nearest even when stored) and the conv window
 //! `[slots, W - 1, conv_dim]` (the pre-conv `[q | k | v]` rows of the last `W - 1` tokens, oldest
 //! first, in the activation storage type). Row `i` of a decode batch continues slot `slots[i]`;
 //! a slot outside `[0, slots)` (padding: `-1`) touches nothing and gives zero outputs.
@@ -170,11 +171,12 @@ pub fn pre(
     }
 }
 
-/// The rule for one decode token per row: updates `state` (`[nslots, Hv, Dk, Dv]` fp32) in
-/// place and returns `o` `[n, Hv Dv]` (`dtype` storage on a GPU, f32 on the host).
+/// The rule for one decode token per row: updates `state` (`[nslots, Hv, Dk, Dv]`: f32 on the
+/// host; fp32 or bf16 storage on a GPU, computed in fp32 and rounded to nearest even when stored)
+/// in place and returns `o` `[n, Hv Dv]` (`dtype` storage on a GPU, f32 on the host).
 pub fn rule(
     x: &PreOut,
-    state: &mut F32s,
+    state: &mut Act,
     slots: Ids<i32>,
     nslots: usize,
     shape: DecodeShape,
@@ -183,13 +185,55 @@ pub fn rule(
 ) -> Result<Act> {
     shape.check()?;
     match (state, slots) {
-        (F32s::Host(st), Ids::Host(s)) => Ok(Act::Host(cpu::rule(x, st, s, nslots, shape, scale)?)),
-        (F32s::Dev(st), Ids::Dev(s)) => {
+        (Act::Host(st), Ids::Host(s)) => Ok(Act::Host(cpu::rule(x, st, s, nslots, shape, scale)?)),
+        (Act::Dev(st), Ids::Dev(s)) => {
             let mut o = DBuf::uninit(st.gpu(), s.len().saturating_mul(shape.vd()), dtype)?;
             cuda::rule(x, st, s, nslots, shape, scale, &mut o)?;
             Ok(Act::Dev(o))
         }
         _ => Err(mixed("decode rule")),
+    }
+}
+
+/// Row copies from fp32 rows (final states) into state rows (`[rows, ..]` fp32, or bf16 on a GPU:
+/// rounded to nearest even); pairs as [`copy_rows`].
+pub fn copy_rows_into_state(
+    src: &F32s,
+    sc: Cols,
+    dst: &mut Act,
+    dc: Cols,
+    pairs: &[(i32, i32)],
+) -> Result<()> {
+    let (sn, dn) = (src.len(), dst.len());
+    check_pairs(sc, sn, dc, dn, pairs)?;
+    match (src, dst) {
+        (F32s::Host(s), Act::Host(d)) => {
+            cpu::copy_rows(s, sc, d, dc, pairs);
+            Ok(())
+        }
+        (F32s::Dev(s), Act::Dev(d)) => cuda::copy_rows_into_state(s, sc, d, dc, pairs),
+        _ => Err(mixed("copy_rows")),
+    }
+}
+
+/// Row copies from state rows (fp32, or bf16 on a GPU: exact) into fp32 rows (initial states);
+/// pairs as [`copy_rows`].
+pub fn copy_rows_from_state(
+    src: &Act,
+    sc: Cols,
+    dst: &mut F32s,
+    dc: Cols,
+    pairs: &[(i32, i32)],
+) -> Result<()> {
+    let (sn, dn) = (src.len(), dst.len());
+    check_pairs(sc, sn, dc, dn, pairs)?;
+    match (src, dst) {
+        (Act::Host(s), F32s::Host(d)) => {
+            cpu::copy_rows(s, sc, d, dc, pairs);
+            Ok(())
+        }
+        (Act::Dev(s), F32s::Dev(d)) => cuda::copy_rows_from_state(s, sc, d, dc, pairs),
+        _ => Err(mixed("copy_rows")),
     }
 }
 
