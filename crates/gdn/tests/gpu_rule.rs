@@ -1898,6 +1898,7 @@ fn prep7_forward_backward_match_f64() {
         scan: true,
         bf16_states: true,
         grad: true,
+        grad7: false,
         warps: 0,
     };
     for c in &cases {
@@ -2013,6 +2014,7 @@ fn prep7_bitwise_and_selection() {
         scan,
         bf16_states,
         grad,
+        grad7: false,
         warps: 0,
     };
     for kernel in [
@@ -2043,6 +2045,8 @@ fn prep7_bitwise_and_selection() {
         d.bits() == dw.bits(),
         "forward_with / backward_with did not run {want:?}'s prep"
     );
+}
+
 // gdr_grad7 (issue 13): the per-chunk gradients with one CTA per (chunk, key head) over the GVA
 // group, dq and dk summed and put through the l2norm backward in the CTA (no gdr_reduce_qk).
 

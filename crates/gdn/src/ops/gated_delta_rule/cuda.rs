@@ -1926,68 +1926,6 @@ fn v6_prep(
             dptr(v, st),
             ptr(g, st),
             dptr(beta, st),
-/// The per-chunk gradients by `gdr_grad7` (bf16 states; Dk, Dv 64 or 128): one CTA per (chunk,
-/// key head) over the GVA group, dq and dk summed in an fp32 `[tokens, Hk, Dk]` accumulator
-/// that each CTA owns for its rows and written through the l2norm backward by the same CTA.
-#[allow(clippy::too_many_arguments, clippy::type_complexity)]
-fn grad7(
-    gpu: &Arc<Gpu>,
-    qk: (&DBuf, &DBuf, &DBuf, &DBuf, &DBuf, &DBuf),
-    vbo: (&DBuf, &DBuf, &DBuf),
-    w: (
-        &GBuf<f32>,
-        &GBuf<f32>,
-        Option<&GBuf<u16>>,
-        Option<&GBuf<u16>>,
-        &GBuf<f32>,
-        &GBuf<f32>,
-    ),
-    ch: &Chunks,
-    seqs: &Seqs,
-    s: RuleShape,
-    opts: RuleOpts,
-    dh0: Option<GBuf<f32>>,
-) -> Result<Grads> {
-    let (q, k, qq, kk, qb, kb) = qk;
-    let (v, beta, d_o) = vbo;
-    let (gam, t, h16, dh16, d, dd) = w;
-    let (Some(h16), Some(dh16)) = (h16, dh16) else {
-        return Err(GdnError::Device(
-            "rule backward: gdr_grad7 needs the bf16 states".into(),
-        ));
-    };
-    let st = gpu.stream();
-    let dt = DType::Bf16;
-    let ks = chunk_sfx(dt, opts);
-    let tokens = seqs.tokens();
-    let dqa = ws(gpu, tokens * s.hk * s.dk)?;
-    let dka = ws(gpu, tokens * s.hk * s.dk)?;
-    let mut dq = out_d(gpu, tokens * s.hk * s.dk, dt)?;
-    let mut dk = out_d(gpu, tokens * s.hk * s.dk, dt)?;
-    let mut dv = out_d(gpu, tokens * s.hv * s.dv, dt)?;
-    let dg = out_f32(gpu, tokens * s.hv)?;
-    let mut dbeta = out_d(gpu, tokens * s.hv, dt)?;
-    launch(
-        gpu,
-        &format!("gdr_grad7_{ks}_d{}_v{}", s.dk, s.dv),
-        ch.count * s.hk,
-        g7_bytes(s.dk, s.dv),
-        &[
-            dptr(q, st),
-            dptr(k, st),
-            dptr(qq, st),
-            dptr(kk, st),
-            dptr(qb, st),
-            dptr(kb, st),
-            dptr(v, st),
-            dptr(beta, st),
-            dptr(d_o, st),
-            ptr(gam, st),
-            ptr(t, st),
-            ptr(h16, st),
-            ptr(dh16, st),
-            ptr(d, st),
-            ptr(dd, st),
             ptr(&ch.t0, st),
             ptr(&ch.len, st),
             i32_arg(s.hk),
@@ -2055,6 +1993,73 @@ pub fn prep_only(
         kind,
     )
 }
+
+/// The per-chunk gradients by `gdr_grad7` (bf16 states; Dk, Dv 64 or 128): one CTA per (chunk,
+/// key head) over the GVA group, dq and dk summed in an fp32 `[tokens, Hk, Dk]` accumulator
+/// that each CTA owns for its rows and written through the l2norm backward by the same CTA.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+fn grad7(
+    gpu: &Arc<Gpu>,
+    qk: (&DBuf, &DBuf, &DBuf, &DBuf, &DBuf, &DBuf),
+    vbo: (&DBuf, &DBuf, &DBuf),
+    w: (
+        &GBuf<f32>,
+        &GBuf<f32>,
+        Option<&GBuf<u16>>,
+        Option<&GBuf<u16>>,
+        &GBuf<f32>,
+        &GBuf<f32>,
+    ),
+    ch: &Chunks,
+    seqs: &Seqs,
+    s: RuleShape,
+    opts: RuleOpts,
+    dh0: Option<GBuf<f32>>,
+) -> Result<Grads> {
+    let (q, k, qq, kk, qb, kb) = qk;
+    let (v, beta, d_o) = vbo;
+    let (gam, t, h16, dh16, d, dd) = w;
+    let (Some(h16), Some(dh16)) = (h16, dh16) else {
+        return Err(GdnError::Device(
+            "rule backward: gdr_grad7 needs the bf16 states".into(),
+        ));
+    };
+    let st = gpu.stream();
+    let dt = DType::Bf16;
+    let ks = chunk_sfx(dt, opts);
+    let tokens = seqs.tokens();
+    let dqa = ws(gpu, tokens * s.hk * s.dk)?;
+    let dka = ws(gpu, tokens * s.hk * s.dk)?;
+    let mut dq = out_d(gpu, tokens * s.hk * s.dk, dt)?;
+    let mut dk = out_d(gpu, tokens * s.hk * s.dk, dt)?;
+    let mut dv = out_d(gpu, tokens * s.hv * s.dv, dt)?;
+    let dg = out_f32(gpu, tokens * s.hv)?;
+    let mut dbeta = out_d(gpu, tokens * s.hv, dt)?;
+    launch(
+        gpu,
+        &format!("gdr_grad7_{ks}_d{}_v{}", s.dk, s.dv),
+        ch.count * s.hk,
+        g7_bytes(s.dk, s.dv),
+        &[
+            dptr(q, st),
+            dptr(k, st),
+            dptr(qq, st),
+            dptr(kk, st),
+            dptr(qb, st),
+            dptr(kb, st),
+            dptr(v, st),
+            dptr(beta, st),
+            dptr(d_o, st),
+            ptr(gam, st),
+            ptr(t, st),
+            ptr(h16, st),
+            ptr(dh16, st),
+            ptr(d, st),
+            ptr(dd, st),
+            ptr(&ch.t0, st),
+            ptr(&ch.len, st),
+            i32_arg(s.hk),
+            i32_arg(s.hv),
             Arg::F32(opts.scale),
             Arg::I32(opts.l2norm_in_kernel as i32),
             ptr(&dqa, st),
