@@ -10,8 +10,9 @@
 #   3. bench_rule bwd       v5 vs the v6 backward pieces (both, each alone, every CTA width) at B1
 #                           T32768 16/32 and B8 T4096 16/16: backward ms, peak memory, per-kernel
 #                           times, gradients vs v5
-#   4. bench_rule           the fwd and fwd+bwd table (v6 forward, v6 backward), with v6's prep
-#                           and with GDN_RULE_PREP=v7, per-kernel times
+#   4. bench_rule           the fwd and fwd+bwd table (v6 forward, v6 backward), with v6's prep,
+#                           with GDN_RULE_PREP=v7, and with GDN_RULE_FWD=v6l (the fused kernel's
+#                           lean cp.async loads) + GDN_RULE_PREP=v7, per-kernel times
 # (`bench_rule chain` and `bench_rule variants`, the v6 forward's measurements, are in
 # bench/NOTES.md; not run here. The bf16 tests with GDN_RULE_FWD=v5 run the old forward.)
 # The first process compiles the kernels (NVRTC, cached in $GDN_KERNEL_CACHE for the others).
@@ -50,6 +51,8 @@ step rule-table 150 "$g/bench_rule"
 grep -E "^bench-rule" "$OUT/rule-table.log" | cut -c1-900
 step rule-table-prep-v7 150 env GDN_RULE_PREP=v7 "$g/bench_rule"
 grep -E "^bench-rule" "$OUT/rule-table-prep-v7.log" | cut -c1-900
+step rule-table-v6l-prep-v7 150 env GDN_RULE_FWD=v6l GDN_RULE_PREP=v7 "$g/bench_rule"
+grep -E "^bench-rule" "$OUT/rule-table-v6l-prep-v7.log" | cut -c1-900
 if [ "${RULE_EXTRA:-0}" = 1 ]; then
     step test-gpu_rule-env-fwd-v5 200 env GDN_RULE_FWD=v5 "$g/test-gpu_rule" --include-ignored --test-threads=1 --nocapture bf16 two_runs
     grep -E "gdr-check bf16|gdr-check bitwise|^test |panicked|test result" "$OUT/test-gpu_rule-env-fwd-v5.log" | cut -c1-300

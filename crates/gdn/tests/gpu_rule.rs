@@ -768,6 +768,21 @@ fn run_fwd(gpu: &Arc<Gpu>, c: &Case, dt: DType, kernel: FwdKernel) -> (Vec<f32>,
 fn check_v6(gpu: &Arc<Gpu>, c: &Case, warps: usize, fails: &mut Vec<String>) {
     check_v6_with(gpu, c, FwdKernel::V6 { warps }, fails);
     check_v6_with(gpu, c, FwdKernel::V6Bulk { warps }, fails);
+    // The lean loads copy the same bytes to the same places: the same bits as V6.
+    let a = run_fwd(gpu, c, DType::Bf16, FwdKernel::V6 { warps });
+    let b = run_fwd(gpu, c, DType::Bf16, FwdKernel::V6Lean { warps });
+    let same = a.0.iter().chain(&a.1).map(|x| x.to_bits()).eq(b
+        .0
+        .iter()
+        .chain(&b.1)
+        .map(|x| x.to_bits()));
+    println!("gdr-check v6 lean = v6 {:<34} w{warps}: {same}", c.name);
+    if !same {
+        fails.push(format!(
+            "{} w{warps}: V6Lean's o / final state differ from V6's",
+            c.name
+        ));
+    }
 }
 
 fn check_v6_with(gpu: &Arc<Gpu>, c: &Case, kernel: FwdKernel, fails: &mut Vec<String>) {
