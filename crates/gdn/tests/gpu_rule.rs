@@ -1693,7 +1693,9 @@ fn prep7_matches_f64() {
                     (PrepKernel::V7, "T" | "U") => 1e-4,
                     (PrepKernel::V7, _) => 5e-3,
                     (PrepKernel::V6, "T" | "U") => 5e-3,
-                    (PrepKernel::V6, _) => 6e-3,
+                    // v6's A and W come from TF32 products: a q.k near zero (T 1) has a
+                    // larger relative error; v6 is checked here only as a check of the reference.
+                    (PrepKernel::V6, _) => 2e-2,
                     // v7f (bf16 products, FLA's precision) is measured, not required: printed.
                     (PrepKernel::V7Fast, _) => 1.0,
                 };
