@@ -3,8 +3,9 @@
 # here (carry DIR; GPU_DIR=DIR if it is not .gpu). In order, everything logged under $OUT:
 #   1. test-gpu_rule        every rule GPU test (v6 forward and v6 backward are the defaults;
 #                           prep7's own tests: prep outputs vs f64, fwd+bwd vs f64 with each
-#                           prep, bitwise), then the bf16 and v6 tests again with
-#                           GDN_RULE_PREP=v7 (prep7 through cuda::forward / cuda::backward)
+#                           prep, bitwise; prep7 is the default prep), then the bf16 and v6
+#                           tests again with GDN_RULE_PREP=v6 (the old prep through
+#                           cuda::forward / cuda::backward)
 #   2. bench_rule prep      v6's prep (l2norm2 x2 + prep6 + qk6) vs gdr_prep7 / gdr_prep7f at B1
 #                           T32768 16/32 and B8 T4096 16/16: prep alone, v6 forward, v6 backward
 #   3. bench_rule bwd       v5 vs the v6 backward pieces (both, each alone, every CTA width) at B1
@@ -23,6 +24,9 @@
 #                           times, gradients vs v5
 #   3. bench_rule           the fwd and fwd+bwd table (v6 forward), with the default backward (v6)
 #                           and with GDN_RULE_BWD=v7, per-kernel times
+#   4. bench_rule           the fwd and fwd+bwd table (v6 forward, v6 backward), with prep7 (the
+#                           default), with GDN_RULE_PREP=v6, and with GDN_RULE_FWD=v6l (the fused
+#                           kernel's lean cp.async loads), per-kernel times
 # (`bench_rule chain` and `bench_rule variants`, the v6 forward's measurements, are in
 # bench/NOTES.md; not run here. The bf16 tests with GDN_RULE_FWD=v5 run the old forward.)
 # The first process compiles the kernels (NVRTC, cached in $GDN_KERNEL_CACHE for the others).
@@ -50,8 +54,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,n
 step test-gpu_rule 300 "$g/test-gpu_rule" --include-ignored --test-threads=1 --nocapture
 grep -E "gdr-check (v6|chain6|default)|^test |panicked|test result" "$OUT/test-gpu_rule.log" | cut -c1-400
 grep -E "gdr-check prep" "$OUT/test-gpu_rule.log" | cut -c1-600
-step test-gpu_rule-env-prep-v7 200 env GDN_RULE_PREP=v7 "$g/test-gpu_rule" --include-ignored --test-threads=1 --nocapture bf16 two_runs v6_ default
-grep -E "gdr-check (bf16|bitwise|v6-bwd|v6-vs)|^test |panicked|test result" "$OUT/test-gpu_rule-env-prep-v7.log" | cut -c1-300
+step test-gpu_rule-env-prep-v6 200 env GDN_RULE_PREP=v6 "$g/test-gpu_rule" --include-ignored --test-threads=1 --nocapture bf16 two_runs v6_ default
+grep -E "gdr-check (bf16|bitwise|v6-bwd|v6-vs)|^test |panicked|test result" "$OUT/test-gpu_rule-env-prep-v6.log" | cut -c1-300
 step rule-prep 200 "$g/bench_rule" prep
 grep -E "^bench-prep" "$OUT/rule-prep.log" | cut -c1-700
 grep -E "gdr-check (v6|v7|chain6|default)|^test |panicked|test result" "$OUT/test-gpu_rule.log" | cut -c1-400
@@ -69,6 +73,10 @@ grep -E "^bench-rule" "$OUT/rule-table-bwd-v7.log" | cut -c1-900
 step rule-table-bwd-v6 150 env GDN_RULE_BWD=v6 "$g/bench_rule"
 grep -E "^bench-rule" "$OUT/rule-table-bwd-v6.log" | cut -c1-900
 step rule2 300 "$g/bench_rule2"; grep -E "^bench-rule2" "$OUT/rule2.log" | cut -c1-700  # GDN2 chunked vs recurrent (issue 17)
+step rule-table-prep-v6 150 env GDN_RULE_PREP=v6 "$g/bench_rule"
+grep -E "^bench-rule" "$OUT/rule-table-prep-v6.log" | cut -c1-900
+step rule-table-v6l 150 env GDN_RULE_FWD=v6l "$g/bench_rule"
+grep -E "^bench-rule" "$OUT/rule-table-v6l.log" | cut -c1-900
 if [ "${RULE_EXTRA:-0}" = 1 ]; then
     step test-gpu_rule-env-fwd-v5 200 env GDN_RULE_FWD=v5 "$g/test-gpu_rule" --include-ignored --test-threads=1 --nocapture bf16 two_runs
     grep -E "gdr-check bf16|gdr-check bitwise|^test |panicked|test result" "$OUT/test-gpu_rule-env-fwd-v5.log" | cut -c1-300

@@ -374,6 +374,8 @@ fn chain(gpu: &Arc<Gpu>) {
             (FwdKernel::V5, 0),
             (FwdKernel::V6 { warps }, 2),
             (FwdKernel::V6 { warps }, 3),
+            (FwdKernel::V6Lean { warps }, 2),
+            (FwdKernel::V6Lean { warps }, 3),
             (FwdKernel::V6Bulk { warps }, 2),
             (FwdKernel::V6Bulk { warps }, 3),
             (FwdKernel::V6NoReload { warps }, 2),
@@ -409,6 +411,8 @@ fn variants(gpu: &Arc<Gpu>) {
         let o5 = fwd(gpu, &x, FwdKernel::V5).download().unwrap();
         let mut kernels = vec![FwdKernel::V5, FwdKernel::V6 { warps: 0 }];
         kernels.extend([1, 2, 4, 8].map(|warps| FwdKernel::V6 { warps }));
+        kernels.push(FwdKernel::V6Lean { warps: 0 });
+        kernels.extend([1, 2, 4, 8].map(|warps| FwdKernel::V6Lean { warps }));
         kernels.push(FwdKernel::V6Bulk { warps: 0 });
         kernels.extend([1, 2, 4, 8].map(|warps| FwdKernel::V6Bulk { warps }));
         // (kernel, forced two stages): the defaults, then 1 and 2 warps with two stages

@@ -768,6 +768,21 @@ fn run_fwd(gpu: &Arc<Gpu>, c: &Case, dt: DType, kernel: FwdKernel) -> (Vec<f32>,
 fn check_v6(gpu: &Arc<Gpu>, c: &Case, warps: usize, fails: &mut Vec<String>) {
     check_v6_with(gpu, c, FwdKernel::V6 { warps }, fails);
     check_v6_with(gpu, c, FwdKernel::V6Bulk { warps }, fails);
+    // The lean loads copy the same bytes to the same places: the same bits as V6.
+    let a = run_fwd(gpu, c, DType::Bf16, FwdKernel::V6 { warps });
+    let b = run_fwd(gpu, c, DType::Bf16, FwdKernel::V6Lean { warps });
+    let same = a.0.iter().chain(&a.1).map(|x| x.to_bits()).eq(b
+        .0
+        .iter()
+        .chain(&b.1)
+        .map(|x| x.to_bits()));
+    println!("gdr-check v6 lean = v6 {:<34} w{warps}: {same}", c.name);
+    if !same {
+        fails.push(format!(
+            "{} w{warps}: V6Lean's o / final state differ from V6's",
+            c.name
+        ));
+    }
 }
 
 fn check_v6_with(gpu: &Arc<Gpu>, c: &Case, kernel: FwdKernel, fails: &mut Vec<String>) {
@@ -1725,7 +1740,9 @@ fn prep7_matches_f64() {
                     (PrepKernel::V7, "T" | "U") => 1e-4,
                     (PrepKernel::V7, _) => 5e-3,
                     (PrepKernel::V6, "T" | "U") => 5e-3,
-                    (PrepKernel::V6, _) => 6e-3,
+                    // v6's A and W come from TF32 products: a q.k near zero (T 1) has a
+                    // larger relative error; v6 is checked here only as a check of the reference.
+                    (PrepKernel::V6, _) => 2e-2,
                     // v7f (bf16 products, FLA's precision) is measured, not required: printed.
                     (PrepKernel::V7Fast, _) => 1.0,
                 };
@@ -1991,8 +2008,7 @@ fn run_gpu_prep(gpu: &Arc<Gpu>, c: &Case, kernel: BwdKernel, prep: PrepKernel) -
 }
 
 /// prep7: two runs give the same bits (forward and backward, with every v6 backward piece
-/// combination that recomputes); the prep selected by `GDN_RULE_PREP` (default v6 until prep7
-/// is measured) is what `forward_with` / `backward_with` run; v7 and v6 preps differ in bits
+/// combination that recomputes); the prep selected by `GDN_RULE_PREP` (default v7) is what `forward_with` / `backward_with` run; v7 and v6 preps differ in bits
 /// (so the selection is real).
 #[test]
 #[ignore = "needs a CUDA GPU"]

@@ -467,6 +467,7 @@ pub fn forward_with_prep(
         FwdKernel::V6Bulk { warps } if gpu_has_bulk_copies(gpu) => Some((warps, V6Loads::Bulk)),
         FwdKernel::V6Bulk { warps } => Some((warps, V6Loads::CpAsync)),
         FwdKernel::V6NoReload { warps } => Some((warps, V6Loads::NoReload)),
+        FwdKernel::V6Lean { warps } => Some((warps, V6Loads::Lean)),
     };
     if let Some((warps, loads)) = v6 {
         if v6_supports(dt, s) {
@@ -847,6 +848,10 @@ pub enum FwdKernel {
     /// reuses them (its time without the loads). Dk 128, 1 or 2 warps.
     #[doc(hidden)]
     V6NoReload { warps: usize },
+    /// v6 whose fused kernel computes its cp.async addresses once per chunk and thread
+    /// (`gdr_fwd6l*`): the same bytes to the same places, so the same bits as `V6`, with fewer
+    /// instructions per chunk step.
+    V6Lean { warps: usize },
 }
 
 /// How `gdr_fwd6` brings a chunk's operands into shared memory.
@@ -855,6 +860,7 @@ enum V6Loads {
     CpAsync,
     Bulk,
     NoReload,
+    Lean,
 }
 
 /// Whether the GPU has the bulk-copy engine (sm_90 and newer).
@@ -865,8 +871,8 @@ fn gpu_has_bulk_copies(gpu: &Gpu) -> bool {
 impl FwdKernel {
     /// The default: v6 (cp.async loads, CTA width by shape; it falls back to v5 where
     /// [`v6_supports`] says no: f32 storage, Dk other than 64 / 128). `GDN_RULE_FWD=v5` keeps
-    /// v5 everywhere, `v6b` picks the bulk-copy loads; `GDN_RULE_V6_WARPS=1|2|4|8` forces the
-    /// CTA width of v6.
+    /// v5 everywhere, `v6b` picks the bulk-copy loads, `v6l` the lean cp.async loads
+    /// ([`FwdKernel::V6Lean`]); `GDN_RULE_V6_WARPS=1|2|4|8` forces the CTA width of v6.
     pub fn from_env() -> FwdKernel {
         let warps = || {
             std::env::var("GDN_RULE_V6_WARPS")
@@ -877,6 +883,7 @@ impl FwdKernel {
         match std::env::var("GDN_RULE_FWD").as_deref() {
             Ok("v5") => FwdKernel::V5,
             Ok("v6b") => FwdKernel::V6Bulk { warps: warps() },
+            Ok("v6l") => FwdKernel::V6Lean { warps: warps() },
             _ => FwdKernel::V6 { warps: warps() },
         }
     }
@@ -1013,6 +1020,8 @@ fn forward_v6(
         (V6Loads::Bulk, 3) => ("gdr_fwd6bs3", 32),
         (V6Loads::Bulk, _) => ("gdr_fwd6b", 32),
         (V6Loads::NoReload, _) => ("gdr_fwd6n", 0),
+        (V6Loads::Lean, 3) => ("gdr_fwd6ls3", 0),
+        (V6Loads::Lean, _) => ("gdr_fwd6l", 0),
     };
     launch_in_threads(
         gpu,

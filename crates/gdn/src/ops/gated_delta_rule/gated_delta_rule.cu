@@ -1403,6 +1403,72 @@ __device__ __forceinline__ void v6_load_stage(char* st, const bf16_t* wc, const 
     cp_async_commit();
 }
 
+// cp.async of 16 bytes to a shared-memory address given as a 32-bit shared-window offset;
+// `n` 16 or 0 (0 reads nothing and writes 16 zero bytes).
+__device__ __forceinline__ void cp_async16_s(unsigned dst, const void* src, unsigned n) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(n));
+}
+
+// v6_load_stage with the per-thread addresses computed once per chunk (gdr_fwd6 with LOADS 3):
+// thread tid always copies the same 16-byte column piece of the rows tid / CPR + RPP m, so
+// every shared-memory offset and W / A / gam offset is a compile-time constant from one base,
+// and K, Q, U advance by one runtime row step per pass. Same bytes to the same places as
+// v6_load_stage (rows >= l of K, Q zero-filled).
+template <int DK, int NW>
+__device__ __forceinline__ void v6_load_stage_lean(char* st, const bf16_t* wc, const bf16_t* kc, const bf16_t* qc,
+                                                   i64 krow, int l, const bf16_t* ac, const float* uc, i64 urow,
+                                                   const float* gc) {
+    typedef V6<DK, NW> L;
+    const int tid = threadIdx.x;
+    const unsigned sb = smem_addr(st);
+    constexpr int CPR = DK / 8;       // 16-byte pieces per row of W, K, Q
+    constexpr int RPP = L::NT / CPR;  // rows per pass
+    static_assert(L::NT % CPR == 0 && GDR_C % RPP == 0, "whole rows per pass");
+    {
+        const int i0 = tid / CPR, x = (tid % CPR) * 8;
+        const unsigned so = sb + (unsigned)((i0 * L::LK + x) * 2);
+        const bf16_t* gw = wc + i0 * DK + x;
+        const bf16_t* gk = kc + i0 * krow + x;
+        const bf16_t* gq = qc + i0 * krow + x;
+        const i64 step = RPP * krow;
+#pragma unroll
+        for (int m = 0; m < GDR_C / RPP; ++m) {
+            const bool ok = i0 + RPP * m < l;
+            const unsigned n = ok ? 16u : 0u;
+            const unsigned sr = so + (unsigned)(RPP * m * L::LK * 2);
+            cp_async16_s(sr + L::W_OFF, gw + RPP * m * DK, 16u);
+            cp_async16_s(sr + L::K_OFF, ok ? gk : kc, n);
+            cp_async16_s(sr + L::Q_OFF, ok ? gq : qc, n);
+            gk += step;
+            gq += step;
+        }
+    }
+    {
+        constexpr int RPA = L::NT / 8;  // A: 8 pieces per row
+        const int i0 = tid >> 3, x = (tid & 7) * 8;
+        const unsigned so = sb + L::A_OFF + (unsigned)((i0 * L::LA + x) * 2);
+        const bf16_t* ga = ac + i0 * GDR_C + x;
+#pragma unroll
+        for (int m = 0; m < GDR_C / RPA; ++m)
+            cp_async16_s(so + (unsigned)(RPA * m * L::LA * 2), ga + RPA * m * GDR_C, 16u);
+    }
+    {
+        constexpr int UPR = L::BV / 4;   // U: 16-byte pieces per row of the tile
+        constexpr int RPU = L::NT / UPR;  // 8 rows per pass
+        const int i0 = tid / UPR, x = (tid % UPR) * 4;
+        const unsigned so = sb + L::U_OFF + (unsigned)((i0 * L::LU + x) * 4);
+        const float* gu = uc + i0 * urow + x;
+        const i64 step = RPU * urow;
+#pragma unroll
+        for (int m = 0; m < GDR_C / RPU; ++m) {
+            cp_async16_s(so + (unsigned)(RPU * m * L::LU * 4), gu, 16u);
+            gu += step;
+        }
+    }
+    if (tid < GDR_C / 4) cp_async16_s(sb + L::G_OFF + tid * 16, gc + tid * 4, 16u);
+    cp_async_commit();
+}
+
 // Hopper bulk copies (the TMA engine, 1-D, sm_90): a copy of `bytes` (multiple of 16, 16-byte
 // aligned ends) global -> shared completes on an mbarrier by its byte count. Only compiled for
 // sm_90+ (the sm_80 build of the module keeps the symbols: the bodies are empty there and the
@@ -1573,7 +1639,8 @@ __device__ __forceinline__ void v6_chain_step(float (&s)[DK / 8][4], unsigned (&
 // 32 NW threads, dynamic shared memory 2 * V6<DK, NW>::STAGE. q, k are bf16 (the normalized
 // copies with the in-kernel norm), W bf16, U fp32, A bf16 (gdr_qk6), gam fp32 (gdr_prep6).
 // LOADS: 0 cp.async (sm_80+), 1 bulk copies on mbarriers (sm_90), 2 diagnostic (benchmarks
-// only, wrong results): cp.async for the first NS chunks, then every chunk reuses their stages.
+// only, wrong results): cp.async for the first NS chunks, then every chunk reuses their stages;
+// 3 cp.async with the addresses computed once per chunk (v6_load_stage_lean: the same bytes).
 // NS: pipeline stages (2 or 3): chunk c + NS - 1 is in flight while chunk c computes. Dynamic
 // shared memory: NS * STAGE (+ 32 bytes of mbarriers with LOADS 1).
 template <int DK, int NW, int LOADS, int NS>
@@ -1630,6 +1697,11 @@ __device__ void gdr_fwd6(const bf16_t* __restrict__ q, const bf16_t* __restrict_
                                       w_ws + cb * GDR_C * DK, k + t0 * krow + (i64)kh * DK,
                                       q + t0 * krow + (i64)kh * DK, krow, ch_len[c], a_ws + cb * GDR_C * GDR_C,
                                       u_ws + cb * GDR_C * dv + col0, (i64)dv, gam_ws + cb * GDR_C);
+        } else if (LOADS == 3) {
+            v6_load_stage_lean<DK, NW>(sm + stage * L::STAGE, w_ws + cb * GDR_C * DK,
+                                       k + t0 * krow + (i64)kh * DK, q + t0 * krow + (i64)kh * DK, krow,
+                                       ch_len[c], a_ws + cb * GDR_C * GDR_C, u_ws + cb * GDR_C * dv + col0,
+                                       (i64)dv, gam_ws + cb * GDR_C);
         } else if (LOADS == 0 || c < c_beg + NS) {
             v6_load_stage<DK, NW>(sm + stage * L::STAGE, w_ws + cb * GDR_C * DK, k + t0 * krow + (i64)kh * DK,
                                   q + t0 * krow + (i64)kh * DK, krow, ch_len[c], a_ws + cb * GDR_C * GDR_C,
@@ -2728,6 +2800,16 @@ GDR_FWD6_ENTRY(gdr_fwd6b, 1, 2, 128, 8)
 GDR_FWD6_ENTRY(gdr_fwd6n, 2, 2, 128, 1)
 GDR_FWD6_ENTRY(gdr_fwd6n, 2, 2, 128, 2)
 // three stages (fit in shared memory for Dk 128 with 1 or 2 warps)
+GDR_FWD6_ENTRY(gdr_fwd6l, 3, 2, 64, 1)
+GDR_FWD6_ENTRY(gdr_fwd6l, 3, 2, 64, 2)
+GDR_FWD6_ENTRY(gdr_fwd6l, 3, 2, 64, 4)
+GDR_FWD6_ENTRY(gdr_fwd6l, 3, 2, 64, 8)
+GDR_FWD6_ENTRY(gdr_fwd6l, 3, 2, 128, 1)
+GDR_FWD6_ENTRY(gdr_fwd6l, 3, 2, 128, 2)
+GDR_FWD6_ENTRY(gdr_fwd6l, 3, 2, 128, 4)
+GDR_FWD6_ENTRY(gdr_fwd6l, 3, 2, 128, 8)
+GDR_FWD6_ENTRY(gdr_fwd6ls3, 3, 3, 128, 1)
+GDR_FWD6_ENTRY(gdr_fwd6ls3, 3, 3, 128, 2)
 GDR_FWD6_ENTRY(gdr_fwd6s3, 0, 3, 128, 1)
 GDR_FWD6_ENTRY(gdr_fwd6s3, 0, 3, 128, 2)
 GDR_FWD6_ENTRY(gdr_fwd6bs3, 1, 3, 128, 1)
