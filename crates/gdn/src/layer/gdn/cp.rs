@@ -110,18 +110,27 @@ impl CpLayer {
         let mut lc = c.clone();
         lc.linear_num_key_heads /= cp;
         lc.linear_num_value_heads /= cp;
-        let params = full.download_params()?;
+        // Only the per-head parameters and out_norm's (on a GPU: downloaded from the masters,
+        // not the projection weights, which the local layer does not hold).
+        let dev = full.dev_params.get();
         let mut entries = Vec::new();
-        for (name, t) in params.iter() {
+        for (name, t) in full.params.iter() {
+            let keep = sliced(c, name).is_some() || name.starts_with("out_norm.");
+            if !keep {
+                continue;
+            }
+            let values = match dev.and_then(|d| d.map.iter().find(|(n, _)| n == name)) {
+                Some((_, b)) => b.gpu().download(b)?,
+                None => t.data().to_vec(),
+            };
             let (data, shape) = match sliced(c, name) {
                 Some((width, secs)) => {
-                    let d = slice_sections(t.data(), width, &secs, cp, rank);
+                    let d = slice_sections(&values, width, &secs, cp, rank);
                     let mut s = t.shape().to_vec();
                     s[0] /= cp;
                     (d, s)
                 }
-                None if name.starts_with("out_norm.") => (t.data().to_vec(), t.shape().to_vec()),
-                None => continue,
+                None => (values, t.shape().to_vec()),
             };
             entries.push((name.to_string(), Tensor::from_vec(&shape, data)?));
         }
