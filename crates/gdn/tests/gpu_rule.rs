@@ -2008,7 +2008,7 @@ fn run_gpu_prep(gpu: &Arc<Gpu>, c: &Case, kernel: BwdKernel, prep: PrepKernel) -
 }
 
 /// prep7: two runs give the same bits (forward and backward, with every v6 backward piece
-/// combination that recomputes); the prep selected by `GDN_RULE_PREP` (default v7) is what `forward_with` / `backward_with` run; v7 and v6 preps differ in bits
+/// combination that recomputes); the prep selected by `GDN_RULE_PREP` (default v6) is what `forward_with` / `backward_with` run; v7 and v6 preps differ in bits
 /// (so the selection is real).
 #[test]
 #[ignore = "needs a CUDA GPU"]
