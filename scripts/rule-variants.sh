@@ -1,37 +1,22 @@
 #!/usr/bin/env bash
-# Issue 13, stage A, on the device machine, after `scripts/gpu-build.sh [DIR]` built the binaries
+# Issue 13 (and 17), on the device machine, after `scripts/gpu-build.sh [DIR]` built the binaries
 # here (carry DIR; GPU_DIR=DIR if it is not .gpu). In order, everything logged under $OUT:
-#   1. test-gpu_rule        every rule GPU test (v6 forward and v6 backward are the defaults;
-#                           prep7's own tests: prep outputs vs f64, fwd+bwd vs f64 with each
-#                           prep, bitwise; prep7 is the default prep), then the bf16 and v6
-#                           tests again with GDN_RULE_PREP=v6 (the old prep through
-#                           cuda::forward / cuda::backward)
-#   2. bench_rule prep      v6's prep (l2norm2 x2 + prep6 + qk6) vs gdr_prep7 / gdr_prep7f at B1
-#                           T32768 16/32 and B8 T4096 16/16: prep alone, v6 forward, v6 backward
-#   3. bench_rule bwd       v5 vs the v6 backward pieces (both, each alone, every CTA width) at B1
-#                           T32768 16/32 and B8 T4096 16/16: backward ms, peak memory, per-kernel
-#                           times, gradients vs v5
-#   4. bench_rule           the fwd and fwd+bwd table (v6 forward, v6 backward), with v6's prep
-#                           and with GDN_RULE_PREP=v7, per-kernel times
-#   1. test-gpu_rule        every rule GPU test (the v6 forward is the default; v6 forward's own
-#                           tests: both load paths, 2 and 3 stages; the v6 backward's: every
-#                           piece vs f64, bitwise, fallback; gdr_grad7's: vs f64 beside
-#                           gdr_grad6, bitwise, vs gdr_grad6, fallback), then the bf16 tests
-#                           again with GDN_RULE_BWD=v7 (gdr_grad7 through cuda::backward)
-#   2. bench_rule bwd       v5 vs the v6 backward pieces (both, each alone, every CTA width) and
-#                           v7 (gdr_grad7 instead of gdr_grad6, no gdr_reduce_qk) at B1
-#                           T32768 16/32 and B8 T4096 16/16: backward ms, peak memory, per-kernel
-#                           times, gradients vs v5
-#   3. bench_rule           the fwd and fwd+bwd table (v6 forward), with the default backward (v6)
-#                           and with GDN_RULE_BWD=v7, per-kernel times
-#   4. bench_rule           the fwd and fwd+bwd table (v6 forward, v6 backward), with prep7 (the
-#                           default), with GDN_RULE_PREP=v6, and with GDN_RULE_FWD=v6l (the fused
-#                           kernel's lean cp.async loads), per-kernel times
+#   1. test-gpu_rule        every rule GPU test with the defaults (v6 forward; v6 prep:
+#                           l2norm2 + prep6 + qk6; v6 backward with gdr_grad7), including
+#                           prep7's and grad7's own tests (vs f64, bitwise, selection, fallback)
+#   2. the bf16 tests again with GDN_RULE_PREP=v7 (prep7 through cuda::forward / backward) and
+#      with GDN_RULE_BWD=v6 (gdr_grad6 + gdr_reduce_qk)
+#   3. bench_rule prep      v6's prep vs gdr_prep7 / gdr_prep7f at B1 T32768 16/32 and B8 T4096
+#                           16/16: prep alone, v6 forward, v6 backward, per-kernel times
+#   4. bench_rule bwd       v5 vs the v6 backward pieces and grad6 vs grad7 (every CTA width):
+#                           backward ms, peak memory, per-kernel times, gradients vs v5
+#   5. bench_rule           the fwd and fwd+bwd table with the defaults, then with
+#                           GDN_RULE_PREP=v7, GDN_RULE_BWD=v6 and GDN_RULE_FWD=v6l
+#   6. bench_rule2          GDN2: chunked vs token recurrence (and FLA's chunk_gdn2 figures)
 # (`bench_rule chain` and `bench_rule variants`, the v6 forward's measurements, are in
-# bench/NOTES.md; not run here. The bf16 tests with GDN_RULE_FWD=v5 run the old forward.)
+# bench/NOTES.md; RULE_EXTRA=1 also runs them and the bf16 tests with GDN_RULE_FWD=v5.)
 # The first process compiles the kernels (NVRTC, cached in $GDN_KERNEL_CACHE for the others).
-# Expected device time: ~1.5 min of compilation, ~2 min of tests, ~1.5 min of benchmarks.
-# Optional: RULE_EXTRA=1 also runs the bf16 tests with GDN_RULE_FWD=v5 and `bench_rule variants`.
+# Expected device time: ~1.5 min of compilation, ~3 min of tests, ~2 min of benchmarks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
@@ -52,36 +37,33 @@ step() { # name, timeout seconds, command...
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 step test-gpu_rule 300 "$g/test-gpu_rule" --include-ignored --test-threads=1 --nocapture
-grep -E "gdr-check (v6|chain6|default)|^test |panicked|test result" "$OUT/test-gpu_rule.log" | cut -c1-400
-grep -E "gdr-check prep" "$OUT/test-gpu_rule.log" | cut -c1-600
-step test-gpu_rule-env-prep-v6 200 env GDN_RULE_PREP=v6 "$g/test-gpu_rule" --include-ignored --test-threads=1 --nocapture bf16 two_runs v6_ default
-grep -E "gdr-check (bf16|bitwise|v6-bwd|v6-vs)|^test |panicked|test result" "$OUT/test-gpu_rule-env-prep-v6.log" | cut -c1-300
+grep -E "gdr-check (v6|v7|chain6|default|prep)|^test |panicked|test result" "$OUT/test-gpu_rule.log" | cut -c1-400
+for env in GDN_RULE_PREP=v7 GDN_RULE_BWD=v6; do
+    step "test-gpu_rule-$env" 200 env "$env" "$g/test-gpu_rule" --include-ignored --test-threads=1 --nocapture bf16 two_runs
+    grep -E "gdr-check bf16|gdr-check bitwise|^test |panicked|test result" "$OUT/test-gpu_rule-$env.log" | cut -c1-300
+done
 step rule-prep 200 "$g/bench_rule" prep
 grep -E "^bench-prep" "$OUT/rule-prep.log" | cut -c1-700
-grep -E "gdr-check (v6|v7|chain6|default)|^test |panicked|test result" "$OUT/test-gpu_rule.log" | cut -c1-400
-step test-gpu_rule-env-bwd-v7 200 env GDN_RULE_BWD=v7 "$g/test-gpu_rule" --include-ignored --test-threads=1 --nocapture bf16 two_runs
-grep -E "gdr-check bf16|gdr-check bitwise|^test |panicked|test result" "$OUT/test-gpu_rule-env-bwd-v7.log" | cut -c1-300
 step rule-bwd 200 "$g/bench_rule" bwd
 grep -E "^bench-bwd" "$OUT/rule-bwd.log" | cut -c1-700
 tail -3 "$OUT/rule-bwd.log" | grep -vE "^bench-bwd"
 step rule-table 150 "$g/bench_rule"
 grep -E "^bench-rule" "$OUT/rule-table.log" | cut -c1-900
-step rule-table-prep-v7 150 env GDN_RULE_PREP=v7 "$g/bench_rule"
-grep -E "^bench-rule" "$OUT/rule-table-prep-v7.log" | cut -c1-900
-step rule-table-bwd-v7 150 env GDN_RULE_BWD=v7 "$g/bench_rule"
-grep -E "^bench-rule" "$OUT/rule-table-bwd-v7.log" | cut -c1-900
-step rule-table-bwd-v6 150 env GDN_RULE_BWD=v6 "$g/bench_rule"
-grep -E "^bench-rule" "$OUT/rule-table-bwd-v6.log" | cut -c1-900
-step rule2 300 "$g/bench_rule2"; grep -E "^bench-rule2" "$OUT/rule2.log" | cut -c1-700  # GDN2 chunked vs recurrent (issue 17)
-step rule-table-prep-v6 150 env GDN_RULE_PREP=v6 "$g/bench_rule"
-grep -E "^bench-rule" "$OUT/rule-table-prep-v6.log" | cut -c1-900
-step rule-table-v6l 150 env GDN_RULE_FWD=v6l "$g/bench_rule"
-grep -E "^bench-rule" "$OUT/rule-table-v6l.log" | cut -c1-900
+for env in GDN_RULE_PREP=v7 GDN_RULE_BWD=v6 GDN_RULE_FWD=v6l; do
+    step "rule-table-$env" 150 env "$env" "$g/bench_rule"
+    grep -E "^bench-rule" "$OUT/rule-table-$env.log" | cut -c1-900
+done
+if [ -x "$g/bench_rule2" ]; then
+    step rule2 150 "$g/bench_rule2"
+    grep -E "^bench-rule2" "$OUT/rule2.log" | cut -c1-400
+fi
 if [ "${RULE_EXTRA:-0}" = 1 ]; then
     step test-gpu_rule-env-fwd-v5 200 env GDN_RULE_FWD=v5 "$g/test-gpu_rule" --include-ignored --test-threads=1 --nocapture bf16 two_runs
     grep -E "gdr-check bf16|gdr-check bitwise|^test |panicked|test result" "$OUT/test-gpu_rule-env-fwd-v5.log" | cut -c1-300
     step rule-variants 200 "$g/bench_rule" variants
     grep -E "^bench-variants" "$OUT/rule-variants.log" | cut -c1-400
+    step rule-chain 200 "$g/bench_rule" chain
+    grep -E "^bench-chain" "$OUT/rule-chain.log" | cut -c1-400
 fi
 echo "================ summary"
 printf '%s' "$table"

@@ -1394,8 +1394,8 @@ fn v6_bwd_cases() -> Vec<Case> {
 }
 
 /// Two v6 backward runs give the same bits (every width); shapes and storage v6 does not take
-/// run v5 (the same bits as asking for v5); the default backward is every v6 piece (unless
-/// `GDN_RULE_BWD` names another), and its bits differ from v5's.
+/// run v5 (the same bits as asking for v5); the default backward is every v6 piece with
+/// gdr_grad7 (unless `GDN_RULE_BWD` names another), and its bits differ from v5's.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn v6_backward_bitwise_and_fallback() {
@@ -1454,7 +1454,7 @@ fn v6_backward_bitwise_and_fallback() {
         );
     }
     if std::env::var_os("GDN_RULE_BWD").is_none() {
-        let every = v6b(true, true, true, true, 0);
+        let every = v7b(0);
         assert_eq!(BwdKernel::from_env(), every);
         let a = run_gpu_with(&gpu, &c, DType::Bf16, None);
         let b = run_gpu_with(&gpu, &c, DType::Bf16, Some(every));

@@ -1155,8 +1155,8 @@ pub enum BwdKernel {
 }
 
 impl BwdKernel {
-    /// The default (and `GDN_RULE_BWD=v6`): every v6 piece (both scans, bf16 states,
-    /// gdr_grad6); `v7` the same with gdr_grad7 instead of gdr_grad6; `v5` the v5 backward;
+    /// The default (and `GDN_RULE_BWD=v7`): every v6 piece (both scans, bf16 states) with
+    /// gdr_grad7; `v6` the same with gdr_grad6 (and v5's GVA reduction); `v5` the v5 backward;
     /// `v6h` (both scans, bf16 states, v5's gradient kernel),
     /// `v6f` (both scans, fp32 states), `v6r` (the recompute only), `v6s` (the reverse scan
     /// only), with `GDN_RULE_V6_WARPS` as for the forward. Where v6 does not apply (f32
@@ -1176,7 +1176,12 @@ impl BwdKernel {
         };
         match std::env::var("GDN_RULE_BWD").as_deref() {
             Ok("v5") => BwdKernel::V5,
-            Ok("v7") => BwdKernel::V6 {
+            Ok("v6") => v6(true, true, true, true),
+            Ok("v6h") => v6(true, true, true, false),
+            Ok("v6f") => v6(true, true, false, false),
+            Ok("v6r") => v6(true, false, false, false),
+            Ok("v6s") => v6(false, true, false, false),
+            _ => BwdKernel::V6 {
                 recompute: true,
                 scan: true,
                 bf16_states: true,
@@ -1184,11 +1189,6 @@ impl BwdKernel {
                 grad7: true,
                 warps,
             },
-            Ok("v6h") => v6(true, true, true, false),
-            Ok("v6f") => v6(true, true, false, false),
-            Ok("v6r") => v6(true, false, false, false),
-            Ok("v6s") => v6(false, true, false, false),
-            _ => v6(true, true, true, true),
         }
     }
 }

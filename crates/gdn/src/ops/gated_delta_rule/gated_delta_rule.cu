@@ -3412,6 +3412,14 @@ __device__ __forceinline__ void g7_rowdot(const float (&acc)[NT8][4], float* par
     }
 }
 
+// Asks L2 for the 128-byte lines of `bytes` bytes from p (global memory), spread over the CTA's
+// threads. No effect on results: the next value head's operands arrive while this one computes.
+__device__ __forceinline__ void g7_prefetch(const void* p, i64 bytes) {
+    const char* c = reinterpret_cast<const char*>(p);
+    for (i64 o = (i64)threadIdx.x * 128; o < bytes; o += (i64)GDR_NT * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
+}
+
 // acc_mem[row][col] (fp32, row stride rs, rows < l) = (first ? 0 : acc_mem) + the fragments'
 // values: every load of the thread is issued before the first store. Each element is owned by
 // one thread (the same one for every 64 x DK product of the CTA).
@@ -3530,6 +3538,21 @@ __device__ void gdr_grad7(const bf16_t* __restrict__ q_raw, const bf16_t* __rest
         }
         cp_async_wait_all();
         __syncthreads();
+        if (r + 1 < ratio) {  // the next value head's operands into L2 while this one computes
+            const i64 cn = cb + 1;
+            g7_prefetch(h_ws + cn * (i64)dk * dv, (i64)dk * dv * 2);
+            g7_prefetch(dh_ws + cn * (i64)dk * dv, (i64)dk * dv * 2);
+            g7_prefetch(d_ws + cn * GDR_C * (i64)dv, (i64)GDR_C * dv * 4);
+            g7_prefetch(dd_ws + cn * GDR_C * (i64)dv, (i64)GDR_C * dv * 4);
+            g7_prefetch(t_ws + cn * (GDR_C * GDR_C), (i64)GDR_C * GDR_C * 4);
+            for (int i = warp; i < l; i += GDR_NT / 32) {
+                if (lane < dv / 64) {  // dv * 2 bytes per row: dv / 64 lines
+                    const i64 o = (t0 + i) * vrow + (i64)(hv + 1) * dv + 64 * lane;
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(v + o));
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(d_o + o));
+                }
+            }
+        }
         const float gl = s_gam[l - 1];
         const float egl = expf(gl);
         auto gamma = [&](int i, int j) { return expf(s_gam[i] - s_gam[j]); };
