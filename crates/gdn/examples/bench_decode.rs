@@ -16,9 +16,12 @@
 //! Prints one JSON line per row too (prefix `json:`), for scripts. `cargo run --release --example
 //! bench_decode` on a machine with a CUDA GPU; `bench_decode rule` runs part 1 only.
 
+#[path = "common/bench.rs"]
+mod bench;
+use bench::*;
+
 use std::sync::Arc;
 
-use cudarc::driver::sys;
 use gdn::backend::cuda::{self, DBuf, DType, Gpu};
 use gdn::backend::launch::{profile_start, profile_take};
 use gdn::backend::F32s;
@@ -29,34 +32,6 @@ use gdn::{Device, GatedDeltaNet, GdnConfig, Seqs};
 /// The H200's copy bandwidth the issue measures against (bytes/s).
 const PEAK_BPS: f64 = 4.2e12;
 const REPS: usize = 20;
-
-fn median(mut x: Vec<f32>) -> f64 {
-    x.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    x[x.len() / 2] as f64
-}
-
-fn time_ms(gpu: &Arc<Gpu>, mut f: impl FnMut()) -> f64 {
-    let st = gpu.stream();
-    let ctx = st.context();
-    for _ in 0..3 {
-        f();
-    }
-    gpu.sync().unwrap();
-    let mut t = Vec::with_capacity(REPS);
-    for _ in 0..REPS {
-        let a = ctx
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .unwrap();
-        let b = ctx
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .unwrap();
-        a.record(st).unwrap();
-        f();
-        b.record(st).unwrap();
-        t.push(a.elapsed_ms(&b).unwrap());
-    }
-    median(t)
-}
 
 /// Deterministic values in [lo, hi) (splitmix64).
 fn unif(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {
@@ -99,7 +74,7 @@ fn rule_row(gpu: &Arc<Gpu>, b: usize, hk: usize, hv: usize, kernel: Option<RuleK
     let mut o = DBuf::uninit(gpu, b * hv * dv, DType::Bf16).unwrap();
     let scale = 1.0 / (dk as f32).sqrt();
     let k = kernel.unwrap_or_else(|| decode::cuda::default_kernel(b, &s, sd));
-    let ms = time_ms(gpu, || {
+    let ms = time_ms(gpu, 3, REPS, || {
         decode::cuda::rule_with(&x, &mut state, &dslots, b, s, scale, &mut o, k).unwrap();
     });
     let esz = if sd == DType::Bf16 { 2 } else { 4 };
@@ -147,7 +122,7 @@ fn layer_step(gpu: &Arc<Gpu>, l: &GatedDeltaNet, b: usize, graph: bool, sd: DTyp
     let xp = DBuf::upload(gpu, &unif(b * 16 * h, 8, -1.0, 1.0), DType::Bf16).unwrap();
     l.extend_slots_dev(xp, &Seqs::uniform(b, 16), &slots, &mut pool, true)
         .unwrap();
-    let ms = time_ms(gpu, || {
+    let ms = time_ms(gpu, 3, REPS, || {
         let xi = x.try_clone().unwrap();
         l.decode_slots_dev(xi, &slots, &mut pool).unwrap();
     });
@@ -203,12 +178,12 @@ fn layer_rows(gpu: &Arc<Gpu>) {
     let x = DBuf::upload(gpu, &xv, DType::Bf16).unwrap();
     let mut pool = l.cache_pool(b).unwrap();
     let slots: Vec<i32> = (0..b as i32).collect();
-    let pre_ms = time_ms(gpu, || {
+    let pre_ms = time_ms(gpu, 3, REPS, || {
         let xi = x.try_clone().unwrap();
         l.extend_slots_dev(xi, &seqs, &slots, &mut pool, true)
             .unwrap();
     });
-    let fwd_ms = time_ms(gpu, || {
+    let fwd_ms = time_ms(gpu, 3, REPS, || {
         let xi = x.try_clone().unwrap();
         let (_y, saved) = l.forward_dev(xi, &seqs).unwrap();
         drop(saved);

@@ -25,9 +25,12 @@
 //!   medians, per-kernel times, peak device memory, and each gradient against v5's; also
 //!   `gdr_grad7` (GDN_RULE_BWD=v7) against `gdr_grad6`.
 
+#[path = "common/bench.rs"]
+mod bench;
+use bench::*;
+
 use std::sync::Arc;
 
-use cudarc::driver::sys;
 use gdn::backend::launch::{profile_start, profile_take};
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
@@ -37,7 +40,6 @@ use gdn::ops::gated_delta_rule::cuda::{
 };
 use gdn::ops::gated_delta_rule::{RuleOpts, RuleShape, CHUNK};
 use gdn::Seqs;
-use rayon::prelude::*;
 
 /// FLA 0.6.0 on the H200 (bf16, K = V = 128, median of 10): (fwd ms, fwd+bwd ms).
 const CASES: &[(usize, usize, usize, usize, f64, f64)] = &[
@@ -52,73 +54,6 @@ const CASES: &[(usize, usize, usize, usize, f64, f64)] = &[
 const BF16_FLOPS: f64 = 750e12;
 const FP32_FLOPS: f64 = 67e12;
 const COPY_BPS: f64 = 4.13e12;
-
-/// Deterministic pseudo-random normals (splitmix64 + Box-Muller), generated in parallel.
-fn normals(n: usize, seed: u64) -> Vec<f32> {
-    (0..n)
-        .into_par_iter()
-        .map(|i| {
-            let mix = |mut z: u64| {
-                z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
-                z ^ (z >> 31)
-            };
-            let a = mix(seed.wrapping_mul(0x9e3779b97f4a7c15) ^ (2 * i as u64));
-            let b = mix(a ^ 0x5851f42d4c957f2d);
-            let u1 = ((a >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-            let u2 = (b >> 11) as f64 / (1u64 << 53) as f64;
-            ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
-        })
-        .collect()
-}
-
-fn median(mut x: Vec<f32>) -> f64 {
-    x.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    x[x.len() / 2] as f64
-}
-
-/// Keep freed device memory in the pool (like PyTorch's caching allocator) so the timed runs do
-/// not measure the driver growing and trimming the pool.
-fn keep_pool(gpu: &Gpu) {
-    let ctx = gpu.stream().context();
-    // SAFETY: plain driver calls on the current device's default pool.
-    unsafe {
-        let mut pool = std::mem::MaybeUninit::uninit();
-        if sys::cuDeviceGetDefaultMemPool(pool.as_mut_ptr(), ctx.cu_device())
-            == sys::CUresult::CUDA_SUCCESS
-        {
-            let mut v: u64 = u64::MAX;
-            let _ = sys::cuMemPoolSetAttribute(
-                pool.assume_init(),
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                &mut v as *mut u64 as *mut std::ffi::c_void,
-            );
-        }
-    }
-}
-
-fn time_ms(gpu: &Arc<Gpu>, reps: usize, mut f: impl FnMut()) -> f64 {
-    let st = gpu.stream();
-    let ctx = st.context();
-    for _ in 0..2 {
-        f();
-    }
-    gpu.sync().unwrap();
-    let mut t = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let a = ctx
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .unwrap();
-        let b = ctx
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .unwrap();
-        a.record(st).unwrap();
-        f();
-        b.record(st).unwrap();
-        t.push(a.elapsed_ms(&b).unwrap());
-    }
-    median(t)
-}
 
 fn main() {
     let gpu = cuda::gpu(0).expect("a CUDA GPU");
@@ -169,8 +104,8 @@ fn main() {
             .unwrap();
             drop(r);
         };
-        let t_f = time_ms(&gpu, 10, fwd);
-        let t_fb = time_ms(&gpu, 10, || {
+        let t_f = time_ms(&gpu, 2, 10, fwd);
+        let t_fb = time_ms(&gpu, 2, 10, || {
             let (o, _) = forward_cuda(
                 &gpu, &q, &kk, &vv, &g, &beta, &seqs, shape, opts, None, false,
             )
@@ -353,7 +288,7 @@ fn chain(gpu: &Arc<Gpu>) {
             u: gpu.upload(&normals(c * 16 * warps, 14)).unwrap(),
             gam: gpu.upload(&gam).unwrap(),
         };
-        let ms = time_ms(gpu, 10, || {
+        let ms = time_ms(gpu, 2, 10, || {
             drop(chain6(gpu, &x, warps, output, STEPS).unwrap());
         });
         let s = gpu
@@ -423,7 +358,7 @@ fn variants(gpu: &Arc<Gpu>) {
         }
         for (kernel, two) in runs {
             set_v6_stages(if two { 2 } else { 0 });
-            let ms = time_ms(gpu, 10, || drop(fwd(gpu, &x, kernel)));
+            let ms = time_ms(gpu, 2, 10, || drop(fwd(gpu, &x, kernel)));
             let p = kernel_times(gpu, &x, kernel);
             let diff = if kernel == FwdKernel::V5 {
                 String::new()
@@ -516,7 +451,7 @@ fn bwd_variants(gpu: &Arc<Gpu>) {
         for kernel in kernels {
             gpu.sync().unwrap();
             gpu.reset_peak();
-            let ms = time_ms(gpu, 10, || drop(bwd_run(gpu, &x, &d_o, kernel)));
+            let ms = time_ms(gpu, 2, 10, || drop(bwd_run(gpu, &x, &d_o, kernel)));
             let peak = gpu.peak_bytes() as f64 / (1u64 << 30) as f64;
             gpu.sync().unwrap();
             profile_start();
@@ -618,12 +553,12 @@ fn prep_variants(gpu: &Arc<Gpu>) {
                 gpu.sync().unwrap();
                 fmt_times(&profile_take())
             };
-            let ms = time_ms(gpu, 10, prep);
+            let ms = time_ms(gpu, 2, 10, prep);
             println!(
                 "bench-prep | B{b} T{t} {hk}/{hv} | {kind:?} | prep alone | {ms:.3} | {}",
                 profile(&prep)
             );
-            let ms = time_ms(gpu, 10, || drop(fwdp(kind)));
+            let ms = time_ms(gpu, 2, 10, || drop(fwdp(kind)));
             let o = fwdp(kind).download().unwrap();
             let (mut num, mut den) = (0f64, 0f64);
             for (a, b) in o.iter().zip(&o6) {
@@ -636,7 +571,7 @@ fn prep_variants(gpu: &Arc<Gpu>) {
                 (num / den).sqrt(),
                 o.iter().all(|a| a.is_finite())
             );
-            let ms = time_ms(gpu, 10, bwdp);
+            let ms = time_ms(gpu, 2, 10, bwdp);
             println!(
                 "bench-prep | B{b} T{t} {hk}/{hv} | {kind:?} | v6 backward | {ms:.3} | {}",
                 profile(&bwdp)

@@ -9,39 +9,20 @@
 //!
 //! `cargo run --release --example bench_rule2` on a machine with a CUDA GPU.
 
-use std::sync::Arc;
+#[path = "common/bench.rs"]
+mod bench;
+use bench::*;
 
-use cudarc::driver::sys;
 use gdn::backend::launch::{profile_start, profile_take};
-use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
+use gdn::device::cuda::{self, DBuf, DType, GBuf};
 use gdn::ops::gdn2_rule::cuda::{backward, forward_with, Fwd};
 use gdn::ops::gdn2_rule::{RuleOpts, RuleShape};
 use gdn::testutil::rms_rel_err;
 use gdn::Seqs;
-use rayon::prelude::*;
 
 /// (B, T, Hk, Hv, FLA fwd ms, FLA fwd+bwd ms; 0 = not measured).
 const CASES: &[(usize, usize, usize, usize, f64, f64)] =
     &[(1, 32768, 16, 32, 4.80, 25.0), (8, 4096, 16, 16, 0.0, 0.0)];
-
-/// Deterministic pseudo-random normals (splitmix64 + Box-Muller), generated in parallel.
-fn normals(n: usize, seed: u64) -> Vec<f32> {
-    (0..n)
-        .into_par_iter()
-        .map(|i| {
-            let mix = |mut z: u64| {
-                z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
-                z ^ (z >> 31)
-            };
-            let a = mix(seed.wrapping_mul(0x9e3779b97f4a7c15) ^ (2 * i as u64));
-            let b = mix(a ^ 0x5851f42d4c957f2d);
-            let u1 = ((a >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-            let u2 = (b >> 11) as f64 / (1u64 << 53) as f64;
-            ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
-        })
-        .collect()
-}
 
 /// Uniform (0, 1) values from the same generator (the normal's CDF, logistic approximation).
 fn uniforms(n: usize, seed: u64) -> Vec<f32> {
@@ -49,53 +30,6 @@ fn uniforms(n: usize, seed: u64) -> Vec<f32> {
         .into_iter()
         .map(|z| 1.0 / (1.0 + (-1.702 * z).exp()))
         .collect()
-}
-
-fn median(mut x: Vec<f32>) -> f64 {
-    x.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    x[x.len() / 2] as f64
-}
-
-/// Keep freed device memory in the pool (like PyTorch's caching allocator).
-fn keep_pool(gpu: &Gpu) {
-    let ctx = gpu.stream().context();
-    // SAFETY: plain driver calls on the current device's default pool.
-    unsafe {
-        let mut pool = std::mem::MaybeUninit::uninit();
-        if sys::cuDeviceGetDefaultMemPool(pool.as_mut_ptr(), ctx.cu_device())
-            == sys::CUresult::CUDA_SUCCESS
-        {
-            let mut v: u64 = u64::MAX;
-            let _ = sys::cuMemPoolSetAttribute(
-                pool.assume_init(),
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                &mut v as *mut u64 as *mut std::ffi::c_void,
-            );
-        }
-    }
-}
-
-fn time_ms(gpu: &Arc<Gpu>, reps: usize, mut f: impl FnMut()) -> f64 {
-    let st = gpu.stream();
-    let ctx = st.context();
-    for _ in 0..2 {
-        f();
-    }
-    gpu.sync().unwrap();
-    let mut t = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let a = ctx
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .unwrap();
-        let b = ctx
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .unwrap();
-        a.record(st).unwrap();
-        f();
-        b.record(st).unwrap();
-        t.push(a.elapsed_ms(&b).unwrap());
-    }
-    median(t)
 }
 
 fn main() {
@@ -133,9 +67,9 @@ fn main() {
             .unwrap()
             .0
         };
-        let t_c = time_ms(&gpu, 5, || drop(run(Fwd::Chunked)));
-        let t_r = time_ms(&gpu, 3, || drop(run(Fwd::Recurrent)));
-        let t_fb = time_ms(&gpu, 3, || {
+        let t_c = time_ms(&gpu, 2, 5, || drop(run(Fwd::Chunked)));
+        let t_r = time_ms(&gpu, 2, 3, || drop(run(Fwd::Recurrent)));
+        let t_fb = time_ms(&gpu, 2, 3, || {
             let o = run(Fwd::Chunked);
             let gr = backward(
                 &gpu, &q, &k, &v, &g, &bb, &w, &seqs, shape, opts, None, &d_o, None,
