@@ -284,31 +284,11 @@ mod tests {
     use crate::dist::{run_grid, run_ranks};
     use crate::testutil::bits;
 
+    /// The trainer tests' small run (`train::tests::small`), 4 steps long.
     fn small() -> RunConfig {
-        RunConfig::from_toml_str(
-            r#"
-            [model]
-            hidden_size = 16
-            num_layers = 1
-            ffn_hidden_size = 32
-            linear_num_key_heads = 1
-            linear_num_value_heads = 2
-            linear_key_head_dim = 8
-            linear_value_head_dim = 8
-            [data]
-            seq_length = 16
-            batch_size = 8
-            num_kv_pairs = 4
-            key_vocab_size = 16
-            value_vocab_size = 16
-            eval_sequences = 32
-            [optimizer]
-            lr_warmup_iters = 2
-            [train]
-            train_iters = 4
-            "#,
-        )
-        .unwrap()
+        let mut c = crate::train::tests::small();
+        c.train.train_iters = 4;
+        c
     }
 
     type Run = (Vec<(String, Vec<u32>)>, Vec<(u64, u32, usize, usize)>);

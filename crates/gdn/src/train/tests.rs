@@ -21,7 +21,7 @@ fn tmpdir(tag: &str) -> PathBuf {
 }
 
 /// A small, fast run: MQAR with 4 pairs in 16 tokens, a 1-block model of width 16.
-fn small() -> RunConfig {
+pub(super) fn small() -> RunConfig {
     RunConfig::from_toml_str(
         r#"
         [model]
