@@ -300,28 +300,11 @@ where
     F: Fn(Arc<dyn Communicator>) -> Result<T> + Sync,
 {
     let group = InProc::group(n)?;
-    let f = &f;
-    let results: Vec<Result<T>> = std::thread::scope(|s| {
-        let handles: Vec<_> = group
-            .into_iter()
-            .map(|c| {
-                s.spawn(move || {
-                    c.enter();
-                    let c: Arc<dyn Communicator> = Arc::new(c);
-                    f(c)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(GdnError::Invalid("an in-process rank panicked".into()))
-                })
-            })
-            .collect()
-    });
-    results.into_iter().collect()
+    on_threads(group, |c| {
+        c.enter();
+        let c: Arc<dyn Communicator> = Arc::new(c);
+        f(c)
+    })
 }
 
 /// Run `f` on a `dp x cp` in-process grid ([`InProc::grid`]; one thread per rank, taking turns
@@ -333,21 +316,26 @@ where
     F: Fn(Grid) -> Result<T> + Sync,
 {
     let grid = InProc::grid(dp, cp)?;
+    on_threads(grid, |(d, c)| {
+        d.enter();
+        f(Grid {
+            dp: Arc::new(d),
+            cp: Arc::new(c),
+        })
+    })
+}
+
+/// `f` on one scoped thread per rank's item; the results in item order, the first error (lowest
+/// rank) if any failed, a panicking rank as an error.
+fn on_threads<I, T, F>(items: Vec<I>, f: F) -> Result<Vec<T>>
+where
+    I: Send,
+    T: Send,
+    F: Fn(I) -> Result<T> + Sync,
+{
     let f = &f;
     let results: Vec<Result<T>> = std::thread::scope(|s| {
-        let handles: Vec<_> = grid
-            .into_iter()
-            .map(|(d, c)| {
-                s.spawn(move || {
-                    d.enter();
-                    let g = Grid {
-                        dp: Arc::new(d),
-                        cp: Arc::new(c),
-                    };
-                    f(g)
-                })
-            })
-            .collect();
+        let handles: Vec<_> = items.into_iter().map(|x| s.spawn(move || f(x))).collect();
         handles
             .into_iter()
             .map(|h| {
