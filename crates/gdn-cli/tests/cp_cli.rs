@@ -4,18 +4,7 @@ mod common;
 use common::{expect_fail, gdn, ok, tmpdir};
 
 use gdn::io::read_tensors;
-
-/// max |a - b| / max |b|
-fn rel(a: &[f32], b: &[f32]) -> f64 {
-    let m = b
-        .iter()
-        .fold(0.0f64, |m, x| m.max(x.abs() as f64))
-        .max(1e-30);
-    a.iter()
-        .zip(b)
-        .fold(0.0f64, |e, (x, y)| e.max((*x as f64 - *y as f64).abs()))
-        / m
-}
+use gdn::testutil::max_rel_err_f32 as rel;
 
 #[test]
 fn layer_cp2_matches_cp1_and_rules_are_errors() {

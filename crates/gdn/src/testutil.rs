@@ -71,6 +71,11 @@ pub fn max_rel_err(a: &[f32], b: &[f64]) -> f64 {
     max_rel_err_at(a, b).0
 }
 
+/// [`max_rel_err`] against an f32 reference (e.g. another run of the engine).
+pub fn max_rel_err_f32(a: &[f32], b: &[f32]) -> f64 {
+    max_rel_err(a, &to_f64(b))
+}
+
 /// [`max_rel_err`] and the index of the worst element (0 when empty).
 pub fn max_rel_err_at(a: &[f32], b: &[f64]) -> (f64, usize) {
     assert_eq!(a.len(), b.len(), "max_rel_err: length mismatch");

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use gdn::device::cuda::{self, DBuf, DType};
 use gdn::dist::{cp as perm, run_ranks, Communicator};
 use gdn::layer::CpLayer;
+use gdn::testutil::max_rel_err_f32 as rel;
 use gdn::{Device, GatedDeltaNet, GdnConfig, Normalization, Seqs, Tensor, Variant};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -28,19 +29,6 @@ fn cfg(variant: Variant) -> GdnConfig {
 
 fn randv(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect()
-}
-
-/// max |a - b| / max |b|
-fn rel(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let m = b
-        .iter()
-        .fold(0.0f64, |m, x| m.max(x.abs() as f64))
-        .max(1e-30);
-    a.iter()
-        .zip(b)
-        .fold(0.0f64, |e, (x, y)| e.max((*x as f64 - *y as f64).abs()))
-        / m
 }
 
 fn rows_of(x: &[f32], h: usize, rows: &[std::ops::Range<usize>]) -> Vec<f32> {

@@ -283,6 +283,7 @@ mod tests {
     use super::*;
     use crate::dist::{run_grid, run_ranks};
     use crate::testutil::bits;
+    use crate::testutil::max_rel_err_f32 as rel;
 
     /// The trainer tests' small run (`train::tests::small`), 4 steps long.
     fn small() -> RunConfig {
@@ -372,18 +373,6 @@ mod tests {
             "#
         ))
         .unwrap()
-    }
-
-    /// max |a - b| / max |b|
-    fn rel(a: &[f32], b: &[f32]) -> f64 {
-        let m = b
-            .iter()
-            .fold(0.0f64, |m, x| m.max(x.abs() as f64))
-            .max(1e-30);
-        a.iter()
-            .zip(b)
-            .fold(0.0f64, |e, (x, y)| e.max((*x as f64 - *y as f64).abs()))
-            / m
     }
 
     /// CP = 2 and 4 inside the model (2 blocks) against CP = 1 on one batch: the same target

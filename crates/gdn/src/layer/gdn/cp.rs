@@ -573,6 +573,7 @@ mod tests {
     use super::*;
     use crate::config::RecomputeGranularity;
     use crate::dist::run_ranks;
+    use crate::testutil::max_rel_err_f32 as rel;
     use crate::testutil::{bits, normal, rng};
     use rand::Rng;
 
@@ -670,17 +671,6 @@ mod tests {
             dx: dx.into_vec(),
             grads,
         }
-    }
-
-    fn rel(a: &[f32], b: &[f32]) -> f64 {
-        let m = b
-            .iter()
-            .fold(0.0f64, |m, v| m.max(v.abs() as f64))
-            .max(1e-30);
-        a.iter()
-            .zip(b)
-            .fold(0.0f64, |e, (x, y)| e.max((*x as f64 - *y as f64).abs()))
-            / m
     }
 
     /// `y`, `dx` and every gradient of the CP run against the one-rank layer. The per-head and
