@@ -7,7 +7,9 @@
 //! `cargo run --release --example bench_rule` on a machine with a CUDA GPU.
 //!
 //! Modes (first argument):
-//! - none: the table above (the forward kernels `GDN_RULE_FWD` names, v6 by default);
+//! - none: the table above (the forward kernels `GDN_RULE_FWD` names, v6 by default), plus issue
+//!   13's packed row (6 sequences, 32768 tokens) and few-heads row (2 / 8 heads, T 32768) with the
+//!   tokens/s of each row against the first;
 //! - `chain`: the scan's latency floor: per chunk step, v6's chain kernel (one CTA, 512
 //!   dependent steps on resident operands, 1/2/4/8 warps, with and without the output
 //!   products), then one CTA of the real scans (v5 `gdr_scan_fwd16`, v6 `gdr_fwd6` with its
@@ -17,13 +19,12 @@
 //!   CUDA events, medians, per-kernel times, and v6's o against v5's (RMS relative difference);
 //! - `bwd`: v5 against the v6 backward pieces (`BwdKernel::V6`: both, each alone, every CTA
 //!   width) at the same two cases: backward alone (after one default forward), CUDA events,
-//!   medians, per-kernel times, peak device memory, and each gradient against v5's;
+//!   medians, per-kernel times, peak device memory, and each gradient against v5's; also
+//!   `gdr_grad7` (the default) against `gdr_grad6` (`GDN_RULE_BWD=v6`);
 //! - `prep`: the v6 pipeline's chunk prep, v6 (`gdr_l2norm2` x2 + `gdr_prep6` + `gdr_qk6`)
 //!   against prep7 (`gdr_prep7`, and `gdr_prep7f` without the hi/lo split) at the same two
 //!   cases: the prep alone, the v6 forward and the v6 backward with each, medians of 10,
 //!   per-kernel times, o against the v6 prep's.
-//!   medians, per-kernel times, peak device memory, and each gradient against v5's; also
-//!   `gdr_grad7` (GDN_RULE_BWD=v7) against `gdr_grad6`.
 
 #[path = "common/bench.rs"]
 mod bench;
@@ -50,6 +51,55 @@ const CASES: &[(usize, usize, usize, usize, f64, f64)] = &[
     (16, 2048, 16, 16, 1.45, 4.54),
 ];
 
+/// Issue 13's other two rows (no FLA figure): packed sequences of these lengths (32768 tokens,
+/// 16 key / 32 value heads), and few heads over a long sequence (B1 T32768, 2 key / 8 value heads;
+/// target: >= 60% of the first row's tokens/s).
+const PACKED_LENS: &[usize] = &[4096, 1000, 7000, 333, 12000, 8339];
+const FEW_HEADS: (usize, usize, usize, usize) = (1, 32768, 2, 8);
+
+/// One row of the table: the batch layout, its label and FLA's figures when known.
+struct Case {
+    label: String,
+    seqs: Seqs,
+    hk: usize,
+    hv: usize,
+    fla: Option<(f64, f64)>,
+}
+
+fn cases() -> Vec<Case> {
+    let mut v: Vec<Case> = CASES
+        .iter()
+        .map(|&(b, t, hk, hv, f, fb)| Case {
+            label: format!("B{b} T{t} {hk}/{hv}"),
+            seqs: Seqs::uniform(b, t),
+            hk,
+            hv,
+            fla: Some((f, fb)),
+        })
+        .collect();
+    let mut cu = vec![0u64];
+    for &l in PACKED_LENS {
+        cu.push(cu.last().unwrap() + l as u64);
+    }
+    let tokens = *cu.last().unwrap() as usize;
+    v.push(Case {
+        label: format!("packed {PACKED_LENS:?} 16/32").replace(' ', ""),
+        seqs: Seqs::packed(&cu, tokens).unwrap(),
+        hk: 16,
+        hv: 32,
+        fla: None,
+    });
+    let (b, t, hk, hv) = FEW_HEADS;
+    v.push(Case {
+        label: format!("B{b} T{t} {hk}/{hv}"),
+        seqs: Seqs::uniform(b, t),
+        hk,
+        hv,
+        fla: None,
+    });
+    v
+}
+
 /// Measured ceilings of the H200 (2026-11-30): bf16 dense matmul, and device copy bandwidth.
 const BF16_FLOPS: f64 = 750e12;
 const FP32_FLOPS: f64 = 67e12;
@@ -74,9 +124,17 @@ fn main() {
     println!(
         "bench-rule | case | ours fwd ms | FLA fwd ms | ours/FLA | ours fwd+bwd ms | FLA fwd+bwd ms | ours/FLA | floor fwd bf16-MMA/fp32-core/bytes ms | floor fwd+bwd bf16-MMA/fp32-core/bytes ms"
     );
-    for &(b, t, hk, hv, fla_f, fla_fb) in CASES {
-        let tokens = b * t;
-        let seqs = Seqs::uniform(b, t);
+    // Tokens x value heads per ms of fwd+bwd of the first row, for the few-heads row's ratio.
+    let mut first_rate = None;
+    for Case {
+        label,
+        seqs,
+        hk,
+        hv,
+        fla,
+    } in cases()
+    {
+        let tokens = seqs.tokens();
         let shape = RuleShape { hk, hv, dk, dv };
         let opts = RuleOpts {
             scale: 1.0 / (dk as f32).sqrt(),
@@ -126,10 +184,14 @@ fn main() {
         let bwd_bytes = 2.0 * qk_b + 3.0 * v_b + 2.0 * gb_b;
         let fl_f = fwd_flop * th;
         let fl_fb = (fwd_flop + bwd_flop) * th;
+        let ratio = |ours: f64, theirs: Option<f64>| match theirs {
+            Some(x) => (format!("{x:.2}"), format!("{:.2}", ours / x)),
+            None => ("n/a".to_string(), "n/a".to_string()),
+        };
+        let (fla_f, r_f) = ratio(t_f, fla.map(|x| x.0));
+        let (fla_fb, r_fb) = ratio(t_fb, fla.map(|x| x.1));
         println!(
-            "bench-rule | B{b} T{t} {hk}/{hv} | {t_f:.2} | {fla_f:.2} | {:.2} | {t_fb:.2} | {fla_fb:.2} | {:.2} | {:.3}/{:.2}/{:.3} | {:.3}/{:.2}/{:.3}",
-            t_f / fla_f,
-            t_fb / fla_fb,
+            "bench-rule | {label} | {t_f:.2} | {fla_f} | {r_f} | {t_fb:.2} | {fla_fb} | {r_fb} | {:.3}/{:.2}/{:.3} | {:.3}/{:.2}/{:.3}",
             fl_f / BF16_FLOPS * 1e3,
             fl_f / FP32_FLOPS * 1e3,
             fwd_bytes / COPY_BPS * 1e3,
@@ -137,8 +199,16 @@ fn main() {
             fl_fb / FP32_FLOPS * 1e3,
             (fwd_bytes + bwd_bytes) / COPY_BPS * 1e3,
         );
+        // Tokens/s (fwd+bwd) against the first row's: issue 13's few-heads target is >= 60%.
+        let rate = tokens as f64 / t_fb;
+        let first = *first_rate.get_or_insert(rate);
         println!(
-            "bench-rule-mem | B{b} T{t} {hk}/{hv} | peak device bytes {:.2} GiB",
+            "bench-rule-rate | {label} | {:.1} M tokens/s fwd+bwd | {:.0}% of the first row's",
+            rate / 1e3,
+            100.0 * rate / first
+        );
+        println!(
+            "bench-rule-mem | {label} | peak device bytes {:.2} GiB",
             gpu.peak_bytes() as f64 / (1u64 << 30) as f64
         );
         gpu.reset_peak();
@@ -158,10 +228,7 @@ fn main() {
             .iter()
             .map(|(n, ms, c)| format!("{n}={ms:.2}ms/{c}"))
             .collect();
-        println!(
-            "bench-rule-kernels | B{b} T{t} {hk}/{hv} | {}",
-            line.join(" ")
-        );
+        println!("bench-rule-kernels | {label} | {}", line.join(" "));
     }
 }
 
