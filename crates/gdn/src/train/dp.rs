@@ -349,14 +349,18 @@ mod tests {
     }
 
     fn cp_cfg(seq: usize) -> RunConfig {
+        cp_cfg_heads(seq, 4, 8)
+    }
+
+    fn cp_cfg_heads(seq: usize, hk: usize, hv: usize) -> RunConfig {
         RunConfig::from_toml_str(&format!(
             r#"
             [model]
             hidden_size = 16
             num_layers = 2
             ffn_hidden_size = 32
-            linear_num_key_heads = 4
-            linear_num_value_heads = 8
+            linear_num_key_heads = {hk}
+            linear_num_value_heads = {hv}
             linear_key_head_dim = 8
             linear_value_head_dim = 8
             [data]
@@ -440,6 +444,68 @@ mod tests {
             assert_eq!((x.count, x.correct), (y.count, y.correct));
             let e = (x.loss_sum - y.loss_sum).abs() / y.loss_sum.abs();
             assert!(e <= 1e-5, "cp 2 x dp 2 vs dp 2: loss rel err {e:e}");
+        }
+    }
+
+    /// Issue 18's layouts in process (no 4- or 8-GPU machine is lent): CP = 8 inside the model
+    /// (8 key heads, one per rank) against CP = 1 on one batch, and CP x DP = 4 x 2 (8 ranks)
+    /// through the trainer against DP = 2 for 3 steps, within
+    /// `context_parallel_model_equals_one_rank`'s bounds.
+    #[test]
+    fn context_parallel_8_and_grid_4_by_2_equal_fewer_ranks() {
+        let cfg = cp_cfg_heads(16, 8, 8);
+        let t = Trainer::new(&cfg).unwrap();
+        let batch = t.data.train_batch(1);
+        let (st, saved) = t.model.forward(&batch).unwrap();
+        let want = t.model.backward(saved).unwrap();
+        let got = run_grid(1, 8, |g| {
+            let mut t = Trainer::new(&cfg)?;
+            t.set_parallel(Parallel {
+                cp: Some(g.cp.clone()),
+                ..Default::default()
+            })?;
+            let (st, saved) = t.model.forward(&batch)?;
+            Ok((st, t.model.backward(saved)?))
+        })
+        .unwrap();
+        for (st2, g) in &got {
+            assert_eq!((st2.count, st2.correct), (st.count, st.correct));
+            let e = (st2.loss_sum - st.loss_sum).abs() / st.loss_sum.abs();
+            assert!(e <= 1e-6, "cp 8: loss rel err {e:e}");
+            for ((n, a), (_, b)) in g.iter().zip(got[0].1.iter()) {
+                assert_eq!(
+                    bits(a.data()),
+                    bits(b.data()),
+                    "cp 8: {n} differs across ranks"
+                );
+            }
+        }
+        for ((n, a), (_, b)) in got[0].1.iter().zip(want.iter()) {
+            let e = rel(a.data(), b.data());
+            assert!(e <= 1e-5, "cp 8: {n} rel err {e:e}");
+        }
+        let losses = |dp: usize, cp: usize| {
+            run_grid(dp, cp, |g| {
+                let mut t = Trainer::new(&cfg)?;
+                t.set_parallel(Parallel {
+                    comm: Some(g.dp.clone()),
+                    cp: Some(g.cp.clone()),
+                    ..Default::default()
+                })?;
+                (0..3)
+                    .map(|_| t.step().map(|s| s.loss))
+                    .collect::<Result<Vec<_>>>()
+            })
+            .unwrap()
+        };
+        let (a, b) = (losses(2, 4), losses(2, 1));
+        for r in &a {
+            assert_eq!(r, &a[0], "every rank has the whole batch's statistics");
+        }
+        for (x, y) in a[0].iter().zip(&b[0]) {
+            assert_eq!((x.count, x.correct), (y.count, y.correct));
+            let e = (x.loss_sum - y.loss_sum).abs() / y.loss_sum.abs();
+            assert!(e <= 1e-5, "cp 4 x dp 2 vs dp 2: loss rel err {e:e}");
         }
     }
 

@@ -734,6 +734,35 @@ mod tests {
         }
     }
 
+    /// CP = 8 in process (issue 18's layouts on the CPU while no 8-GPU machine is lent): 8 key /
+    /// 16 value heads (one key head per rank), uniform and packed batches whose sequence lengths
+    /// are multiples of 2 x 8, GDN and GDN2, against the one-rank layer within `check_close`'s
+    /// bound; CP = 4 on the same layer for comparison.
+    #[test]
+    fn cp_8_equals_one_rank_gdn_and_gdn2_uniform_and_packed() {
+        for variant in [Variant::Gdn, Variant::Gdn2] {
+            let c = GdnConfig {
+                linear_num_key_heads: 8,
+                linear_num_value_heads: 16,
+                ..cfg(variant, Normalization::RMSNorm)
+            };
+            let l = layer(&c, 9);
+            for seqs in [
+                Seqs::uniform(2, 16),
+                Seqs::packed(&[0, 16, 48, 64], 64).unwrap(),
+            ] {
+                let (x, dy) = batch(&seqs, c.hidden_size, 13);
+                let want = reference(&l, &x, &dy, &seqs);
+                for cp in [4, 8] {
+                    let got = run_cp(&l, &x, &dy, &seqs, cp).unwrap();
+                    let what = format!("{variant:?} {seqs:?} cp {cp}");
+                    let e = check_close(&got, &want, &what);
+                    eprintln!("{what}: max rel err {e:e}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn cp_recompute_options_are_bitwise_equal_to_keeping() {
         let seqs = Seqs::packed(&[0, 8, 24], 24).unwrap();
