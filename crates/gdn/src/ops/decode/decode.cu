@@ -251,6 +251,14 @@ __device__ __forceinline__ void dec_body(float (&s)[R][C], TS* __restrict__ S, c
     const long long row = it.row;
     const int h = it.h;
     const long long orow = (row * hv + h) * dv;
+    // The item's scalars and this thread's value column, loaded now (beside the state tile's and
+    // q/k's loads) rather than after the barriers below, where each would be one more dependent
+    // round trip in the block's chain: GDN's decay g and beta, v and GDN2's w of column tid.
+    const float g_h = gdn2 ? 0.f : g[row * hv + h];
+    const int my_col = it.tile * BV + tid;
+    const bool has_col = tid < BV && my_col < dv;
+    const float v_c = has_col ? v[orow + my_col] : 0.f;
+    const float bw_c = has_col ? (gdn2 ? w[orow + my_col] : bb[row * hv + h]) : 0.f;
     // 2. q, k of the key head (and GDN2's per-channel decay) into shared memory.
     const int kh = h / (hv / hk);
     const long long kb = (row * hk + kh) * dk;
@@ -287,7 +295,7 @@ __device__ __forceinline__ void dec_body(float (&s)[R][C], TS* __restrict__ S, c
     for (int c = tid; c < dk; c += DEC_THREADS) sm.skb[c] = gdn2 ? bb[kb + c] * sm.sk[c] : sm.sk[c];
     __syncthreads();
     // 4. Decay, and the partial sums of S'^T (k or b k) and S'^T q over this thread's rows.
-    const float a_h = gdn2 ? 1.f : expf(g[row * hv + h]);
+    const float a_h = gdn2 ? 1.f : expf(g_h);
     float pp[C], pq[C];
 #pragma unroll
     for (int j = 0; j < C; ++j) {
@@ -321,12 +329,10 @@ __device__ __forceinline__ void dec_body(float (&s)[R][C], TS* __restrict__ S, c
             p += sm.red_p[t][tid];
             qq += sm.red_q[t][tid];
         }
-        const int col = it.tile * BV + tid;
         float u = 0.f;
-        if (col < dv) {
-            const float vv = v[orow + col];
-            u = gdn2 ? w[orow + col] * vv - p : bb[row * hv + h] * (vv - p);
-            st(o, orow + col, scale * (qq + u * sm.sred[2]));
+        if (has_col) {
+            u = gdn2 ? bw_c * v_c - p : bw_c * (v_c - p);
+            st(o, orow + my_col, scale * (qq + u * sm.sred[2]));
         }
         sm.su[tid] = u;
     }
