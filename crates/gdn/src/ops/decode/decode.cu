@@ -157,7 +157,7 @@ template <int C>
 struct DecSmem {
     float sk[DEC_MAXDK], sq[DEC_MAXDK], skb[DEC_MAXDK], sa[DEC_MAXDK];
     float red_p[16][8 * C], red_q[16][8 * C];
-    float su[8 * C], sred[3];
+    float su[8 * C];
 };
 
 // 16-byte (or 8-byte) vector accesses of C consecutive state values.
@@ -266,34 +266,27 @@ __device__ __forceinline__ void dec_body(float (&s)[R][C], TS* __restrict__ S, c
         sm.sq[c] = q[kb + c];
         sm.sk[c] = k[kb + c];
         sm.sa[c] = gdn2 ? expf(g[kb + c]) : 0.f;
+        if (gdn2) sm.skb[c] = bb[kb + c];
     }
     __syncthreads();
-    const int wid = tid >> 5, lane = tid & 31;
+    // 3. The l2 norms' reciprocals and k.q, each computed by every warp from shared memory
+    // (lane-strided sums, then the xor butterfly: every lane of every warp holds the same bits),
+    // so no barrier is needed after them; normalized values are formed where they are read
+    // (x * r, the same rounding as storing them normalized). Without the in-kernel norm r = 1.
+    const int lane = tid & 31;
+    float rk = 1.f, rq = 1.f;
     if (l2norm) {
-        // Warp 0: sum k^2, warp 1: sum q^2, lane-strided then the fixed butterfly.
-        if (wid < 2) {
-            const float* x = wid == 0 ? sm.sk : sm.sq;
-            float acc = 0.f;
-            for (int c = lane; c < dk; c += 32) acc += x[c] * x[c];
-            acc = warp_sum(acc);
-            if (lane == 0) sm.sred[wid] = 1.f / sqrtf(acc + 1e-6f);
+        float ak = 0.f, aq = 0.f;
+        for (int c = lane; c < dk; c += 32) {
+            ak += sm.sk[c] * sm.sk[c];
+            aq += sm.sq[c] * sm.sq[c];
         }
-        __syncthreads();
-        for (int c = tid; c < dk; c += DEC_THREADS) {
-            sm.sk[c] *= sm.sred[0];
-            sm.sq[c] *= sm.sred[1];
-        }
-        __syncthreads();
+        rk = 1.f / sqrtf(warp_sum(ak) + 1e-6f);
+        rq = 1.f / sqrtf(warp_sum(aq) + 1e-6f);
     }
-    // 3. k.q (warp 0) and the key the prediction reads (GDN2: b k).
-    if (wid == 0) {
-        float acc = 0.f;
-        for (int c = lane; c < dk; c += 32) acc += sm.sk[c] * sm.sq[c];
-        acc = warp_sum(acc);
-        if (lane == 0) sm.sred[2] = acc;
-    }
-    for (int c = tid; c < dk; c += DEC_THREADS) sm.skb[c] = gdn2 ? bb[kb + c] * sm.sk[c] : sm.sk[c];
-    __syncthreads();
+    float kq = 0.f;
+    for (int c = lane; c < dk; c += 32) kq += (sm.sk[c] * rk) * (sm.sq[c] * rq);
+    kq = warp_sum(kq);
     // 4. Decay, and the partial sums of S'^T (k or b k) and S'^T q over this thread's rows.
     const float a_h = gdn2 ? 1.f : expf(g_h);
     float pp[C], pq[C];
@@ -306,7 +299,8 @@ __device__ __forceinline__ void dec_body(float (&s)[R][C], TS* __restrict__ S, c
     for (int i = 0; i < R; ++i) {
         const int r = ty + 16 * i;
         if (r < dk) {
-            const float a = gdn2 ? sm.sa[r] : a_h, kr = sm.skb[r], qr = sm.sq[r];
+            const float kn = sm.sk[r] * rk;
+            const float a = gdn2 ? sm.sa[r] : a_h, kr = gdn2 ? sm.skb[r] * kn : kn, qr = sm.sq[r] * rq;
 #pragma unroll
             for (int j = 0; j < C; ++j) {
                 s[i][j] *= a;
@@ -332,7 +326,7 @@ __device__ __forceinline__ void dec_body(float (&s)[R][C], TS* __restrict__ S, c
         float u = 0.f;
         if (has_col) {
             u = gdn2 ? bw_c * v_c - p : bw_c * (v_c - p);
-            st(o, orow + my_col, scale * (qq + u * sm.sred[2]));
+            st(o, orow + my_col, scale * (qq + u * kq));
         }
         sm.su[tid] = u;
     }
@@ -343,7 +337,7 @@ __device__ __forceinline__ void dec_body(float (&s)[R][C], TS* __restrict__ S, c
     for (int i = 0; i < R; ++i) {
         const int r = ty + 16 * i;
         if (r >= dk) continue;
-        const float kr = sm.sk[r];
+        const float kr = sm.sk[r] * rk;
 #pragma unroll
         for (int j = 0; j < C; ++j) s[i][j] += kr * sm.su[tx * C + j];
         if (vec) {
