@@ -73,7 +73,7 @@ fn rule_row(gpu: &Arc<Gpu>, b: usize, hk: usize, hv: usize, kernel: Option<RuleK
     let dslots = gpu.upload(&slots).unwrap();
     let mut o = DBuf::uninit(gpu, b * hv * dv, DType::Bf16).unwrap();
     let scale = 1.0 / (dk as f32).sqrt();
-    let k = kernel.unwrap_or_else(|| decode::cuda::default_kernel(b, &s, sd));
+    let k = kernel.unwrap_or_else(|| decode::cuda::default_kernel(&s, sd));
     let ms = time_ms(gpu, 3, REPS, || {
         decode::cuda::rule_with(&x, &mut state, &dslots, b, s, scale, &mut o, k).unwrap();
     });

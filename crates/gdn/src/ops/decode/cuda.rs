@@ -248,11 +248,12 @@ pub enum RuleKernel {
     Pipe { grid: Option<usize> },
 }
 
-/// The kernel [`rule`] runs for `n` rows: `GDN_DECODE_KERNEL` = `pipe`, `tile4` or `tile8` when
+/// The kernel [`rule`] runs: `GDN_DECODE_KERNEL` = `pipe`, `tile4` or `tile8` when
 /// set (and the kernel takes the shape), else (`GDN_DECODE_COLS` = 4 or 8 picks the tile width)
-/// 8 columns per thread from `n Hv >= 2048` rows x heads (the H200 measurements: 8 columns
-/// faster at B 64 and 256 with 32 heads, 4 at B 64 with 16), 4 below; bf16 states always 8.
-pub fn default_kernel(n: usize, s: &DecodeShape, state: DType) -> RuleKernel {
+/// 4 columns per thread for fp32 states (the H200, 2026-12-01, after the block's chain was
+/// shortened: 4 columns faster at every batch measured, 80.8 vs 82.8 us at B 64 and 284.6 vs
+/// 288.9 us at B 256 with 16/32 heads; 8 had been faster before); bf16 states always 8.
+pub fn default_kernel(s: &DecodeShape, state: DType) -> RuleKernel {
     let pipe_ok = state == DType::F32 && s.dk <= 128;
     match std::env::var("GDN_DECODE_KERNEL").as_deref() {
         Ok("pipe") if pipe_ok => return RuleKernel::Pipe { grid: None },
@@ -265,8 +266,6 @@ pub fn default_kernel(n: usize, s: &DecodeShape, state: DType) -> RuleKernel {
     }
     let cols = match std::env::var("GDN_DECODE_COLS").as_deref() {
         Ok("8") => 8,
-        Ok("4") => 4,
-        _ if n.saturating_mul(s.hv) >= 2048 => 8,
         _ => 4,
     };
     RuleKernel::Tile { cols }
@@ -283,7 +282,7 @@ pub fn rule(
     scale: f32,
     o: &mut DBuf,
 ) -> Result<()> {
-    let k = default_kernel(slots.len(), &s, state.dtype());
+    let k = default_kernel(&s, state.dtype());
     rule_with(x, state, slots, nslots, s, scale, o, k)
 }
 
