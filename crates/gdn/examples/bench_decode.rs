@@ -9,12 +9,14 @@
 //!    the rule, gated norm, out_proj GEMM) at B = 1, 8, 64, 256, hidden 2048 (Qwen3-Next's
 //!    layer), bf16, as a CUDA graph and op by op, fp32 states (and bf16 states at B 64 and 256),
 //!    against its byte floor (state read + written, both projection weights read once), with the
-//!    split by kernel of the op-by-op step at B 64;
+//!    split by kernel of the op-by-op step at B 1 and 64;
 //! 3. prefill of 8 x 4096 tokens (`extend_slots_dev`, fresh) against the layer's device-resident
 //!    training forward (`forward_dev`) on the same input.
 //!
 //! Prints one JSON line per row too (prefix `json:`), for scripts. `cargo run --release --example
-//! bench_decode` on a machine with a CUDA GPU; `bench_decode rule` runs part 1 only.
+//! bench_decode` on a machine with a CUDA GPU; `bench_decode rule` runs part 1 only;
+//! `bench_decode step B` the layer's decode step at batch B only (op by op with its split, then
+//! as a graph), for `ncu`.
 
 #[path = "common/bench.rs"]
 mod bench;
@@ -165,7 +167,7 @@ fn layer_rows(gpu: &Arc<Gpu>) {
     let h = cfg.hidden_size;
     for b in [1usize, 8, 64, 256] {
         layer_step(gpu, &l, b, true, DType::F32, false);
-        layer_step(gpu, &l, b, false, DType::F32, b == 64);
+        layer_step(gpu, &l, b, false, DType::F32, b == 1 || b == 64);
     }
     for b in [64usize, 256] {
         layer_step(gpu, &l, b, true, DType::Bf16, false);
@@ -200,6 +202,19 @@ fn layer_rows(gpu: &Arc<Gpu>) {
 fn main() {
     let gpu = cuda::gpu(0).expect("a CUDA GPU");
     println!("{gpu:?}");
+    // `bench_decode step B`: the layer's decode step at batch B alone, op by op with the
+    // per-op split (for ncu / the profile marks).
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("step") {
+        let b: usize = args.get(2).and_then(|b| b.parse().ok()).unwrap_or(64);
+        let l = GatedDeltaNet::new(&qwen3_next(), 1)
+            .unwrap()
+            .to_device(Device::Cuda(0), DType::Bf16)
+            .unwrap();
+        layer_step(&gpu, &l, b, false, DType::F32, true);
+        layer_step(&gpu, &l, b, true, DType::F32, false);
+        return;
+    }
     let kernels = [
         Some(RuleKernel::Tile { cols: 4 }),
         Some(RuleKernel::Tile { cols: 8 }),
