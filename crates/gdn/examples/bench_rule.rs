@@ -7,24 +7,29 @@
 //! `cargo run --release --example bench_rule` on a machine with a CUDA GPU.
 //!
 //! Modes (first argument):
-//! - none: the table above (the forward kernels `GDN_RULE_FWD` names, v6 by default), plus issue
-//!   13's packed row (6 sequences, 32768 tokens) and few-heads row (2 / 8 heads, T 32768) with the
-//!   tokens/s of each row against the first;
+//! - none: the table above with the kernels `cuda::forward` / `cuda::backward` run, which the
+//!   environment names (printed first): by default (since 2026-12-02) prep7 (`gdr_prep7`), the
+//!   v6 forward with the lean loads (`gdr_fwd6l*`) and the v6 backward with `gdr_grad7`;
+//!   `GDN_RULE_PREP=v6 GDN_RULE_FWD=v6` gives the defaults before that (v6's prep, the first
+//!   cp.async loads). Plus issue 13's packed row (6 sequences, 32768 tokens) and few-heads row
+//!   (2 / 8 heads, T 32768) with the tokens/s of each row against the first;
 //! - `chain`: the scan's latency floor: per chunk step, v6's chain kernel (one CTA, 512
 //!   dependent steps on resident operands, 1/2/4/8 warps, with and without the output
 //!   products), then one CTA of the real scans (v5 `gdr_scan_fwd16`, v6 `gdr_fwd6` with its
 //!   loads and output: cp.async, bulk copies, and without reloads) on a single 32768-token head;
-//! - `variants`: v5 against v6 forward (every CTA width, cp.async and bulk-copy loads) at B1
-//!   T32768 16/32 and B8 T4096 16/16,
-//!   CUDA events, medians, per-kernel times, and v6's o against v5's (RMS relative difference);
+//! - `variants`: v5 against v6 forward (every CTA width, cp.async, lean cp.async and bulk-copy
+//!   loads) at B1 T32768 16/32 and B8 T4096 16/16, v6's chunk prep the one `GDN_RULE_PREP`
+//!   names (prep7 by default), CUDA events, medians, per-kernel times, and v6's o against v5's
+//!   (RMS relative difference);
 //! - `bwd`: v5 against the v6 backward pieces (`BwdKernel::V6`: both, each alone, every CTA
 //!   width) at the same two cases: backward alone (after one default forward), CUDA events,
 //!   medians, per-kernel times, peak device memory, and each gradient against v5's; also
-//!   `gdr_grad7` (the default) against `gdr_grad6` (`GDN_RULE_BWD=v6`);
+//!   `gdr_grad7` (the default) against `gdr_grad6` (`GDN_RULE_BWD=v6`); the recompute's prep is
+//!   `GDN_RULE_PREP`'s (prep7 by default);
 //! - `prep`: the v6 pipeline's chunk prep, v6 (`gdr_l2norm2` x2 + `gdr_prep6` + `gdr_qk6`)
 //!   against prep7 (`gdr_prep7`, and `gdr_prep7f` without the hi/lo split) at the same two
-//!   cases: the prep alone, the v6 forward and the v6 backward with each, medians of 10,
-//!   per-kernel times, o against the v6 prep's.
+//!   cases: the prep alone, the v6 forward (first cp.async loads) and the v6 backward with each,
+//!   medians of 10, per-kernel times, o against the v6 prep's.
 
 #[path = "common/bench.rs"]
 mod bench;
@@ -116,6 +121,15 @@ fn main() {
         Some("prep") => return prep_variants(&gpu),
         _ => {}
     }
+    println!(
+        "bench-rule-kernels-used | prep {:?} | forward {:?} | backward {:?} (GDN_RULE_PREP={:?}, GDN_RULE_FWD={:?}, GDN_RULE_BWD={:?})",
+        PrepKernel::from_env(),
+        FwdKernel::from_env(),
+        BwdKernel::from_env(),
+        std::env::var("GDN_RULE_PREP").ok(),
+        std::env::var("GDN_RULE_FWD").ok(),
+        std::env::var("GDN_RULE_BWD").ok(),
+    );
     let (dk, dv) = (128usize, 128usize);
     let (c, k, v) = (CHUNK as f64, dk as f64, dv as f64);
     // MACs per token per value head (reference/fla-gated-delta-rule.md 7.5), as FLOPs.

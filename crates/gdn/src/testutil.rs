@@ -106,6 +106,97 @@ pub fn rms_rel_err(a: &[f32], b: &[f64]) -> f64 {
     }
 }
 
+/// [`rms_rel_err`] between two f64 vectors (`a` against the reference `b`).
+pub fn rms_rel_err_f64(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len(), "rms_rel_err_f64: length mismatch");
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| y * y).sum();
+    let e = num.sqrt() / den.sqrt().max(TINY);
+    if e.is_nan() {
+        f64::INFINITY
+    } else {
+        e
+    }
+}
+
+/// The unit roundoff of bf16 (8 significant bits): rounding to bf16 moves a value by at most
+/// this fraction of itself. The size of the perturbations of [`conditioning_floors`].
+pub const BF16_UNIT_ROUNDOFF: f64 = 1.0 / 256.0;
+
+/// The seeds of the perturbations behind the GPU tests' conditioned tolerances (the floor is the
+/// largest change over them).
+pub const CONDITIONING_SEEDS: [u64; 3] = [0x5eed_0001, 0x5eed_0002, 0x5eed_0003];
+
+/// `x` with every element multiplied by `1 + d`, `d` uniform in `[-rel, rel]`: a random relative
+/// perturbation of the size of a rounding (`rel` = [`BF16_UNIT_ROUNDOFF`] for bf16).
+pub fn perturb_rel(rng: &mut impl Rng, x: &[f64], rel: f64) -> Vec<f64> {
+    x.iter()
+        .map(|&a| a * (1.0 + rel * rng.gen_range(-1.0..=1.0)))
+        .collect()
+}
+
+/// Conditioning floors of an f64 reference's outputs: for each seed, `run(seed)` recomputes
+/// every output of the reference from inputs perturbed by that seed (see [`perturb_rel`]); the
+/// floor of an output is the largest RMS-relative change ([`rms_rel_err_f64`]) from `base` (the
+/// unperturbed outputs, same names and order) over the seeds. It says how far the exact answer
+/// moves when the inputs are rounded (to bf16, say) alone, so no kernel that stores those inputs
+/// at that precision can be held closer to the reference than about that: a bf16 comparison
+/// checks against [`conditioned_tol`]`(base tolerance, floor)`. Well-conditioned outputs have
+/// floors far below the bf16 tolerances; an output that is a near-cancelling sum (e.g. a
+/// one-token dq summed over value heads) has a large one. Computed by the reference only, never
+/// by the code under test. The seeds run on threads of their own.
+pub fn conditioning_floors<F>(
+    base: &[(&'static str, Vec<f64>)],
+    seeds: &[u64],
+    run: F,
+) -> Vec<(&'static str, f64)>
+where
+    F: Fn(u64) -> Vec<(&'static str, Vec<f64>)> + Sync,
+{
+    let runs: Vec<Vec<(&'static str, Vec<f64>)>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = seeds
+            .iter()
+            .map(|&seed| {
+                let run = &run;
+                sc.spawn(move || run(seed))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("conditioning run panicked"))
+            .collect()
+    });
+    base.iter()
+        .enumerate()
+        .map(|(i, (name, b))| {
+            let floor = runs.iter().fold(0.0f64, |m, r| {
+                assert_eq!(r[i].0, *name, "conditioning_floors: outputs out of order");
+                m.max(rms_rel_err_f64(&r[i].1, b))
+            });
+            (*name, floor)
+        })
+        .collect()
+}
+
+/// The tolerance of a bf16 comparison against the f64 reference: the fixed `base` tolerance,
+/// widened to the output's conditioning `floor` ([`conditioning_floors`]) where that is larger.
+pub fn conditioned_tol(base: f64, floor: f64) -> f64 {
+    base.max(floor)
+}
+
+/// One `gradient_conditioning` log line: the case, then per output its base tolerance, its floor
+/// and, where the floor is above the base, `widened`.
+pub fn conditioning_line(case: &str, rows: &[(&str, f64, f64)]) -> String {
+    let mut line = format!("gradient_conditioning {case:<34}");
+    for (name, base, floor) in rows {
+        line += &format!(" {name}: base {base:.1e} floor {floor:.2e}");
+        if floor > base {
+            line += " widened";
+        }
+        line += ";";
+    }
+    line
+}
+
 /// Panic unless `max_rel_err(got, want) <= tol`; the message names the tensor, the error, the
 /// worst index and both values there. Returns the error (for reporting).
 #[track_caller]
@@ -186,6 +277,39 @@ mod tests {
         assert_eq!(rms_rel_err(&[f32::NAN], &[1.0]), f64::INFINITY);
         assert!((rms_rel_err(&[3.0, 0.0], &[0.0, 4.0]) - 1.25).abs() < 1e-12);
         assert!(std::panic::catch_unwind(|| assert_close("x", &[1.0], &[2.0], 0.1)).is_err());
+    }
+
+    #[test]
+    fn conditioning_floors_see_cancellation() {
+        let u = BF16_UNIT_ROUNDOFF;
+        let x: Vec<f64> = (1..=1000).map(|i| i as f64 * 0.01).collect();
+        let p = perturb_rel(&mut rng(1), &x, u);
+        assert!(p.iter().zip(&x).all(|(a, b)| (a / b - 1.0).abs() <= u));
+        assert!(p.iter().zip(&x).filter(|(a, b)| a != b).count() > 990);
+        // s = x0 + x1: no cancellation (1 + 1), then cancellation to 1/100 (1 - 0.99).
+        let floor = |x0: f64, x1: f64| {
+            let base = [("s", vec![x0 + x1]), ("x0", vec![x0])];
+            conditioning_floors(&base, &CONDITIONING_SEEDS, |seed| {
+                let p = perturb_rel(&mut rng(seed), &[x0, x1], u);
+                vec![("s", vec![p[0] + p[1]]), ("x0", vec![p[0]])]
+            })
+        };
+        let well = floor(1.0, 1.0);
+        let bad = floor(1.0, -0.99);
+        assert_eq!(well[0].0, "s");
+        assert!(well[0].1 > 0.0 && well[0].1 <= u, "{well:?}");
+        assert!(bad[0].1 > 20.0 * u && bad[0].1 <= 199.0 * u, "{bad:?}");
+        assert!(bad[1].1 <= u, "{bad:?}");
+        assert_eq!(conditioned_tol(5e-3, 1e-3), 5e-3);
+        assert_eq!(conditioned_tol(5e-3, 2e-2), 2e-2);
+        let line = conditioning_line("c", &[("dq", 5e-3, 2e-2), ("dv", 5e-3, 1e-3)]);
+        assert!(line.starts_with("gradient_conditioning c"), "{line}");
+        assert_eq!(line.matches("widened").count(), 1, "{line}");
+        assert!(
+            line.contains("dq: base 5.0e-3 floor 2.00e-2 widened;"),
+            "{line}"
+        );
+        assert_eq!(rms_rel_err_f64(&[3.0, 0.0], &[0.0, 4.0]), 1.25);
     }
 
     #[test]

@@ -205,3 +205,56 @@ pub fn backward(inp: &RefInputs, d_o: &[f64], dht: Option<&[f64]>) -> RefGrads {
     }
     gr
 }
+
+/// Every output of one forward and backward, named as the tests name them: `o`, `final_state`,
+/// `dq`, `dk`, `dv`, `dg`, `dbeta`, then `dh0` when `inp.h0` is given.
+pub fn outputs(inp: &RefInputs, d_o: &[f64], dht: Option<&[f64]>) -> Vec<(&'static str, Vec<f64>)> {
+    let (o, fin) = forward(inp);
+    let gr = backward(inp, d_o, dht);
+    let mut out = vec![
+        ("o", o),
+        ("final_state", fin),
+        ("dq", gr.dq),
+        ("dk", gr.dk),
+        ("dv", gr.dv),
+        ("dg", gr.dg),
+        ("dbeta", gr.dbeta),
+    ];
+    if inp.h0.is_some() {
+        out.push(("dh0", gr.dh0));
+    }
+    out
+}
+
+/// The conditioning floor of each of [`outputs`] (`base`: the unperturbed outputs) for bf16
+/// storage: the largest RMS-relative change over `seeds` when q, k, v, beta and d_o (the tensors
+/// the GPU stores in bf16) are perturbed by relative amounts of up to bf16's unit roundoff
+/// ([`crate::testutil::conditioning_floors`]). g, the initial states and the final states'
+/// gradient are fp32 on the GPU and are not perturbed.
+pub fn conditioning_floors(
+    inp: &RefInputs,
+    d_o: &[f64],
+    dht: Option<&[f64]>,
+    base: &[(&'static str, Vec<f64>)],
+    seeds: &[u64],
+) -> Vec<(&'static str, f64)> {
+    use crate::testutil::{perturb_rel, rng, BF16_UNIT_ROUNDOFF as U};
+    crate::testutil::conditioning_floors(base, seeds, |seed| {
+        let mut r = rng(seed);
+        let (q, k, v) = (
+            perturb_rel(&mut r, inp.q, U),
+            perturb_rel(&mut r, inp.k, U),
+            perturb_rel(&mut r, inp.v, U),
+        );
+        let beta = perturb_rel(&mut r, inp.beta, U);
+        let d_o = perturb_rel(&mut r, d_o, U);
+        let p = RefInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            beta: &beta,
+            ..*inp
+        };
+        outputs(&p, &d_o, dht)
+    })
+}
