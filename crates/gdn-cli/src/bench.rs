@@ -62,8 +62,9 @@ pub struct BenchArgs {
     /// Untimed runs before each measurement. Default: 2 on CUDA, 1 on the CPU.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(0..=MAX_WARMUP))]
     pub warmup: Option<u64>,
-    /// Recompute setting, named as the rows of `gdn memory` (none, gdn_norm_out,
-    /// l2norm_in_kernel, gdn_prep, gdn, full, ...); it replaces the config's recompute fields.
+    /// Recompute setting, named as the rows of `gdn memory` (none: the default, the rule's
+    /// inputs rebuilt in backward; keep_rule_inputs, l2norm_in_kernel, gdn_norm_out, gdn, full,
+    /// ...); it replaces the config's recompute fields and `keep_rule_inputs`.
     #[arg(long, value_name = "SETTING", default_value = "none")]
     pub recompute: String,
     /// Also write the results as JSON to FILE (atomically).

@@ -93,10 +93,11 @@ enum Cmd {
     Layer(LayerArgs),
     /// Activation memory per recompute setting, measured from `Saved::bytes()` of a real forward.
     ///
-    /// Prints one row per setting (none, gdn_norm_out, in-kernel q/k L2 norm, their combination,
-    /// gdn_prep, the leanest selective combination, gdn, full): bytes kept per token, MiB for
-    /// --tokens tokens and the share of `none`; with --time also forward + backward time and its
-    /// ratio to `none`.
+    /// Prints one row per setting (keep_rule_inputs, Megatron's default, with and without the
+    /// in-kernel q/k L2 norm; none, the default: the rule's inputs rebuilt in backward; the
+    /// in-kernel L2 norm, gdn_norm_out, their combination; gdn, full): bytes kept per token, MiB
+    /// for --tokens tokens and the share of `none`; with --time also forward + backward time and
+    /// its ratio to `none`.
     Memory(memory::MemoryArgs),
     /// Time the layer (and the gated delta rule alone) forward and forward + backward.
     ///

@@ -26,7 +26,8 @@ pub const MAX_REPS: u64 = 1_000_000;
 pub struct MemoryArgs {
     /// Layer config (TOML). Default: Qwen3-Next's layer (hidden 2048, 16 key / 32 value heads,
     /// Dk = Dv = 128, RMSNorm). Each row of the table replaces the config's
-    /// `recompute_granularity`, `recompute_modules` and `use_qk_l2norm_in_kernel`.
+    /// `recompute_granularity`, `recompute_modules`, `use_qk_l2norm_in_kernel` and
+    /// `keep_rule_inputs`.
     #[arg(long, value_name = "TOML")]
     pub config: Option<PathBuf>,
     /// Tokens per layer call for the MiB column (and the sequence length of the --time runs).
@@ -69,60 +70,45 @@ pub(crate) struct Setting {
     granularity: Option<RecomputeGranularity>,
     modules: &'static [&'static str],
     in_kernel: bool,
+    keep_rule_inputs: bool,
 }
 
 const SEL: Option<RecomputeGranularity> = Some(RecomputeGranularity::Selective);
 
-/// The rows, from keeping everything to keeping only the layer input.
+const fn row(
+    name: &'static str,
+    granularity: Option<RecomputeGranularity>,
+    modules: &'static [&'static str],
+    in_kernel: bool,
+    keep_rule_inputs: bool,
+) -> Setting {
+    Setting {
+        name,
+        granularity,
+        modules,
+        in_kernel,
+        keep_rule_inputs,
+    }
+}
+
+/// The rows, from keeping everything (Megatron's default, `keep_rule_inputs`) to keeping only
+/// the layer input. `none` is the library's default (the rule's inputs rebuilt in backward);
+/// under it the q/k L2 norm's placement changes the time, not the bytes.
 pub(crate) const SETTINGS: &[Setting] = &[
-    Setting {
-        name: "none",
-        granularity: None,
-        modules: &[],
-        in_kernel: false,
-    },
-    Setting {
-        name: "gdn_norm_out",
-        granularity: SEL,
-        modules: &["gdn_norm_out"],
-        in_kernel: false,
-    },
-    Setting {
-        name: "l2norm_in_kernel",
-        granularity: None,
-        modules: &[],
-        in_kernel: true,
-    },
-    Setting {
-        name: "l2norm_in_kernel+gdn_norm_out",
-        granularity: SEL,
-        modules: &["gdn_norm_out"],
-        in_kernel: true,
-    },
-    Setting {
-        name: "gdn_prep",
-        granularity: SEL,
-        modules: &["gdn_prep"],
-        in_kernel: false,
-    },
-    Setting {
-        name: "gdn_prep+gdn_norm_out+l2norm_in_kernel",
-        granularity: SEL,
-        modules: &["gdn_prep", "gdn_norm_out"],
-        in_kernel: true,
-    },
-    Setting {
-        name: "gdn",
-        granularity: SEL,
-        modules: &["gdn"],
-        in_kernel: false,
-    },
-    Setting {
-        name: "full",
-        granularity: Some(RecomputeGranularity::Full),
-        modules: &[],
-        in_kernel: false,
-    },
+    row("keep_rule_inputs", None, &[], false, true),
+    row("keep_rule_inputs+l2norm_in_kernel", None, &[], true, true),
+    row("none", None, &[], false, false),
+    row("l2norm_in_kernel", None, &[], true, false),
+    row("gdn_norm_out", SEL, &["gdn_norm_out"], false, false),
+    row(
+        "l2norm_in_kernel+gdn_norm_out",
+        SEL,
+        &["gdn_norm_out"],
+        true,
+        false,
+    ),
+    row("gdn", SEL, &["gdn"], false, false),
+    row("full", Some(RecomputeGranularity::Full), &[], false, false),
 ];
 
 impl Setting {
@@ -130,6 +116,7 @@ impl Setting {
     pub(crate) fn apply(&self, base: &GdnConfig) -> Result<GdnConfig> {
         let cfg = GdnConfig {
             use_qk_l2norm_in_kernel: self.in_kernel,
+            keep_rule_inputs: self.keep_rule_inputs,
             recompute_granularity: self.granularity,
             recompute_modules: (!self.modules.is_empty())
                 .then(|| self.modules.iter().map(|m| m.to_string()).collect()),
@@ -150,7 +137,10 @@ impl Setting {
                 self.modules
             ),
         };
-        format!("{gran}; use_qk_l2norm_in_kernel = {}", self.in_kernel)
+        format!(
+            "{gran}; use_qk_l2norm_in_kernel = {}; keep_rule_inputs = {}",
+            self.in_kernel, self.keep_rule_inputs
+        )
     }
 }
 
@@ -444,7 +434,11 @@ pub fn run(args: MemoryArgs) -> Result<()> {
         header.push_str(&format!("  {:>10}  {:>7}", "fwd+bwd ms", "x none"));
     }
     emit!("{header}")?;
-    let none = &rows[0];
+    // `none` (the default) is in every table: only l2norm_in_kernel rows are ever left out.
+    let none = rows
+        .iter()
+        .find(|r| r.setting.name == "none")
+        .context("the none row")?;
     for r in &rows {
         // u128: bytes per token x tokens cannot overflow for any --tokens.
         let mib = (r.bytes_per_token as u128 * tokens as u128) as f64 / (1024.0 * 1024.0);
@@ -459,7 +453,9 @@ pub fn run(args: MemoryArgs) -> Result<()> {
         emit!("{line}")?;
     }
     emit!()?;
-    emit!("settings (each replaces the config's recompute fields and l2norm placement):")?;
+    emit!(
+        "settings (each replaces the config's recompute fields, keep_rule_inputs and l2norm placement):"
+    )?;
     for s in &settings {
         emit!("  {:<name_w$}  {}", s.name, s.describe())?;
     }

@@ -13,21 +13,16 @@ const HV: usize = 4;
 const DK: usize = 16;
 const DV: usize = 12;
 
-/// Bytes per token the layer keeps with no recompute, counted by hand (f32): x (H), the input
-/// norm's rstd (1), in_proj's output (conv input 2*HK*DK + HV*DV, z HV*DV, beta/alpha 2*HV), the
-/// conv outputs (2*HK*DK + HV*DV), the normalized q/k (2*HK*DK), g and beta (2*HV), the rule
-/// output o (HV*DV), its norm's rstd (HV) and the gated norm's output (HV*DV).
-const KEPT_NONE: usize = 4
-    * (H + 1
-        + (2 * HK * DK + HV * DV)
-        + HV * DV
-        + 2 * HV
-        + (2 * HK * DK + HV * DV)
-        + 2 * HK * DK
-        + 2 * HV
-        + HV * DV
-        + HV
-        + HV * DV);
+/// Bytes per token the layer keeps by default (`--recompute none`: the rule's inputs rebuilt in
+/// backward), counted by hand (f32): x (H), the input norm's rstd (1), in_proj's output (conv
+/// input 2*HK*DK + HV*DV, z HV*DV, beta/alpha 2*HV), the rule output o (HV*DV), its norm's rstd
+/// (HV) and the gated norm's output (HV*DV).
+const KEPT_NONE: usize =
+    4 * (H + 1 + (2 * HK * DK + HV * DV) + HV * DV + 2 * HV + HV * DV + HV + HV * DV);
+
+/// `--recompute keep_rule_inputs` (Megatron's default) also keeps the conv outputs
+/// (2*HK*DK + HV*DV), the normalized q/k (2*HK*DK) and g and beta (2*HV).
+const KEPT_KEEP: usize = KEPT_NONE + 4 * ((2 * HK * DK + HV * DV) + 2 * HK * DK + 2 * HV);
 
 /// The rows of each shape's table.
 const ROWS: &[&str] = &["layer fwd", "layer fwd+bwd", "rule fwd", "rule fwd+bwd"];
@@ -189,6 +184,25 @@ fn recompute_setting_changes_what_is_kept() {
     );
     // Backward reruns the forward: its stages appear a second time.
     assert!(out.contains("(again: recompute in backward)"), "{out}");
+}
+
+#[test]
+fn keep_rule_inputs_keeps_the_rule_inputs() {
+    let cfg = config_file();
+    let out = ok(&bench(
+        &cfg,
+        &["--shape", "1x64", "--recompute", "keep_rule_inputs"],
+    ));
+    assert!(out.contains("recompute keep_rule_inputs;"), "{out}");
+    assert!(
+        out.contains(&format!("kept for backward: {KEPT_KEEP}.0 bytes/token")),
+        "{out}"
+    );
+    // gdn_prep is the default now; the row (and the setting name) is gone.
+    expect_fail(
+        &bench(&cfg, &["--shape", "1x64", "--recompute", "gdn_prep"]),
+        &["gdn: error:", "--recompute \"gdn_prep\"", "none"],
+    );
 }
 
 #[test]
@@ -390,7 +404,7 @@ fn bad_flags_are_errors() {
     );
     expect_fail(
         &run(&["--recompute", "most"]),
-        &["gdn: error:", "--recompute \"most\"", "gdn_prep"],
+        &["gdn: error:", "--recompute \"most\"", "keep_rule_inputs"],
     );
     expect_fail(
         &run(&["--fla-json", "/nonexistent/fla.json"]),
@@ -449,10 +463,12 @@ fn default_shape_runs_on_the_cpu() {
     for name in ROWS {
         assert_eq!(row(&bl, name).len(), 3, "{name}");
     }
-    // gdn memory's `none` row for this layer: 139908 bytes/token.
+    // gdn memory's `none` row for this layer (the default, the rule's inputs rebuilt): x 2048,
+    // rstd 1, in_proj's output 2*2048 + 2*4096 + 2*32, o 4096, its rstd 32, norm_out 4096, f32.
+    let kept = 4 * (2048 + 1 + (2 * 2048 + 2 * 4096 + 2 * 32) + 4096 + 32 + 4096);
     assert!(
         bl.iter()
-            .any(|l| l.starts_with("kept for backward: 139908.0 bytes/token")),
+            .any(|l| l.starts_with(&format!("kept for backward: {kept}.0 bytes/token"))),
         "{bl:#?}"
     );
 }

@@ -8,12 +8,12 @@ use common::{expect_fail, gdn, ok, tmpdir};
 
 /// Every row `gdn memory` prints, in order.
 const SETTINGS: &[&str] = &[
+    "keep_rule_inputs",
+    "keep_rule_inputs+l2norm_in_kernel",
     "none",
-    "gdn_norm_out",
     "l2norm_in_kernel",
+    "gdn_norm_out",
     "l2norm_in_kernel+gdn_norm_out",
-    "gdn_prep",
-    "gdn_prep+gdn_norm_out+l2norm_in_kernel",
     "gdn",
     "full",
 ];
@@ -108,18 +108,10 @@ fn check_table(variant: &str) -> HashMap<String, Row> {
     // What must hold whatever the shapes: each recompute option only removes tensors, so adding
     // one never keeps more, and each one named here removes something.
     let strictly_less = [
+        ("keep_rule_inputs+l2norm_in_kernel", "keep_rule_inputs"),
+        ("none", "keep_rule_inputs+l2norm_in_kernel"),
         ("gdn_norm_out", "none"),
-        ("l2norm_in_kernel", "none"),
-        ("l2norm_in_kernel+gdn_norm_out", "gdn_norm_out"),
-        ("l2norm_in_kernel+gdn_norm_out", "l2norm_in_kernel"),
-        ("gdn_prep", "none"),
-        ("gdn_prep", "l2norm_in_kernel+gdn_norm_out"),
-        ("gdn_prep+gdn_norm_out+l2norm_in_kernel", "gdn_prep"),
-        (
-            "gdn_prep+gdn_norm_out+l2norm_in_kernel",
-            "l2norm_in_kernel+gdn_norm_out",
-        ),
-        ("gdn", "gdn_prep+gdn_norm_out+l2norm_in_kernel"),
+        ("gdn", "gdn_norm_out"),
     ];
     for (small, big) in strictly_less {
         assert!(
@@ -130,15 +122,46 @@ fn check_table(variant: &str) -> HashMap<String, Row> {
         );
     }
     assert_eq!(b("gdn"), b("full"), "both keep only x:\n{out}");
+    // Once the rule's inputs are rebuilt, the L2 norm's placement keeps the same bytes (the
+    // normalized copy is not kept either way).
+    assert_eq!(b("l2norm_in_kernel"), b("none"), "{out}");
+    assert_eq!(
+        b("l2norm_in_kernel+gdn_norm_out"),
+        b("gdn_norm_out"),
+        "{out}"
+    );
 
     // The differences are exactly the tensors each option drops (f32, per token).
     let (qk, vd) = (HK * DK, HV * DV);
     assert_eq!(b("gdn"), 4 * H, "whole-layer recompute keeps only x");
     assert_eq!(b("none") - b("gdn_norm_out"), 4 * vd, "norm_out");
     assert_eq!(
-        b("none") - b("l2norm_in_kernel"),
+        b("keep_rule_inputs") - b("keep_rule_inputs+l2norm_in_kernel"),
         4 * 2 * qk,
         "normalized q/k"
+    );
+    // The default drops the conv outputs q, k, v (2qk + vd), the normalized q/k (2qk) and the
+    // gates: GDN g, beta per value head (2Hv); GDN2 g and b repeated to each value head's key
+    // channels (2 Hv*Dk), w per value channel (vd) and b per key channel (qk).
+    let gates = match variant {
+        "gdn" => 2 * HV,
+        _ => 2 * HV * DK + vd + qk,
+    };
+    assert_eq!(
+        b("keep_rule_inputs") - b("none"),
+        4 * (4 * qk + vd + gates),
+        "rule inputs"
+    );
+    // What `none` keeps: x, the input norm's rstd, in_proj's output (GDN: q|k|v, z, beta, alpha;
+    // GDN2: q|k|v, z, f, b, w), o, its rstd per head, norm_out.
+    let proj = match variant {
+        "gdn" => 2 * qk + 2 * vd + 2 * HV,
+        _ => 4 * qk + 3 * vd,
+    };
+    assert_eq!(
+        b("none"),
+        4 * (H + 1 + proj + vd + HV + vd),
+        "none keeps x, stats, in_proj output, o, stats, norm_out"
     );
 
     // MiB and % columns follow from bytes/token.
@@ -171,12 +194,9 @@ fn check_table(variant: &str) -> HashMap<String, Row> {
 #[test]
 fn table_lists_every_setting_in_memory_order() {
     let rows = check_table("gdn");
-    // gdn_prep drops q, k, v (2qk + vd), the normalized q/k (2qk) and g, beta (2Hv).
-    let (qk, vd) = (HK * DK, HV * DV);
-    assert_eq!(
-        rows["none"].bytes - rows["gdn_prep"].bytes,
-        4 * (4 * qk + vd + 2 * HV)
-    );
+    // The % column is the share of `none`, the default; keeping the rule's inputs is above it.
+    assert_eq!(rows["none"].pct, 100.0);
+    assert!(rows["keep_rule_inputs"].pct > 100.0);
 }
 
 #[test]
@@ -224,6 +244,15 @@ fn default_config_is_qwen3_next() {
     assert_eq!(order, SETTINGS);
     // Whole-layer recompute keeps x only: 2048 f32 per token.
     assert_eq!(rows["full"].bytes, 4 * 2048);
+    // The default keeps x (2048), rstd (1), in_proj's output (2*2048 + 2*4096 + 2*32), o (4096),
+    // its rstd per head (32) and norm_out (4096); keep_rule_inputs also the conv outputs
+    // (2*2048 + 4096), the normalized q/k (2*2048) and g, beta (2*32).
+    let none = 2048 + 1 + (2 * 2048 + 2 * 4096 + 2 * 32) + 4096 + 32 + 4096;
+    assert_eq!(rows["none"].bytes, 4 * none);
+    assert_eq!(
+        rows["keep_rule_inputs"].bytes,
+        4 * (none + (2 * 2048 + 4096) + 2 * 2048 + 2 * 32)
+    );
 }
 
 #[test]

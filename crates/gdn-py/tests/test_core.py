@@ -165,15 +165,18 @@ class TestLayer(unittest.TestCase):
         r = np.random.default_rng(4)
         x = r.standard_normal((2, 33, 32)).astype(np.float32)
         dy = r.standard_normal((2, 33, 32)).astype(np.float32)
-        base = gdn.Layer(CFG, seed=1)
-        rec = gdn.Layer(CFG + 'recompute_granularity = "selective"\nrecompute_modules = ["gdn"]\n', seed=1)
-        (y0, s0), (y1, s1) = base.forward(x), rec.forward(x)
-        self.assertLess(s1.bytes, s0.bytes)
-        np.testing.assert_array_equal(y0, y1)
-        (dx0, g0), (dx1, g1) = base.backward(s0, dy), rec.backward(s1, dy)
-        np.testing.assert_array_equal(dx0, dx1)
-        for n in g0:
-            np.testing.assert_array_equal(g0[n], g1[n])
+        # keep_rule_inputs (Megatron's default) against the default (the rule's inputs rebuilt
+        # in backward) and whole-layer recompute
+        for extra in ['', 'recompute_granularity = "selective"\nrecompute_modules = ["gdn"]\n']:
+            base = gdn.Layer(CFG + 'keep_rule_inputs = true\n', seed=1)
+            rec = gdn.Layer(CFG + extra, seed=1)
+            (y0, s0), (y1, s1) = base.forward(x), rec.forward(x)
+            self.assertLess(s1.bytes, s0.bytes)
+            np.testing.assert_array_equal(y0, y1)
+            (dx0, g0), (dx1, g1) = base.backward(s0, dy), rec.backward(s1, dy)
+            np.testing.assert_array_equal(dx0, dx1)
+            for n in g0:
+                np.testing.assert_array_equal(g0[n], g1[n])
 
     def test_bad_arguments_are_errors(self):
         with self.assertRaisesRegex(ValueError, "hidden_sise|unknown"):

@@ -125,8 +125,8 @@ fn gpu_packed_sequences_match_cpu() {
 /// place, one d(in_proj output) buffer) against the CPU layer: GDN, packed sequences (an empty
 /// one, a one-token one, padding), the L2 norm caller-side and in the rule, with and without the
 /// conv bias, f32 (max rel <= 1e-4) and bf16 (RMS rel <= 2e-2) storage (5x that for A_log and
-/// dt_bias, sums over every token with heavy cancellation); `gdn_prep` recompute bitwise equal to
-/// keeping the rule's inputs.
+/// dt_bias, sums over every token with heavy cancellation); the default (the rule's inputs
+/// rebuilt in backward) bitwise equal to keeping them (`keep_rule_inputs`).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_fused_prep_packed_matches_cpu_both_l2norm_settings() {
@@ -178,10 +178,11 @@ fn gpu_fused_prep_packed_matches_cpu_both_l2norm_settings() {
                 dx.data()[240 * 256..].iter().all(|&v| v == 0.0),
                 "{tag}: padding dx"
             );
-            // gdn_prep rebuilds the rule's inputs with the same kernel: the same bits.
+            // The default rebuilt the rule's inputs with the same kernel as forward; keeping
+            // them gives the same bits.
+            assert!(!c.keep_rule_inputs);
             let cr = GdnConfig {
-                recompute_granularity: Some(RecomputeGranularity::Selective),
-                recompute_modules: Some(vec!["gdn_prep".to_string()]),
+                keep_rule_inputs: true,
                 ..c.clone()
             };
             let l = GatedDeltaNet::with_params(&cr, cpu.params().clone())
@@ -189,13 +190,13 @@ fn gpu_fused_prep_packed_matches_cpu_both_l2norm_settings() {
                 .to_device(Device::Cuda(0), dtype)
                 .unwrap();
             let (y2, dx2, g2) = run(&l, &x, &dy, Some(&seqs));
-            assert_eq!(bits(&y2), bits(&y), "{tag}: gdn_prep y");
-            assert_eq!(bits(&dx2), bits(&dx), "{tag}: gdn_prep dx");
+            assert_eq!(bits(&y2), bits(&y), "{tag}: keep_rule_inputs y");
+            assert_eq!(bits(&dx2), bits(&dx), "{tag}: keep_rule_inputs dx");
             for (name, t) in g.iter() {
                 assert_eq!(
                     bits(g2.get(name).unwrap()),
                     bits(t),
-                    "{tag}: gdn_prep {name}"
+                    "{tag}: keep_rule_inputs {name}"
                 );
             }
         }
@@ -206,43 +207,66 @@ fn bits(t: &Tensor) -> Vec<u32> {
     t.data().iter().map(|v| v.to_bits()).collect()
 }
 
+/// Run to run, and every recompute setting against keeping everything (`keep_rule_inputs`,
+/// Megatron's default): the default (rule inputs rebuilt), `gdn_prep` (means the default),
+/// `gdn_norm_out`, `gdn`; GDN and GDN2, bf16, bitwise.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_recompute_is_bitwise_and_runs_are_reproducible() {
-    let base = cfg(Normalization::RMSNorm);
-    let mut rng = ChaCha8Rng::seed_from_u64(5);
-    let x = randt(&mut rng, &[2, 200, 256]);
-    let dy = randt(&mut rng, &[2, 200, 256]);
-    let l0 = GatedDeltaNet::new(&base, 6)
-        .unwrap()
-        .to_device(Device::Cuda(0), DType::Bf16)
-        .unwrap();
-    let (y0, dx0, g0) = run(&l0, &x, &dy, None);
-    let (y1, dx1, g1) = run(&l0, &x, &dy, None);
-    assert_eq!(bits(&y0), bits(&y1), "run to run: y");
-    assert_eq!(bits(&dx0), bits(&dx1), "run to run: dx");
-    for (name, t) in g0.iter() {
-        assert_eq!(bits(t), bits(g1.get(name).unwrap()), "run to run: {name}");
-    }
-    for mods in [
-        vec!["gdn_norm_out"],
-        vec!["gdn_prep", "gdn_norm_out"],
-        vec!["gdn"],
-    ] {
-        let c = GdnConfig {
-            recompute_granularity: Some(RecomputeGranularity::Selective),
-            recompute_modules: Some(mods.iter().map(|s| s.to_string()).collect()),
-            ..base.clone()
+    for variant in [gdn::Variant::Gdn, gdn::Variant::Gdn2] {
+        let base = GdnConfig {
+            keep_rule_inputs: true,
+            variant,
+            ..cfg(Normalization::RMSNorm)
         };
-        let l = GatedDeltaNet::with_params(&c, l0.params().clone())
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let x = randt(&mut rng, &[2, 200, 256]);
+        let dy = randt(&mut rng, &[2, 200, 256]);
+        let l0 = GatedDeltaNet::new(&base, 6)
             .unwrap()
             .to_device(Device::Cuda(0), DType::Bf16)
             .unwrap();
-        let (y, dx, g) = run(&l, &x, &dy, None);
-        assert_eq!(bits(&y0), bits(&y), "{mods:?}: y");
-        assert_eq!(bits(&dx0), bits(&dx), "{mods:?}: dx");
+        let (y0, dx0, g0) = run(&l0, &x, &dy, None);
+        let (y1, dx1, g1) = run(&l0, &x, &dy, None);
+        assert_eq!(bits(&y0), bits(&y1), "{variant:?} run to run: y");
+        assert_eq!(bits(&dx0), bits(&dx1), "{variant:?} run to run: dx");
         for (name, t) in g0.iter() {
-            assert_eq!(bits(t), bits(g.get(name).unwrap()), "{mods:?}: {name}");
+            assert_eq!(
+                bits(t),
+                bits(g1.get(name).unwrap()),
+                "{variant:?} run to run: {name}"
+            );
+        }
+        for (gran, mods) in [
+            (None, vec![]),
+            (Some(RecomputeGranularity::Selective), vec!["gdn_norm_out"]),
+            (Some(RecomputeGranularity::Selective), vec!["gdn_prep"]),
+            (
+                Some(RecomputeGranularity::Selective),
+                vec!["gdn_prep", "gdn_norm_out"],
+            ),
+            (Some(RecomputeGranularity::Selective), vec!["gdn"]),
+        ] {
+            let c = GdnConfig {
+                keep_rule_inputs: false,
+                recompute_granularity: gran,
+                recompute_modules: Some(mods.iter().map(|s| s.to_string()).collect()),
+                ..base.clone()
+            };
+            let l = GatedDeltaNet::with_params(&c, l0.params().clone())
+                .unwrap()
+                .to_device(Device::Cuda(0), DType::Bf16)
+                .unwrap();
+            let (y, dx, g) = run(&l, &x, &dy, None);
+            assert_eq!(bits(&y0), bits(&y), "{variant:?} {mods:?}: y");
+            assert_eq!(bits(&dx0), bits(&dx), "{variant:?} {mods:?}: dx");
+            for (name, t) in g0.iter() {
+                assert_eq!(
+                    bits(t),
+                    bits(g.get(name).unwrap()),
+                    "{variant:?} {mods:?}: {name}"
+                );
+            }
         }
     }
 }
@@ -253,16 +277,25 @@ fn gpu_recompute_is_bitwise_and_runs_are_reproducible() {
 #[ignore = "needs a CUDA GPU"]
 fn saved_bytes_equal_allocator_live_bytes() {
     let gpu = cuda::gpu(0).unwrap();
-    for (mods, dtype) in [
-        (vec![], DType::Bf16),
-        (vec!["gdn_norm_out"], DType::Bf16),
-        (vec!["gdn_prep"], DType::F32),
+    // `keep` = keep_rule_inputs (Megatron's default); otherwise the rule's inputs are rebuilt.
+    use gdn::Variant::{Gdn, Gdn2};
+    for (mods, keep, dtype, variant) in [
+        (vec![], false, DType::Bf16, Gdn),
+        (vec![], true, DType::Bf16, Gdn),
+        (vec!["gdn_norm_out"], false, DType::Bf16, Gdn),
+        (vec!["gdn_norm_out"], true, DType::F32, Gdn),
+        (vec![], false, DType::F32, Gdn),
+        (vec![], false, DType::Bf16, Gdn2),
+        (vec![], true, DType::Bf16, Gdn2),
     ] {
         let c = GdnConfig {
             recompute_granularity: (!mods.is_empty()).then_some(RecomputeGranularity::Selective),
             recompute_modules: Some(mods.iter().map(|s| s.to_string()).collect()),
+            keep_rule_inputs: keep,
+            variant,
             ..GdnConfig::qwen3_next()
         };
+        let mods = format!("{variant:?} {mods:?} keep_rule_inputs={keep}");
         let l = GatedDeltaNet::new(&c, 7)
             .unwrap()
             .to_device(Device::Cuda(0), dtype)

@@ -1,7 +1,7 @@
 //! Activation memory, exactly: `Saved::bytes()` after `GatedDeltaNet::forward` equals a
 //! closed-form count of the values the layer keeps, written here from the shapes alone (no
 //! library helper such as `qk_dim()` or `recompute()` is used to compute the expectation), for
-//! every recompute setting, both normalizations, a batch and a packed layout.
+//! every recompute setting, both normalizations, both variants, a batch and a packed layout.
 //!
 //! The CPU layer keeps f32, 4 bytes per value. With `n` tokens (rows of the buffer, padding
 //! included), `h` hidden, `qk = Hk*Dk`, `vd = Hv*Dv`, `cd = 2qk + vd`:
@@ -11,20 +11,26 @@
 //! | layer input `x`                      | `n*h`               | always                                 |
 //! | input-norm stats (rstd [+ mean])     | `n` / `2n`          | not whole-layer (RMSNorm / LayerNorm)  |
 //! | in_proj sections `qkv_pre`, `z`      | `n*cd + n*vd`       | not whole-layer                        |
-//! | raw gates `beta`, `alpha`            | `2*n*Hv`            | not whole-layer                        |
+//! | raw gates: GDN `beta`, `alpha`       | `2*n*Hv`            | not whole-layer                        |
+//! | raw gates: GDN2 `f`, `b`, `w`        | `2*n*qk + n*vd`     | not whole-layer                        |
 //! | rule output `o`                      | `n*vd`              | not whole-layer                        |
 //! | output-norm stats (rstd [+ mean])    | `n*Hv` / `2*n*Hv`   | not whole-layer (RMSNorm / LayerNorm)  |
 //! | gated-norm output `norm_out`         | `n*vd`              | not whole-layer, not `gdn_norm_out`    |
-//! | conv outputs q, k, v                 | `n*cd`              | not whole-layer, not `gdn_prep`        |
+//! | conv outputs q, k, v                 | `n*cd`              | `keep_rule_inputs`                     |
 //! | normalized q, k copy                 | `2*n*qk`            | ... and `use_qk_l2norm && !in_kernel`  |
-//! | gates `g`, `beta`                    | `2*n*Hv`            | not whole-layer, not `gdn_prep`        |
+//! | GDN gates `g`, `beta`                | `2*n*Hv`            | `keep_rule_inputs`                     |
+//! | GDN2 gates `g`, `b` (per value head  | `2*n*Hv*Dk`         | `keep_rule_inputs`                     |
+//! | and key channel), `w`, `b` per key   | `+ n*vd + n*qk`     |                                        |
+//! | channel (its sigmoid's backward)     |                     |                                        |
 //!
 //! Whole-layer recompute is `recompute_modules = ["gdn"]` under `"selective"`, or
-//! `recompute_granularity = "full"`: only `x` is kept.
+//! `recompute_granularity = "full"`: only `x` is kept. Without `keep_rule_inputs` (the default;
+//! `gdn_prep` in `recompute_modules` means the same) backward rebuilds the rule's inputs.
 
 use gdn::testutil::{normal, rng};
 use gdn::{
     GatedDeltaNet, GdnConfig, Grads, Normalization, RecomputeGranularity, Saved, Seqs, Tensor,
+    Variant,
 };
 
 // Shapes of the test layer, all different so that a term counted with the wrong dimension shows.
@@ -41,6 +47,7 @@ struct Setting {
     granularity: Option<RecomputeGranularity>,
     modules: &'static [&'static str],
     in_kernel: bool,
+    keep_rule_inputs: bool,
     /// Expected effect, stated independently of `GdnConfig::recompute()`.
     whole_layer: bool,
     drop_norm_out: bool,
@@ -49,75 +56,88 @@ struct Setting {
 
 const SEL: Option<RecomputeGranularity> = Some(RecomputeGranularity::Selective);
 
+/// A setting that keeps the rule's inputs (Megatron's default, our `keep_rule_inputs`).
+const fn keep(
+    name: &'static str,
+    granularity: Option<RecomputeGranularity>,
+    modules: &'static [&'static str],
+    in_kernel: bool,
+    drop_norm_out: bool,
+) -> Setting {
+    Setting {
+        name,
+        granularity,
+        modules,
+        in_kernel,
+        keep_rule_inputs: true,
+        whole_layer: false,
+        drop_norm_out,
+        drop_rule_inputs: false,
+    }
+}
+
+/// A setting under the default: the rule's inputs are rebuilt in backward.
+const fn lean(
+    name: &'static str,
+    granularity: Option<RecomputeGranularity>,
+    modules: &'static [&'static str],
+    in_kernel: bool,
+    drop_norm_out: bool,
+) -> Setting {
+    Setting {
+        name,
+        granularity,
+        modules,
+        in_kernel,
+        keep_rule_inputs: false,
+        whole_layer: false,
+        drop_norm_out,
+        drop_rule_inputs: true,
+    }
+}
+
 const SETTINGS: &[Setting] = &[
-    Setting {
-        name: "none",
-        granularity: None,
-        modules: &[],
-        in_kernel: false,
-        whole_layer: false,
-        drop_norm_out: false,
-        drop_rule_inputs: false,
-    },
-    Setting {
-        name: "gdn_norm_out",
-        granularity: SEL,
-        modules: &["gdn_norm_out"],
-        in_kernel: false,
-        whole_layer: false,
-        drop_norm_out: true,
-        drop_rule_inputs: false,
-    },
-    Setting {
-        name: "l2norm_in_kernel",
-        granularity: None,
-        modules: &[],
-        in_kernel: true,
-        whole_layer: false,
-        drop_norm_out: false,
-        drop_rule_inputs: false,
-    },
-    Setting {
-        name: "l2norm_in_kernel+gdn_norm_out",
-        granularity: SEL,
-        modules: &["gdn_norm_out"],
-        in_kernel: true,
-        whole_layer: false,
-        drop_norm_out: true,
-        drop_rule_inputs: false,
-    },
-    Setting {
-        name: "gdn_prep",
-        granularity: SEL,
-        modules: &["gdn_prep"],
-        in_kernel: false,
-        whole_layer: false,
-        drop_norm_out: false,
-        drop_rule_inputs: true,
-    },
-    Setting {
-        name: "gdn_prep+gdn_norm_out",
-        granularity: SEL,
-        modules: &["gdn_prep", "gdn_norm_out"],
-        in_kernel: false,
-        whole_layer: false,
-        drop_norm_out: true,
-        drop_rule_inputs: true,
-    },
-    Setting {
-        name: "gdn_prep+gdn_norm_out+l2norm_in_kernel",
-        granularity: SEL,
-        modules: &["gdn_prep", "gdn_norm_out"],
-        in_kernel: true,
-        whole_layer: false,
-        drop_norm_out: true,
-        drop_rule_inputs: true,
-    },
+    keep("keep_rule_inputs", None, &[], false, false),
+    keep(
+        "keep_rule_inputs+gdn_norm_out",
+        SEL,
+        &["gdn_norm_out"],
+        false,
+        true,
+    ),
+    keep("keep_rule_inputs+l2norm_in_kernel", None, &[], true, false),
+    keep(
+        "keep_rule_inputs+l2norm_in_kernel+gdn_norm_out",
+        SEL,
+        &["gdn_norm_out"],
+        true,
+        true,
+    ),
+    lean("none", None, &[], false, false),
+    lean("gdn_norm_out", SEL, &["gdn_norm_out"], false, true),
+    lean("l2norm_in_kernel", None, &[], true, false),
+    lean(
+        "l2norm_in_kernel+gdn_norm_out",
+        SEL,
+        &["gdn_norm_out"],
+        true,
+        true,
+    ),
+    // `gdn_prep`, from earlier versions: accepted, and means the default.
+    lean("gdn_prep", SEL, &["gdn_prep"], false, false),
+    lean(
+        "gdn_prep+gdn_norm_out+l2norm_in_kernel",
+        SEL,
+        &["gdn_prep", "gdn_norm_out"],
+        true,
+        true,
+    ),
     Setting {
         name: "gdn",
         granularity: SEL,
         modules: &["gdn"],
         in_kernel: false,
+        keep_rule_inputs: false,
         whole_layer: true,
         drop_norm_out: false,
         drop_rule_inputs: false,
@@ -127,13 +147,14 @@ const SETTINGS: &[Setting] = &[
         granularity: Some(RecomputeGranularity::Full),
         modules: &[],
         in_kernel: false,
+        keep_rule_inputs: false,
         whole_layer: true,
         drop_norm_out: false,
         drop_rule_inputs: false,
     },
 ];
 
-fn config(norm: Normalization, s: &Setting, use_qk_l2norm: bool) -> GdnConfig {
+fn config(norm: Normalization, s: &Setting, use_qk_l2norm: bool, variant: Variant) -> GdnConfig {
     let cfg = GdnConfig {
         hidden_size: H,
         linear_num_key_heads: HK,
@@ -146,6 +167,8 @@ fn config(norm: Normalization, s: &Setting, use_qk_l2norm: bool) -> GdnConfig {
         recompute_granularity: s.granularity,
         recompute_modules: (!s.modules.is_empty())
             .then(|| s.modules.iter().map(|m| m.to_string()).collect()),
+        keep_rule_inputs: s.keep_rule_inputs,
+        variant,
         ..GdnConfig::default()
     };
     cfg.validate().unwrap();
@@ -153,7 +176,13 @@ fn config(norm: Normalization, s: &Setting, use_qk_l2norm: bool) -> GdnConfig {
 }
 
 /// The closed form: bytes kept for `n` token rows under setting `s`.
-fn expected_bytes(n: usize, norm: Normalization, s: &Setting, use_qk_l2norm: bool) -> usize {
+fn expected_bytes(
+    n: usize,
+    norm: Normalization,
+    s: &Setting,
+    use_qk_l2norm: bool,
+    variant: Variant,
+) -> usize {
     let qk = HK * DK;
     let vd = HV * DV;
     let cd = 2 * qk + vd;
@@ -164,7 +193,11 @@ fn expected_bytes(n: usize, norm: Normalization, s: &Setting, use_qk_l2norm: boo
     let mut values = n * H; // x
     if !s.whole_layer {
         values += stats_per_row * n; // input-norm stats
-        values += n * cd + n * vd + 2 * n * HV; // qkv_pre, z, raw beta/alpha
+        values += n * cd + n * vd; // qkv_pre, z
+        values += match variant {
+            Variant::Gdn => 2 * n * HV,           // raw beta, alpha
+            Variant::Gdn2 => 2 * n * qk + n * vd, // raw f, b (per key channel), w (per value channel)
+        };
         values += n * vd + stats_per_row * n * HV; // o and its norm stats
         if !s.drop_norm_out {
             values += n * vd; // norm_out
@@ -174,7 +207,11 @@ fn expected_bytes(n: usize, norm: Normalization, s: &Setting, use_qk_l2norm: boo
             if use_qk_l2norm && !s.in_kernel {
                 values += 2 * n * qk; // normalized q, k
             }
-            values += 2 * n * HV; // g, beta
+            values += match variant {
+                Variant::Gdn => 2 * n * HV, // g, beta
+                // g and b repeated to each value head's key channels, w, and b per key channel
+                Variant::Gdn2 => 2 * n * HV * DK + n * vd + n * qk,
+            };
         }
     }
     4 * values
@@ -208,25 +245,51 @@ fn forward(layer: &GatedDeltaNet, x: &Tensor, seqs: &Option<Seqs>) -> (Tensor, S
 #[test]
 fn saved_bytes_match_the_closed_form_for_every_setting() {
     let mut checked = 0;
-    for norm in [Normalization::RMSNorm, Normalization::LayerNorm] {
-        for (what, x, seqs, n) in layouts() {
-            for s in SETTINGS {
-                let cfg = config(norm, s, true);
-                let layer = GatedDeltaNet::new(&cfg, 3).unwrap();
-                let (_, saved) = forward(&layer, &x, &seqs);
-                assert_eq!(saved.tokens(), n, "{what}: rows");
-                let want = expected_bytes(n, norm, s, true);
-                assert_eq!(
-                    saved.bytes(),
-                    want,
-                    "{norm:?}, {what}, setting {}: Saved::bytes() vs closed form",
-                    s.name
-                );
-                checked += 1;
+    for variant in [Variant::Gdn, Variant::Gdn2] {
+        for norm in [Normalization::RMSNorm, Normalization::LayerNorm] {
+            for (what, x, seqs, n) in layouts() {
+                for s in SETTINGS {
+                    let cfg = config(norm, s, true, variant);
+                    let layer = GatedDeltaNet::new(&cfg, 3).unwrap();
+                    let (_, saved) = forward(&layer, &x, &seqs);
+                    assert_eq!(saved.tokens(), n, "{what}: rows");
+                    let want = expected_bytes(n, norm, s, true, variant);
+                    assert_eq!(
+                        saved.bytes(),
+                        want,
+                        "{variant:?}, {norm:?}, {what}, setting {}: Saved::bytes() vs closed form",
+                        s.name
+                    );
+                    checked += 1;
+                }
             }
         }
     }
-    assert_eq!(checked, 2 * 2 * SETTINGS.len());
+    assert_eq!(checked, 2 * 2 * 2 * SETTINGS.len());
+}
+
+/// The default keeps what `keep_rule_inputs` keeps less exactly the rule's inputs, the same for
+/// `gdn_prep` (a name from earlier versions); per token here (RMSNorm, caller-side L2 norm):
+/// GDN `cd + 2qk + 2Hv` values, GDN2 `cd + 2qk + 2Hv*Dk + vd + qk`.
+#[test]
+fn default_drops_exactly_the_rule_inputs() {
+    let (qk, vd) = (HK * DK, HV * DV);
+    let cd = 2 * qk + vd;
+    let by_name = |name: &str| *SETTINGS.iter().find(|s| s.name == name).unwrap();
+    let (x, n) = (tensor(&[1, 16, H], 4), 16);
+    for (variant, rule_in) in [
+        (Variant::Gdn, cd + 2 * qk + 2 * HV),
+        (Variant::Gdn2, cd + 2 * qk + 2 * HV * DK + vd + qk),
+    ] {
+        let bytes = |name: &str| {
+            let cfg = config(Normalization::RMSNorm, &by_name(name), true, variant);
+            let (_, saved) = GatedDeltaNet::new(&cfg, 3).unwrap().forward(&x).unwrap();
+            saved.bytes()
+        };
+        let (keep, none, prep) = (bytes("keep_rule_inputs"), bytes("none"), bytes("gdn_prep"));
+        assert_eq!(keep - none, 4 * n * rule_in, "{variant:?}");
+        assert_eq!(prep, none, "{variant:?}: gdn_prep is the default");
+    }
 }
 
 /// Without the q/k L2 norm there is no normalized copy to keep (in-kernel settings need the norm,
@@ -236,12 +299,12 @@ fn saved_bytes_without_qk_l2norm() {
     for norm in [Normalization::RMSNorm, Normalization::LayerNorm] {
         for (what, x, seqs, n) in layouts() {
             for s in SETTINGS.iter().filter(|s| !s.in_kernel) {
-                let cfg = config(norm, s, false);
+                let cfg = config(norm, s, false, Variant::Gdn);
                 let layer = GatedDeltaNet::new(&cfg, 3).unwrap();
                 let (_, saved) = forward(&layer, &x, &seqs);
                 assert_eq!(
                     saved.bytes(),
-                    expected_bytes(n, norm, s, false),
+                    expected_bytes(n, norm, s, false, Variant::Gdn),
                     "{norm:?}, {what}, setting {} with use_qk_l2norm = false",
                     s.name
                 );
@@ -293,17 +356,21 @@ fn run(
 #[test]
 fn in_kernel_l2norm_matches_caller_side() {
     const TOL: f64 = 1e-5;
-    let none = SETTINGS.iter().find(|s| s.name == "none").unwrap();
+    // Under keep_rule_inputs, where the normalized copy is kept caller-side.
+    let none = SETTINGS
+        .iter()
+        .find(|s| s.name == "keep_rule_inputs")
+        .unwrap();
     let ink = SETTINGS
         .iter()
-        .find(|s| s.name == "l2norm_in_kernel")
+        .find(|s| s.name == "keep_rule_inputs+l2norm_in_kernel")
         .unwrap();
     let mut worst = 0.0f64;
     for norm in [Normalization::RMSNorm, Normalization::LayerNorm] {
         for (what, x, seqs, n) in layouts() {
             let dy = tensor(x.shape(), 7);
-            let (y0, dx0, g0, b0) = run(&config(norm, none, true), &x, &seqs, &dy);
-            let (y1, dx1, g1, b1) = run(&config(norm, ink, true), &x, &seqs, &dy);
+            let (y0, dx0, g0, b0) = run(&config(norm, none, true, Variant::Gdn), &x, &seqs, &dy);
+            let (y1, dx1, g1, b1) = run(&config(norm, ink, true, Variant::Gdn), &x, &seqs, &dy);
             let ctx = format!("{norm:?}, {what}");
             let mut check = |name: &str, a: &Tensor, b: &Tensor| {
                 assert_eq!(a.shape(), b.shape(), "{ctx}: {name} shape");

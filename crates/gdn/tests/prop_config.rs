@@ -205,6 +205,7 @@ const GDN_KEYS: &[&str] = &[
     "recompute_granularity",
     "recompute_method",
     "recompute_modules",
+    "keep_rule_inputs",
     "variant",
     "junk",
 ];

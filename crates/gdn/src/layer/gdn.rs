@@ -866,7 +866,8 @@ impl GatedDeltaNet {
         // 6. The rule.
         let (o, final_state) = self.rule_forward(&r, seqs, h0, want_final)?;
         prof.mark("fwd gated delta rule");
-        // Keep the rule's inputs (Megatron keeps these), unless `gdn_prep` rebuilds them.
+        // Keep the rule's inputs only under `keep_rule_inputs` (Megatron keeps them); by default
+        // backward rebuilds them from `proj` (which is kept).
         let rule_in = (!c.recompute().prep).then_some(r);
         // 7-8. Gated norm, out_proj.
         let (y, norm_out, o_stats) = self.out_proj(&p, &o, &proj, n, &mut prof)?;
@@ -966,8 +967,8 @@ impl GatedDeltaNet {
     }
 
     /// conv + SiLU, q/k L2 norm and gates: the rule's inputs from the in_proj output `proj`,
-    /// read in place. Forward runs it once; backward reruns it when `gdn_prep` dropped its
-    /// results (same kernels, same inputs, so the same bits). GDN: one fused op
+    /// read in place. Forward runs it once; backward reruns it unless `keep_rule_inputs` kept
+    /// its results (same kernels, same inputs, so the same bits). GDN: one fused op
     /// ([`prep::forward`]); GDN2: conv1d on the `[q|k|v]` section, then its gates.
     fn prep(&self, p: &ParamView, proj: &Act, seqs: &Seqs) -> Result<RuleInputs> {
         let c = &self.cfg;
@@ -1194,7 +1195,7 @@ impl GatedDeltaNet {
         );
         let (qk, vd, cd) = (c.qk_dim(), c.v_dim(), c.conv_dim());
         let pc = self.proj_cols();
-        // 6. The rule (its inputs kept, or rebuilt under gdn_prep), then 5. gates, 4. L2 norm and
+        // 6. The rule (its inputs rebuilt, or kept under keep_rule_inputs), then 5. gates, 4. L2 norm and
         // 3. conv, each writing its sections of dproj.
         let r = match rule_in {
             Some(r) => r,
@@ -1428,7 +1429,7 @@ impl GatedDeltaNet {
         }
         prof.mark("bwd gated norm");
 
-        // 6. The rule (its inputs kept, or rebuilt under gdn_prep), then 5. gates, 4. L2 norm and
+        // 6. The rule (its inputs rebuilt, or kept under keep_rule_inputs), then 5. gates, 4. L2 norm and
         // 3. conv, each writing its sections of dproj.
         let dh0 = self.backward_rule_prep(
             &p, &a.proj, a.rule_in, seqs, h0, &d_o, d_final, &mut dproj, &mut set, &mut prof,

@@ -30,8 +30,8 @@ pub(crate) struct Acts {
     /// `alpha` for GDN; `f`, `b`, `w` for GDN2): the ops read their sections in place
     /// (`GatedDeltaNet::proj_cols`).
     pub proj: Act,
-    /// The rule's inputs (conv outputs, normalized q/k when caller-side, gates); `None` under
-    /// `gdn_prep`, which rebuilds them in backward.
+    /// The rule's inputs (conv outputs, normalized q/k when caller-side, gates): kept only under
+    /// `keep_rule_inputs`; `None` by default (backward rebuilds them from `proj`).
     pub rule_in: Option<RuleInputs>,
     /// Output of the gated delta rule `[n, Hv, Dv]` and its norm statistics `[n*Hv]`.
     pub o: Act,

@@ -219,6 +219,10 @@ fn run(cfg: &GdnConfig, x: &Tensor, dy: &Tensor) -> (Tensor, Tensor, Grads, usiz
     (y, dx, g, bytes)
 }
 
+/// Every recompute setting gives bitwise the results of keeping everything
+/// (`keep_rule_inputs = true`, Megatron's default), keeping fewer bytes: the default (rule
+/// inputs rebuilt in backward), `gdn_prep` (accepted, means the default), `gdn_norm_out`, `gdn`,
+/// `full`; GDN and GDN2, both norms, batched and packed (an empty sequence, padding rows).
 #[test]
 fn recompute_options_are_bitwise_identical() {
     for (norm, zc) in [
@@ -227,37 +231,74 @@ fn recompute_options_are_bitwise_identical() {
         (Normalization::LayerNorm, false),
         (Normalization::LayerNorm, true),
     ] {
-        let base = tiny(norm, zc, 2);
-        let mut rng = ChaCha8Rng::seed_from_u64(9);
-        let x = Tensor::from_vec(&[2, 70, 8], randn(&mut rng, 2 * 70 * 8, 1.0)).unwrap();
-        let dy = Tensor::from_vec(&[2, 70, 8], randn(&mut rng, 2 * 70 * 8, 1.0)).unwrap();
-        let (y0, dx0, g0, b0) = run(&base, &x, &dy);
-        let variants = [
-            (Some(RecomputeGranularity::Selective), vec!["gdn_norm_out"]),
-            (Some(RecomputeGranularity::Selective), vec!["gdn_prep"]),
-            (
-                Some(RecomputeGranularity::Selective),
-                vec!["gdn_prep", "gdn_norm_out"],
-            ),
-            (Some(RecomputeGranularity::Selective), vec!["gdn"]),
-            (Some(RecomputeGranularity::Full), vec![]),
-        ];
-        for (gran, mods) in variants {
-            let cfg = GdnConfig {
-                recompute_granularity: gran,
-                recompute_modules: Some(mods.iter().map(|s| s.to_string()).collect()),
-                ..base.clone()
+        for variant in [Variant::Gdn, Variant::Gdn2] {
+            let keep = GdnConfig {
+                keep_rule_inputs: true,
+                variant,
+                ..tiny(norm, zc, 2)
             };
-            let (y, dx, g, b) = run(&cfg, &x, &dy);
-            assert_eq!(bits(&y0), bits(&y), "{mods:?}: output");
-            assert_eq!(bits(&dx0), bits(&dx), "{mods:?}: dx");
-            assert_eq!(g0.names(), g.names());
-            for (name, t) in g0.iter() {
-                assert_eq!(bits(t), bits(g.get(name).unwrap()), "{mods:?}: grad {name}");
+            let mut rng = ChaCha8Rng::seed_from_u64(9);
+            let x = Tensor::from_vec(&[2, 70, 8], randn(&mut rng, 2 * 70 * 8, 1.0)).unwrap();
+            let dy = Tensor::from_vec(&[2, 70, 8], randn(&mut rng, 2 * 70 * 8, 1.0)).unwrap();
+            let packed = Seqs::packed(&[0, 33, 33, 130], 140).unwrap();
+            for seqs in [None, Some(&packed)] {
+                let (y0, dx0, g0, b0) = run_seqs(&keep, &x, &dy, seqs);
+                let variants = [
+                    (None, vec![]),
+                    (Some(RecomputeGranularity::Selective), vec!["gdn_norm_out"]),
+                    (Some(RecomputeGranularity::Selective), vec!["gdn_prep"]),
+                    (
+                        Some(RecomputeGranularity::Selective),
+                        vec!["gdn_prep", "gdn_norm_out"],
+                    ),
+                    (Some(RecomputeGranularity::Selective), vec!["gdn"]),
+                    (Some(RecomputeGranularity::Full), vec![]),
+                ];
+                for (gran, mods) in variants {
+                    let cfg = GdnConfig {
+                        keep_rule_inputs: false,
+                        recompute_granularity: gran,
+                        recompute_modules: Some(mods.iter().map(|s| s.to_string()).collect()),
+                        ..keep.clone()
+                    };
+                    let what = format!("{variant:?} {norm:?} zc={zc} packed={}", seqs.is_some());
+                    let (y, dx, g, b) = run_seqs(&cfg, &x, &dy, seqs);
+                    assert_eq!(bits(&y0), bits(&y), "{what} {mods:?}: output");
+                    assert_eq!(bits(&dx0), bits(&dx), "{what} {mods:?}: dx");
+                    assert_eq!(g0.names(), g.names());
+                    for (name, t) in g0.iter() {
+                        assert_eq!(
+                            bits(t),
+                            bits(g.get(name).unwrap()),
+                            "{what} {mods:?}: grad {name}"
+                        );
+                    }
+                    assert!(
+                        b < b0,
+                        "{what} {mods:?} keeps {b} bytes, keep_rule_inputs {b0}"
+                    );
+                }
             }
-            assert!(b < b0, "{mods:?} keeps {b} bytes, no recompute keeps {b0}");
         }
     }
+}
+
+/// `run` over packed sequences (`x`'s `[2, 70, h]` read as `[140, h]`) or batched (`None`).
+fn run_seqs(
+    cfg: &GdnConfig,
+    x: &Tensor,
+    dy: &Tensor,
+    seqs: Option<&Seqs>,
+) -> (Tensor, Tensor, Grads, usize) {
+    let Some(seqs) = seqs else {
+        return run(cfg, x, dy);
+    };
+    let rows = |t: &Tensor| Tensor::from_vec(&[140, 8], t.data().to_vec()).unwrap();
+    let l = layer(cfg, 8);
+    let (y, saved) = l.forward_packed(&rows(x), seqs).unwrap();
+    let bytes = saved.bytes();
+    let (dx, g) = l.backward(saved, &rows(dy)).unwrap();
+    (y, dx, g, bytes)
 }
 
 #[test]

@@ -172,7 +172,10 @@ fn grads_bits(g: &ModelGrads) -> Vec<(String, Vec<u32>)> {
 /// bytes; and the result does not depend on the thread count.
 #[test]
 fn recompute_settings_are_bitwise_identical_and_threads_do_not_matter() {
-    let base = tiny(Normalization::RMSNorm, Variant::Gdn, true);
+    // Keeping everything (Megatron's default) against every recompute setting, the default
+    // (the rule's inputs rebuilt in backward) included.
+    let mut base = tiny(Normalization::RMSNorm, Variant::Gdn, true);
+    base.layer.keep_rule_inputs = true;
     let bt = batch(&base, 3, 70, 11);
     let run = |cfg: &ModelConfig| {
         let m = model(cfg, 5);
@@ -182,6 +185,7 @@ fn recompute_settings_are_bitwise_identical_and_threads_do_not_matter() {
     };
     let (st0, b0, g0) = run(&base);
     let settings: Vec<(Option<RecomputeGranularity>, Vec<&str>)> = vec![
+        (None, vec![]),
         (Some(RecomputeGranularity::Selective), vec!["mlp"]),
         (Some(RecomputeGranularity::Selective), vec!["gdn_norm_out"]),
         (
@@ -193,6 +197,7 @@ fn recompute_settings_are_bitwise_identical_and_threads_do_not_matter() {
     ];
     for (gran, mods) in settings {
         let mut cfg = base.clone();
+        cfg.layer.keep_rule_inputs = false;
         cfg.layer.recompute_granularity = gran;
         cfg.layer.recompute_modules =
             (!mods.is_empty()).then(|| mods.iter().map(|s| s.to_string()).collect());

@@ -767,20 +767,27 @@ mod tests {
     fn cp_recompute_options_are_bitwise_equal_to_keeping() {
         let seqs = Seqs::packed(&[0, 8, 24], 24).unwrap();
         for variant in [Variant::Gdn, Variant::Gdn2] {
-            let base = cfg(variant, Normalization::RMSNorm);
+            // Keeping everything (Megatron's default) against the default (the rule's inputs
+            // rebuilt in backward) and every recompute option.
+            let base = GdnConfig {
+                keep_rule_inputs: true,
+                ..cfg(variant, Normalization::RMSNorm)
+            };
             let l = layer(&base, 5);
             let (x, dy) = batch(&seqs, base.hidden_size, 2);
             let keep = run_cp(&l, &x, &dy, &seqs, 2).unwrap();
             for (g, m) in [
-                (RecomputeGranularity::Selective, vec!["gdn_norm_out"]),
-                (RecomputeGranularity::Selective, vec!["gdn_prep"]),
-                (RecomputeGranularity::Selective, vec!["gdn"]),
-                (RecomputeGranularity::Full, vec![]),
+                (None, vec![]),
+                (Some(RecomputeGranularity::Selective), vec!["gdn_norm_out"]),
+                (Some(RecomputeGranularity::Selective), vec!["gdn_prep"]),
+                (Some(RecomputeGranularity::Selective), vec!["gdn"]),
+                (Some(RecomputeGranularity::Full), vec![]),
             ] {
                 let mut c = base.clone();
-                c.recompute_granularity = Some(g);
+                c.keep_rule_inputs = false;
+                c.recompute_granularity = g;
                 c.recompute_modules = Some(m.iter().map(|s| s.to_string()).collect());
-                if g == RecomputeGranularity::Full {
+                if g == Some(RecomputeGranularity::Full) {
                     c.recompute_method = Some("uniform".into());
                 }
                 let lr = GatedDeltaNet::with_params(&c, l.params().clone()).unwrap();
