@@ -973,10 +973,18 @@ fn gdn2_chunked_bwd_bf16_matches_f64() {
                 (rms_rel(x, f), rms_rel(r, f))
             };
             line += &format!(" {name}={e:.2e} (recurrence {er:.2e})");
-            let tol = match (*name, zero) {
+            // The recurrence's tolerances (check_bf16), or twice the recurrence's own error where
+            // that is larger (the chunked kernels are held to the accepted implementation's
+            // accuracy, not to a bound it does not meet itself).
+            let base: f64 = match (*name, zero) {
                 (_, true) => 1e-4,
                 ("dg" | "db" | "dw", _) => 0.02,
                 _ => 0.005,
+            };
+            let tol = if er.is_finite() {
+                base.max(2.0 * er)
+            } else {
+                base
             };
             if e.is_nan() || e > tol {
                 fails.push(format!(
