@@ -1152,38 +1152,39 @@ __device__ void g2b_dscan(const float* __restrict__ ws_kd, const float* __restri
 // acc (64 x 64 tile, thread (ty, tx) = (tid / 16, tid % 16) holds element (ty + 16 m, tx + 16 n)
 // in acc[m][n]) += sum_{k < kdim} fa(i, k) fb(k, j). AKF / BKF: whether k is the operand's
 // fastest-varying index in memory (which staging order coalesces). The operands are staged in
-// `stage` (G2B_STAGE floats) 32 k at a time; ends with a barrier (the stage is free again, and an
-// epilogue may then overwrite the operands).
+// `stage` (G2B_STAGE floats) 32 k at a time, the next slice's loads issued into registers before
+// the current slice's FMAs; ends with a barrier (the stage is free again, and an epilogue may then
+// overwrite the operands).
 template <bool AKF, bool BKF, class FA, class FB>
 __device__ __forceinline__ void g2b_tile(float (&acc)[4][4], int kdim, FA fa, FB fb, float* stage) {
+    constexpr int NL = (G2B_KT * G2C_C) / G2C_NT;  // elements of each operand a thread stages
     const int tid = threadIdx.x;
     float* sa = stage;
     float* sb = stage + G2B_KT * G2B_LD;
     const int tx = tid & 15, ty = tid >> 4;
+    float ra[NL], rb[NL];
+    auto fetch = [&](int k0) {
+#pragma unroll
+        for (int r = 0; r < NL; ++r) {
+            const int e = tid + r * G2C_NT;
+            const int i = AKF ? e / G2B_KT : (e & 63), k = AKF ? e % G2B_KT : (e >> 6);
+            ra[r] = (k0 + k < kdim) ? fa(i, k0 + k) : 0.f;
+            const int jj = BKF ? e / G2B_KT : (e & 63), kb = BKF ? e % G2B_KT : (e >> 6);
+            rb[r] = (k0 + kb < kdim) ? fb(k0 + kb, jj) : 0.f;
+        }
+    };
+    fetch(0);
     for (int k0 = 0; k0 < kdim; k0 += G2B_KT) {
 #pragma unroll
-        for (int r = 0; r < (G2B_KT * G2C_C) / G2C_NT; ++r) {
+        for (int r = 0; r < NL; ++r) {
             const int e = tid + r * G2C_NT;
-            int i, k;
-            if (AKF) {
-                k = e % G2B_KT;
-                i = e / G2B_KT;
-            } else {
-                i = e & 63;
-                k = e >> 6;
-            }
-            sa[k * G2B_LD + i] = (k0 + k < kdim) ? fa(i, k0 + k) : 0.f;
-            int jj, kb;
-            if (BKF) {
-                kb = e % G2B_KT;
-                jj = e / G2B_KT;
-            } else {
-                jj = e & 63;
-                kb = e >> 6;
-            }
-            sb[kb * G2B_LD + jj] = (k0 + kb < kdim) ? fb(k0 + kb, jj) : 0.f;
+            const int i = AKF ? e / G2B_KT : (e & 63), k = AKF ? e % G2B_KT : (e >> 6);
+            sa[k * G2B_LD + i] = ra[r];
+            const int jj = BKF ? e / G2B_KT : (e & 63), kb = BKF ? e % G2B_KT : (e >> 6);
+            sb[kb * G2B_LD + jj] = rb[r];
         }
         __syncthreads();
+        if (k0 + G2B_KT < kdim) fetch(k0 + G2B_KT);
 #pragma unroll 8
         for (int k = 0; k < G2B_KT; ++k) {
             float a[4], b[4];
