@@ -1,8 +1,11 @@
 //! Times the CUDA GDN2 rule (issue 17): the chunked forward against the token recurrence, and
-//! forward + backward (the backward is the token recurrence for both), bf16 storage, Dk = Dv =
-//! 128, in-kernel l2norm, FLA's inputs (g = logsigmoid(randn) per key channel, b, w uniform in
-//! (0, 1)), CUDA events, median of 5 after 2 warm-ups. Prints the per-kernel times of one chunked
-//! forward and the chunked o against the recurrence's (RMS relative difference).
+//! forward + backward with the backward named by `GDN_RULE2_BWD` (chunked forward in both), bf16
+//! storage, Dk = Dv = 128, in-kernel l2norm, FLA's inputs (g = logsigmoid(randn) per key channel,
+//! b, w uniform in (0, 1)), CUDA events, median of 5 after 2 warm-ups. Prints the per-kernel times
+//! of one chunked forward and the chunked o against the recurrence's (RMS relative difference);
+//! then (`bench-rule2-bwd`) the chunked backward against the recurrent one (backward alone and
+//! chunked forward + backward), the RMS relative difference of their dq, dk, dg, and the
+//! per-kernel times of one chunked backward.
 //!
 //! FLA's `chunk_gdn2` on the H200 (issue 17): 4.80 ms forward, 25.0 ms forward + backward at B1
 //! T32768 16/32. `GDN_RULE2_BV=16|32` forces the scan's tile width.
@@ -15,7 +18,7 @@ use bench::*;
 
 use gdn::backend::launch::{profile_start, profile_take};
 use gdn::device::cuda::{self, DBuf, DType, GBuf};
-use gdn::ops::gdn2_rule::cuda::{backward, forward_with, Fwd};
+use gdn::ops::gdn2_rule::cuda::{backward, backward_with, forward_with, Bwd, Fwd};
 use gdn::ops::gdn2_rule::{RuleOpts, RuleShape};
 use gdn::testutil::rms_rel_err;
 use gdn::Seqs;
@@ -107,6 +110,50 @@ fn main() {
         );
         println!(
             "bench-rule2-mem | B{b} T{t} {hk}/{hv} | peak device bytes {:.2} GiB",
+            gpu.peak_bytes() as f64 / (1u64 << 30) as f64
+        );
+        let bwd = |which: Bwd| {
+            backward_with(
+                &gpu, which, &q, &k, &v, &g, &bb, &w, &seqs, shape, opts, None, &d_o, None,
+            )
+            .unwrap()
+        };
+        let tb_c = time_ms(&gpu, 2, 5, || drop(bwd(Bwd::Chunked)));
+        let tb_r = time_ms(&gpu, 1, 3, || drop(bwd(Bwd::Recurrent)));
+        let tfb_c = time_ms(&gpu, 2, 5, || drop((run(Fwd::Chunked), bwd(Bwd::Chunked))));
+        let (gc, gr) = (bwd(Bwd::Chunked), bwd(Bwd::Recurrent));
+        let rel = |a: &DBuf, b: &DBuf| {
+            let y: Vec<f64> = b.download().unwrap().iter().map(|&x| x as f64).collect();
+            rms_rel_err(&a.download().unwrap(), &y)
+        };
+        let dg_c = gpu.download(&gc.dg).unwrap();
+        let dg_r: Vec<f64> = gpu
+            .download(&gr.dg)
+            .unwrap()
+            .iter()
+            .map(|&x| x as f64)
+            .collect();
+        println!(
+            "bench-rule2-bwd | B{b} T{t} {hk}/{hv} | chunked bwd {tb_c:.2} ms | recurrent bwd {tb_r:.2} ms | chunked fwd + chunked bwd {tfb_c:.2} ms | FLA fwd+bwd {fla_fb:.2} ms | chunked vs recurrent RMS rel: dq {:.2e} dk {:.2e} dg {:.2e}",
+            rel(&gc.dq, &gr.dq),
+            rel(&gc.dk, &gr.dk),
+            rms_rel_err(&dg_c, &dg_r)
+        );
+        drop((gc, gr));
+        profile_start();
+        drop(bwd(Bwd::Chunked));
+        gpu.sync().unwrap();
+        let prof = profile_take();
+        let line: Vec<String> = prof
+            .iter()
+            .map(|(n, ms, c)| format!("{n}={ms:.2}ms/{c}"))
+            .collect();
+        println!(
+            "bench-rule2-bwd-kernels | B{b} T{t} {hk}/{hv} | {}",
+            line.join(" ")
+        );
+        println!(
+            "bench-rule2-bwd-mem | B{b} T{t} {hk}/{hv} | peak device bytes {:.2} GiB",
             gpu.peak_bytes() as f64 / (1u64 << 30) as f64
         );
     }

@@ -15,7 +15,12 @@
 //! `GDN_RULE2=recurrent` selects the token-by-token recurrence ([`Fwd::Recurrent`]), which the
 //! tests compare against.
 //!
-//! Backward (and the recurrent forward): a token-by-token recurrence, one block per (sequence,
+//! Backward (issue 17): [`Bwd::Chunked`] (`GDN_RULE2_BWD=chunked`; [`DEFAULT_BWD`] says which
+//! runs when the variable is unset) recomputes the chunked forward's pieces, scans the state
+//! gradient over the chunks in reverse (`g2b_dscan`), then computes every gradient per chunk
+//! (`g2b_grad`); same limits as the chunked forward (Dk, Dv <= 128, else the recurrence).
+//!
+//! Recurrent backward (and the recurrent forward): a token-by-token recurrence, one block per (sequence,
 //! value head, V tile of 32 columns) with the state tile in registers. Backward stores the state at the start
 //! of every 64-token chunk, then walks the chunks in reverse, recomputing each chunk's states into
 //! a per-block workspace (`64 * Dk * 32` floats per block). Per-tile partials of dq, dk, dg, db
@@ -520,6 +525,7 @@ fn chunked_forward(
             ptr(&ws_kd, st),
             ptr(&ws_a, st),
             ptr(&ws_egl, st),
+            Arg::Ptr(0),
         ],
     )?;
     let ws_h = out_f32(gpu, ch * s.dk * s.dv)?;
@@ -570,11 +576,74 @@ fn chunked_forward(
     Ok(())
 }
 
+/// Which backward kernels run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bwd {
+    /// The token-by-token recurrence (`g2_bwd_*`, `g2_reduce_*`).
+    Recurrent,
+    /// The chunked kernels (`g2c_prep_*` and `g2c_scan*` recomputing the forward, then
+    /// `g2b_dscan*`, `g2b_grad_*`) where [`chunked_supports`] says yes, else the recurrence.
+    Chunked,
+}
+
+/// The backward [`Bwd::from_env`] picks when `GDN_RULE2_BWD` is unset (flip to `Bwd::Chunked`
+/// to make the chunked backward the default).
+pub const DEFAULT_BWD: Bwd = Bwd::Recurrent;
+
+impl Bwd {
+    /// `GDN_RULE2_BWD=chunked` or `=recurrent` picks the kernels; unset (or anything else),
+    /// [`DEFAULT_BWD`].
+    pub fn from_env() -> Bwd {
+        match std::env::var("GDN_RULE2_BWD").as_deref() {
+            Ok("chunked") => Bwd::Chunked,
+            Ok("recurrent") => Bwd::Recurrent,
+            _ => DEFAULT_BWD,
+        }
+    }
+}
+
 /// Backward on the GPU from `d_o` `[tokens, Hv, Dv]` (storage type of q) and optionally the
-/// gradient of the final states (fp32). Recomputes the states from the inputs.
+/// gradient of the final states (fp32), with the kernels [`Bwd::from_env`] names. Recomputes the
+/// states from the inputs.
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     gpu: &Arc<Gpu>,
+    q: &DBuf,
+    k: &DBuf,
+    v: &DBuf,
+    g: &GBuf<f32>,
+    b: &DBuf,
+    w: &DBuf,
+    seqs: &Seqs,
+    shape: RuleShape,
+    opts: RuleOpts,
+    initial_state: Option<&GBuf<f32>>,
+    d_o: &DBuf,
+    d_final_state: Option<&GBuf<f32>>,
+) -> Result<Grads> {
+    backward_with(
+        gpu,
+        Bwd::from_env(),
+        q,
+        k,
+        v,
+        g,
+        b,
+        w,
+        seqs,
+        shape,
+        opts,
+        initial_state,
+        d_o,
+        d_final_state,
+    )
+}
+
+/// [`backward`] with the kernels chosen by the caller.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_with(
+    gpu: &Arc<Gpu>,
+    bwd: Bwd,
     q: &DBuf,
     k: &DBuf,
     v: &DBuf,
@@ -593,13 +662,29 @@ pub fn backward(
     let (tokens, n_seq) = (seqs.tokens(), seqs.count());
     check_backward_grads("gdn2 rule", gpu, dt, seqs, s, d_o, d_final_state)?;
     let st = gpu.stream();
-    let (cu, chf, chunks) = tables(gpu, seqs)?;
     let norm = if opts.l2norm_in_kernel {
         Some(normalized(gpu, q, k, s, dt)?)
     } else {
         None
     };
     let (qq, kk) = norm.as_ref().map_or((q, k), |(a, b)| (a, b));
+    if bwd == Bwd::Chunked && chunked_supports(s) {
+        let x = BwdIo {
+            q,
+            k,
+            qq,
+            kk,
+            v,
+            g,
+            b,
+            w,
+            h0: initial_state,
+            d_o,
+            dht: d_final_state,
+        };
+        return chunked_backward(gpu, &x, seqs, s, opts, dt);
+    }
+    let (cu, chf, chunks) = tables(gpu, seqs)?;
     let nt = tiles(s);
     let blocks = n_seq * s.hv * nt;
     let ckpt = out_f32(gpu, chunks * s.hv * s.dk * s.dv)?;
@@ -701,6 +786,242 @@ pub fn backward(
     let used = seqs.used();
     zero_tail("gdn2 rule", gpu, &mut dv, used, tokens, s.hv * s.dv)?;
     zero_tail("gdn2 rule", gpu, &mut dw, used, tokens, s.hv * s.dv)?;
+    Ok(Grads {
+        dq,
+        dk,
+        dv,
+        dg,
+        db,
+        dw,
+        dh0,
+    })
+}
+
+/// Inputs of one chunked backward: the raw q, k (for the l2 norm's backward) and the ones the
+/// rule reads (`qq`, `kk`: normalized fp32 copies when the norm is in the kernel).
+struct BwdIo<'a> {
+    q: &'a DBuf,
+    k: &'a DBuf,
+    qq: &'a DBuf,
+    kk: &'a DBuf,
+    v: &'a DBuf,
+    g: &'a GBuf<f32>,
+    b: &'a DBuf,
+    w: &'a DBuf,
+    h0: Option<&'a GBuf<f32>>,
+    d_o: &'a DBuf,
+    dht: Option<&'a GBuf<f32>>,
+}
+
+/// State columns per block of `g2b_dscan`: 32 where Dv allows it, else 16.
+fn dscan_bv(s: RuleShape) -> usize {
+    if s.dv.is_multiple_of(32) {
+        32
+    } else {
+        16
+    }
+}
+
+/// Shared memory (bytes) of `g2b_dscan{bv}` (see the kernel).
+fn dscan_smem(s: RuleShape, bv: usize) -> usize {
+    4 * (3 * CK * s.dk + CK * CK + s.dk + 2 * CK * bv + s.dk * bv)
+}
+
+/// Shared memory (bytes) of `g2b_grad_*` (see the kernel): 230400 at Dk = 128.
+fn grad_smem(s: RuleShape) -> usize {
+    4 * (5 * CK * s.dk + 3 * CK * 65 + 2 * 32 * 65)
+}
+
+/// The chunked backward (kernels' header comment in `gdn2_rule.cu`): recompute the forward's
+/// chunk pieces (`g2c_prep`, with T) and chunk-start states (`g2c_scan`), the reverse scan of
+/// the state gradient (`g2b_dscan`), every gradient per chunk (`g2b_grad`), then the GVA sum and
+/// the l2 norm's backward (`gdr_reduce_qk`).
+fn chunked_backward(
+    gpu: &Arc<Gpu>,
+    x: &BwdIo,
+    seqs: &Seqs,
+    s: RuleShape,
+    opts: RuleOpts,
+    dt: DType,
+) -> Result<Grads> {
+    let st = gpu.stream();
+    let (tokens, n_seq, used) = (seqs.tokens(), seqs.count(), seqs.used());
+    let ChunkTables {
+        t0: ch_t0,
+        len: ch_len,
+        chf,
+        chunks,
+    } = chunk_tables(gpu, seqs)?;
+    let ch = chunks * s.hv;
+    let ws_u = out_f32(gpu, ch * CK * s.dv)?;
+    let ws_wm = out_f32(gpu, ch * CK * s.dk)?;
+    let ws_qg = out_f32(gpu, ch * CK * s.dk)?;
+    let ws_kd = out_f32(gpu, ch * CK * s.dk)?;
+    let ws_a = out_f32(gpu, ch * CK * CK)?;
+    let ws_egl = out_f32(gpu, ch * s.dk)?;
+    let ws_t = out_f32(gpu, ch * CK * CK)?;
+    launch_in(
+        gpu,
+        MODULE,
+        &format!("g2c_prep_{}", rule_sfx(dt, opts)),
+        ch,
+        prep_smem(s),
+        &[
+            dptr(x.qq, st),
+            dptr(x.kk, st),
+            dptr(x.v, st),
+            ptr(x.g, st),
+            dptr(x.b, st),
+            dptr(x.w, st),
+            ptr(&ch_t0, st),
+            ptr(&ch_len, st),
+            i32_arg(s.hk),
+            i32_arg(s.hv),
+            i32_arg(s.dk),
+            i32_arg(s.dv),
+            ptr(&ws_u, st),
+            ptr(&ws_wm, st),
+            ptr(&ws_qg, st),
+            ptr(&ws_kd, st),
+            ptr(&ws_a, st),
+            ptr(&ws_egl, st),
+            ptr(&ws_t, st),
+        ],
+    )?;
+    let ws_h = out_f32(gpu, ch * s.dk * s.dv)?;
+    let ws_d = out_f32(gpu, ch * CK * s.dv)?;
+    let bv = scan_bv(s);
+    launch_in(
+        gpu,
+        MODULE,
+        &format!("g2c_scan{bv}"),
+        n_seq * s.hv * (s.dv / bv),
+        scan_smem(s, bv),
+        &[
+            ptr(&ws_u, st),
+            ptr(&ws_wm, st),
+            ptr(&ws_kd, st),
+            ptr(&ws_egl, st),
+            ptr(&chf, st),
+            i32_arg(s.hv),
+            i32_arg(s.dk),
+            i32_arg(s.dv),
+            optr(x.h0, st),
+            ptr(&ws_h, st),
+            ptr(&ws_d, st),
+            Arg::Ptr(0),
+        ],
+    )?;
+    drop(ws_u);
+    let ws_dh = out_f32(gpu, ch * s.dk * s.dv)?;
+    let ws_dd = out_f32(gpu, ch * CK * s.dv)?;
+    let dh0 = match x.h0 {
+        Some(_) => Some(out_f32(gpu, n_seq * s.hv * s.dk * s.dv)?),
+        None => None,
+    };
+    let bvb = dscan_bv(s);
+    launch_in(
+        gpu,
+        MODULE,
+        &format!("g2b_dscan{bvb}_{}", suffix(dt)),
+        n_seq * s.hv * (s.dv / bvb),
+        dscan_smem(s, bvb),
+        &[
+            ptr(&ws_kd, st),
+            ptr(&ws_a, st),
+            ptr(&ws_qg, st),
+            ptr(&ws_wm, st),
+            ptr(&ws_egl, st),
+            dptr(x.d_o, st),
+            ptr(&chf, st),
+            ptr(&ch_t0, st),
+            ptr(&ch_len, st),
+            i32_arg(s.hv),
+            i32_arg(s.dk),
+            i32_arg(s.dv),
+            Arg::F32(opts.scale),
+            optr(x.dht, st),
+            ptr(&ws_dh, st),
+            ptr(&ws_dd, st),
+            optr(dh0.as_ref(), st),
+        ],
+    )?;
+    drop((ws_wm, ws_qg, ws_kd, ws_a, ws_egl));
+    let ws_g = out_f32(gpu, ch * 4 * CK * s.dk)?;
+    let part = tokens * s.hv * s.dk;
+    let dqs = out_exact(gpu, part)?;
+    let dks = out_exact(gpu, part)?;
+    let mut dv = out_d(gpu, tokens * s.hv * s.dv, dt)?;
+    let mut dw = out_d(gpu, tokens * s.hv * s.dv, dt)?;
+    let mut dg = out_exact(gpu, part)?;
+    let mut db = out_d(gpu, part, dt)?;
+    launch_in(
+        gpu,
+        MODULE,
+        &format!("g2b_grad_{}", rule_sfx(dt, opts)),
+        ch,
+        grad_smem(s),
+        &[
+            dptr(x.qq, st),
+            dptr(x.kk, st),
+            dptr(x.v, st),
+            ptr(x.g, st),
+            dptr(x.b, st),
+            dptr(x.w, st),
+            dptr(x.d_o, st),
+            ptr(&ch_t0, st),
+            ptr(&ch_len, st),
+            i32_arg(s.hk),
+            i32_arg(s.hv),
+            i32_arg(s.dk),
+            i32_arg(s.dv),
+            Arg::F32(opts.scale),
+            ptr(&ws_h, st),
+            ptr(&ws_d, st),
+            ptr(&ws_dh, st),
+            ptr(&ws_dd, st),
+            ptr(&ws_t, st),
+            ptr(&ws_g, st),
+            ptr(&dqs, st),
+            ptr(&dks, st),
+            dptr(&dv, st),
+            dptr(&dw, st),
+            ptr(&dg, st),
+            dptr(&db, st),
+        ],
+    )?;
+    drop((ws_h, ws_d, ws_dh, ws_dd, ws_t, ws_g));
+    let dq = out_d(gpu, tokens * s.hk * s.dk, dt)?;
+    let dk = out_d(gpu, tokens * s.hk * s.dk, dt)?;
+    launch(
+        gpu,
+        GDR_MODULE,
+        &format!("gdr_reduce_qk_{}", suffix(dt)),
+        (tokens * s.hk).div_ceil(ROWS_PER_BLOCK),
+        &[
+            dptr(x.q, st),
+            dptr(x.k, st),
+            ptr(&dqs, st),
+            ptr(&dks, st),
+            Arg::I64(tokens as i64),
+            Arg::I64(used as i64),
+            i32_arg(s.hk),
+            i32_arg(s.hv),
+            i32_arg(s.dk),
+            Arg::I32(opts.l2norm_in_kernel as i32),
+            dptr(&dq, st),
+            dptr(&dk, st),
+        ],
+    )?;
+    for b in [&mut dv, &mut dw] {
+        zero_tail("gdn2 rule", gpu, b, used, tokens, s.hv * s.dv)?;
+    }
+    zero_tail("gdn2 rule", gpu, &mut db, used, tokens, s.hv * s.dk)?;
+    if used < tokens {
+        let wd = s.hv * s.dk;
+        st.memset_zeros(&mut dg.slice.slice_mut(used * wd..tokens * wd))
+            .map_err(|e| GdnError::Device(format!("gdn2 rule: zeroing padding rows: {e:?}")))?;
+    }
     Ok(Grads {
         dq,
         dk,

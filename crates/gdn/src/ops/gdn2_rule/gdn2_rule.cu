@@ -394,7 +394,7 @@ __device__ void g2c_prep(const TQ* __restrict__ q, const TQ* __restrict__ k, con
                          const i64* __restrict__ ch_t0, const int* __restrict__ ch_len, int hk_n, int hv_n,
                          int dk, int dv, float* __restrict__ ws_u, float* __restrict__ ws_wm,
                          float* __restrict__ ws_qg, float* __restrict__ ws_kd, float* __restrict__ ws_a,
-                         float* __restrict__ ws_egl) {
+                         float* __restrict__ ws_egl, float* __restrict__ ws_t) {
     extern __shared__ __align__(16) float g2c_sm[];
     const int tid = threadIdx.x;
     const i64 cj = blockIdx.x;
@@ -616,6 +616,15 @@ __device__ void g2c_prep(const TQ* __restrict__ q, const TQ* __restrict__ k, con
             sT[(n + il) * G2C_LT + x] = -s;
         }
         __syncthreads();
+    }
+
+    // T for the chunked backward (when asked for): [64][64], zero above the diagonal (those
+    // entries of sT are never written: they hold stale Q). T is complete (synced above).
+    if (ws_t) {
+        for (int idx = tid; idx < G2C_C * G2C_C; idx += G2C_NT) {
+            const int i = idx >> 6, x = idx & 63;
+            ws_t[cj * G2C_C * G2C_C + idx] = x <= i ? sT[i * G2C_LT + x] : 0.f;
+        }
     }
 
     // 6. U = T (W * V), Wm = T (Kb * eg). T is lower triangular: rows of block rb read columns
@@ -957,9 +966,9 @@ __device__ void g2c_out(const float* __restrict__ ws_qg, const float* __restrict
     extern "C" __global__ void __launch_bounds__(G2_NT)                                                       \
         g2c_prep_##S(const TQ* q, const TQ* k, const T* v, const float* g, const T* b, const T* w,            \
                      const i64* ch_t0, const int* ch_len, int hk, int hv, int dk, int dv, float* ws_u,        \
-                     float* ws_wm, float* ws_qg, float* ws_kd, float* ws_a, float* ws_egl) {                  \
+                     float* ws_wm, float* ws_qg, float* ws_kd, float* ws_a, float* ws_egl, float* ws_t) {     \
         g2c_prep<TQ, T>(q, k, v, g, b, w, ch_t0, ch_len, hk, hv, dk, dv, ws_u, ws_wm, ws_qg, ws_kd, ws_a,     \
-                        ws_egl);                                                                              \
+                        ws_egl, ws_t);                                                                        \
     }
 
 G2C_ENTRIES(float, float, f32)
@@ -989,3 +998,442 @@ extern "C" __global__ void __launch_bounds__(G2_NT)
                  const int* ch_len, int hv, int dk, int dv, float scale, bf16_t* o) {
     g2c_out<bf16_t>(ws_qg, ws_a, ws_h, ws_d, ch_t0, ch_len, hv, dk, dv, scale, o);
 }
+
+// =============================================================================================
+// Chunked backward (issue 17; opt-in with GDN_RULE2_BWD=chunked). The derivation is cpu.rs's
+// chunk_backward; every product is fp32 (FMAs, fixed orders), no atomics, bitwise reproducible.
+// Dk, Dv <= 128 like the chunked forward.
+//
+// Recompute: g2c_prep (U, Wm, Qg, Kd^T, A, eg_63 and, for the backward, T = (I + M)^-1) and
+// g2c_scan (chunk-start states h[c] = S0 and D = U - Wm S0). Then, per chunk with end-state
+// gradient dS1 (l valid rows; the padding rows of every operand are zero):
+//
+//   g2b_dscan  per (sequence, value head, V tile of BV = 32 or 16 columns), chunks in reverse with
+//              dS [Dk, BV] in shared memory: stores dh[c] = dS1, then
+//                dD  = Kd dS1 + A^T (scale dO)                        (stored, [64, Dv])
+//                dS0 = Diag(eg_63) dS1 + Qg^T (scale dO) - Wm^T dD    (carried; dh0 at the end)
+//   g2b_grad   per (chunk, value head), from S0, dS1, D, dD, T and the inputs:
+//                dKd = D dS1^T, dQg = scale dO S0^T, dWm = -dD S0^T    ([64, Dk], global scratch)
+//                dA = scale dO D^T, dT = dD Wv^T + dWm Kbg^T            ([64, 64], shared)
+//                dWv = T^T dD -> dw = dWv * v, dv = dWv * w
+//                dKbg = T^T dWm, dM = -T^T dT T^T
+//              then per element (i, c) the Gram gradients at fixed decay, directly with
+//              E_ijc = e^(Gam_ic - Gam_jc) (exponent <= 0 for j <= i: no sub-chunk split needed):
+//                dQa_ic  = sum_{j<i} dA_ij E_ijc K_jc      dKbm_ic = sum_{j<i} dM_ij E_ijc K_jc
+//                dKg_ic  = sum_{r>i} E_ric (dA_ri Q_rc + dM_ri Kb_rc)
+//              (the diagonal terms j = i, E = 1, add dA_ii K_i to dq and dA_ii Q_i to dk and
+//              cancel in dGam), and with eg = e^Gam, ed = e^(Gam_63 - Gam):
+//                dq   = eg dQg + dQa + dA_ii K             dKb = eg dKbg + dKbm,  db = dKb K
+//                dk   = ed dKd + dKg + dA_ii Q + dKb B
+//                dGam = dQg Qg + dKbg Kbg + Q dQa + Kb dKbm - K dKg - dKd Kd
+//                       (+ eg_63 <S0_c, dS1_c> + sum_i dKd_ic Kd_ic on the last valid row)
+//                dg   = reverse cumulative sum of dGam over the chunk's rows, per channel
+//              dq, dk per value head (fp32); gated_delta_rule's gdr_reduce_qk sums the GVA group
+//              in head order and applies the l2 norm's backward.
+// The products run as 64 x 64 output tiles (g2b_tile: 16x16 threads, 4x4 elements each, operands
+// staged through shared memory in 32-deep slices), fp32 FMAs.
+
+// Shared memory of g2b_dscan (floats): 3 * 64 dk + 64 * 64 + dk + 2 * 64 BV + dk BV.
+template <int BV, typename T>
+__device__ void g2b_dscan(const float* __restrict__ ws_kd, const float* __restrict__ ws_a,
+                          const float* __restrict__ ws_qg, const float* __restrict__ ws_wm,
+                          const float* __restrict__ ws_egl, const T* __restrict__ d_o, const i64* __restrict__ chf,
+                          const i64* __restrict__ ch_t0, const int* __restrict__ ch_len, int hv_n, int dk, int dv,
+                          float scale, const float* __restrict__ dht, float* __restrict__ ws_dh,
+                          float* __restrict__ ws_dd, float* __restrict__ dh0) {
+    extern __shared__ __align__(16) float g2c_sm[];
+    constexpr int RS = G2C_NT / BV;        // row groups
+    constexpr int NX = G2C_MAXD / RS;      // state rows per thread, at most
+    constexpr int NR = G2C_C / RS;         // dD rows per thread
+    const int tid = threadIdx.x, col = tid % BV, r0 = tid / BV;
+    const int ntile = dv / BV;
+    const int tile = blockIdx.x % ntile;
+    const int j = (blockIdx.x / ntile) % hv_n;
+    const i64 n = blockIdx.x / ntile / hv_n;
+    const int y = tile * BV + col;
+    const int nx = dk / RS;
+    float* sKt = g2c_sm;                 // Kd^T [dk][64]
+    float* sQg = sKt + G2C_C * dk;       // [64][dk]
+    float* sW = sQg + G2C_C * dk;        // Wm [64][dk]
+    float* sA = sW + G2C_C * dk;         // [64][64]
+    float* sE = sA + G2C_C * G2C_C;      // eg_63 [dk]
+    float* sO = sE + dk;                 // scale dO [64][BV]
+    float* sDD = sO + G2C_C * BV;        // dD [64][BV]
+    float* sS = sDD + G2C_C * BV;        // dS [dk][BV]
+    const i64 sn = (i64)dk * dv;
+    const i64 sbase = (n * hv_n + j) * sn;
+    for (int x = r0; x < dk; x += RS) sS[x * BV + col] = dht ? dht[sbase + (i64)x * dv + y] : 0.f;
+    const i64 c0 = chf[n], nch = chf[n + 1] - c0;
+    for (i64 ci = nch - 1; ci >= 0; --ci) {
+        const i64 c = c0 + ci;
+        const i64 cj = c * hv_n + j;
+        const i64 t0 = ch_t0[c];
+        const int l = ch_len[c];
+        __syncthreads();  // the previous chunk's reads of the operands and writes of sS are done
+        {
+            const float4* kd4 = reinterpret_cast<const float4*>(ws_kd + cj * G2C_C * (i64)dk);
+            const float4* qg4 = reinterpret_cast<const float4*>(ws_qg + cj * G2C_C * (i64)dk);
+            const float4* wm4 = reinterpret_cast<const float4*>(ws_wm + cj * G2C_C * (i64)dk);
+            const float4* a4 = reinterpret_cast<const float4*>(ws_a + cj * G2C_C * G2C_C);
+            for (int e = tid; e < G2C_C * dk / 4; e += G2C_NT) {
+                reinterpret_cast<float4*>(sKt)[e] = kd4[e];
+                reinterpret_cast<float4*>(sQg)[e] = qg4[e];
+                reinterpret_cast<float4*>(sW)[e] = wm4[e];
+            }
+            for (int e = tid; e < G2C_C * G2C_C / 4; e += G2C_NT) reinterpret_cast<float4*>(sA)[e] = a4[e];
+            for (int e = tid; e < dk; e += G2C_NT) sE[e] = ws_egl[cj * dk + e];
+            for (int e = tid; e < G2C_C * BV; e += G2C_NT) {
+                const int r = e / BV, cc = e - r * BV;
+                sO[e] = r < l ? scale * ld(d_o, ((t0 + r) * hv_n + j) * (i64)dv + tile * BV + cc) : 0.f;
+            }
+            // dh[c] = dS1 (this thread's own elements of sS).
+            float* dh = ws_dh + cj * sn + y;
+            for (int x = r0; x < dk; x += RS) dh[(i64)x * dv] = sS[x * BV + col];
+        }
+        __syncthreads();
+        // dD = Kd dS1 + A^T (scale dO): rows r0 + RS m.
+        {
+            float acc[NR];
+#pragma unroll
+            for (int m = 0; m < NR; ++m) acc[m] = 0.f;
+            for (int x = 0; x < dk; ++x) {
+                const float s = sS[x * BV + col];
+#pragma unroll
+                for (int m = 0; m < NR; ++m) acc[m] += sKt[x * G2C_C + r0 + RS * m] * s;
+            }
+            for (int r = 0; r < G2C_C; ++r) {
+                const float o = sO[r * BV + col];
+#pragma unroll
+                for (int m = 0; m < NR; ++m) acc[m] += sA[r * G2C_C + r0 + RS * m] * o;
+            }
+            float* dd = ws_dd + cj * G2C_C * (i64)dv + y;
+#pragma unroll
+            for (int m = 0; m < NR; ++m) {
+                const int i = r0 + RS * m;
+                sDD[i * BV + col] = acc[m];
+                dd[(i64)i * dv] = acc[m];
+            }
+        }
+        __syncthreads();
+        // dS0 = eg_63 dS1 + Qg^T (scale dO) - Wm^T dD: rows r0 + RS m.
+        float acc[NX];
+#pragma unroll
+        for (int m = 0; m < NX; ++m) {
+            const int x = r0 + RS * m;
+            acc[m] = m < nx ? sE[x] * sS[x * BV + col] : 0.f;
+        }
+        for (int i = 0; i < G2C_C; ++i) {
+            const float o = sO[i * BV + col], d = sDD[i * BV + col];
+#pragma unroll
+            for (int m = 0; m < NX; ++m) {
+                if (m < nx) {
+                    const int x = r0 + RS * m;
+                    acc[m] += sQg[i * dk + x] * o;
+                    acc[m] -= sW[i * dk + x] * d;
+                }
+            }
+        }
+        __syncthreads();  // every read of sS is done
+#pragma unroll
+        for (int m = 0; m < NX; ++m)
+            if (m < nx) sS[(r0 + RS * m) * BV + col] = acc[m];
+    }
+    if (dh0) {
+        // This thread's own elements of sS (written by it above, or loaded at the start).
+        for (int x = r0; x < dk; x += RS) dh0[sbase + (i64)x * dv + y] = sS[x * BV + col];
+    }
+}
+
+#define G2B_KT 32
+#define G2B_LD 65
+#define G2B_STAGE (2 * G2B_KT * G2B_LD)
+#define G2B_LM 65
+
+// acc (64 x 64 tile, thread (ty, tx) = (tid / 16, tid % 16) holds element (ty + 16 m, tx + 16 n)
+// in acc[m][n]) += sum_{k < kdim} fa(i, k) fb(k, j). AKF / BKF: whether k is the operand's
+// fastest-varying index in memory (which staging order coalesces). The operands are staged in
+// `stage` (G2B_STAGE floats) 32 k at a time, the next slice's loads issued into registers before
+// the current slice's FMAs; ends with a barrier (the stage is free again, and an epilogue may then
+// overwrite the operands).
+template <bool AKF, bool BKF, class FA, class FB>
+__device__ __forceinline__ void g2b_tile(float (&acc)[4][4], int kdim, FA fa, FB fb, float* stage) {
+    constexpr int NL = (G2B_KT * G2C_C) / G2C_NT;  // elements of each operand a thread stages
+    const int tid = threadIdx.x;
+    float* sa = stage;
+    float* sb = stage + G2B_KT * G2B_LD;
+    const int tx = tid & 15, ty = tid >> 4;
+    float ra[NL], rb[NL];
+    auto fetch = [&](int k0) {
+#pragma unroll
+        for (int r = 0; r < NL; ++r) {
+            const int e = tid + r * G2C_NT;
+            const int i = AKF ? e / G2B_KT : (e & 63), k = AKF ? e % G2B_KT : (e >> 6);
+            ra[r] = (k0 + k < kdim) ? fa(i, k0 + k) : 0.f;
+            const int jj = BKF ? e / G2B_KT : (e & 63), kb = BKF ? e % G2B_KT : (e >> 6);
+            rb[r] = (k0 + kb < kdim) ? fb(k0 + kb, jj) : 0.f;
+        }
+    };
+    fetch(0);
+    for (int k0 = 0; k0 < kdim; k0 += G2B_KT) {
+#pragma unroll
+        for (int r = 0; r < NL; ++r) {
+            const int e = tid + r * G2C_NT;
+            const int i = AKF ? e / G2B_KT : (e & 63), k = AKF ? e % G2B_KT : (e >> 6);
+            sa[k * G2B_LD + i] = ra[r];
+            const int jj = BKF ? e / G2B_KT : (e & 63), kb = BKF ? e % G2B_KT : (e >> 6);
+            sb[kb * G2B_LD + jj] = rb[r];
+        }
+        __syncthreads();
+        if (k0 + G2B_KT < kdim) fetch(k0 + G2B_KT);
+#pragma unroll 8
+        for (int k = 0; k < G2B_KT; ++k) {
+            float a[4], b[4];
+#pragma unroll
+            for (int m = 0; m < 4; ++m) a[m] = sa[k * G2B_LD + ty + 16 * m];
+#pragma unroll
+            for (int nn = 0; nn < 4; ++nn) b[nn] = sb[k * G2B_LD + tx + 16 * nn];
+#pragma unroll
+            for (int m = 0; m < 4; ++m)
+#pragma unroll
+                for (int nn = 0; nn < 4; ++nn) acc[m][nn] = fmaf(a[m], b[nn], acc[m][nn]);
+        }
+        __syncthreads();
+    }
+}
+
+// out[64][nc] = sum_{k < kdim} fa(i, k) fb(k, j), delivered as fe(i, j, value), in column tiles of
+// 64; ends with a barrier (the outputs are visible to the block). An output may overwrite an
+// operand only when nc <= 64 (one tile: every operand read precedes the epilogue).
+template <bool AKF, bool BKF, class FA, class FB, class FE>
+__device__ __forceinline__ void g2b_mm(int nc, int kdim, FA fa, FB fb, FE fe, float* stage) {
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    for (int n0 = 0; n0 < nc; n0 += 64) {
+        float acc[4][4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m)
+#pragma unroll
+            for (int nn = 0; nn < 4; ++nn) acc[m][nn] = 0.f;
+        g2b_tile<AKF, BKF>(
+            acc, kdim, fa, [&](int k, int jj) { return n0 + jj < nc ? fb(k, n0 + jj) : 0.f; }, stage);
+#pragma unroll
+        for (int m = 0; m < 4; ++m)
+#pragma unroll
+            for (int nn = 0; nn < 4; ++nn) {
+                const int jj = n0 + tx + 16 * nn;
+                if (jj < nc) fe(ty + 16 * m, jj, acc[m][nn]);
+            }
+    }
+    __syncthreads();
+}
+
+// Shared memory of g2b_grad (floats): 5 * 64 dk + 3 * 64 * 65 + 2 * 32 * 65.
+// Global scratch per (chunk, value head): 4 * 64 dk floats (dKd, dQg, dWm then dGam, dKbg).
+template <typename TQ, typename T>
+__device__ void g2b_grad(const TQ* __restrict__ q, const TQ* __restrict__ k, const T* __restrict__ v,
+                         const float* __restrict__ g, const T* __restrict__ b, const T* __restrict__ w,
+                         const T* __restrict__ d_o, const i64* __restrict__ ch_t0, const int* __restrict__ ch_len,
+                         int hk_n, int hv_n, int dk, int dv, float scale, const float* __restrict__ ws_h,
+                         const float* __restrict__ ws_d, const float* __restrict__ ws_dh,
+                         const float* __restrict__ ws_dd, const float* __restrict__ ws_t, float* ws_g,
+                         float* __restrict__ dq_s, float* __restrict__ dk_s, T* __restrict__ dv_out,
+                         T* __restrict__ dw_out, float* __restrict__ dg_out, T* __restrict__ db_out) {
+    extern __shared__ __align__(16) float g2c_sm[];
+    const int tid = threadIdx.x;
+    const i64 cj = blockIdx.x;
+    const i64 c = cj / hv_n;
+    const int j = (int)(cj % hv_n);
+    const int kh = j / (hv_n / hk_n);
+    const i64 t0 = ch_t0[c];
+    const int l = ch_len[c];
+    const int ck = G2C_C * dk;
+    float* sQ = g2c_sm;                  // [64][dk] (rows >= l zero)
+    float* sK = sQ + ck;                 // [64][dk]
+    float* sKb = sK + ck;                // B * K [64][dk]
+    float* sGh = sKb + ck;               // Gam hi [64][dk] (rows >= l repeat row l - 1)
+    float* sGl = sGh + ck;               // Gam lo
+    float* sT = sGl + ck;                // T [64][65]
+    float* sDA = sT + G2C_C * G2B_LM;    // dA [64][65]
+    float* sX = sDA + G2C_C * G2B_LM;    // dT, then T^T dT, then dM [64][65]
+    float* stage = sX + G2C_C * G2B_LM;  // G2B_STAGE
+    float* gKd = ws_g + cj * 4 * (i64)ck;  // dKd [64][dk]
+    float* gQg = gKd + ck;                 // dQg
+    float* gWm = gQg + ck;                 // dWm, then dGam
+    float* gKbg = gWm + ck;                // dKbg
+    const i64 sn = (i64)dk * dv;
+    const float* S0 = ws_h + cj * sn;                  // [dk][dv]
+    const float* dS1 = ws_dh + cj * sn;                // [dk][dv]
+    const float* Dm = ws_d + cj * G2C_C * (i64)dv;     // [64][dv]
+    const float* dDm = ws_dd + cj * G2C_C * (i64)dv;   // [64][dv]
+    const i64 vrow = (t0 * hv_n + j) * (i64)dv;        // row 0 of v, w, dO
+    const i64 vstride = (i64)hv_n * dv;
+
+    // 0. Rows, Gam (the same f64 sums as g2c_prep), T.
+    for (int idx = tid; idx < ck; idx += G2C_NT) {
+        const int i = idx / dk, x = idx - i * dk;
+        float qv = 0.f, kv = 0.f, bv = 0.f;
+        if (i < l) {
+            const i64 t = t0 + i;
+            const i64 kr = (t * hk_n + kh) * dk + x;
+            qv = ld(q, kr);
+            kv = ld(k, kr);
+            bv = ld(b, (t * hv_n + j) * dk + x);
+        }
+        sQ[idx] = qv;
+        sK[idx] = kv;
+        sKb[idx] = bv * kv;
+    }
+    if (tid < dk) {
+        double acc = 0.0;
+        for (int i = 0; i < G2C_C; ++i) {
+            if (i < l) acc += (double)g[((t0 + i) * hv_n + j) * dk + tid];
+            const float hi = (float)acc;
+            sGh[i * dk + tid] = hi;
+            sGl[i * dk + tid] = (float)(acc - (double)hi);
+        }
+    }
+    {
+        const float* tg = ws_t + cj * G2C_C * G2C_C;
+        for (int idx = tid; idx < G2C_C * G2C_C; idx += G2C_NT) sT[(idx >> 6) * G2B_LM + (idx & 63)] = tg[idx];
+    }
+    __syncthreads();
+    auto dO = [&](int i, int y) -> float { return i < l ? ld(d_o, vrow + i * vstride + y) : 0.f; };
+
+    // 1. dKd = D dS1^T, dQg = scale dO S0^T, dWm = -dD S0^T ([64][dk], reductions over Dv).
+    g2b_mm<true, true>(
+        dk, dv, [&](int i, int y) { return Dm[(i64)i * dv + y]; },
+        [&](int y, int x) { return dS1[(i64)x * dv + y]; }, [&](int i, int x, float a) { gKd[i * dk + x] = a; },
+        stage);
+    g2b_mm<true, true>(
+        dk, dv, dO, [&](int y, int x) { return S0[(i64)x * dv + y]; },
+        [&](int i, int x, float a) { gQg[i * dk + x] = scale * a; }, stage);
+    g2b_mm<true, true>(
+        dk, dv, [&](int i, int y) { return dDm[(i64)i * dv + y]; },
+        [&](int y, int x) { return S0[(i64)x * dv + y]; }, [&](int i, int x, float a) { gWm[i * dk + x] = -a; },
+        stage);
+    // 2. dA = scale dO D^T, dT = dD Wv^T ([64][64]).
+    g2b_mm<true, true>(
+        G2C_C, dv, dO, [&](int y, int jj) { return Dm[(i64)jj * dv + y]; },
+        [&](int i, int jj, float a) { sDA[i * G2B_LM + jj] = scale * a; }, stage);
+    g2b_mm<true, true>(
+        G2C_C, dv, [&](int i, int y) { return dDm[(i64)i * dv + y]; },
+        [&](int y, int jj) {
+            if (jj >= l) return 0.f;
+            const i64 o = vrow + jj * vstride + y;
+            return ld(w, o) * ld(v, o);
+        },
+        [&](int i, int jj, float a) { sX[i * G2B_LM + jj] = a; }, stage);
+    // 3. dWv = T^T dD: dw = dWv * v, dv = dWv * w (valid rows).
+    g2b_mm<false, false>(
+        dv, G2C_C, [&](int i, int r) { return sT[r * G2B_LM + i]; },
+        [&](int r, int y) { return dDm[(i64)r * dv + y]; },
+        [&](int i, int y, float a) {
+            if (i < l) {
+                const i64 o = vrow + i * vstride + y;
+                st(dw_out, o, a * ld(v, o));
+                st(dv_out, o, a * ld(w, o));
+            }
+        },
+        stage);
+    // 4. dT += dWm Kbg^T (Kbg = Kb e^Gam), dKbg = T^T dWm.
+    g2b_mm<true, true>(
+        G2C_C, dk, [&](int i, int x) { return gWm[i * dk + x]; },
+        [&](int x, int jj) { return sKb[jj * dk + x] * expf(sGh[jj * dk + x] + sGl[jj * dk + x]); },
+        [&](int i, int jj, float a) { sX[i * G2B_LM + jj] += a; }, stage);
+    g2b_mm<false, false>(
+        dk, G2C_C, [&](int i, int r) { return sT[r * G2B_LM + i]; }, [&](int r, int x) { return gWm[r * dk + x]; },
+        [&](int i, int x, float a) { gKbg[i * dk + x] = a; }, stage);
+    // 5. dM = -T^T dT T^T, in place in sX (one tile each: the epilogues follow every read).
+    g2b_mm<false, false>(
+        G2C_C, G2C_C, [&](int i, int r) { return sT[r * G2B_LM + i]; },
+        [&](int r, int jj) { return sX[r * G2B_LM + jj]; }, [&](int i, int jj, float a) { sX[i * G2B_LM + jj] = a; },
+        stage);
+    g2b_mm<true, true>(
+        G2C_C, G2C_C, [&](int i, int r) { return sX[i * G2B_LM + r]; },
+        [&](int r, int jj) { return sT[jj * G2B_LM + r]; }, [&](int i, int jj, float a) { sX[i * G2B_LM + jj] = -a; },
+        stage);
+
+    // 6. Per element: the Gram gradients, dq, dk, db; dGam into gWm (each thread rewrites only
+    //    its own elements of gWm, which nobody else reads in this step).
+    for (int idx = tid; idx < ck; idx += G2C_NT) {
+        const int i = idx / dk, x = idx - i * dk;
+        if (i >= l) {
+            gWm[idx] = 0.f;
+            continue;
+        }
+        const float ghi = sGh[idx], gli = sGl[idx];
+        const float qi = sQ[idx], ki = sK[idx], kbi = sKb[idx];
+        float dqa = 0.f, dkbm = 0.f;
+        for (int jj = 0; jj < i; ++jj) {
+            const int o = jj * dk + x;
+            const float ek = expf((ghi - sGh[o]) + (gli - sGl[o])) * sK[o];
+            dqa += sDA[i * G2B_LM + jj] * ek;
+            dkbm += sX[i * G2B_LM + jj] * ek;
+        }
+        float dkg = 0.f;
+        for (int r = i + 1; r < l; ++r) {
+            const int o = r * dk + x;
+            const float e = expf((sGh[o] - ghi) + (sGl[o] - gli));
+            dkg += e * (sDA[r * G2B_LM + i] * sQ[o] + sX[r * G2B_LM + i] * sKb[o]);
+        }
+        const float eg = expf(ghi + gli);
+        const float ed = expf((sGh[(G2C_C - 1) * dk + x] - ghi) + (sGl[(G2C_C - 1) * dk + x] - gli));
+        const float dkd = gKd[idx], dqg = gQg[idx], dkbg = gKbg[idx];
+        const float daii = sDA[i * G2B_LM + i];
+        const float kd = ki * ed;
+        gWm[idx] = dqg * (qi * eg) + dkbg * (kbi * eg) + qi * dqa + kbi * dkbm - ki * dkg - dkd * kd;
+        const i64 orow = ((t0 + i) * hv_n + j) * (i64)dk + x;
+        const float dkb = eg * dkbg + dkbm;
+        dq_s[orow] = eg * dqg + dqa + daii * ki;
+        dk_s[orow] = ed * dkd + dkg + daii * qi + dkb * ld(b, orow);
+        st(db_out, orow, dkb * ki);
+    }
+    __syncthreads();
+    // 7. dg: the last valid row's extra terms, then the reverse cumulative sum per channel.
+    if (tid < dk) {
+        const int x = tid;
+        const float gh63 = sGh[(G2C_C - 1) * dk + x], gl63 = sGl[(G2C_C - 1) * dk + x];
+        float ex = 0.f;
+        for (int i = 0; i < l; ++i) {
+            const int o = i * dk + x;
+            const float ed = expf((gh63 - sGh[o]) + (gl63 - sGl[o]));
+            ex += gKd[o] * (sK[o] * ed);
+        }
+        float sd = 0.f;
+        for (int y = 0; y < dv; ++y) sd += S0[(i64)x * dv + y] * dS1[(i64)x * dv + y];
+        float acc = expf(gh63 + gl63) * sd + ex;
+        for (int i = l - 1; i >= 0; --i) {
+            acc += gWm[i * dk + x];
+            dg_out[((t0 + i) * hv_n + j) * (i64)dk + x] = acc;
+        }
+    }
+}
+
+#define G2B_DSCAN(BV, T, S)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(G2C_NT, 1)                                                   \
+        g2b_dscan##BV##_##S(const float* ws_kd, const float* ws_a, const float* ws_qg, const float* ws_wm,    \
+                            const float* ws_egl, const T* d_o, const i64* chf, const i64* ch_t0,              \
+                            const int* ch_len, int hv, int dk, int dv, float scale, const float* dht,         \
+                            float* ws_dh, float* ws_dd, float* dh0) {                                         \
+        g2b_dscan<BV, T>(ws_kd, ws_a, ws_qg, ws_wm, ws_egl, d_o, chf, ch_t0, ch_len, hv, dk, dv, scale, dht,  \
+                         ws_dh, ws_dd, dh0);                                                                  \
+    }
+
+G2B_DSCAN(16, float, f32)
+G2B_DSCAN(32, float, f32)
+G2B_DSCAN(16, bf16_t, bf16)
+G2B_DSCAN(32, bf16_t, bf16)
+
+#define G2B_GRAD(TQ, T, S)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(G2C_NT, 1)                                                   \
+        g2b_grad_##S(const TQ* q, const TQ* k, const T* v, const float* g, const T* b, const T* w,            \
+                     const T* d_o, const i64* ch_t0, const int* ch_len, int hk, int hv, int dk, int dv,       \
+                     float scale, const float* ws_h, const float* ws_d, const float* ws_dh,                   \
+                     const float* ws_dd, const float* ws_t, float* ws_g, float* dq_s, float* dk_s,            \
+                     T* dv_out, T* dw_out, float* dg_out, T* db_out) {                                        \
+        g2b_grad<TQ, T>(q, k, v, g, b, w, d_o, ch_t0, ch_len, hk, hv, dk, dv, scale, ws_h, ws_d, ws_dh, ws_dd, \
+                        ws_t, ws_g, dq_s, dk_s, dv_out, dw_out, dg_out, db_out);                             \
+    }
+
+G2B_GRAD(float, float, f32)
+G2B_GRAD(bf16_t, bf16_t, bf16)
+G2B_GRAD(float, bf16_t, bf16n)
