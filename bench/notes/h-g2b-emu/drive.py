@@ -1,12 +1,18 @@
+"""Float64 model of the chunked GDN2 backward (the formulas of gdn2_rule.cu's g2b_* kernels, checked
+against finite differences of the token recurrence separately) against the emulated kernels
+(h/main, built from main.cpp and extract.py): prep, T, scan, dscan, grad; "c_*" = the whole chain
+on emulated workspaces. Prints the max relative error per output; NaN = an unwritten element."""
 import numpy as np, subprocess, sys
 C = 64
-def run(cu, hk, hv, dk, dv, seed, with_states, tokens=None):
+def run(cu, hk, hv, dk, dv, seed, with_states, tokens=None, strong=False):
     rng = np.random.default_rng(seed)
     used = cu[-1]; tokens = tokens or used
     nseq = len(cu) - 1
     q = rng.normal(size=(tokens, hk, dk)); k = rng.normal(size=(tokens, hk, dk))
     q /= np.linalg.norm(q, axis=2, keepdims=True); k /= np.linalg.norm(k, axis=2, keepdims=True)
     v = rng.normal(size=(tokens, hv, dv)); g = -np.log1p(np.exp(-rng.normal(size=(tokens, hv, dk))))
+    if strong:  # the GPU tests' strong gates: e^-1000 and more per chunk on every other channel
+        g[:, :, 0::2] = 20 * g[:, :, 0::2] - 10; g[:, :, 1::2] /= 20
     b = rng.uniform(size=(tokens, hv, dk)); w = rng.uniform(size=(tokens, hv, dv)); dO = rng.normal(size=(tokens, hv, dv))
     h0 = rng.normal(size=(nseq, hv, dk, dv)) * 0.5 if with_states else np.zeros((nseq, hv, dk, dv))
     dht = rng.normal(size=(nseq, hv, dk, dv)) * 0.5 if with_states else np.zeros((nseq, hv, dk, dv))
@@ -83,7 +89,7 @@ def run(cu, hk, hv, dk, dv, seed, with_states, tokens=None):
                     acc = acc + dgam[i]; ex['dg'][t0+i, j] = acc
     # write
     def w32(nm, x): np.asarray(x, dtype=np.float32).tofile(f'h/{nm}.bin')
-    for nm, x in [('q', q), ('k', k), ('v', v), ('g', g), ('b', b), ('w', w), ('do', dO), ('dht', dht)]: w32(nm, x)
+    for nm, x in [('q', q), ('k', k), ('v', v), ('g', g), ('b', b), ('w', w), ('do', dO), ('dht', dht), ('h0', h0)]: w32(nm, x)
     for nm, x in ws.items():
         if nm not in ('ws_dh', 'ws_dd'): w32(nm, x if chunks else np.zeros(1))
     np.array([scale], dtype=np.float32).tofile('h/scale.bin')
@@ -93,10 +99,14 @@ def run(cu, hk, hv, dk, dv, seed, with_states, tokens=None):
     subprocess.run(['./h/main'], check=True)
     worst = 0; line = f"cu={cu} {hk}/{hv} dk{dk} dv{dv} states={with_states}:"
     exp = dict(ex); exp['ws_dh'] = ws['ws_dh']; exp['ws_dd'] = ws['ws_dd']
+    for nm in ('ws_wm', 'ws_qg', 'ws_kd', 'ws_a', 'ws_egl', 'ws_t', 'ws_h', 'ws_d'):
+        exp['p_' + nm] = ws[nm]
+    for nm in list(ex) + ['ws_dh', 'ws_dd']:
+        exp['c_' + nm] = exp[nm]
     for nm, e in exp.items():
         got = np.fromfile(f'h/out_{nm}.bin', dtype=np.float32).astype(np.float64)
         e = e.reshape(-1)
-        if nm in ('dqs', 'dks', 'dv', 'dw', 'dg', 'db'):
+        if nm.replace('c_', '') in ('dqs', 'dks', 'dv', 'dw', 'dg', 'db'):
             W = e.size // tokens; got = got[:used * W]; e = e[:used * W]
         if np.isnan(got).any():
             line += f" {nm}=NaN@{np.where(np.isnan(got))[0][:3]}"; worst = np.inf; continue
@@ -110,4 +120,5 @@ res.append(run([0, 130], 1, 1, 128, 128, 5, True)); res.append(run([0, 3, 100], 
 res.append(run([0, 70], 1, 2, 32, 48, 2, True))
 res.append(run([0, 0, 1, 64, 130], 1, 2, 16, 32, 3, True, tokens=133))
 res.append(run([0, 65], 2, 2, 48, 32, 4, True))
+res.append(run([0, 0, 1, 100, 130], 1, 2, 32, 32, 7, True, tokens=131, strong=True))
 print("ALL WORST", max(res))
