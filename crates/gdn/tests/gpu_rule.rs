@@ -636,6 +636,26 @@ fn conditioning_readings() {
     cases.extend(prep_fwd_bwd_cases());
     let mut widened = 0;
     for c in &cases {
+        // One token: dq as the sum of the value heads' contributions (the recurrence with every
+        // other head's d_o zeroed), ||sum|| against sum ||contribution||.
+        if c.seqs.tokens() == 1 && c.shape.hv > c.shape.hk && c.dht.is_none() {
+            let x = f64_inputs(c);
+            let inp = ref_inputs(c, &x);
+            let (hv, dv) = (c.shape.hv, c.shape.dv);
+            let norm = |v: &[f64]| v.iter().map(|a| a * a).sum::<f64>().sqrt();
+            let mut parts = 0.0;
+            for j in 0..hv {
+                let mut d_o = vec![0.0; x.d_o.len()];
+                d_o[j * dv..(j + 1) * dv].copy_from_slice(&x.d_o[j * dv..(j + 1) * dv]);
+                parts += norm(&reference::backward(&inp, &d_o, None).dq);
+            }
+            let whole = norm(&reference::backward(&inp, &x.d_o, None).dq);
+            println!(
+                "conditioning one-token {}: ||dq|| / sum over heads ||dq_j|| = {:.3e}",
+                c.name,
+                whole / parts
+            );
+        }
         let fl = floors(c);
         widened += fl.iter().filter(|&&(n, f)| f > bf16_base_tol(n)).count();
         assert!(
