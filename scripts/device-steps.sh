@@ -5,8 +5,9 @@
 # command runs from the repository root with $G set to the GPU build (scripts/gpu-build.sh DIR).
 # A step is skipped when fewer than its timeout seconds remain of BUDGET, so the call ends
 # before the device tool's per-call limit with every finished step's log intact.
-# Each step writes $OUT/NAME.log (full) and $OUT/NAME.tail (its last 14 kB); $OUT/summary.txt
-# has rc, seconds and the test-result lines of every step.
+# Each step's full log goes into $OUT/logs.tgz (NAME.log; the device tool brings back only a few
+# files per call, so one archive); $OUT/summary.txt has rc, seconds and the test-result lines of
+# every step, and is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
@@ -14,6 +15,7 @@ export GDN_KERNEL_CACHE=${GDN_KERNEL_CACHE:-/tmp/gdn-kernels}
 export G=${GPU_DIR:-.gpu}
 OUT=${OUT:-/tmp/gdn-out}
 mkdir -p "$OUT"
+logs=$(mktemp -d)
 budget=${BUDGET:-560}
 start=$(date +%s)
 summary="$OUT/summary.txt"
@@ -26,12 +28,12 @@ while IFS='|' read -r name limit cmd; do
         continue
     fi
     t0=$(date +%s)
-    timeout "$limit" bash -c "$cmd" > "$OUT/$name.log" 2>&1
+    OUT=$logs timeout "$limit" bash -c "$cmd" > "$logs/$name.log" 2>&1
     rc=$?
-    tail -c 14000 "$OUT/$name.log" > "$OUT/$name.tail"
     {
         echo "$name: rc=$rc $(($(date +%s) - t0)) s"
-        grep -E "^test result|panicked|FAILED|^failures:" "$OUT/$name.log" | head -8
+        grep -E "^test result|panicked|FAILED|^failures:" "$logs/$name.log" | head -8
     } >> "$summary"
+    tar -czf "$OUT/logs.tgz" -C "$logs" .
 done < "${STEPS:?STEPS names the steps file}"
 cat "$summary"
