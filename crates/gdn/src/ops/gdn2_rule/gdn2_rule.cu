@@ -1000,7 +1000,7 @@ extern "C" __global__ void __launch_bounds__(G2_NT)
 }
 
 // =============================================================================================
-// Chunked backward (issue 17; opt-in with GDN_RULE2_BWD=chunked). The derivation is cpu.rs's
+// Chunked backward (issue 17; the default, GDN_RULE2_BWD=recurrent selects the recurrence). The derivation is cpu.rs's
 // chunk_backward; every product is fp32 (FMAs, fixed orders), no atomics, bitwise reproducible.
 // Dk, Dv <= 128 like the chunked forward.
 //
