@@ -142,10 +142,11 @@ fn check_table(variant: &str) -> HashMap<String, Row> {
     );
     // The default drops the conv outputs q, k, v (2qk + vd), the normalized q/k (2qk) and the
     // gates: GDN g, beta per value head (2Hv); GDN2 g and b repeated to each value head's key
-    // channels (2 Hv*Dk), w per value channel (vd) and b per key channel (qk).
+    // channels (2 Hv*Dk), w per value channel (vd) and b per key channel (qk), and in_proj's
+    // gate sections f, b, w (2qk + vd).
     let gates = match variant {
         "gdn" => 2 * HV,
-        _ => 2 * HV * DK + vd + qk,
+        _ => 2 * HV * DK + vd + qk + (2 * qk + vd),
     };
     assert_eq!(
         b("keep_rule_inputs") - b("none"),
@@ -153,10 +154,10 @@ fn check_table(variant: &str) -> HashMap<String, Row> {
         "rule inputs"
     );
     // What `none` keeps: x, the input norm's rstd, in_proj's output (GDN: q|k|v, z, beta, alpha;
-    // GDN2: q|k|v, z, f, b, w), o, its rstd per head, norm_out.
+    // GDN2: q|k|v, z), o, its rstd per head, norm_out.
     let proj = match variant {
         "gdn" => 2 * qk + 2 * vd + 2 * HV,
-        _ => 4 * qk + 3 * vd,
+        _ => 2 * qk + 2 * vd,
     };
     assert_eq!(
         b("none"),

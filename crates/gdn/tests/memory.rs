@@ -12,7 +12,7 @@
 //! | input-norm stats (rstd [+ mean])     | `n` / `2n`          | not whole-layer (RMSNorm / LayerNorm)  |
 //! | in_proj sections `qkv_pre`, `z`      | `n*cd + n*vd`       | not whole-layer                        |
 //! | raw gates: GDN `beta`, `alpha`       | `2*n*Hv`            | not whole-layer                        |
-//! | raw gates: GDN2 `f`, `b`, `w`        | `2*n*qk + n*vd`     | not whole-layer                        |
+//! | raw gates: GDN2 `f`, `b`, `w`        | `2*n*qk + n*vd`     | `keep_rule_inputs` (rebuilt otherwise) |
 //! | rule output `o`                      | `n*vd`              | not whole-layer                        |
 //! | output-norm stats (rstd [+ mean])    | `n*Hv` / `2*n*Hv`   | not whole-layer (RMSNorm / LayerNorm)  |
 //! | gated-norm output `norm_out`         | `n*vd`              | not whole-layer, not `gdn_norm_out`    |
@@ -195,8 +195,11 @@ fn expected_bytes(
         values += stats_per_row * n; // input-norm stats
         values += n * cd + n * vd; // qkv_pre, z
         values += match variant {
-            Variant::Gdn => 2 * n * HV,           // raw beta, alpha
-            Variant::Gdn2 => 2 * n * qk + n * vd, // raw f, b (per key channel), w (per value channel)
+            Variant::Gdn => 2 * n * HV, // raw beta, alpha
+            // raw f, b (per key channel), w (per value channel): GDN2 keeps them only with the
+            // rule's inputs; by default backward reruns their GEMM
+            Variant::Gdn2 if s.drop_rule_inputs => 0,
+            Variant::Gdn2 => 2 * n * qk + n * vd,
         };
         values += n * vd + stats_per_row * n * HV; // o and its norm stats
         if !s.drop_norm_out {
@@ -270,7 +273,8 @@ fn saved_bytes_match_the_closed_form_for_every_setting() {
 
 /// The default keeps what `keep_rule_inputs` keeps less exactly the rule's inputs, the same for
 /// `gdn_prep` (a name from earlier versions); per token here (RMSNorm, caller-side L2 norm):
-/// GDN `cd + 2qk + 2Hv` values, GDN2 `cd + 2qk + 2Hv*Dk + vd + qk`.
+/// GDN `cd + 2qk + 2Hv` values, GDN2 `cd + 2qk + 2Hv*Dk + vd + qk` and in_proj's gate sections
+/// `2qk + vd`.
 #[test]
 fn default_drops_exactly_the_rule_inputs() {
     let (qk, vd) = (HK * DK, HV * DV);
@@ -279,7 +283,10 @@ fn default_drops_exactly_the_rule_inputs() {
     let (x, n) = (tensor(&[1, 16, H], 4), 16);
     for (variant, rule_in) in [
         (Variant::Gdn, cd + 2 * qk + 2 * HV),
-        (Variant::Gdn2, cd + 2 * qk + 2 * HV * DK + vd + qk),
+        (
+            Variant::Gdn2,
+            cd + 2 * qk + 2 * HV * DK + vd + qk + 2 * qk + vd,
+        ),
     ] {
         let bytes = |name: &str| {
             let cfg = config(Normalization::RMSNorm, &by_name(name), true, variant);

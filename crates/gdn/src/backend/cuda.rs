@@ -217,6 +217,26 @@ impl<T: DeviceRepr> GBuf<T> {
     pub fn gpu(&self) -> &Arc<Gpu> {
         &self.gpu
     }
+    /// A copy of elements `start..start + len` (device to device on the GPU's stream, no sync).
+    pub fn copy_range(&self, start: usize, len: usize) -> Result<GBuf<T>> {
+        let end = start
+            .checked_add(len)
+            .filter(|&e| e <= self.len())
+            .ok_or_else(|| {
+                GdnError::Invalid(format!(
+                    "copy_range {start}..{start}+{len} of a buffer of {} elements",
+                    self.len()
+                ))
+            })?;
+        let mut c = self.gpu.uninit::<T>(len)?;
+        if len > 0 {
+            self.gpu
+                .stream()
+                .memcpy_dtod(&self.slice.slice(start..end), &mut c.slice)
+                .map_err(|e| dev_err("cuMemcpyDtoDAsync", e))?;
+        }
+        Ok(c)
+    }
 }
 
 impl<T: DeviceRepr> GBuf<T> {

@@ -296,6 +296,8 @@ struct Forward {
     y: Act,
     final_state: Option<F32s>,
     acts: Acts,
+    /// GDN2: in_proj's `[q|k|v|z]` columns, what the default keeps of its output.
+    qkvz: Option<Act>,
 }
 
 /// The gates as the rule receives them.
@@ -599,6 +601,12 @@ impl GatedDeltaNet {
             // gdn_norm_out: out_proj has consumed the gated norm's output; drop it.
             acts.norm_out = None;
         }
+        if let (true, Some(qkvz)) = (rc.prep, f.qkvz) {
+            // GDN2 by default: keep in_proj's [q|k|v|z] columns, not its gate sections (the
+            // rule's gate inputs); backward reruns their GEMM.
+            acts.proj = qkvz;
+            acts.proj_qkvz_only = true;
+        }
         let saved = Saved {
             seqs,
             x_shape,
@@ -858,7 +866,10 @@ impl GatedDeltaNet {
 
         // 1-2. Fused pre-norm + in_proj -> [q | k | v | z | gate sections], one buffer whose
         // sections the ops below read in place.
-        let (proj, in_stats) = self.in_proj(&p, x, n)?;
+        let (proj, qkvz, in_stats) = self.in_proj_parts(&p, x, n)?;
+        // GDN2's [q|k|v|z] columns on their own are kept only when the rule's inputs are
+        // rebuilt in backward (forward_act); free them now otherwise.
+        let qkvz = qkvz.filter(|_| c.recompute().prep);
         prof.mark("fwd in_proj (norm + GEMM)");
         // 3-5. conv + SiLU, q/k L2 norm, gates.
         let r = self.prep(&p, &proj, seqs)?;
@@ -879,19 +890,60 @@ impl GatedDeltaNet {
             acts: Acts {
                 in_stats,
                 proj,
+                proj_qkvz_only: false,
                 rule_in,
                 o,
                 o_stats,
                 norm_out: Some(norm_out),
             },
+            qkvz,
         })
     }
 
     /// Fused pre-norm + in_proj over `n` rows: the in_proj output `[n, in_proj_dim]` (sections
     /// at [`proj_cols`](Self::proj_cols)) and the norm's statistics.
     fn in_proj(&self, p: &ParamView, x: &Act, n: usize) -> Result<(Act, Stats)> {
+        let (proj, _, in_stats) = self.in_proj_parts(p, x, n)?;
+        Ok((proj, in_stats))
+    }
+
+    /// [`in_proj`](Self::in_proj), and for GDN2 also its `[q|k|v|z]` columns
+    /// `[n, conv_dim + v_dim]` as a buffer of their own. GDN: one GEMM. GDN2: two GEMMs, over
+    /// in_proj.weight's `[q|k|v|z]` rows and over its gate rows `[f|b|w]`, joined into one
+    /// buffer. By default GDN2 keeps only the first for backward, which reruns the second (the
+    /// same call on the same inputs: the same bits; [`rebuild_proj`](Self::rebuild_proj)).
+    /// Every path (training, inference, CP) computes GDN2's in_proj this way, so their bits
+    /// agree.
+    fn in_proj_parts(&self, p: &ParamView, x: &Act, n: usize) -> Result<(Act, Option<Act>, Stats)> {
         let c = &self.cfg;
-        let (xn, in_stats) = norm::forward(
+        let (xn, in_stats) = self.in_norm(p, x, n)?;
+        match c.variant {
+            Variant::Gdn => {
+                let proj = linear::forward(
+                    &xn,
+                    n,
+                    c.hidden_size,
+                    p.get("in_proj.weight"),
+                    p.bf16("in_proj.weight"),
+                    c.in_proj_dim(),
+                )?;
+                Ok((proj, None, in_stats))
+            }
+            Variant::Gdn2 => {
+                let (pd, a) = (c.in_proj_dim(), c.conv_dim() + c.v_dim());
+                let qkvz = self.in_proj_rows(p, &xn, n, 0, a)?;
+                let gates = self.in_proj_rows(p, &xn, n, a, pd - a)?;
+                drop(xn);
+                let proj = layout::concat_cols(n, pd, &[(0, a, &qkvz), (a, pd - a, &gates)])?;
+                Ok((proj, Some(qkvz), in_stats))
+            }
+        }
+    }
+
+    /// The input norm over `n` rows of `x`: its output and statistics.
+    fn in_norm(&self, p: &ParamView, x: &Act, n: usize) -> Result<(Act, Stats)> {
+        let c = &self.cfg;
+        norm::forward(
             x,
             n,
             c.hidden_size,
@@ -900,16 +952,55 @@ impl GatedDeltaNet {
             c.normalization,
             c.layernorm_epsilon,
             c.layernorm_zero_centered_gamma,
-        )?;
-        let proj = linear::forward(
-            &xn,
-            n,
-            c.hidden_size,
-            p.get("in_proj.weight"),
-            p.bf16("in_proj.weight"),
-            c.in_proj_dim(),
-        )?;
-        Ok((proj, in_stats))
+        )
+    }
+
+    /// The GEMM of the normalized input `xn` `[n, h]` with rows `off..off + len` of
+    /// in_proj.weight: `[n, len]`. The rows are a slice of the weight on the host, copies on a
+    /// GPU (of the fp32 master and of the kept bf16 copy: tens of MB, next to a GEMM over every
+    /// token).
+    fn in_proj_rows(
+        &self,
+        p: &ParamView,
+        xn: &Act,
+        n: usize,
+        off: usize,
+        len: usize,
+    ) -> Result<Act> {
+        let h = self.cfg.hidden_size;
+        let (a, b) = (off * h, (off + len) * h);
+        match p.get("in_proj.weight") {
+            P::Host(w) => {
+                let w = w.get(a..b).ok_or_else(|| {
+                    GdnError::Invalid(format!(
+                        "in_proj.weight has {} values, rows {off}..{} of {h} wanted",
+                        w.len(),
+                        off + len
+                    ))
+                })?;
+                linear::forward(xn, n, h, P::Host(w), None, len)
+            }
+            P::Dev(w) => {
+                let wr = w.copy_range(a, len * h)?;
+                let wb = match p.bf16("in_proj.weight") {
+                    Some(c) => Some(c.copy_range(a, len * h)?),
+                    None => None,
+                };
+                linear::forward(xn, n, h, P::Dev(&wr), wb.as_ref(), len)
+            }
+        }
+    }
+
+    /// in_proj's output `[n, in_proj_dim]` again from its kept `[q|k|v|z]` columns `qkvz`
+    /// (GDN2 by default): the input norm and the gate rows' GEMM rerun as in
+    /// [`in_proj_parts`](Self::in_proj_parts), joined as forward joined them: forward's bits.
+    fn rebuild_proj(&self, p: &ParamView, x: &Act, n: usize, qkvz: &Act) -> Result<Act> {
+        let c = &self.cfg;
+        let (pd, a) = (c.in_proj_dim(), c.conv_dim() + c.v_dim());
+        let (xn, _) = self.in_norm(p, x, n)?;
+        let gates = self.in_proj_rows(p, &xn, n, a, pd - a)?;
+        drop(xn);
+        layout::concat_cols(n, pd, &[(0, a, qkvz), (a, pd - a, &gates)])
     }
 
     /// The gate sections of the in_proj output as separate buffers (copies): what the gates ops
@@ -1347,6 +1438,11 @@ impl GatedDeltaNet {
         let c = &self.cfg;
         let p = self.view()?;
         let n = seqs.tokens();
+        let mut a = a;
+        if a.proj_qkvz_only {
+            a.proj = self.rebuild_proj(&p, x, n, &a.proj)?;
+            a.proj_qkvz_only = false;
+        }
         let (h, hv, dv) = (
             c.hidden_size,
             c.linear_num_value_heads,

@@ -28,8 +28,11 @@ pub(crate) struct Acts {
     pub in_stats: Stats,
     /// The in_proj output `[n, in_proj_dim]`, `[q|k|v | z | gate sections]` per row (`beta`,
     /// `alpha` for GDN; `f`, `b`, `w` for GDN2): the ops read their sections in place
-    /// (`GatedDeltaNet::proj_cols`).
+    /// (`GatedDeltaNet::proj_cols`); see `proj_qkvz_only`.
     pub proj: Act,
+    /// `proj` holds only the `[q|k|v|z]` columns `[n, conv_dim + v_dim]` (GDN2 by default):
+    /// backward rebuilds the gate columns (`GatedDeltaNet::rebuild_proj`).
+    pub proj_qkvz_only: bool,
     /// The rule's inputs (conv outputs, normalized q/k when caller-side, gates): kept only under
     /// `keep_rule_inputs`; `None` by default (backward rebuilds them from `proj`).
     pub rule_in: Option<RuleInputs>,

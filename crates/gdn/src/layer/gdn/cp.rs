@@ -291,7 +291,10 @@ impl CpLayer {
             y,
             Acts {
                 in_stats,
+                // The CP layer keeps all of in_proj's output (rebuilding GDN2's gate columns
+                // would take another all-to-all in backward).
                 proj: proj_hp,
+                proj_qkvz_only: false,
                 rule_in,
                 o,
                 o_stats,
@@ -415,6 +418,7 @@ impl CpLayer {
         let Acts {
             in_stats,
             proj,
+            proj_qkvz_only: _,
             rule_in,
             o,
             o_stats,

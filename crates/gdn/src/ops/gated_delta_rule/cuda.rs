@@ -878,17 +878,20 @@ impl FwdKernel {
     /// everywhere, `v6b` picks the bulk-copy loads (`v6l` names the default);
     /// `GDN_RULE_V6_WARPS=1|2|4|8` forces the CTA width of v6.
     pub fn from_env() -> FwdKernel {
-        let warps = || {
-            std::env::var("GDN_RULE_V6_WARPS")
-                .ok()
-                .and_then(|w| w.parse().ok())
-                .unwrap_or(0)
-        };
-        match std::env::var("GDN_RULE_FWD").as_deref() {
-            Ok("v5") => FwdKernel::V5,
-            Ok("v6") => FwdKernel::V6 { warps: warps() },
-            Ok("v6b") => FwdKernel::V6Bulk { warps: warps() },
-            _ => FwdKernel::V6Lean { warps: warps() },
+        Self::named(
+            std::env::var("GDN_RULE_FWD").ok().as_deref(),
+            std::env::var("GDN_RULE_V6_WARPS").ok().as_deref(),
+        )
+    }
+
+    /// The kernels `GDN_RULE_FWD` and `GDN_RULE_V6_WARPS` values name (`None`: unset).
+    fn named(fwd: Option<&str>, warps: Option<&str>) -> FwdKernel {
+        let warps = warps.and_then(|w| w.parse().ok()).unwrap_or(0);
+        match fwd {
+            Some("v5") => FwdKernel::V5,
+            Some("v6") => FwdKernel::V6 { warps },
+            Some("v6b") => FwdKernel::V6Bulk { warps },
+            _ => FwdKernel::V6Lean { warps },
         }
     }
 }
@@ -1724,9 +1727,14 @@ impl PrepKernel {
     /// 16 up to 256: `gdr_prep7` needs at most 124,672 bytes of shared memory there) every prep
     /// applies; elsewhere (f32 storage, other Dk) the v5 path runs and no prep kernel is chosen.
     pub fn from_env() -> PrepKernel {
-        match std::env::var("GDN_RULE_PREP").as_deref() {
-            Ok("v6") => PrepKernel::V6,
-            Ok("v7f") => PrepKernel::V7Fast,
+        Self::named(std::env::var("GDN_RULE_PREP").ok().as_deref())
+    }
+
+    /// The prep a `GDN_RULE_PREP` value names (`None`: unset).
+    fn named(v: Option<&str>) -> PrepKernel {
+        match v {
+            Some("v6") => PrepKernel::V6,
+            Some("v7f") => PrepKernel::V7Fast,
             _ => PrepKernel::V7,
         }
     }
@@ -2111,4 +2119,49 @@ fn grad7(
         dbeta,
         dh0,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The defaults (issue 13, 2026-12-02): prep7 and the lean v6 forward; the environment's
+    /// names select the others.
+    #[test]
+    fn kernel_choices_from_environment_values() {
+        assert_eq!(PrepKernel::named(None), PrepKernel::V7);
+        assert_eq!(PrepKernel::named(Some("v7")), PrepKernel::V7);
+        assert_eq!(PrepKernel::named(Some("v6")), PrepKernel::V6);
+        assert_eq!(PrepKernel::named(Some("v7f")), PrepKernel::V7Fast);
+        assert_eq!(FwdKernel::named(None, None), FwdKernel::V6Lean { warps: 0 });
+        assert_eq!(
+            FwdKernel::named(Some("v6l"), Some("2")),
+            FwdKernel::V6Lean { warps: 2 }
+        );
+        assert_eq!(
+            FwdKernel::named(Some("v6"), None),
+            FwdKernel::V6 { warps: 0 }
+        );
+        assert_eq!(
+            FwdKernel::named(Some("v6b"), Some("8")),
+            FwdKernel::V6Bulk { warps: 8 }
+        );
+        assert_eq!(FwdKernel::named(Some("v5"), None), FwdKernel::V5);
+        // prep7's shared memory fits the H200's 227 KB at every shape the v6 pipeline takes.
+        for dk in [64, 128] {
+            for dv in (16..=256).step_by(16) {
+                assert!(v6_supports(
+                    DType::Bf16,
+                    RuleShape {
+                        hk: 1,
+                        hv: 1,
+                        dk,
+                        dv
+                    }
+                ));
+                assert!(prep7_bytes(dk, dv) <= 227 * 1024, "Dk {dk} Dv {dv}");
+            }
+        }
+        assert_eq!(prep7_bytes(128, 256), 124_672);
+    }
 }
