@@ -940,6 +940,23 @@ impl GatedDeltaNet {
         }
     }
 
+    /// [`in_proj`](Self::in_proj) as one GEMM over all of in_proj.weight, for either variant:
+    /// the decode step's (a few rows per call, where GDN2's split would cost two weight-block
+    /// copies per step; its bits are not promised equal to the training forward's, which runs
+    /// GEMMs of another shape anyway).
+    fn in_proj_one_gemm(&self, p: &ParamView, x: &Act, n: usize) -> Result<Act> {
+        let c = &self.cfg;
+        let (xn, _) = self.in_norm(p, x, n)?;
+        linear::forward(
+            &xn,
+            n,
+            c.hidden_size,
+            p.get("in_proj.weight"),
+            p.bf16("in_proj.weight"),
+            c.in_proj_dim(),
+        )
+    }
+
     /// The input norm over `n` rows of `x`: its output and statistics.
     fn in_norm(&self, p: &ParamView, x: &Act, n: usize) -> Result<(Act, Stats)> {
         let c = &self.cfg;
