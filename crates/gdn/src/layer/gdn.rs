@@ -912,8 +912,8 @@ impl GatedDeltaNet {
     /// in_proj.weight's `[q|k|v|z]` rows and over its gate rows `[f|b|w]`, joined into one
     /// buffer. By default GDN2 keeps only the first for backward, which reruns the second (the
     /// same call on the same inputs: the same bits; [`rebuild_proj`](Self::rebuild_proj)).
-    /// Every path (training, inference, CP) computes GDN2's in_proj this way, so their bits
-    /// agree.
+    /// Training, prefill / extend and CP compute GDN2's in_proj this way, so their bits agree
+    /// (the decode step uses [`in_proj_one_gemm`](Self::in_proj_one_gemm)).
     fn in_proj_parts(&self, p: &ParamView, x: &Act, n: usize) -> Result<(Act, Option<Act>, Stats)> {
         let c = &self.cfg;
         let (xn, in_stats) = self.in_norm(p, x, n)?;
