@@ -120,8 +120,10 @@ pub struct GdnConfig {
     /// from forward to backward, as Megatron does. Default `false`: backward rebuilds them from
     /// in_proj's output (which is kept) with the same kernels, so the results are bitwise the
     /// same and the layer keeps less (Qwen3-Next's layer in bf16: 45,316 instead of 70,084
-    /// bytes per token), at ~2% of the layer's time. Cannot be combined with `gdn_prep`, `gdn`
-    /// or `full` recompute, which do not keep them.
+    /// bytes per token), at ~2% of the layer's time. GDN2 by default also keeps only the
+    /// `[q|k|v|z]` columns of in_proj's output and reruns the GEMM of its gate rows in backward
+    /// (45,188 instead of 123,012 bytes per token). Cannot be combined with `gdn_prep`, `gdn` or
+    /// `full` recompute, which do not keep them.
     pub keep_rule_inputs: bool,
     /// `gdn` or `gdn2`.
     pub variant: Variant,

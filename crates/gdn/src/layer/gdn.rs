@@ -912,8 +912,8 @@ impl GatedDeltaNet {
     /// in_proj.weight's `[q|k|v|z]` rows and over its gate rows `[f|b|w]`, joined into one
     /// buffer. By default GDN2 keeps only the first for backward, which reruns the second (the
     /// same call on the same inputs: the same bits; [`rebuild_proj`](Self::rebuild_proj)).
-    /// Every path (training, inference, CP) computes GDN2's in_proj this way, so their bits
-    /// agree.
+    /// Training, prefill / extend and CP compute GDN2's in_proj this way, so their bits agree
+    /// (the decode step uses [`in_proj_one_gemm`](Self::in_proj_one_gemm)).
     fn in_proj_parts(&self, p: &ParamView, x: &Act, n: usize) -> Result<(Act, Option<Act>, Stats)> {
         let c = &self.cfg;
         let (xn, in_stats) = self.in_norm(p, x, n)?;
@@ -938,6 +938,23 @@ impl GatedDeltaNet {
                 Ok((proj, Some(qkvz), in_stats))
             }
         }
+    }
+
+    /// [`in_proj`](Self::in_proj) as one GEMM over all of in_proj.weight, for either variant:
+    /// the decode step's (a few rows per call, where GDN2's split would cost two weight-block
+    /// copies per step; its bits are not promised equal to the training forward's, which runs
+    /// GEMMs of another shape anyway).
+    fn in_proj_one_gemm(&self, p: &ParamView, x: &Act, n: usize) -> Result<Act> {
+        let c = &self.cfg;
+        let (xn, _) = self.in_norm(p, x, n)?;
+        linear::forward(
+            &xn,
+            n,
+            c.hidden_size,
+            p.get("in_proj.weight"),
+            p.bf16("in_proj.weight"),
+            c.in_proj_dim(),
+        )
     }
 
     /// The input norm over `n` rows of `x`: its output and statistics.

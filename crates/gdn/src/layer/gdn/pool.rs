@@ -546,7 +546,7 @@ impl GatedDeltaNet {
         prof: &mut Prof,
     ) -> Result<Act> {
         let n = ids.len();
-        let (proj, _) = self.in_proj(p, x, n)?;
+        let proj = self.in_proj_one_gemm(p, x, n)?;
         prof.mark("decode in_proj (norm + GEMM)");
         let pc = self.proj_cols();
         let cols = PreCols {
