@@ -2,7 +2,8 @@
 //! (`ops/<op>/<op>.cu`); `common.cuh` (bf16 conversion, warp reductions) is prepended so NVRTC
 //! needs no include path, and so are the shared headers a module names in [`headers`]
 //! (`ops/common/conv_vec.cuh`, 4-wide vector accesses, for `prep`, `conv1d` and `gated_norm`;
-//! `ops/common/conv.cuh`, the conv helpers, for `conv1d` and `prep`).
+//! `ops/common/conv.cuh`, the conv helpers, for `conv1d` and `prep`; `ops/common/mma_tf32.cuh`,
+//! the TF32 tensor-core primitives, for `gdn2_rule`).
 
 use crate::error::{GdnError, Result};
 
@@ -15,11 +16,17 @@ pub const CONV_VEC: &str = include_str!("../ops/common/conv_vec.cuh");
 /// Device code shared by the causal conv kernels (`ops/common/conv.cuh`).
 pub const CONV: &str = include_str!("../ops/common/conv.cuh");
 
+/// TF32 mma.sync primitives (`ops/common/mma_tf32.cuh`).
+pub const MMA_TF32: &str = include_str!("../ops/common/mma_tf32.cuh");
+
 /// The shared headers (name, source) prepended to `module` after [`COMMON`], in order.
 pub fn headers(module: &str) -> &'static [(&'static str, &'static str)] {
     match module {
         "conv1d" | "prep" => &[("conv_vec.cuh", CONV_VEC), ("conv.cuh", CONV)],
         "gated_norm" => &[("conv_vec.cuh", CONV_VEC)],
+        // gated_delta_rule keeps its own copy of these primitives for now: prepending the header
+        // there reorders its PTX (same source otherwise), see bench/notes/h-g2tc.md.
+        "gdn2_rule" => &[("mma_tf32.cuh", MMA_TF32)],
         _ => &[],
     }
 }
