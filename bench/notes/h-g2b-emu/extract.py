@@ -54,6 +54,7 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
     return r;
 }
 inline void st(float* p, i64 i, float v) { p[i] = v; }
+#define G2B_TC_MODULE 1
 // TF32 tensor cores (g2b_grad_tc, h-g2tc): cvt.rna.tf32.f32 as bit arithmetic (round the 13 low
 // mantissa bits to nearest, ties away from zero; EMU_TF32_EXACT=1 keeps the value, to check the
 // indexing at fp32 accuracy), and mma.sync m16n8k8 as a scalar model of its fragment layouts

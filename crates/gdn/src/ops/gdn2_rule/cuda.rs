@@ -44,6 +44,8 @@ use crate::seqs::Seqs;
 
 const MODULE: &str = "gdn2_rule";
 const GDR_MODULE: &str = "gated_delta_rule";
+/// gdn2_rule.cu with `G2B_TC_MODULE`: `g2b_grad_tc_*` (backend/kernels.rs).
+const TC_MODULE: &str = "gdn2_rule_tc";
 const THREADS: u32 = 256;
 const ROWS_PER_BLOCK: usize = (THREADS / 32) as usize;
 /// Chunk of the backward's checkpoints (tokens).
@@ -973,7 +975,7 @@ fn chunked_backward(
     let mut db = out_d(gpu, part, dt)?;
     launch_in(
         gpu,
-        MODULE,
+        if tc { TC_MODULE } else { MODULE },
         &format!(
             "g2b_grad_{}{}",
             if tc { "tc_" } else { "" },
