@@ -54,6 +54,40 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
     return r;
 }
 inline void st(float* p, i64 i, float v) { p[i] = v; }
+#define G2B_TC_MODULE 1
+// TF32 tensor cores (g2b_grad_tc, h-g2tc): cvt.rna.tf32.f32 as bit arithmetic (round the 13 low
+// mantissa bits to nearest, ties away from zero; EMU_TF32_EXACT=1 keeps the value, to check the
+// indexing at fp32 accuracy), and mma.sync m16n8k8 as a scalar model of its fragment layouts
+// (g = lane / 4, t = lane % 4): a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4);
+// b0 (t, g), b1 (t + 4, g); c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1).
+// Each lane posts its fragments, a warp barrier, each lane computes its own C elements from
+// every lane's, a warp barrier.
+inline unsigned __float_as_uint(float x) { unsigned u; std::memcpy(&u, &x, 4); return u; }
+inline float __uint_as_float(unsigned u) { float x; std::memcpy(&x, &u, 4); return x; }
+static const bool tf32_exact = std::getenv("EMU_TF32_EXACT") != nullptr;
+inline float to_tf32(float x) {
+    if (tf32_exact) return x;
+    unsigned u = __float_as_uint(x);
+    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
+    return __uint_as_float(u);
+}
+float mma_a[8][32][4], mma_b[8][32][2];
+inline void mma_tf32(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, g = l >> 2, t = l & 3;
+    mma_a[w][l][0] = __uint_as_float(a0); mma_a[w][l][1] = __uint_as_float(a1);
+    mma_a[w][l][2] = __uint_as_float(a2); mma_a[w][l][3] = __uint_as_float(a3);
+    mma_b[w][l][0] = __uint_as_float(b0); mma_b[w][l][1] = __uint_as_float(b1);
+    warp_bar[w]->arrive_and_wait();
+    auto A = [&](int r, int k) { return mma_a[w][(r & 7) * 4 + (k & 3)][(r >> 3) + 2 * (k >> 2)]; };
+    auto B = [&](int k, int n) { return mma_b[w][n * 4 + (k & 3)][k >> 2]; };
+    for (int e = 0; e < 4; ++e) {
+        const int r = g + 8 * (e >> 1), n = 2 * t + (e & 1);
+        float s = c[e];
+        for (int k = 0; k < 8; ++k) s += A(r, k) * B(k, n);
+        c[e] = s;
+    }
+    warp_bar[w]->arrive_and_wait();
+}
 '''
 body = body.replace('extern __shared__ __align__(16) float g2c_sm[];', 'float* g2c_sm = g2c_sm_store;')
 os.makedirs(os.path.join(here, 'h'), exist_ok=True)

@@ -5,7 +5,10 @@
 //! of one chunked forward and the chunked o against the recurrence's (RMS relative difference);
 //! then (`bench-rule2-bwd`) the chunked backward against the recurrent one (backward alone and
 //! chunked forward + backward), the RMS relative difference of their dq, dk, dg, and the
-//! per-kernel times of one chunked backward.
+//! per-kernel times of one chunked backward; then (`bench-rule2-bwd-tc`) the same chunked
+//! backward with `g2b_grad`'s products on TF32 tensor cores ([`Bwd::ChunkedTc`], opt-in
+//! `GDN_RULE2_GRAD=tc`): its time, fwd + bwd, its dq, dk, dg against the fp32 chunked kernels'
+//! and the recurrence's, and its per-kernel times.
 //!
 //! FLA's `chunk_gdn2` on the H200 (issue 17): 4.80 ms forward, 25.0 ms forward + backward at B1
 //! T32768 16/32. `GDN_RULE2_BV=16|32` forces the scan's tile width.
@@ -155,6 +158,37 @@ fn main() {
         println!(
             "bench-rule2-bwd-mem | B{b} T{t} {hk}/{hv} | peak device bytes {:.2} GiB",
             gpu.peak_bytes() as f64 / (1u64 << 30) as f64
+        );
+        let tb_t = time_ms(&gpu, 2, 5, || drop(bwd(Bwd::ChunkedTc)));
+        let tfb_t = time_ms(&gpu, 2, 5, || {
+            drop((run(Fwd::Chunked), bwd(Bwd::ChunkedTc)))
+        });
+        let (gt, gc, gr) = (bwd(Bwd::ChunkedTc), bwd(Bwd::Chunked), bwd(Bwd::Recurrent));
+        let f64s = |x: Vec<f32>| x.iter().map(|&a| a as f64).collect::<Vec<f64>>();
+        let dg_t = gpu.download(&gt.dg).unwrap();
+        let dg_c = f64s(gpu.download(&gc.dg).unwrap());
+        let dg_r = f64s(gpu.download(&gr.dg).unwrap());
+        println!(
+            "bench-rule2-bwd-tc | B{b} T{t} {hk}/{hv} | chunked bwd (tc grad) {tb_t:.2} ms | chunked fwd + bwd (tc grad) {tfb_t:.2} ms | fp32 chunked bwd {tb_c:.2} ms | RMS rel vs fp32 chunked: dq {:.2e} dk {:.2e} dg {:.2e} | vs recurrent: dq {:.2e} dk {:.2e} dg {:.2e}",
+            rel(&gt.dq, &gc.dq),
+            rel(&gt.dk, &gc.dk),
+            rms_rel_err(&dg_t, &dg_c),
+            rel(&gt.dq, &gr.dq),
+            rel(&gt.dk, &gr.dk),
+            rms_rel_err(&dg_t, &dg_r)
+        );
+        drop((gt, gc, gr));
+        profile_start();
+        drop(bwd(Bwd::ChunkedTc));
+        gpu.sync().unwrap();
+        let prof = profile_take();
+        let line: Vec<String> = prof
+            .iter()
+            .map(|(n, ms, c)| format!("{n}={ms:.2}ms/{c}"))
+            .collect();
+        println!(
+            "bench-rule2-bwd-tc-kernels | B{b} T{t} {hk}/{hv} | {}",
+            line.join(" ")
         );
     }
 }

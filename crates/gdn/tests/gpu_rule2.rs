@@ -2,7 +2,7 @@
 //! with poisoned outputs and workspaces, exact-zero padding rows (packed sequences with empty and
 //! length-1 ones) and bitwise reproducibility. The chunked forward (the default) is also checked
 //! on its own against the f64 recurrence and the token-recurrence kernel (`gdn2_chunked_*`), and
-//! so is the chunked backward (`gdn2_chunked_bwd_*`, `Bwd::Chunked`). Run on the device machine with
+//! so is the chunked backward (`gdn2_chunked_bwd_*`, `Bwd::Chunked`, `Bwd::ChunkedTc`). Run on the device machine with
 //! `--include-ignored --nocapture`: every check prints one line (`gdn2-check ...`).
 
 use std::sync::Arc;
@@ -957,14 +957,28 @@ fn gdn2_chunked_bwd_f32_matches_f64_and_recurrence() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gdn2_chunked_bwd_bf16_matches_f64() {
+    check_chunked_bwd_bf16(Bwd::Chunked, "chunked-bwd-bf16");
+}
+
+/// The opt-in TF32 tensor-core products in g2b_grad (`GDN_RULE2_GRAD=tc`): the same cases and
+/// tolerances as the fp32 kernels' bf16 test (the recurrence's own error x 2, or the
+/// recurrence's bf16 tolerances), poisoned outputs.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gdn2_chunked_bwd_tc_bf16_matches_f64() {
+    check_chunked_bwd_bf16(Bwd::ChunkedTc, "chunked-bwd-tc-bf16");
+}
+
+/// `bwd` (a chunked one) on bf16 storage against the f64 reference, next to the recurrence.
+fn check_chunked_bwd_bf16(bwd: Bwd, what: &str) {
     let gpu = gpu();
     let mut fails = Vec::new();
     for c in &chunked_cases(true) {
-        let ch = bwd_gpu(&gpu, c, DType::Bf16, Bwd::Chunked);
+        let ch = bwd_gpu(&gpu, c, DType::Bf16, bwd);
         let re = bwd_gpu(&gpu, c, DType::Bf16, Bwd::Recurrent);
-        check_bwd_written(c, &ch, "chunked bwd bf16", &mut fails);
+        check_bwd_written(c, &ch, what, &mut fails);
         let rf = ref_bwd(c);
-        let mut line = format!("gdn2-check chunked-bwd-bf16 {:<29}", c.name);
+        let mut line = format!("gdn2-check {what} {:<29}", c.name);
         for (((name, x), (_, r)), (_, f)) in ch.iter().zip(&re).zip(&rf) {
             let zero = f.iter().all(|&a| a == 0.0);
             let (e, er) = if zero {
@@ -988,7 +1002,7 @@ fn gdn2_chunked_bwd_bf16_matches_f64() {
             };
             if e.is_nan() || e > tol {
                 fails.push(format!(
-                    "{}: chunked bwd bf16 {name}: {} {e:.3e} > {tol}",
+                    "{}: {what} {name}: {} {e:.3e} > {tol}",
                     c.name,
                     if zero { "max abs" } else { "RMS rel" }
                 ));
@@ -1023,5 +1037,26 @@ fn gdn2_chunked_bwd_two_runs_are_bitwise_identical() {
         let same = a == b;
         println!("gdn2-check chunked-bwd-bitwise {dt:?}: identical={same}");
         assert!(same, "{dt:?}: two runs of the chunked backward differ");
+        // The tensor-core variant: bitwise reruns on bf16; on f32 storage it is the fp32 kernel
+        // itself (bit for bit), on bf16 a different kernel (its results differ from the fp32
+        // kernel's: the TF32 rounding; were they equal, the variant did not run).
+        let t1 = bits(&bwd_gpu(&gpu, &c, dt, Bwd::ChunkedTc));
+        let t2 = bits(&bwd_gpu(&gpu, &c, dt, Bwd::ChunkedTc));
+        println!(
+            "gdn2-check chunked-bwd-tc-bitwise {dt:?}: identical={} same-as-fp32-kernel={}",
+            t1 == t2,
+            t1 == a
+        );
+        assert!(
+            t1 == t2,
+            "{dt:?}: two runs of the tc chunked backward differ"
+        );
+        match dt {
+            DType::F32 => assert!(t1 == a, "f32: the tc backward is not the fp32 kernel"),
+            _ => assert!(
+                t1 != a,
+                "bf16: the tc backward equals the fp32 kernel's bits"
+            ),
+        }
     }
 }

@@ -2,7 +2,10 @@
 //! (`ops/<op>/<op>.cu`); `common.cuh` (bf16 conversion, warp reductions) is prepended so NVRTC
 //! needs no include path, and so are the shared headers a module names in [`headers`]
 //! (`ops/common/conv_vec.cuh`, 4-wide vector accesses, for `prep`, `conv1d` and `gated_norm`;
-//! `ops/common/conv.cuh`, the conv helpers, for `conv1d` and `prep`).
+//! `ops/common/conv.cuh`, the conv helpers, for `conv1d` and `prep`; `ops/common/mma_tf32.cuh`,
+//! the TF32 tensor-core primitives, for `gdn2_rule_tc`, which is `gdn2_rule.cu` compiled with
+//! `G2B_TC_MODULE` defined: the opt-in tensor-core kernels, kept out of `gdn2_rule` so that the
+//! default module's code is unchanged).
 
 use crate::error::{GdnError, Result};
 
@@ -15,11 +18,20 @@ pub const CONV_VEC: &str = include_str!("../ops/common/conv_vec.cuh");
 /// Device code shared by the causal conv kernels (`ops/common/conv.cuh`).
 pub const CONV: &str = include_str!("../ops/common/conv.cuh");
 
+/// TF32 mma.sync primitives (`ops/common/mma_tf32.cuh`).
+pub const MMA_TF32: &str = include_str!("../ops/common/mma_tf32.cuh");
+
 /// The shared headers (name, source) prepended to `module` after [`COMMON`], in order.
 pub fn headers(module: &str) -> &'static [(&'static str, &'static str)] {
     match module {
         "conv1d" | "prep" => &[("conv_vec.cuh", CONV_VEC), ("conv.cuh", CONV)],
         "gated_norm" => &[("conv_vec.cuh", CONV_VEC)],
+        // gated_delta_rule keeps its own copy of these primitives for now: prepending the header
+        // there reorders its PTX (same source otherwise), see bench/notes/h-g2tc.md.
+        "gdn2_rule_tc" => &[
+            ("g2b_tc_module.cuh", "#define G2B_TC_MODULE 1\n"),
+            ("mma_tf32.cuh", MMA_TF32),
+        ],
         _ => &[],
     }
 }
@@ -33,6 +45,11 @@ pub const MODULES: &[(&str, &str)] = &[
         include_str!("../ops/gated_delta_rule/gated_delta_rule.cu"),
     ),
     ("gdn2_rule", include_str!("../ops/gdn2_rule/gdn2_rule.cu")),
+    // The same file with G2B_TC_MODULE (see `headers`): g2b_grad_tc_* (GDN_RULE2_GRAD=tc).
+    (
+        "gdn2_rule_tc",
+        include_str!("../ops/gdn2_rule/gdn2_rule.cu"),
+    ),
     ("norm", include_str!("../ops/norm/norm.cu")),
     ("linear", include_str!("../ops/linear/linear.cu")),
     ("conv1d", include_str!("../ops/conv1d/conv1d.cu")),

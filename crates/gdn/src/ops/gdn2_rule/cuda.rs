@@ -19,6 +19,9 @@
 //! runs when the variable is unset) recomputes the chunked forward's pieces, scans the state
 //! gradient over the chunks in reverse (`g2b_dscan`), then computes every gradient per chunk
 //! (`g2b_grad`); same limits as the chunked forward (Dk, Dv <= 128, else the recurrence).
+//! Opt-in [`Bwd::ChunkedTc`] (`GDN_RULE2_GRAD=tc` with the chunked backward) runs `g2b_grad`'s
+//! block products on TF32 tensor cores (`g2b_grad_tc_*`) for bf16 storage; f32 storage keeps the
+//! exact fp32 kernel.
 //!
 //! Recurrent backward (and the recurrent forward): a token-by-token recurrence, one block per (sequence,
 //! value head, V tile of 32 columns) with the state tile in registers. Backward stores the state at the start
@@ -41,6 +44,8 @@ use crate::seqs::Seqs;
 
 const MODULE: &str = "gdn2_rule";
 const GDR_MODULE: &str = "gated_delta_rule";
+/// gdn2_rule.cu with `G2B_TC_MODULE`: `g2b_grad_tc_*` (backend/kernels.rs).
+const TC_MODULE: &str = "gdn2_rule_tc";
 const THREADS: u32 = 256;
 const ROWS_PER_BLOCK: usize = (THREADS / 32) as usize;
 /// Chunk of the backward's checkpoints (tokens).
@@ -584,6 +589,10 @@ pub enum Bwd {
     /// The chunked kernels (`g2c_prep_*` and `g2c_scan*` recomputing the forward, then
     /// `g2b_dscan*`, `g2b_grad_*`) where [`chunked_supports`] says yes, else the recurrence.
     Chunked,
+    /// [`Bwd::Chunked`] with `g2b_grad`'s block products on TF32 tensor cores
+    /// (`g2b_grad_tc_*`: operands rounded to 10 mantissa bits, fp32 accumulation) for bf16
+    /// storage; f32 storage runs exactly [`Bwd::Chunked`]. Opt-in: `GDN_RULE2_GRAD=tc`.
+    ChunkedTc,
 }
 
 /// The backward [`Bwd::from_env`] picks when `GDN_RULE2_BWD` is unset: the chunked one (its GPU
@@ -593,12 +602,16 @@ pub const DEFAULT_BWD: Bwd = Bwd::Chunked;
 
 impl Bwd {
     /// `GDN_RULE2_BWD=chunked` or `=recurrent` picks the kernels; unset (or anything else),
-    /// [`DEFAULT_BWD`].
+    /// [`DEFAULT_BWD`]. A chunked choice becomes [`Bwd::ChunkedTc`] with `GDN_RULE2_GRAD=tc`.
     pub fn from_env() -> Bwd {
-        match std::env::var("GDN_RULE2_BWD").as_deref() {
+        let bwd = match std::env::var("GDN_RULE2_BWD").as_deref() {
             Ok("chunked") => Bwd::Chunked,
             Ok("recurrent") => Bwd::Recurrent,
             _ => DEFAULT_BWD,
+        };
+        match (bwd, std::env::var("GDN_RULE2_GRAD").as_deref()) {
+            (Bwd::Chunked, Ok("tc")) => Bwd::ChunkedTc,
+            _ => bwd,
         }
     }
 }
@@ -669,7 +682,7 @@ pub fn backward_with(
         None
     };
     let (qq, kk) = norm.as_ref().map_or((q, k), |(a, b)| (a, b));
-    if bwd == Bwd::Chunked && chunked_supports(s) {
+    if bwd != Bwd::Recurrent && chunked_supports(s) {
         let x = BwdIo {
             q,
             k,
@@ -683,7 +696,8 @@ pub fn backward_with(
             d_o,
             dht: d_final_state,
         };
-        return chunked_backward(gpu, &x, seqs, s, opts, dt);
+        let tc = bwd == Bwd::ChunkedTc && dt == DType::Bf16;
+        return chunked_backward(gpu, &x, seqs, s, opts, dt, tc);
     }
     let (cu, chf, chunks) = tables(gpu, seqs)?;
     let nt = tiles(s);
@@ -828,15 +842,17 @@ fn dscan_smem(s: RuleShape, bv: usize) -> usize {
     4 * (3 * CK * s.dk + CK * CK + s.dk + 2 * CK * bv + s.dk * bv)
 }
 
-/// Shared memory (bytes) of `g2b_grad_*` (see the kernel): 230400 at Dk = 128.
-fn grad_smem(s: RuleShape) -> usize {
-    4 * (5 * CK * s.dk + 3 * CK * 65 + 2 * 32 * 65)
+/// Shared memory (bytes) of `g2b_grad_*` (see the kernel): 230400 at Dk = 128; with `tc`
+/// (`g2b_grad_tc_*`, a larger staging area) 232192 (the limit is 232448).
+fn grad_smem(s: RuleShape, tc: bool) -> usize {
+    let stage = if tc { 2 * CK * (32 + 4) } else { 2 * 32 * 65 };
+    4 * (5 * CK * s.dk + 3 * CK * 65 + stage)
 }
 
 /// The chunked backward (kernels' header comment in `gdn2_rule.cu`): recompute the forward's
 /// chunk pieces (`g2c_prep`, with T) and chunk-start states (`g2c_scan`), the reverse scan of
 /// the state gradient (`g2b_dscan`), every gradient per chunk (`g2b_grad`), then the GVA sum and
-/// the l2 norm's backward (`gdr_reduce_qk`).
+/// the l2 norm's backward (`gdr_reduce_qk`). `tc`: `g2b_grad_tc_*` (bf16 storage only).
 fn chunked_backward(
     gpu: &Arc<Gpu>,
     x: &BwdIo,
@@ -844,6 +860,7 @@ fn chunked_backward(
     s: RuleShape,
     opts: RuleOpts,
     dt: DType,
+    tc: bool,
 ) -> Result<Grads> {
     let st = gpu.stream();
     let (tokens, n_seq, used) = (seqs.tokens(), seqs.count(), seqs.used());
@@ -958,10 +975,14 @@ fn chunked_backward(
     let mut db = out_d(gpu, part, dt)?;
     launch_in(
         gpu,
-        MODULE,
-        &format!("g2b_grad_{}", rule_sfx(dt, opts)),
+        if tc { TC_MODULE } else { MODULE },
+        &format!(
+            "g2b_grad_{}{}",
+            if tc { "tc_" } else { "" },
+            rule_sfx(dt, opts)
+        ),
         ch,
-        grad_smem(s),
+        grad_smem(s, tc),
         &[
             dptr(x.qq, st),
             dptr(x.kk, st),

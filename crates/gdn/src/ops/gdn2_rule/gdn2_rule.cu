@@ -1031,7 +1031,9 @@ extern "C" __global__ void __launch_bounds__(G2_NT)
 //              dq, dk per value head (fp32); gated_delta_rule's gdr_reduce_qk sums the GVA group
 //              in head order and applies the l2 norm's backward.
 // The products run as 64 x 64 output tiles (g2b_tile: 16x16 threads, 4x4 elements each, operands
-// staged through shared memory in 32-deep slices), fp32 FMAs.
+// staged through shared memory in 32-deep slices), fp32 FMAs; opt-in (GDN_RULE2_GRAD=tc, bf16
+// storage) g2b_grad_tc_* runs them on TF32 tensor cores (g2b_tile_tc), the rest unchanged; those
+// kernels live in the module gdn2_rule_tc (this file with G2B_TC_MODULE defined).
 
 // Shared memory of g2b_dscan (floats): 3 * 64 dk + 64 * 64 + dk + 2 * 64 BV + dk BV.
 template <int BV, typename T>
@@ -1226,9 +1228,127 @@ __device__ __forceinline__ void g2b_mm(int nc, int kdim, FA fa, FB fb, FE fe, fl
     __syncthreads();
 }
 
-// Shared memory of g2b_grad (floats): 5 * 64 dk + 3 * 64 * 65 + 2 * 32 * 65.
+// g2b_grad's products: G2bMm<false>::run is g2b_mm; G2bMm<true>::run (module gdn2_rule_tc only,
+// see G2B_TC_MODULE) is g2b_mm_tc, the tensor-core twin.
+template <bool TC>
+struct G2bMm {
+    template <bool AKF, bool BKF, class FA, class FB, class FE>
+    __device__ static __forceinline__ void run(int nc, int kdim, FA fa, FB fb, FE fe, float* stage) {
+        g2b_mm<AKF, BKF>(nc, kdim, fa, fb, fe, stage);
+    }
+};
+
+#ifdef G2B_TC_MODULE
+// Only in the module gdn2_rule_tc (this file compiled with G2B_TC_MODULE defined and
+// ops/common/mma_tf32.cuh prepended, backend/kernels.rs), so the default module gdn2_rule is
+// compiled from exactly the code it had before (its PTX unchanged).
+//
+// The tensor-core twin of g2b_tile (g2b_grad_tc_*, bf16 storage, GDN_RULE2_GRAD=tc): the same
+// contract with TF32 mma.sync m16n8k8 (operands rounded to TF32 when staged, fp32 accumulation)
+// and the accumulators in mma layout: warp w owns rows 16 (w & 3) .. +16 and columns
+// 32 (w >> 2) .. +32 (four 16x8 tiles), acc[nt][e] is C-fragment element e of tile nt, i.e.
+// element (16 (w & 3) + g + 8 (e >> 1), 32 (w >> 2) + 8 nt + 2 t + (e & 1)), g = lane / 4,
+// t = lane % 4. Staging (G2B_STAGE_TC floats): A row-major [64][KT + 4]; B
+// [64 cols][KT + 4] when k is its fastest index, else [KT][64 + 8] (the GDN rule's tile_mma
+// layouts: conflict-free fragment reads). Same register prefetch of the next slice as g2b_tile.
+#define G2B_LA (G2B_KT + 4)
+#define G2B_LBK (G2C_C + 8)
+#define G2B_STAGE_TC (2 * G2C_C * G2B_LA)
+template <bool AKF, bool BKF, class FA, class FB>
+__device__ __forceinline__ void g2b_tile_tc(float (&acc)[4][4], int kdim, FA fa, FB fb, float* stage) {
+    constexpr int NL = (G2B_KT * G2C_C) / G2C_NT;
+    const int tid = threadIdx.x;
+    float* sa = stage;
+    float* sb = stage + G2C_C * G2B_LA;
+    const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int r0 = 16 * (warp & 3), c0 = 32 * (warp >> 2);
+    float ra[NL], rb[NL];
+    auto fetch = [&](int k0) {
+#pragma unroll
+        for (int r = 0; r < NL; ++r) {
+            const int e = tid + r * G2C_NT;
+            const int i = AKF ? e / G2B_KT : (e & 63), k = AKF ? e % G2B_KT : (e >> 6);
+            ra[r] = (k0 + k < kdim) ? fa(i, k0 + k) : 0.f;
+            const int jj = BKF ? e / G2B_KT : (e & 63), kb = BKF ? e % G2B_KT : (e >> 6);
+            rb[r] = (k0 + kb < kdim) ? fb(k0 + kb, jj) : 0.f;
+        }
+    };
+    fetch(0);
+    for (int k0 = 0; k0 < kdim; k0 += G2B_KT) {
+#pragma unroll
+        for (int r = 0; r < NL; ++r) {
+            const int e = tid + r * G2C_NT;
+            const int i = AKF ? e / G2B_KT : (e & 63), k = AKF ? e % G2B_KT : (e >> 6);
+            sa[i * G2B_LA + k] = to_tf32(ra[r]);
+            const int jj = BKF ? e / G2B_KT : (e & 63), kb = BKF ? e % G2B_KT : (e >> 6);
+            if (BKF)
+                sb[jj * G2B_LA + kb] = to_tf32(rb[r]);
+            else
+                sb[kb * G2B_LBK + jj] = to_tf32(rb[r]);
+        }
+        __syncthreads();
+        if (k0 + G2B_KT < kdim) fetch(k0 + G2B_KT);
+#pragma unroll
+        for (int kk = 0; kk < G2B_KT; kk += 8) {
+            const float* pa = sa + (r0 + g) * G2B_LA + kk + t;
+            const unsigned a0 = __float_as_uint(pa[0]), a1 = __float_as_uint(pa[8 * G2B_LA]);
+            const unsigned a2 = __float_as_uint(pa[4]), a3 = __float_as_uint(pa[8 * G2B_LA + 4]);
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+                const int col = c0 + 8 * nt + g;
+                unsigned b0, b1;
+                if (BKF) {
+                    b0 = __float_as_uint(sb[col * G2B_LA + kk + t]);
+                    b1 = __float_as_uint(sb[col * G2B_LA + kk + t + 4]);
+                } else {
+                    b0 = __float_as_uint(sb[(kk + t) * G2B_LBK + col]);
+                    b1 = __float_as_uint(sb[(kk + t + 4) * G2B_LBK + col]);
+                }
+                mma_tf32(acc[nt], a0, a1, a2, a3, b0, b1);
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// g2b_mm with g2b_tile_tc (stage of G2B_STAGE_TC floats); the same contract.
+template <bool AKF, bool BKF, class FA, class FB, class FE>
+__device__ __forceinline__ void g2b_mm_tc(int nc, int kdim, FA fa, FB fb, FE fe, float* stage) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = 16 * (warp & 3) + (lane >> 2), c0 = 32 * (warp >> 2) + 2 * (lane & 3);
+    for (int n0 = 0; n0 < nc; n0 += 64) {
+        float acc[4][4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m)
+#pragma unroll
+            for (int nn = 0; nn < 4; ++nn) acc[m][nn] = 0.f;
+        g2b_tile_tc<AKF, BKF>(
+            acc, kdim, fa, [&](int k, int jj) { return n0 + jj < nc ? fb(k, n0 + jj) : 0.f; }, stage);
+        // acc[nt][e]: row r0 + 8 (e >> 1), column c0 + 8 nt + (e & 1) of the tile.
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int jj = n0 + c0 + 8 * nt + (e & 1);
+                if (jj < nc) fe(r0 + 8 * (e >> 1), jj, acc[nt][e]);
+            }
+    }
+    __syncthreads();
+}
+
+template <>
+struct G2bMm<true> {
+    template <bool AKF, bool BKF, class FA, class FB, class FE>
+    __device__ static __forceinline__ void run(int nc, int kdim, FA fa, FB fb, FE fe, float* stage) {
+        g2b_mm_tc<AKF, BKF>(nc, kdim, fa, fb, fe, stage);
+    }
+};
+#endif  // G2B_TC_MODULE
+
+// Shared memory of g2b_grad (floats): 5 * 64 dk + 3 * 64 * 65 + 2 * 32 * 65 (G2B_STAGE), with TC
+// 5 * 64 dk + 3 * 64 * 65 + 2 * 64 * 36 (G2B_STAGE_TC).
 // Global scratch per (chunk, value head): 4 * 64 dk floats (dKd, dQg, dWm then dGam, dKbg).
-template <typename TQ, typename T>
+template <bool TC, typename TQ, typename T>
 __device__ void g2b_grad(const TQ* __restrict__ q, const TQ* __restrict__ k, const T* __restrict__ v,
                          const float* __restrict__ g, const T* __restrict__ b, const T* __restrict__ w,
                          const T* __restrict__ d_o, const i64* __restrict__ ch_t0, const int* __restrict__ ch_len,
@@ -1254,7 +1374,7 @@ __device__ void g2b_grad(const TQ* __restrict__ q, const TQ* __restrict__ k, con
     float* sT = sGl + ck;                // T [64][65]
     float* sDA = sT + G2C_C * G2B_LM;    // dA [64][65]
     float* sX = sDA + G2C_C * G2B_LM;    // dT, then T^T dT, then dM [64][65]
-    float* stage = sX + G2C_C * G2B_LM;  // G2B_STAGE
+    float* stage = sX + G2C_C * G2B_LM;  // G2B_STAGE (G2B_STAGE_TC with TC)
     float* gKd = ws_g + cj * 4 * (i64)ck;  // dKd [64][dk]
     float* gQg = gKd + ck;                 // dQg
     float* gWm = gQg + ck;                 // dWm, then dGam
@@ -1299,22 +1419,22 @@ __device__ void g2b_grad(const TQ* __restrict__ q, const TQ* __restrict__ k, con
     auto dO = [&](int i, int y) -> float { return i < l ? ld(d_o, vrow + i * vstride + y) : 0.f; };
 
     // 1. dKd = D dS1^T, dQg = scale dO S0^T, dWm = -dD S0^T ([64][dk], reductions over Dv).
-    g2b_mm<true, true>(
+    G2bMm<TC>::template run<true, true>(
         dk, dv, [&](int i, int y) { return Dm[(i64)i * dv + y]; },
         [&](int y, int x) { return dS1[(i64)x * dv + y]; }, [&](int i, int x, float a) { gKd[i * dk + x] = a; },
         stage);
-    g2b_mm<true, true>(
+    G2bMm<TC>::template run<true, true>(
         dk, dv, dO, [&](int y, int x) { return S0[(i64)x * dv + y]; },
         [&](int i, int x, float a) { gQg[i * dk + x] = scale * a; }, stage);
-    g2b_mm<true, true>(
+    G2bMm<TC>::template run<true, true>(
         dk, dv, [&](int i, int y) { return dDm[(i64)i * dv + y]; },
         [&](int y, int x) { return S0[(i64)x * dv + y]; }, [&](int i, int x, float a) { gWm[i * dk + x] = -a; },
         stage);
     // 2. dA = scale dO D^T, dT = dD Wv^T ([64][64]).
-    g2b_mm<true, true>(
+    G2bMm<TC>::template run<true, true>(
         G2C_C, dv, dO, [&](int y, int jj) { return Dm[(i64)jj * dv + y]; },
         [&](int i, int jj, float a) { sDA[i * G2B_LM + jj] = scale * a; }, stage);
-    g2b_mm<true, true>(
+    G2bMm<TC>::template run<true, true>(
         G2C_C, dv, [&](int i, int y) { return dDm[(i64)i * dv + y]; },
         [&](int y, int jj) {
             if (jj >= l) return 0.f;
@@ -1323,7 +1443,7 @@ __device__ void g2b_grad(const TQ* __restrict__ q, const TQ* __restrict__ k, con
         },
         [&](int i, int jj, float a) { sX[i * G2B_LM + jj] = a; }, stage);
     // 3. dWv = T^T dD: dw = dWv * v, dv = dWv * w (valid rows).
-    g2b_mm<false, false>(
+    G2bMm<TC>::template run<false, false>(
         dv, G2C_C, [&](int i, int r) { return sT[r * G2B_LM + i]; },
         [&](int r, int y) { return dDm[(i64)r * dv + y]; },
         [&](int i, int y, float a) {
@@ -1335,19 +1455,19 @@ __device__ void g2b_grad(const TQ* __restrict__ q, const TQ* __restrict__ k, con
         },
         stage);
     // 4. dT += dWm Kbg^T (Kbg = Kb e^Gam), dKbg = T^T dWm.
-    g2b_mm<true, true>(
+    G2bMm<TC>::template run<true, true>(
         G2C_C, dk, [&](int i, int x) { return gWm[i * dk + x]; },
         [&](int x, int jj) { return sKb[jj * dk + x] * expf(sGh[jj * dk + x] + sGl[jj * dk + x]); },
         [&](int i, int jj, float a) { sX[i * G2B_LM + jj] += a; }, stage);
-    g2b_mm<false, false>(
+    G2bMm<TC>::template run<false, false>(
         dk, G2C_C, [&](int i, int r) { return sT[r * G2B_LM + i]; }, [&](int r, int x) { return gWm[r * dk + x]; },
         [&](int i, int x, float a) { gKbg[i * dk + x] = a; }, stage);
     // 5. dM = -T^T dT T^T, in place in sX (one tile each: the epilogues follow every read).
-    g2b_mm<false, false>(
+    G2bMm<TC>::template run<false, false>(
         G2C_C, G2C_C, [&](int i, int r) { return sT[r * G2B_LM + i]; },
         [&](int r, int jj) { return sX[r * G2B_LM + jj]; }, [&](int i, int jj, float a) { sX[i * G2B_LM + jj] = a; },
         stage);
-    g2b_mm<true, true>(
+    G2bMm<TC>::template run<true, true>(
         G2C_C, G2C_C, [&](int i, int r) { return sX[i * G2B_LM + r]; },
         [&](int r, int jj) { return sT[jj * G2B_LM + r]; }, [&](int i, int jj, float a) { sX[i * G2B_LM + jj] = -a; },
         stage);
@@ -1423,17 +1543,22 @@ G2B_DSCAN(32, float, f32)
 G2B_DSCAN(16, bf16_t, bf16)
 G2B_DSCAN(32, bf16_t, bf16)
 
-#define G2B_GRAD(TQ, T, S)                                                                                    \
+#define G2B_GRAD(TC, TQ, T, S)                                                                                \
     extern "C" __global__ void __launch_bounds__(G2C_NT, 1)                                                   \
         g2b_grad_##S(const TQ* q, const TQ* k, const T* v, const float* g, const T* b, const T* w,            \
                      const T* d_o, const i64* ch_t0, const int* ch_len, int hk, int hv, int dk, int dv,       \
                      float scale, const float* ws_h, const float* ws_d, const float* ws_dh,                   \
                      const float* ws_dd, const float* ws_t, float* ws_g, float* dq_s, float* dk_s,            \
                      T* dv_out, T* dw_out, float* dg_out, T* db_out) {                                        \
-        g2b_grad<TQ, T>(q, k, v, g, b, w, d_o, ch_t0, ch_len, hk, hv, dk, dv, scale, ws_h, ws_d, ws_dh, ws_dd, \
-                        ws_t, ws_g, dq_s, dk_s, dv_out, dw_out, dg_out, db_out);                             \
+        g2b_grad<TC, TQ, T>(q, k, v, g, b, w, d_o, ch_t0, ch_len, hk, hv, dk, dv, scale, ws_h, ws_d, ws_dh,   \
+                            ws_dd, ws_t, ws_g, dq_s, dk_s, dv_out, dw_out, dg_out, db_out);                   \
     }
 
-G2B_GRAD(float, float, f32)
-G2B_GRAD(bf16_t, bf16_t, bf16)
-G2B_GRAD(float, bf16_t, bf16n)
+G2B_GRAD(false, float, float, f32)
+G2B_GRAD(false, bf16_t, bf16_t, bf16)
+G2B_GRAD(false, float, bf16_t, bf16n)
+#ifdef G2B_TC_MODULE
+// GDN_RULE2_GRAD=tc: the products on TF32 tensor cores (bf16 storage only; module gdn2_rule_tc).
+G2B_GRAD(true, bf16_t, bf16_t, tc_bf16)
+G2B_GRAD(true, float, bf16_t, tc_bf16n)
+#endif
