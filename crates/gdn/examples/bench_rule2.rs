@@ -20,7 +20,9 @@ mod bench;
 use bench::*;
 
 use gdn::backend::launch::{profile_start, profile_take};
-use gdn::device::cuda::{self, DBuf, DType, GBuf};
+use std::sync::Arc;
+
+use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gdn2_rule::cuda::{backward, backward_with, forward_with, Bwd, Fwd};
 use gdn::ops::gdn2_rule::{RuleOpts, RuleShape};
 use gdn::testutil::rms_rel_err;
@@ -36,6 +38,24 @@ fn uniforms(n: usize, seed: u64) -> Vec<f32> {
         .into_iter()
         .map(|z| 1.0 / (1.0 + (-1.702 * z).exp()))
         .collect()
+}
+
+/// `x` as f64 (the reference side of [`rms_rel_err`]).
+fn f64s(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&a| a as f64).collect()
+}
+
+/// The kernels `f` launches, each `name=ms/launches` (events around each launch, one run).
+fn kernel_times(gpu: &Arc<Gpu>, f: impl FnOnce()) -> String {
+    profile_start();
+    f();
+    gpu.sync().unwrap();
+    let prof = profile_take();
+    let line: Vec<String> = prof
+        .iter()
+        .map(|(n, ms, c)| format!("{n}={ms:.2}ms/{c}"))
+        .collect();
+    line.join(" ")
 }
 
 fn main() {
@@ -84,12 +104,7 @@ fn main() {
             drop((o, gr));
         });
         let oc = run(Fwd::Chunked).download().unwrap();
-        let or: Vec<f64> = run(Fwd::Recurrent)
-            .download()
-            .unwrap()
-            .iter()
-            .map(|&a| a as f64)
-            .collect();
+        let or = f64s(&run(Fwd::Recurrent).download().unwrap());
         let diff = rms_rel_err(&oc, &or);
         let ratio = if fla_f > 0.0 {
             format!("{:.2}", t_c / fla_f)
@@ -99,18 +114,8 @@ fn main() {
         println!(
             "bench-rule2 | B{b} T{t} {hk}/{hv} | {t_c:.2} | {t_r:.2} | {fla_f:.2} | {ratio} | {t_fb:.2} | {fla_fb:.2} | {diff:.2e}"
         );
-        profile_start();
-        drop(run(Fwd::Chunked));
-        gpu.sync().unwrap();
-        let prof = profile_take();
-        let line: Vec<String> = prof
-            .iter()
-            .map(|(n, ms, c)| format!("{n}={ms:.2}ms/{c}"))
-            .collect();
-        println!(
-            "bench-rule2-kernels | B{b} T{t} {hk}/{hv} | {}",
-            line.join(" ")
-        );
+        let line = kernel_times(&gpu, || drop(run(Fwd::Chunked)));
+        println!("bench-rule2-kernels | B{b} T{t} {hk}/{hv} | {line}");
         println!(
             "bench-rule2-mem | B{b} T{t} {hk}/{hv} | peak device bytes {:.2} GiB",
             gpu.peak_bytes() as f64 / (1u64 << 30) as f64
@@ -125,17 +130,10 @@ fn main() {
         let tb_r = time_ms(&gpu, 1, 3, || drop(bwd(Bwd::Recurrent)));
         let tfb_c = time_ms(&gpu, 2, 5, || drop((run(Fwd::Chunked), bwd(Bwd::Chunked))));
         let (gc, gr) = (bwd(Bwd::Chunked), bwd(Bwd::Recurrent));
-        let rel = |a: &DBuf, b: &DBuf| {
-            let y: Vec<f64> = b.download().unwrap().iter().map(|&x| x as f64).collect();
-            rms_rel_err(&a.download().unwrap(), &y)
-        };
+        let rel =
+            |a: &DBuf, b: &DBuf| rms_rel_err(&a.download().unwrap(), &f64s(&b.download().unwrap()));
         let dg_c = gpu.download(&gc.dg).unwrap();
-        let dg_r: Vec<f64> = gpu
-            .download(&gr.dg)
-            .unwrap()
-            .iter()
-            .map(|&x| x as f64)
-            .collect();
+        let dg_r = f64s(&gpu.download(&gr.dg).unwrap());
         println!(
             "bench-rule2-bwd | B{b} T{t} {hk}/{hv} | chunked bwd {tb_c:.2} ms | recurrent bwd {tb_r:.2} ms | chunked fwd + chunked bwd {tfb_c:.2} ms | FLA fwd+bwd {fla_fb:.2} ms | chunked vs recurrent RMS rel: dq {:.2e} dk {:.2e} dg {:.2e}",
             rel(&gc.dq, &gr.dq),
@@ -143,18 +141,8 @@ fn main() {
             rms_rel_err(&dg_c, &dg_r)
         );
         drop((gc, gr));
-        profile_start();
-        drop(bwd(Bwd::Chunked));
-        gpu.sync().unwrap();
-        let prof = profile_take();
-        let line: Vec<String> = prof
-            .iter()
-            .map(|(n, ms, c)| format!("{n}={ms:.2}ms/{c}"))
-            .collect();
-        println!(
-            "bench-rule2-bwd-kernels | B{b} T{t} {hk}/{hv} | {}",
-            line.join(" ")
-        );
+        let line = kernel_times(&gpu, || drop(bwd(Bwd::Chunked)));
+        println!("bench-rule2-bwd-kernels | B{b} T{t} {hk}/{hv} | {line}");
         println!(
             "bench-rule2-bwd-mem | B{b} T{t} {hk}/{hv} | peak device bytes {:.2} GiB",
             gpu.peak_bytes() as f64 / (1u64 << 30) as f64
@@ -164,10 +152,9 @@ fn main() {
             drop((run(Fwd::Chunked), bwd(Bwd::ChunkedTc)))
         });
         let (gt, gc, gr) = (bwd(Bwd::ChunkedTc), bwd(Bwd::Chunked), bwd(Bwd::Recurrent));
-        let f64s = |x: Vec<f32>| x.iter().map(|&a| a as f64).collect::<Vec<f64>>();
         let dg_t = gpu.download(&gt.dg).unwrap();
-        let dg_c = f64s(gpu.download(&gc.dg).unwrap());
-        let dg_r = f64s(gpu.download(&gr.dg).unwrap());
+        let dg_c = f64s(&gpu.download(&gc.dg).unwrap());
+        let dg_r = f64s(&gpu.download(&gr.dg).unwrap());
         println!(
             "bench-rule2-bwd-tc | B{b} T{t} {hk}/{hv} | chunked bwd (tc grad) {tb_t:.2} ms | chunked fwd + bwd (tc grad) {tfb_t:.2} ms | fp32 chunked bwd {tb_c:.2} ms | RMS rel vs fp32 chunked: dq {:.2e} dk {:.2e} dg {:.2e} | vs recurrent: dq {:.2e} dk {:.2e} dg {:.2e}",
             rel(&gt.dq, &gc.dq),
@@ -178,17 +165,7 @@ fn main() {
             rms_rel_err(&dg_t, &dg_r)
         );
         drop((gt, gc, gr));
-        profile_start();
-        drop(bwd(Bwd::ChunkedTc));
-        gpu.sync().unwrap();
-        let prof = profile_take();
-        let line: Vec<String> = prof
-            .iter()
-            .map(|(n, ms, c)| format!("{n}={ms:.2}ms/{c}"))
-            .collect();
-        println!(
-            "bench-rule2-bwd-tc-kernels | B{b} T{t} {hk}/{hv} | {}",
-            line.join(" ")
-        );
+        let line = kernel_times(&gpu, || drop(bwd(Bwd::ChunkedTc)));
+        println!("bench-rule2-bwd-tc-kernels | B{b} T{t} {hk}/{hv} | {line}");
     }
 }

@@ -96,7 +96,12 @@ pub fn max_rel_err_at(a: &[f32], b: &[f64]) -> (f64, usize) {
 /// Root-mean-square relative error: `||a - b||_2 / max(||b||_2, TINY)`; infinity on NaN.
 pub fn rms_rel_err(a: &[f32], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len(), "rms_rel_err: length mismatch");
-    let num: f64 = a.iter().zip(b).map(|(&x, &y)| (x as f64 - y).powi(2)).sum();
+    rms_rel(a.iter().map(|&x| x as f64), b)
+}
+
+/// [`rms_rel_err`]'s arithmetic over `a` (as f64, the same length as `b`).
+fn rms_rel(a: impl Iterator<Item = f64>, b: &[f64]) -> f64 {
+    let num: f64 = a.zip(b).map(|(x, &y)| (x - y).powi(2)).sum();
     let den: f64 = b.iter().map(|y| y * y).sum();
     let e = num.sqrt() / den.sqrt().max(TINY);
     if e.is_nan() {
@@ -109,14 +114,7 @@ pub fn rms_rel_err(a: &[f32], b: &[f64]) -> f64 {
 /// [`rms_rel_err`] between two f64 vectors (`a` against the reference `b`).
 pub fn rms_rel_err_f64(a: &[f64], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len(), "rms_rel_err_f64: length mismatch");
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| y * y).sum();
-    let e = num.sqrt() / den.sqrt().max(TINY);
-    if e.is_nan() {
-        f64::INFINITY
-    } else {
-        e
-    }
+    rms_rel(a.iter().copied(), b)
 }
 
 /// The unit roundoff of bf16 (8 significant bits): rounding to bf16 moves a value by at most

@@ -296,7 +296,8 @@ struct Forward {
     y: Act,
     final_state: Option<F32s>,
     acts: Acts,
-    /// GDN2: in_proj's `[q|k|v|z]` columns, what the default keeps of its output.
+    /// GDN2: in_proj's `[q|k|v|z]` columns, what the default keeps of its output (`Some` only
+    /// when backward rebuilds the rule's inputs, `recompute().prep`).
     qkvz: Option<Act>,
 }
 
@@ -601,7 +602,7 @@ impl GatedDeltaNet {
             // gdn_norm_out: out_proj has consumed the gated norm's output; drop it.
             acts.norm_out = None;
         }
-        if let (true, Some(qkvz)) = (rc.prep, f.qkvz) {
+        if let Some(qkvz) = f.qkvz {
             // GDN2 by default: keep in_proj's [q|k|v|z] columns, not its gate sections (the
             // rule's gate inputs); backward reruns their GEMM.
             acts.proj = qkvz;
@@ -918,17 +919,7 @@ impl GatedDeltaNet {
         let c = &self.cfg;
         let (xn, in_stats) = self.in_norm(p, x, n)?;
         match c.variant {
-            Variant::Gdn => {
-                let proj = linear::forward(
-                    &xn,
-                    n,
-                    c.hidden_size,
-                    p.get("in_proj.weight"),
-                    p.bf16("in_proj.weight"),
-                    c.in_proj_dim(),
-                )?;
-                Ok((proj, None, in_stats))
-            }
+            Variant::Gdn => Ok((self.in_proj_gemm(p, &xn, n)?, None, in_stats)),
             Variant::Gdn2 => {
                 let (pd, a) = (c.in_proj_dim(), c.conv_dim() + c.v_dim());
                 let qkvz = self.in_proj_rows(p, &xn, n, 0, a)?;
@@ -945,10 +936,15 @@ impl GatedDeltaNet {
     /// copies per step; its bits are not promised equal to the training forward's, which runs
     /// GEMMs of another shape anyway).
     fn in_proj_one_gemm(&self, p: &ParamView, x: &Act, n: usize) -> Result<Act> {
-        let c = &self.cfg;
         let (xn, _) = self.in_norm(p, x, n)?;
+        self.in_proj_gemm(p, &xn, n)
+    }
+
+    /// The GEMM of the normalized input `xn` `[n, h]` with all of in_proj.weight.
+    fn in_proj_gemm(&self, p: &ParamView, xn: &Act, n: usize) -> Result<Act> {
+        let c = &self.cfg;
         linear::forward(
-            &xn,
+            xn,
             n,
             c.hidden_size,
             p.get("in_proj.weight"),

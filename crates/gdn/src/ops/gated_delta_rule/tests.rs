@@ -102,6 +102,24 @@ struct F64Case {
 }
 
 impl Case {
+    /// The CPU op's backward on this case (its states and their gradient when it has them).
+    fn backward(&self) -> super::cpu::Grads {
+        backward(
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.g,
+            &self.beta,
+            &self.seqs,
+            self.shape,
+            self.opts,
+            self.h0.as_deref(),
+            &self.d_o,
+            self.dht.as_deref(),
+        )
+        .unwrap()
+    }
+
     fn f64(&self) -> F64Case {
         F64Case {
             q: f64v(&self.q),
@@ -150,20 +168,7 @@ fn check(c: &Case, tol: f64) -> f64 {
     )
     .unwrap();
     let gr_ref = reference::backward(&inp, &f64v(&c.d_o), c.dht.as_deref().map(f64v).as_deref());
-    let gr = backward(
-        &c.q,
-        &c.k,
-        &c.v,
-        &c.g,
-        &c.beta,
-        &c.seqs,
-        c.shape,
-        c.opts,
-        c.h0.as_deref(),
-        &c.d_o,
-        c.dht.as_deref(),
-    )
-    .unwrap();
+    let gr = c.backward();
     let mut errs = vec![
         ("o", rel(&o, &o_ref)),
         ("final_state", rel(fin.as_ref().unwrap(), &fin_ref)),
@@ -350,20 +355,7 @@ fn backward_is_bitwise_reproducible_across_thread_counts() {
             .build()
             .unwrap();
         pool.install(|| {
-            let g = backward(
-                &c.q,
-                &c.k,
-                &c.v,
-                &c.g,
-                &c.beta,
-                &c.seqs,
-                c.shape,
-                c.opts,
-                c.h0.as_deref(),
-                &c.d_o,
-                c.dht.as_deref(),
-            )
-            .unwrap();
+            let g = c.backward();
             [g.dq, g.dk, g.dv, g.dg, g.dbeta, g.dh0.unwrap()]
                 .concat()
                 .iter()
@@ -624,20 +616,7 @@ fn conditioned_tolerance_floors_and_bugs() {
             );
         }
         // The CPU op (f32) passes; planted errors fail.
-        let gr = backward(
-            &c.q,
-            &c.k,
-            &c.v,
-            &c.g,
-            &c.beta,
-            &c.seqs,
-            c.shape,
-            c.opts,
-            c.h0.as_deref(),
-            &c.d_o,
-            c.dht.as_deref(),
-        )
-        .unwrap();
+        let gr = c.backward();
         for (name, x) in [
             ("dq", &gr.dq),
             ("dk", &gr.dk),
@@ -711,10 +690,7 @@ fn conditioned_tolerance_floors_and_bugs() {
         e > tol_dq,
         "cancelling: a flipped projection passes ({e:.3e})"
     );
-    let gr = backward(
-        &c.q, &c.k, &c.v, &c.g, &c.beta, &c.seqs, c.shape, c.opts, None, &c.d_o, None,
-    )
-    .unwrap();
+    let gr = c.backward();
     let e = rms_rel_err(&gr.dq, named(&rf, "dq"));
     assert!(e <= tol_dq, "cancelling: CPU dq {e:.3e}");
 }
