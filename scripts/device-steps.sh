@@ -15,6 +15,10 @@ export GDN_KERNEL_CACHE=${GDN_KERNEL_CACHE:-/tmp/gdn-kernels}
 export G=${GPU_DIR:-.gpu}
 OUT=${OUT:-/tmp/gdn-out}
 mkdir -p "$OUT"
+# Kernels compiled ahead by scripts/gpu-build.sh, if carried.
+if [ -f "$G/kcache.tgz" ]; then
+    mkdir -p "$GDN_KERNEL_CACHE" && tar -xzf "$G/kcache.tgz" -C "$GDN_KERNEL_CACHE" --strip-components=1
+fi
 logs=$(mktemp -d)
 budget=${BUDGET:-560}
 start=$(date +%s)

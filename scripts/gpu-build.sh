@@ -25,6 +25,18 @@ if ls crates/gdn/examples/bench_*.rs >/dev/null 2>&1; then
     done
 fi
 strip "$dest"/test-* "$dest"/gdn "$dest"/bench_* 2>/dev/null || true
+# Every kernel compiled here for the H200 (sm_90a) with NVRTC from .ci/cuda (as .ci/run installs
+# it), packed as kcache.tgz: scripts/device-steps.sh unpacks it into the kernel cache there, so no
+# device time goes to NVRTC (the cache key holds the source, options and NVRTC's version).
+if [ -f .ci/cuda/nvidia/cu13/lib/libnvrtc.so.13 ]; then
+    kc=$(mktemp -d)
+    LD_LIBRARY_PATH="$PWD/.ci/cuda/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+        GDN_KERNEL_CACHE="$kc/kcache" "$dest/gdn" kernels --arch sm_90a | tail -1
+    tar -czf "$dest/kcache.tgz" -C "$kc" kcache
+    rm -rf "$kc"
+else
+    echo "no NVRTC in .ci/cuda: kernels will compile on the device (see .ci/run to install it)"
+fi
 cp /work/shared/bench/fla_anchor.py "$dest"/ 2>/dev/null || cp ../shared/bench/fla_anchor.py "$dest"/ 2>/dev/null || true
 cp bench/fla_layer_json.py "$dest"/
 du -sh "$dest"

@@ -8,6 +8,7 @@
 //!   text), with held-out metrics, checkpoints, resume and a plot of the curves.
 //! - `gdn generate`: run a trained model with cached states (a prompt, or MQAR answers).
 //! - `gdn info`: version, build, threads, devices and the default configs.
+//! - `gdn kernels`: compile the CUDA kernels into the kernel cache ahead of time (no GPU needed).
 //!
 //! Output never kills a command: [`outln!`] and [`errln!`] write to stdout / stderr and, when a
 //! stream fails (closed pipe, full device), turn that stream off with one note on the other.
@@ -48,6 +49,7 @@ mod bench;
 mod convert;
 mod generate;
 mod info;
+mod kernels;
 mod launch;
 mod layer;
 mod memory;
@@ -117,6 +119,12 @@ enum Cmd {
     Convert(convert::ConvertArgs),
     /// Print version, build, threads, devices and the default configs.
     Info,
+    /// Compile the CUDA kernels with NVRTC into the kernel cache, with no GPU needed.
+    ///
+    /// The cache is $GDN_KERNEL_CACHE, else $XDG_CACHE_HOME/gdn/kernels or ~/.cache/gdn/kernels;
+    /// a GPU run with the same NVRTC version reads it instead of compiling at first use (for
+    /// container images, offline machines, and short GPU sessions).
+    Kernels(kernels::KernelsArgs),
     /// Start N ranks of a gdn command on this machine, as torchrun does (one process per GPU).
     ///
     /// Each process gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
@@ -271,6 +279,7 @@ fn main() -> ExitCode {
         Cmd::Generate(args) => generate::run(args),
         Cmd::Convert(args) => convert::run(args),
         Cmd::Info => info::run(),
+        Cmd::Kernels(args) => kernels::run(args),
         Cmd::Launch(args) => launch::run(args),
     };
     match result {

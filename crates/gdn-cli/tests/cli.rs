@@ -501,3 +501,63 @@ fn example_takes_device_dtype_and_variant() {
     }
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+fn gdn_kernels(cache: &Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_gdn"))
+        .arg("kernels")
+        .args(args)
+        .env("GDN_KERNEL_CACHE", cache)
+        .output()
+        .expect("run gdn")
+}
+
+#[test]
+fn kernels_refuses_unknown_arch_and_module() {
+    let d = tmpdir("kernels-bad");
+    let o = gdn_kernels(&d, &["--arch", "sm_70"]);
+    expect_fail(&o, &["--arch \"sm_70\"", "sm_90a"]);
+    if gdn::device::cuda::nvrtc_version().is_empty() {
+        return; // the module check runs after the NVRTC check
+    }
+    let o = gdn_kernels(&d, &["--module", "nope"]);
+    expect_fail(&o, &["no kernel module named \"nope\"", "gated_delta_rule"]);
+}
+
+#[test]
+fn kernels_fills_the_cache_once_and_reports_an_unwritable_one() {
+    if gdn::device::cuda::nvrtc_version().is_empty() {
+        assert!(
+            std::env::var_os("GDN_REQUIRE_NVRTC").is_none(),
+            "GDN_REQUIRE_NVRTC is set but NVRTC was not found"
+        );
+        eprintln!("NVRTC not found: gdn kernels not tested");
+        return;
+    }
+    let d = tmpdir("kernels");
+    let cache = d.join("cache");
+    let first = ok(&gdn_kernels(
+        &cache,
+        &["--module", "smoke", "--arch", "sm_80"],
+    ));
+    assert!(first.contains("1 compiled"), "{first}");
+    let files: Vec<_> = std::fs::read_dir(&cache).unwrap().collect();
+    assert_eq!(files.len(), 1, "{first}");
+    let second = ok(&gdn_kernels(
+        &cache,
+        &["--module", "smoke", "--arch", "sm_80"],
+    ));
+    assert!(
+        second.contains("0 compiled") && second.contains("1 already cached"),
+        "{second}"
+    );
+    // the cache directory's place is taken by a file: an error naming it, no panic
+    let blocked = d.join("blocked");
+    std::fs::write(&blocked, b"mine").unwrap();
+    let o = gdn_kernels(&blocked, &["--module", "smoke"]);
+    expect_fail(&o, &["blocked"]);
+    assert_eq!(
+        std::fs::read(&blocked).unwrap(),
+        b"mine",
+        "the user's file was changed"
+    );
+}

@@ -878,9 +878,11 @@ pub fn nvrtc_version() -> String {
     }
 }
 
-fn compile_cached(module: &'static str, arch: &'static str) -> Result<Ptx> {
+/// The cache file of `module` compiled for `arch`: its name holds a hash of the full source, the
+/// NVRTC options, the architecture and NVRTC's version, so any change compiles anew.
+fn cache_path(module: &str, arch: &str) -> Result<PathBuf> {
     let src = kernels::source(module)?;
-    let opts = format!("{:?}", nvrtc_options(arch).options);
+    let opts = format!("{:?}", nvrtc_options(arch_static(arch)?).options);
     let ver = nvrtc_version();
     let key = fnv1a(&[
         src.as_bytes(),
@@ -888,20 +890,99 @@ fn compile_cached(module: &'static str, arch: &'static str) -> Result<Ptx> {
         arch.as_bytes(),
         ver.as_bytes(),
     ]);
-    let path = cache_dir().join(format!("{module}-{arch}-{key:016x}.ptx"));
+    Ok(cache_dir().join(format!("{module}-{arch}-{key:016x}.ptx")))
+}
+
+/// The architectures kernels are compiled for (what [`arch_for`] gives per capability).
+pub const ARCHS: &[&str] = &["sm_80", "sm_86", "sm_89", "sm_90a", "sm_100", "sm_120"];
+
+fn arch_static(arch: &str) -> Result<&'static str> {
+    ARCHS.iter().copied().find(|a| *a == arch).ok_or_else(|| {
+        GdnError::Invalid(format!(
+            "unknown GPU architecture {arch:?}: expected one of {}",
+            ARCHS.join(", ")
+        ))
+    })
+}
+
+/// The kernel modules, in [`kernels::MODULES`] order.
+pub fn module_names() -> Vec<&'static str> {
+    kernels::MODULES.iter().map(|(n, _)| *n).collect()
+}
+
+/// What [`precompile`] did for one module.
+#[derive(Clone, Debug)]
+pub struct Precompiled {
+    pub module: &'static str,
+    /// The cache file (present afterwards unless the cache directory cannot be written).
+    pub path: PathBuf,
+    /// Whether the file was already there (nothing compiled).
+    pub cached: bool,
+    /// Seconds spent compiling (0 when cached).
+    pub secs: f64,
+}
+
+/// Compile kernel module `module` for `arch` (one of [`ARCHS`]) into the on-disk kernel cache,
+/// which GPU runs on any machine with the same NVRTC version then read instead of compiling. No
+/// GPU is needed. Unlike the compile at first use, a cache file that cannot be written is an
+/// error here.
+pub fn precompile(module: &str, arch: &str) -> Result<Precompiled> {
+    let arch = arch_static(arch)?;
+    let module = kernels::MODULES
+        .iter()
+        .map(|(n, _)| *n)
+        .find(|n| *n == module)
+        .ok_or_else(|| {
+            GdnError::Invalid(format!(
+                "no kernel module named {module:?}: expected one of {}",
+                module_names().join(", ")
+            ))
+        })?;
+    let path = cache_path(module, arch)?;
+    if path.is_file() {
+        return Ok(Precompiled {
+            module,
+            path,
+            cached: true,
+            secs: 0.0,
+        });
+    }
+    let t0 = std::time::Instant::now();
+    let ptx = compile(module, arch)?;
+    let secs = t0.elapsed().as_secs_f64();
+    write_cache(&path, &ptx.to_src()).map_err(|source| GdnError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    Ok(Precompiled {
+        module,
+        path,
+        cached: false,
+        secs,
+    })
+}
+
+/// Write `text` to `path` through a temporary file and a rename (a reader never sees a partial
+/// file), creating the directory.
+fn write_cache(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+fn compile_cached(module: &'static str, arch: &'static str) -> Result<Ptx> {
+    let path = cache_path(module, arch)?;
     if let Ok(text) = std::fs::read_to_string(&path) {
         return Ok(Ptx::from_src(text));
     }
     let ptx = compile(module, arch)?;
     // Best effort: a cache we cannot write only costs a recompile next time.
-    if let Some(dir) = path.parent() {
-        if std::fs::create_dir_all(dir).is_ok() {
-            let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-            if std::fs::write(&tmp, ptx.to_src()).is_ok() {
-                let _ = std::fs::rename(&tmp, &path);
-            }
-        }
-    }
+    let _ = write_cache(&path, &ptx.to_src());
     Ok(ptx)
 }
 
