@@ -41,8 +41,8 @@ use gdn::backend::launch::{profile_start, profile_take};
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_with, backward_with_prep, chain6, forward as forward_cuda,
-    forward_with, forward_with_prep, prep_only, set_v6_stages, BwdKernel, ChainInputs, FwdKernel,
-    PrepKernel,
+    forward_with, forward_with_prep, prep_only, set_backward_overlap, set_v6_stages, BwdKernel,
+    ChainInputs, FwdKernel, PrepKernel,
 };
 use gdn::ops::gated_delta_rule::{RuleOpts, RuleShape, CHUNK};
 use gdn::Seqs;
@@ -188,6 +188,25 @@ fn main() {
             .unwrap();
             drop((o, gr));
         });
+        // The same with the backward's two scans one after the other (the default runs them
+        // side by side on two streams).
+        set_backward_overlap(false);
+        let t_fb_seq = time_ms(&gpu, 1, 10, || {
+            let (o, _) = forward_cuda(
+                &gpu, &q, &kk, &vv, &g, &beta, &seqs, shape, opts, None, false,
+            )
+            .unwrap();
+            let gr = backward_cuda(
+                &gpu, &q, &kk, &vv, &g, &beta, &seqs, shape, opts, None, &d_o, None,
+            )
+            .unwrap();
+            drop((o, gr));
+        });
+        set_backward_overlap(true);
+        println!(
+            "bench-rule-overlap | {label} | fwd+bwd {t_fb:.2} ms with the scans side by side, {t_fb_seq:.2} ms in order ({:+.2} ms)",
+            t_fb - t_fb_seq
+        );
         let th = (tokens * hv) as f64;
         // Bytes: forward reads q, k, v, g, beta and writes o; backward also reads d_o and
         // writes dq, dk, dv, dg, dbeta (bf16 storage, g / dg fp32).

@@ -14,8 +14,8 @@ use std::sync::{Arc, OnceLock};
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_with, backward_with_prep, chain6, forward as forward_cuda,
-    forward_with, forward_with_prep, prep_only, set_poison, v6_supports, BwdKernel, ChainInputs,
-    FwdKernel, PrepKernel,
+    forward_with, forward_with_prep, prep_only, set_backward_overlap, set_poison, v6_supports,
+    BwdKernel, ChainInputs, FwdKernel, PrepKernel,
 };
 use gdn::ops::gated_delta_rule::reference::{self, RefInputs};
 use gdn::ops::gated_delta_rule::{self as gdr, RuleOpts, RuleShape};
@@ -1640,6 +1640,77 @@ fn v6_backward_bitwise_and_fallback() {
             "v6 and v5 backward gave the same bits"
         );
     }
+}
+
+/// The v6 backward's state recompute and reverse scan run side by side on two streams by default
+/// (`set_backward_overlap`): the same bits as one after the other, on cases long enough that the
+/// two kernels overlap on the GPU (a missing wait would let gdr_grad7 read hrec6's poisoned,
+/// unwritten states), and two overlapped runs agree.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn backward_overlap_is_bitwise_sequential() {
+    let gpu = gpu();
+    let cu = [0u64, 5000, 5001, 5001, 12000];
+    let cases = [
+        case(
+            "overlap long",
+            Seqs::uniform(1, 16384),
+            sh(4, 8, 128, 128),
+            true,
+            false,
+            Decay::LogSigmoid,
+            1030,
+            true,
+        ),
+        case(
+            "overlap packed states",
+            Seqs::packed(&cu, 12003).unwrap(),
+            sh(2, 4, 128, 128),
+            true,
+            true,
+            Decay::LogSigmoid,
+            1031,
+            true,
+        ),
+        case(
+            "overlap dk64",
+            Seqs::uniform(2, 3000),
+            sh(2, 4, 64, 64),
+            true,
+            true,
+            Decay::Uniform(0.2),
+            1032,
+            true,
+        ),
+    ];
+    let mut fails = Vec::new();
+    for c in &cases {
+        for kernel in [
+            None,
+            Some(v6b(true, true, true, true, 0)),
+            Some(v6b(true, true, true, false, 0)),
+        ] {
+            set_backward_overlap(false);
+            let seq = run_gpu_with(&gpu, c, DType::Bf16, kernel);
+            set_backward_overlap(true);
+            let a = run_gpu_with(&gpu, c, DType::Bf16, kernel);
+            let b = run_gpu_with(&gpu, c, DType::Bf16, kernel);
+            let (same, again) = (a.bits() == seq.bits(), a.bits() == b.bits());
+            println!(
+                "gdr-check overlap {} {kernel:?}: equal to sequential={same}, two runs equal={again}",
+                c.name
+            );
+            if !same || !again {
+                fails.push(format!(
+                    "{} {kernel:?}: sequential {same}, rerun {again}",
+                    c.name
+                ));
+            }
+            check_written(c, &a, &mut fails);
+        }
+    }
+    set_backward_overlap(true);
+    finish(fails);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -62,6 +62,9 @@ pub struct Gpu {
     capture_owner: AtomicU64,
     /// One capture at a time per GPU.
     capture_lock: Mutex<()>,
+    /// A second stream for kernels that may run beside those on [`Gpu::stream`] (created at
+    /// first use), see [`Gpu::side_stream`].
+    side_stream: OnceLock<Arc<CudaStream>>,
 }
 
 /// A small per-thread number (1, 2, ...), to tell the capturing thread from the others.
@@ -153,6 +156,7 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
         capture_stream: OnceLock::new(),
         capture_owner: AtomicU64::new(0),
         capture_lock: Mutex::new(()),
+        side_stream: OnceLock::new(),
     });
     m.insert(ordinal, g.clone());
     Ok(g)
@@ -449,6 +453,49 @@ impl Gpu {
         let s = unsafe { self.ctx.wrap_borrowed_stream(raw) };
         let _ = self.capture_stream.set(s);
         Ok(self.capture_stream.get().expect("set above"))
+    }
+
+    /// A second stream, for work that may overlap the work queued on [`Gpu::stream`] (e.g. two
+    /// independent scans of the rule's backward that each leave most of every SM idle), or
+    /// `None` on a thread that is capturing a graph (callers then queue everything on
+    /// [`Gpu::stream`]). A non-blocking stream: it never waits for [`Gpu::stream`] by itself, so
+    /// every use is bracketed by [`Gpu::order`]: `order(main, side)` before the side's work
+    /// (it sees everything queued on the main stream so far) and `order(side, main)` after it,
+    /// before the main stream touches what the side work reads or writes, and before any buffer
+    /// the side work uses is freed (frees are ordered on the main stream).
+    pub(crate) fn side_stream(&self) -> Result<Option<&Arc<CudaStream>>> {
+        let owner = self.capture_owner.load(Ordering::Acquire);
+        if owner != 0 && owner == thread_token() {
+            return Ok(None);
+        }
+        if let Some(s) = self.side_stream.get() {
+            return Ok(Some(s));
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| dev_err("binding the CUDA context", e))?;
+        let raw = cudarc::driver::result::stream::create(
+            cudarc::driver::result::stream::StreamKind::NonBlocking,
+        )
+        .map_err(|e| dev_err("creating a second stream", e))?;
+        // SAFETY: `raw` is a live stream of this context, never destroyed (kept for the life of
+        // the process like the GPU itself, as the capture stream).
+        let s = unsafe { self.ctx.wrap_borrowed_stream(raw) };
+        let _ = self.side_stream.set(s);
+        Ok(self.side_stream.get())
+    }
+
+    /// Make the work queued on `after` from now on wait for everything queued on `before` so far
+    /// (an event recorded on `before`, waited on by `after`; nothing blocks the host).
+    pub(crate) fn order(&self, before: &Arc<CudaStream>, after: &Arc<CudaStream>) -> Result<()> {
+        let ev = before
+            .record_event(Some(
+                cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
+            ))
+            .map_err(|e| dev_err("recording an event", e))?;
+        after
+            .wait(&ev)
+            .map_err(|e| dev_err("waiting for an event", e))
     }
 
     /// Capture the work that `f` queues on this GPU from the calling thread into a CUDA graph

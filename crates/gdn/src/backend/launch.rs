@@ -224,6 +224,30 @@ pub(crate) fn launch_in_threads(
     smem_bytes: usize,
     args: &[Arg],
 ) -> Result<()> {
+    launch_on(
+        gpu,
+        gpu.stream(),
+        module,
+        name,
+        blocks,
+        threads,
+        smem_bytes,
+        args,
+    )
+}
+
+/// [`launch_in_threads`] on stream `stream` (the GPU's own or its [`Gpu::side_stream`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_on(
+    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
+    module: &'static str,
+    name: &str,
+    blocks: usize,
+    threads: u32,
+    smem_bytes: usize,
+    args: &[Arg],
+) -> Result<()> {
     if blocks == 0 {
         return Ok(());
     }
@@ -240,7 +264,7 @@ pub(crate) fn launch_in_threads(
         )
         .map_err(|e| dev_err(&format!("shared memory of {name} ({smem_bytes} bytes)"), e))?;
     }
-    let mut b = gpu.stream().launch_builder(&f);
+    let mut b = stream.launch_builder(&f);
     for a in args {
         match a {
             Arg::Ptr(p) => b.arg(p),
@@ -259,16 +283,12 @@ pub(crate) fn launch_in_threads(
         st.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(|e| dev_err("recording an event", e))
     };
-    let t0 = if profiling {
-        Some(ev(gpu.stream())?)
-    } else {
-        None
-    };
+    let t0 = if profiling { Some(ev(stream)?) } else { None };
     // SAFETY: argument lists match the kernels' signatures in gated_delta_rule.cu and
     // gdn2_rule.cu; every buffer is sized by the callers for the indices the kernels touch.
     unsafe { b.launch(cfg) }.map_err(|e| dev_err(&format!("launching {name}"), e))?;
     if let Some(t0) = t0 {
-        let t1 = ev(gpu.stream())?;
+        let t1 = ev(stream)?;
         let ms = t0
             .elapsed_ms(&t1)
             .map_err(|e| dev_err("timing a kernel", e))? as f64;
@@ -307,4 +327,10 @@ pub fn profile_take() -> Vec<(String, f64, usize)> {
         .lock()
         .map(|mut p| std::mem::take(&mut *p))
         .unwrap_or_default()
+}
+
+/// Whether per-kernel profiling is on (work meant to overlap then runs in order, so that each
+/// kernel's time is its own).
+pub(crate) fn profiling() -> bool {
+    PROFILING.load(Ordering::Relaxed)
 }

@@ -941,6 +941,27 @@ fn v6_warps(gpu: &Gpu, n_seq: usize, s: RuleShape, forced: usize) -> usize {
 
 static V6_STAGES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
+/// 0: from the environment (`GDN_RULE_OVERLAP=0` turns it off); 1 off; 2 on.
+static OVERLAP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Whether the v6 backward runs its two scans side by side (see `backward_v6`): on unless
+/// `GDN_RULE_OVERLAP=0` or [`set_backward_overlap`]`(false)`.
+fn backward_overlap() -> bool {
+    match OVERLAP.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => std::env::var("GDN_RULE_OVERLAP").map_or(true, |v| v != "0"),
+    }
+}
+
+/// Tests and benchmarks (process-wide): run the v6 backward's state recompute and reverse scan
+/// side by side on two streams (`true`, the default) or one after the other (`false`). Same
+/// kernels and bits either way.
+#[doc(hidden)]
+pub fn set_backward_overlap(on: bool) {
+    OVERLAP.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+}
+
 /// Benchmarks only (process-wide): `2` makes the fused v6 kernel use two pipeline stages even
 /// where three fit; anything else restores the default (three where they fit).
 #[doc(hidden)]
@@ -1327,6 +1348,17 @@ fn backward_v6(
 
     let h16 = pieces.bf16_states;
     let o16 = |b: Option<&GBuf<u16>>| b.map_or(Arg::Ptr(0), |b| ptr(b, st));
+    // The state recompute (gdr_hrec6) and the reverse scan (gdr_bwd6) read only the prep's
+    // workspaces and the inputs, not each other's outputs, and each leaves most of every SM idle
+    // (one CTA of 2 warps per SM at B1 T32768): with both v6 scans they run side by side, hrec6
+    // on the GPU's second stream (same kernels, same bits; in order when profiling, capturing
+    // or [`set_backward_overlap`]`(false)`).
+    let overlap = pieces.recompute
+        && pieces.scan
+        && backward_overlap()
+        && !crate::backend::launch::profiling()
+        && gpu.side_stream()?.is_some();
+    let mut hrec: Option<(String, usize, Vec<Arg>)> = None;
     // Recompute: gam, T, U (fp32), W (bf16 with v6's recompute, fp32 with v5's), chunk-start
     // states h (fp32, or bf16 with bf16 states) and D (fp32), in v5's layouts.
     let (gam, t, u, mut w32, mut w16, h32, h16b, d) = if let Some(p) = pre {
@@ -1338,30 +1370,30 @@ fn backward_v6(
             (Some(ws(gpu, chh * s.dk * s.dv)?), None)
         };
         let d = ws(gpu, chh * C * s.dv)?;
-        launch_in_threads(
-            gpu,
-            MODULE,
-            &format!("gdr_hrec6_d{}_w{nw}", s.dk),
-            ctas,
-            32 * nw as u32,
-            2 * v6r_stage_bytes(s.dk, nw),
-            &[
-                dptr(kb, st),
-                ptr(&gam, st),
-                ptr(&w, st),
-                ptr(&u, st),
-                ptr(&ch.seq, st),
-                ptr(&ch.t0, st),
-                ptr(&ch.len, st),
-                i32_arg(s.hk),
-                i32_arg(s.hv),
-                i32_arg(s.dv),
-                optr(initial_state, st),
-                optr(h32.as_ref(), st),
-                o16(h16b.as_ref()),
-                ptr(&d, st),
-            ],
-        )?;
+        let args = vec![
+            dptr(kb, st),
+            ptr(&gam, st),
+            ptr(&w, st),
+            ptr(&u, st),
+            ptr(&ch.seq, st),
+            ptr(&ch.t0, st),
+            ptr(&ch.len, st),
+            i32_arg(s.hk),
+            i32_arg(s.hv),
+            i32_arg(s.dv),
+            optr(initial_state, st),
+            optr(h32.as_ref(), st),
+            o16(h16b.as_ref()),
+            ptr(&d, st),
+        ];
+        let name = format!("gdr_hrec6_d{}_w{nw}", s.dk);
+        let smem = 2 * v6r_stage_bytes(s.dk, nw);
+        if overlap {
+            // launched beside gdr_bwd6, below
+            hrec = Some((name, smem, args));
+        } else {
+            launch_in_threads(gpu, MODULE, &name, ctas, 32 * nw as u32, smem, &args)?;
+        }
         (gam, t, u, None, Some(w), h32, h16b, d)
     } else {
         let p = prep(gpu, ks, kk, v, g, beta, &ch, s, true)?;
@@ -1423,10 +1455,41 @@ fn backward_v6(
                 a
             }
         };
-        launch_in_threads(
+        let bwd6 = format!("gdr_bwd6_d{}_w{nw}", s.dk);
+        let side = match hrec.take() {
+            Some((name, smem, args)) => {
+                let side = gpu
+                    .side_stream()?
+                    .ok_or_else(|| GdnError::Device("rule backward: no second stream".into()))?;
+                // Both kernels ask for the largest shared-memory carveout, so that one CTA of
+                // each fits on an SM (88.6 + 133.6 KB at Dk 128, 2 warps).
+                for n in [&name, &bwd6] {
+                    gpu.function(MODULE, n)?
+                        .set_attribute(
+                            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                            100,
+                        )
+                        .map_err(|e| GdnError::Device(format!("carveout of {n}: {e:?}")))?;
+                }
+                gpu.order(st, side)?;
+                crate::backend::launch::launch_on(
+                    gpu,
+                    side,
+                    MODULE,
+                    &name,
+                    ctas,
+                    32 * nw as u32,
+                    smem,
+                    &args,
+                )?;
+                Some(side)
+            }
+            None => None,
+        };
+        let r = launch_in_threads(
             gpu,
             MODULE,
-            &format!("gdr_bwd6_d{}_w{nw}", s.dk),
+            &bwd6,
             ctas,
             32 * nw as u32,
             2 * v6g_stage_bytes(s.dk, nw),
@@ -1450,7 +1513,12 @@ fn backward_v6(
                 ptr(&dd, st),
                 optr(dh0.as_ref(), st),
             ],
-        )?;
+        );
+        // Before anything reads hrec6's outputs or frees what it reads (also on an error).
+        if let Some(side) = side {
+            gpu.order(side, st)?;
+        }
+        r?;
     } else if let (Some(w), Some(dh)) = (&w32, &dh32) {
         // v5's dD_loc = scale A^T dO, then its reverse scan.
         launch(
@@ -1499,6 +1567,10 @@ fn backward_v6(
                 optr(dh0.as_ref(), st),
             ],
         )?;
+    }
+    if let Some((name, smem, args)) = hrec.take() {
+        // (not reached: overlap implies the bwd6 branch above, which launched it)
+        launch_in_threads(gpu, MODULE, &name, ctas, 32 * nw as u32, smem, &args)?;
     }
     drop((w32, w16));
 
