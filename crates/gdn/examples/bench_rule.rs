@@ -177,7 +177,7 @@ fn main() {
             drop(r);
         };
         let t_f = time_ms(&gpu, 2, 10, fwd);
-        let t_fb = time_ms(&gpu, 2, 10, || {
+        let fwd_bwd = || {
             let (o, _) = forward_cuda(
                 &gpu, &q, &kk, &vv, &g, &beta, &seqs, shape, opts, None, false,
             )
@@ -187,21 +187,12 @@ fn main() {
             )
             .unwrap();
             drop((o, gr));
-        });
+        };
+        let t_fb = time_ms(&gpu, 2, 10, fwd_bwd);
         // The same with the backward's two scans one after the other (the default runs them
         // side by side on two streams).
         set_backward_overlap(false);
-        let t_fb_seq = time_ms(&gpu, 1, 10, || {
-            let (o, _) = forward_cuda(
-                &gpu, &q, &kk, &vv, &g, &beta, &seqs, shape, opts, None, false,
-            )
-            .unwrap();
-            let gr = backward_cuda(
-                &gpu, &q, &kk, &vv, &g, &beta, &seqs, shape, opts, None, &d_o, None,
-            )
-            .unwrap();
-            drop((o, gr));
-        });
+        let t_fb_seq = time_ms(&gpu, 1, 10, fwd_bwd);
         set_backward_overlap(true);
         println!(
             "bench-rule-overlap | {label} | fwd+bwd {t_fb:.2} ms with the scans side by side, {t_fb_seq:.2} ms in order ({:+.2} ms)",

@@ -441,18 +441,26 @@ impl Gpu {
         if let Some(s) = self.capture_stream.get() {
             return Ok(s);
         }
+        let _ = self
+            .capture_stream
+            .set(self.process_stream("the capture stream")?);
+        Ok(self.capture_stream.get().expect("set above"))
+    }
+
+    /// A new non-blocking stream of this context that lives as long as the process (never
+    /// destroyed, like the GPU itself; not counted by cudarc's multi-stream event tracking,
+    /// which stays off: our code orders its streams itself).
+    fn process_stream(&self, what: &str) -> Result<Arc<CudaStream>> {
         self.ctx
             .bind_to_thread()
             .map_err(|e| dev_err("binding the CUDA context", e))?;
         let raw = cudarc::driver::result::stream::create(
             cudarc::driver::result::stream::StreamKind::NonBlocking,
         )
-        .map_err(|e| dev_err("creating the capture stream", e))?;
+        .map_err(|e| dev_err(&format!("creating {what}"), e))?;
         // SAFETY: `raw` is a live stream of this context, never destroyed (the wrapper does not
         // own it, and the GPU registry keeps this `Gpu` for the life of the process).
-        let s = unsafe { self.ctx.wrap_borrowed_stream(raw) };
-        let _ = self.capture_stream.set(s);
-        Ok(self.capture_stream.get().expect("set above"))
+        Ok(unsafe { self.ctx.wrap_borrowed_stream(raw) })
     }
 
     /// A second stream, for work that may overlap the work queued on [`Gpu::stream`] (e.g. two
@@ -471,17 +479,9 @@ impl Gpu {
         if let Some(s) = self.side_stream.get() {
             return Ok(Some(s));
         }
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| dev_err("binding the CUDA context", e))?;
-        let raw = cudarc::driver::result::stream::create(
-            cudarc::driver::result::stream::StreamKind::NonBlocking,
-        )
-        .map_err(|e| dev_err("creating a second stream", e))?;
-        // SAFETY: `raw` is a live stream of this context, never destroyed (kept for the life of
-        // the process like the GPU itself, as the capture stream).
-        let s = unsafe { self.ctx.wrap_borrowed_stream(raw) };
-        let _ = self.side_stream.set(s);
+        let _ = self
+            .side_stream
+            .set(self.process_stream("a second stream")?);
         Ok(self.side_stream.get())
     }
 
