@@ -688,6 +688,9 @@ __device__ void g2c_prep(const TQ* __restrict__ q, const TQ* __restrict__ k, con
 //   - c_IJ is applied to the A fragment (Qup, Kbup) per channel when it is loaded.
 //   - T = (I + M)^-1 stays fp32 CUDA-core (diagonal blocks by substitution with the column in
 //     registers, block rows below as in g2c_prep).
+//   - Gam, P_I, Gam_L - P_I are kept in base 2 (times log2(e), in f64 before the rounding to
+//     f32) and every factor is exp2f of a difference: same accuracy as expf of the base-e
+//     difference (one f32 rounding of the argument, <= 2 ulp exp2f), fewer instructions.
 // Channels are processed in halves of 64 (Dk <= 128): Gam, the diagonal blocks, Qg, Kd^T and
 // the strips are per channel or sums over channels, so each half is independent; the diagonal
 // and strip sums are accumulated in registers across the halves in a fixed order.
@@ -700,6 +703,9 @@ __device__ void g2c_prep(const TQ* __restrict__ q, const TQ* __restrict__ k, con
 #define G2P8_L72 72
 #define G2P8_R68 (64 * G2P8_L68)
 #define G2P8_R72 (64 * G2P8_L72)
+// log2(e): Gam is kept in base-2 units (scaled in f64 before rounding), so every factor is one
+// exp2f (the hardware ex2 plus a denormal fix-up) instead of expf's range reduction.
+#define G2P8_L2E 1.4426950408889634
 
 __device__ __forceinline__ float4 g2p8_ld4(const float* p, i64 i) { return *reinterpret_cast<const float4*>(p + i); }
 __device__ __forceinline__ float4 g2p8_ld4(const bf16_t* p, i64 i) {
@@ -828,7 +834,7 @@ __device__ void g2c_prep8(const TQ* __restrict__ q, const TQ* __restrict__ k, co
                 for (int il = 0; il < 16; ++il) {
                     float* pg = sG + (16 * I + il) * G2P8_L72 + x;
                     acc += (double)*pg;
-                    *pg = (float)acc;
+                    *pg = (float)(acc * G2P8_L2E);
                 }
                 sS[I * 64 + x] = acc;
             }
@@ -842,16 +848,17 @@ __device__ void g2c_prep8(const TQ* __restrict__ q, const TQ* __restrict__ k, co
             for (int I = 0; I < 4; ++I) P[I + 1] = P[I] + sS[I * 64 + x];
 #pragma unroll
             for (int I = 0; I < 4; ++I) {
-                sP[I * 64 + x] = (float)P[I];
-                sDl[I * 64 + x] = (float)(P[4] - P[I]);
+                sP[I * 64 + x] = (float)(P[I] * G2P8_L2E);
+                sDl[I * 64 + x] = (float)((P[4] - P[I]) * G2P8_L2E);
             }
 #pragma unroll
             for (int I = 1; I < 4; ++I) {
 #pragma unroll
                 for (int J = 0; J < I; ++J)
-                    sCc[(I * (I - 1) / 2 + J) * 64 + x] = (J == I - 1) ? 1.f : expf((float)(P[I] - P[J + 1]));
+                    sCc[(I * (I - 1) / 2 + J) * 64 + x] =
+                        (J == I - 1) ? 1.f : exp2f((float)((P[I] - P[J + 1]) * G2P8_L2E));
             }
-            ws_egl[cj * dk + x0 + x] = expf((float)P[4]);
+            ws_egl[cj * dk + x0 + x] = exp2f((float)(P[4] * G2P8_L2E));
         }
         __syncthreads();
         // 3. Diagonal 16x16 blocks of A and M, elementwise: a thread per (i, j) pair walks the
@@ -874,8 +881,8 @@ __device__ void g2c_prep8(const TQ* __restrict__ q, const TQ* __restrict__ k, co
                     const float4 kj = *reinterpret_cast<const float4*>(sK + jj * G2P8_L68 + x);
                     const float4 gi = *reinterpret_cast<const float4*>(sG + i * G2P8_L72 + x);
                     const float4 gj = *reinterpret_cast<const float4*>(sG + jj * G2P8_L72 + x);
-                    const float e0 = same ? 1.f : expf(gi.x - gj.x), e1 = same ? 1.f : expf(gi.y - gj.y);
-                    const float e2 = same ? 1.f : expf(gi.z - gj.z), e3 = same ? 1.f : expf(gi.w - gj.w);
+                    const float e0 = same ? 1.f : exp2f(gi.x - gj.x), e1 = same ? 1.f : exp2f(gi.y - gj.y);
+                    const float e2 = same ? 1.f : exp2f(gi.z - gj.z), e3 = same ? 1.f : exp2f(gi.w - gj.w);
                     const float k0 = e0 * kj.x, k1 = e1 * kj.y, k2 = e2 * kj.z, k3 = e3 * kj.w;
                     sa += qi.x * k0;
                     sm += bi.x * k0;
@@ -896,8 +903,8 @@ __device__ void g2c_prep8(const TQ* __restrict__ q, const TQ* __restrict__ k, co
         for (int tile = warp; tile < 8 * nv; tile += 8) {
             const int i = 8 * (tile & 7) + (lane & 7), x = 4 * (tile >> 3) + (lane >> 3), I = i >> 4;
             const float kv = sK[i * G2P8_L68 + x], gi = sG[i * G2P8_L72 + x];
-            ws_kd[ck + (i64)(x0 + x) * G2C_C + i] = kv * expf(sDl[I * 64 + x] - gi);
-            sK[i * G2P8_L68 + x] = kv * expf(sG[(16 * I + 15) * G2P8_L72 + x] - gi);
+            ws_kd[ck + (i64)(x0 + x) * G2C_C + i] = kv * exp2f(sDl[I * 64 + x] - gi);
+            sK[i * G2P8_L68 + x] = kv * exp2f(sG[(16 * I + 15) * G2P8_L72 + x] - gi);
         }
         __syncthreads();
         // 5. Qg = Q e^Gam to memory; Qup = Q e^Gr, Kbup = Kb e^Gr in place; X = Kb e^Gam (half
@@ -910,9 +917,9 @@ __device__ void g2c_prep8(const TQ* __restrict__ q, const TQ* __restrict__ k, co
                 const float4 b4 = *reinterpret_cast<const float4*>(sKb + i * G2P8_L68 + x);
                 const float4 g4 = *reinterpret_cast<const float4*>(sG + i * G2P8_L72 + x);
                 const float4 p4 = *reinterpret_cast<const float4*>(sP + I * 64 + x);
-                const float4 eg = make_float4(expf(p4.x + g4.x), expf(p4.y + g4.y), expf(p4.z + g4.z),
-                                              expf(p4.w + g4.w));
-                const float4 up = make_float4(expf(g4.x), expf(g4.y), expf(g4.z), expf(g4.w));
+                const float4 eg = make_float4(exp2f(p4.x + g4.x), exp2f(p4.y + g4.y), exp2f(p4.z + g4.z),
+                                              exp2f(p4.w + g4.w));
+                const float4 up = make_float4(exp2f(g4.x), exp2f(g4.y), exp2f(g4.z), exp2f(g4.w));
                 *reinterpret_cast<float4*>(ws_qg + ck + (i64)i * dk + x0 + x) = g2p8_mul4(q4, eg);
                 *reinterpret_cast<float4*>(sQ + i * G2P8_L68 + x) = g2p8_mul4(q4, up);
                 *reinterpret_cast<float4*>(sKb + i * G2P8_L68 + x) = g2p8_mul4(b4, up);
