@@ -8,7 +8,9 @@
 //! per-kernel times of one chunked backward; then (`bench-rule2-bwd-tc`) the same chunked
 //! backward with `g2b_grad`'s products on TF32 tensor cores ([`Bwd::ChunkedTc`], opt-in
 //! `GDN_RULE2_GRAD=tc`): its time, fwd + bwd, its dq, dk, dg against the fp32 chunked kernels'
-//! and the recurrence's, and its per-kernel times.
+//! and the recurrence's, and its per-kernel times. First (`bench-rule2-prep8`), the chunked
+//! forward and forward + chunked backward with the tensor-core chunk prep g2c_prep8 against
+//! g2c_prep, and its per-kernel times; `GDN_BENCH_RULE2=prep8` prints only those rows.
 //!
 //! FLA's `chunk_gdn2` on the H200 (issue 17): 4.80 ms forward, 25.0 ms forward + backward at B1
 //! T32768 16/32. `GDN_RULE2_BV=16|32` forces the scan's tile width.
@@ -23,7 +25,7 @@ use gdn::backend::launch::{profile_start, profile_take};
 use std::sync::Arc;
 
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
-use gdn::ops::gdn2_rule::cuda::{backward, backward_with, forward_with, Bwd, Fwd};
+use gdn::ops::gdn2_rule::cuda::{backward, backward_with, forward_with, with_prep, Bwd, Fwd, Prep};
 use gdn::ops::gdn2_rule::{RuleOpts, RuleShape};
 use gdn::testutil::rms_rel_err;
 use gdn::Seqs;
@@ -93,6 +95,82 @@ fn main() {
             .unwrap()
             .0
         };
+        // The tensor-core chunk prep g2c_prep8 (GDN_RULE2_PREP=v8) against g2c_prep, in the
+        // chunked forward and in forward + chunked backward (its recompute runs the prep too);
+        // per-kernel times of one forward and one backward with it. `GDN_BENCH_RULE2=prep8`
+        // prints only these rows.
+        {
+            let fb = |p: Prep| {
+                with_prep(p, || {
+                    let o = run(Fwd::Chunked);
+                    let gr = backward_with(
+                        &gpu,
+                        Bwd::Chunked,
+                        &q,
+                        &k,
+                        &v,
+                        &g,
+                        &bb,
+                        &w,
+                        &seqs,
+                        shape,
+                        opts,
+                        None,
+                        &d_o,
+                        None,
+                    )
+                    .unwrap();
+                    drop((o, gr));
+                })
+            };
+            let t1 = time_ms(&gpu, 2, 5, || {
+                with_prep(Prep::V1, || drop(run(Fwd::Chunked)))
+            });
+            let t8 = time_ms(&gpu, 2, 5, || {
+                with_prep(Prep::V8, || drop(run(Fwd::Chunked)))
+            });
+            let tfb1 = time_ms(&gpu, 1, 3, || fb(Prep::V1));
+            let tfb8 = time_ms(&gpu, 1, 3, || fb(Prep::V8));
+            let o1 = with_prep(Prep::V1, || run(Fwd::Chunked))
+                .download()
+                .unwrap();
+            let o8 = with_prep(Prep::V8, || run(Fwd::Chunked))
+                .download()
+                .unwrap();
+            println!(
+                "bench-rule2-prep8 | B{b} T{t} {hk}/{hv} | chunked fwd prep {t1:.2} ms -> prep8 {t8:.2} ms | fwd + chunked bwd prep {tfb1:.2} ms -> prep8 {tfb8:.2} ms | o prep8 vs prep RMS rel {:.2e}",
+                rms_rel_err(&o8, &f64s(&o1))
+            );
+            let line = with_prep(Prep::V8, || kernel_times(&gpu, || drop(run(Fwd::Chunked))));
+            println!("bench-rule2-prep8-kernels | B{b} T{t} {hk}/{hv} | fwd | {line}");
+            let line = with_prep(Prep::V8, || {
+                kernel_times(&gpu, || {
+                    drop(
+                        backward_with(
+                            &gpu,
+                            Bwd::Chunked,
+                            &q,
+                            &k,
+                            &v,
+                            &g,
+                            &bb,
+                            &w,
+                            &seqs,
+                            shape,
+                            opts,
+                            None,
+                            &d_o,
+                            None,
+                        )
+                        .unwrap(),
+                    )
+                })
+            });
+            println!("bench-rule2-prep8-kernels | B{b} T{t} {hk}/{hv} | bwd | {line}");
+            if std::env::var("GDN_BENCH_RULE2").as_deref() == Ok("prep8") {
+                continue;
+            }
+        }
         let t_c = time_ms(&gpu, 2, 5, || drop(run(Fwd::Chunked)));
         let t_r = time_ms(&gpu, 2, 3, || drop(run(Fwd::Recurrent)));
         let t_fb = time_ms(&gpu, 2, 3, || {

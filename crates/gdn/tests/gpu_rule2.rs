@@ -2,7 +2,8 @@
 //! with poisoned outputs and workspaces, exact-zero padding rows (packed sequences with empty and
 //! length-1 ones) and bitwise reproducibility. The chunked forward (the default) is also checked
 //! on its own against the f64 recurrence and the token-recurrence kernel (`gdn2_chunked_*`), and
-//! so is the chunked backward (`gdn2_chunked_bwd_*`, `Bwd::Chunked`, `Bwd::ChunkedTc`). Run on the device machine with
+//! so is the chunked backward (`gdn2_chunked_bwd_*`, `Bwd::Chunked`, `Bwd::ChunkedTc`), and both
+//! again with the tensor-core chunk prep g2c_prep8 (`gdn2_prep8_*`, `Prep::V8`). Run on the device machine with
 //! `--include-ignored --nocapture`: every check prints one line (`gdn2-check ...`).
 
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gdn2_rule::cuda::{
     backward as backward_cuda, backward_with, chunked_supports, forward as forward_cuda,
-    forward_with, set_poison, Bwd, Fwd,
+    forward_with, prep_outputs, set_poison, with_prep, Bwd, Fwd, Prep,
 };
 use gdn::ops::gdn2_rule::reference::{self, RefInputs};
 use gdn::ops::gdn2_rule::{self as g2, RuleOpts, RuleShape};
@@ -817,6 +818,109 @@ fn gdn2_chunked_two_runs_are_bitwise_identical() {
         println!("gdn2-check chunked-bitwise {dt:?}: identical={same}");
         assert!(same, "{dt:?}: two runs of the chunked forward differ");
     }
+}
+
+// ---- the tensor-core chunk prep g2c_prep8 (GDN_RULE2_PREP=v8, `with_prep(Prep::V8, ..)`) ----
+
+/// The chunked forward's f32 test (same cases, same tolerances) with g2c_prep8.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gdn2_prep8_chunked_f32_matches_f64_and_recurrence() {
+    with_prep(Prep::V8, gdn2_chunked_f32_matches_f64_and_recurrence);
+}
+
+/// The chunked forward's bf16 test with g2c_prep8.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gdn2_prep8_chunked_bf16_matches_f64() {
+    with_prep(Prep::V8, gdn2_chunked_bf16_matches_f64);
+}
+
+/// The chunked backward's f32 test with g2c_prep8 in the backward's recompute.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gdn2_prep8_chunked_bwd_f32_matches_f64_and_recurrence() {
+    with_prep(Prep::V8, gdn2_chunked_bwd_f32_matches_f64_and_recurrence);
+}
+
+/// The chunked backward's bf16 tests (fp32 and TF32 gradient kernels) with g2c_prep8.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gdn2_prep8_chunked_bwd_bf16_matches_f64() {
+    with_prep(Prep::V8, || {
+        check_chunked_bwd_bf16(Bwd::Chunked, "prep8-chunked-bwd-bf16");
+        check_chunked_bwd_bf16(Bwd::ChunkedTc, "prep8-chunked-bwd-tc-bf16");
+    });
+}
+
+/// The forward and backward bitwise tests with g2c_prep8.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gdn2_prep8_two_runs_are_bitwise_identical() {
+    with_prep(Prep::V8, || {
+        gdn2_chunked_two_runs_are_bitwise_identical();
+        gdn2_chunked_bwd_two_runs_are_bitwise_identical();
+    });
+}
+
+/// g2c_prep8's outputs (U, Wm, Qg, Kd^T, A, e^Gam_L, T) against g2c_prep's on the chunked
+/// cases, f32 and bf16 storage: every element written (poisoned workspaces), RMS-relative
+/// difference per output <= 2e-5 (both are fp32 math; prep8's products are 3xTF32), two prep8
+/// runs bit for bit equal, and prep8 not bit for bit prep (else it did not run).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gdn2_prep8_outputs_match_prep() {
+    let gpu = gpu();
+    let mut fails = Vec::new();
+    for (dt, bf) in [(DType::F32, false), (DType::Bf16, true)] {
+        for c in chunked_cases(bf)
+            .into_iter()
+            .filter(|c| chunked_supports(c.shape))
+        {
+            let up = |x: &[f32]| DBuf::upload(&gpu, x, dt).unwrap();
+            let (q, k, v, b, w) = (up(&c.q), up(&c.k), up(&c.v), up(&c.b), up(&c.w));
+            let g: GBuf<f32> = gpu.upload(&c.g).unwrap();
+            let run = |p: Prep| {
+                prep_outputs(&gpu, p, &q, &k, &v, &g, &b, &w, &c.seqs, c.shape, c.opts).unwrap()
+            };
+            let (r1, r8, r8b) = (run(Prep::V1), run(Prep::V8), run(Prep::V8));
+            let mut line = format!("gdn2-check prep8-vs-prep {dt:?} {:<28}", c.name);
+            let mut differs = false;
+            for (((name, x1), (_, x8)), (_, y8)) in r1.iter().zip(&r8).zip(&r8b) {
+                if let Some(i) = x8.iter().position(|a| !a.is_finite()) {
+                    fails.push(format!(
+                        "{} {dt:?}: prep8 {name}[{i}] = {} (unwritten or non-finite)",
+                        c.name, x8[i]
+                    ));
+                }
+                let f64s = |x: &[f32]| x.iter().map(|&a| a as f64).collect::<Vec<f64>>();
+                let e = rms_rel(x8, &f64s(x1));
+                line += &format!(" {name}={e:.1e}");
+                if e.is_nan() || e > 2e-5 {
+                    fails.push(format!(
+                        "{} {dt:?}: prep8 {name} vs prep: RMS rel {e:.3e} > 2e-5",
+                        c.name
+                    ));
+                }
+                let bits = |x: &[f32]| x.iter().map(|a| a.to_bits()).collect::<Vec<u32>>();
+                if bits(x8) != bits(y8) {
+                    fails.push(format!(
+                        "{} {dt:?}: two prep8 runs differ in {name}",
+                        c.name
+                    ));
+                }
+                differs |= bits(x8) != bits(x1);
+            }
+            if !differs {
+                fails.push(format!(
+                    "{} {dt:?}: prep8 is bit for bit prep (did it run?)",
+                    c.name
+                ));
+            }
+            println!("{line}");
+        }
+    }
+    finish(fails);
 }
 
 // ---- the chunked backward (issue 17) against the f64 recurrence and the recurrence kernel ----

@@ -13,7 +13,9 @@
 //! over the chunks per (sequence, value head, V tile) carrying the state, then the output per
 //! chunk; fp32 math and workspaces; Dk, Dv <= 128, larger heads fall back to the recurrence).
 //! `GDN_RULE2=recurrent` selects the token-by-token recurrence ([`Fwd::Recurrent`]), which the
-//! tests compare against.
+//! tests compare against. The chunk prep (forward and the backward's recompute) is `g2c_prep_*`
+//! unless `GDN_RULE2_PREP=v8` (or [`with_prep`]) picks [`Prep::V8`], `g2c_prep8_*`: the same
+//! outputs with the block products on 3xTF32 tensor cores (module `gdn2_rule_tc`).
 //!
 //! Backward (issue 17): [`Bwd::Chunked`] (`GDN_RULE2_BWD=chunked`; [`DEFAULT_BWD`] says which
 //! runs when the variable is unset) recomputes the chunked forward's pieces, scans the state
@@ -456,6 +458,165 @@ fn prep_smem(s: RuleShape) -> usize {
     4 * (6 * CK * lx + CK * 65 + 6 * s.dk)
 }
 
+/// Which chunk-prep kernel the chunked forward and the backward's recompute run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prep {
+    /// `g2c_prep_*` (module `gdn2_rule`): fp32 CUDA-core products, the default.
+    V1,
+    /// `g2c_prep8_*` (module `gdn2_rule_tc`): the block products on 3xTF32 tensor cores,
+    /// 108,544 B of shared memory (two CTAs per SM); same outputs to ~fp32 accuracy. Opt-in:
+    /// `GDN_RULE2_PREP=v8`.
+    V8,
+}
+
+thread_local! {
+    static PREP_OVERRIDE: std::cell::Cell<Option<Prep>> = const { std::cell::Cell::new(None) };
+}
+
+impl Prep {
+    /// `GDN_RULE2_PREP=v8` picks [`Prep::V8`]; anything else (or unset) [`Prep::V1`].
+    pub fn from_env() -> Prep {
+        match std::env::var("GDN_RULE2_PREP").as_deref() {
+            Ok("v8") => Prep::V8,
+            _ => Prep::V1,
+        }
+    }
+
+    /// The prep the next chunked launch on this thread runs: [`with_prep`]'s choice, else
+    /// [`Prep::from_env`].
+    pub fn current() -> Prep {
+        PREP_OVERRIDE
+            .with(|p| p.get())
+            .unwrap_or_else(Prep::from_env)
+    }
+}
+
+/// Runs `f` with every chunked GDN2 forward / backward on this thread using `prep` (tests and
+/// benches compare the kernels without touching the environment); restores the previous choice.
+pub fn with_prep<R>(prep: Prep, f: impl FnOnce() -> R) -> R {
+    let old = PREP_OVERRIDE.with(|p| p.replace(Some(prep)));
+    let r = f();
+    PREP_OVERRIDE.with(|p| p.set(old));
+    r
+}
+
+/// Shared memory (bytes) of `g2c_prep8` (see the kernel): four `[64][72]` and two `[64][68]`
+/// fp32 regions, whatever Dk, Dv (<= 128).
+const PREP8_SMEM: usize = 4 * (4 * 64 * 72 + 2 * 64 * 68);
+
+/// Launches [`Prep::current`]'s chunk prep on `ch` (chunk, value head) blocks; `args` are the
+/// kernels' common arguments (`ws_t` last: null when the caller does not want T).
+fn launch_prep(
+    gpu: &Gpu,
+    ch: usize,
+    s: RuleShape,
+    dt: DType,
+    opts: RuleOpts,
+    args: &[Arg],
+) -> Result<()> {
+    match Prep::current() {
+        Prep::V1 => launch_in(
+            gpu,
+            MODULE,
+            &format!("g2c_prep_{}", rule_sfx(dt, opts)),
+            ch,
+            prep_smem(s),
+            args,
+        ),
+        Prep::V8 => launch_in(
+            gpu,
+            TC_MODULE,
+            &format!("g2c_prep8_{}", rule_sfx(dt, opts)),
+            ch,
+            PREP8_SMEM,
+            args,
+        ),
+    }
+}
+
+/// Tests only: the chunk prep's outputs alone (U, Wm, Qg, Kd^T, A, e^Gam_L, T; fp32, chunk by
+/// chunk) from `prep` on the forward's inputs (q, k normalized first when the norm is in the
+/// kernel). Errors where the chunked kernels do not run this shape.
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn prep_outputs(
+    gpu: &Arc<Gpu>,
+    prep: Prep,
+    q: &DBuf,
+    k: &DBuf,
+    v: &DBuf,
+    g: &GBuf<f32>,
+    b: &DBuf,
+    w: &DBuf,
+    seqs: &Seqs,
+    shape: RuleShape,
+    opts: RuleOpts,
+) -> Result<Vec<(&'static str, Vec<f32>)>> {
+    let s = shape;
+    let dt = check(gpu, q, k, v, g, b, w, seqs, s, None)?;
+    if !chunked_supports(s) {
+        return Err(GdnError::Invalid(format!(
+            "gdn2 rule prep: Dk {} / Dv {} above {CHUNKED_MAX_HEAD_DIM}",
+            s.dk, s.dv
+        )));
+    }
+    let st = gpu.stream();
+    let norm = if opts.l2norm_in_kernel {
+        Some(normalized(gpu, q, k, s, dt)?)
+    } else {
+        None
+    };
+    let (qq, kk) = norm.as_ref().map_or((q, k), |(a, b)| (a, b));
+    let tab = chunk_tables(gpu, seqs)?;
+    let ch = tab.chunks * s.hv;
+    let bufs = [
+        ("u", out_f32(gpu, ch * CK * s.dv)?),
+        ("wm", out_f32(gpu, ch * CK * s.dk)?),
+        ("qg", out_f32(gpu, ch * CK * s.dk)?),
+        ("kd", out_f32(gpu, ch * CK * s.dk)?),
+        ("a", out_f32(gpu, ch * CK * CK)?),
+        ("egl", out_f32(gpu, ch * s.dk)?),
+        ("t", out_f32(gpu, ch * CK * CK)?),
+    ];
+    if ch > 0 {
+        with_prep(prep, || {
+            launch_prep(
+                gpu,
+                ch,
+                s,
+                dt,
+                opts,
+                &[
+                    dptr(qq, st),
+                    dptr(kk, st),
+                    dptr(v, st),
+                    ptr(g, st),
+                    dptr(b, st),
+                    dptr(w, st),
+                    ptr(&tab.t0, st),
+                    ptr(&tab.len, st),
+                    i32_arg(s.hk),
+                    i32_arg(s.hv),
+                    i32_arg(s.dk),
+                    i32_arg(s.dv),
+                    ptr(&bufs[0].1, st),
+                    ptr(&bufs[1].1, st),
+                    ptr(&bufs[2].1, st),
+                    ptr(&bufs[3].1, st),
+                    ptr(&bufs[4].1, st),
+                    ptr(&bufs[5].1, st),
+                    ptr(&bufs[6].1, st),
+                ],
+            )
+        })?;
+    }
+    let mut out = Vec::new();
+    for (name, b) in bufs {
+        out.push((name, gpu.download(&b)?));
+    }
+    Ok(out)
+}
+
 /// Shared memory (bytes) of `g2c_scan{bv}`: two buffers of operands, then (16) the state tile
 /// and D, or (32) the transposed state, transposed D and a partial product.
 fn scan_smem(s: RuleShape, bv: usize) -> usize {
@@ -505,12 +666,12 @@ fn chunked_forward(
     let ws_kd = out_f32(gpu, ch * CK * s.dk)?;
     let ws_a = out_f32(gpu, ch * CK * CK)?;
     let ws_egl = out_f32(gpu, ch * s.dk)?;
-    launch_in(
+    launch_prep(
         gpu,
-        MODULE,
-        &format!("g2c_prep_{}", rule_sfx(dt, opts)),
         ch,
-        prep_smem(s),
+        s,
+        dt,
+        opts,
         &[
             dptr(x.q, st),
             dptr(x.k, st),
@@ -878,12 +1039,12 @@ fn chunked_backward(
     let ws_a = out_f32(gpu, ch * CK * CK)?;
     let ws_egl = out_f32(gpu, ch * s.dk)?;
     let ws_t = out_f32(gpu, ch * CK * CK)?;
-    launch_in(
+    launch_prep(
         gpu,
-        MODULE,
-        &format!("g2c_prep_{}", rule_sfx(dt, opts)),
         ch,
-        prep_smem(s),
+        s,
+        dt,
+        opts,
         &[
             dptr(x.qq, st),
             dptr(x.kk, st),

@@ -667,6 +667,442 @@ __device__ void g2c_prep(const TQ* __restrict__ q, const TQ* __restrict__ k, con
 // Shared memory of g2c_prep (floats): 6 * 64 * max(max(dk, dv) + 1, 68) + 64 * 65 + 6 * dk
 // (cuda.rs computes the same).
 
+#ifdef G2B_TC_MODULE
+// ---------------------------------------------------------------------------------------------
+// g2c_prep8 (issue 17, opt-in: GDN_RULE2_PREP=v8): g2c_prep's outputs (U, Wm, Qg, Kd^T, A,
+// e^Gam_L, optionally T) with the block products on TF32 tensor cores and 108,544 B of shared
+// memory (two CTAs of 8 warps per SM). Only in the module gdn2_rule_tc (mma_tf32.cuh).
+//
+// Numerics (what changes against g2c_prep):
+//   - Gam is kept per 16-row block relative to the row before the block (Gr_i = Gam_i -
+//     Gam_ref_I, the block's own f64 cumsum rounded to f32) plus per-channel f64 constants
+//     (P_I = Gam_ref_I, Gam_L - P_I, c_IJ = e^(P_I - P_{J+1})) instead of Gam as hi + lo: a
+//     difference of two rows of one block is a difference of two bounded f32 numbers; every
+//     exponent is still a difference taken before expf and never positive (mathematically).
+//   - the diagonal 16x16 blocks of A and M stay elementwise fp32 (e^(Gr_i - Gr_j) q_i k_j);
+//   - the strips below them (Qup_I diag(c_IJ) Kdn_J^T, same with Kbup) and U = T (W * V),
+//     Wm = T (Kb * e^Gam) run as 3xTF32 mma.sync m16n8k8 (each fp32 operand split into a TF32
+//     hi and a TF32 lo; hi hi + lo hi + hi lo, fp32 accumulation: ~2^-21 relative per product,
+//     the f32 tests' 5e-6 bound holds; plain TF32 would be ~5e-4). bf16 m16n8k16 hi + lo
+//     (prep7's choice) gives ~2^-16, too coarse for the f32 storage path's contract.
+//   - c_IJ is applied to the A fragment (Qup, Kbup) per channel when it is loaded.
+//   - T = (I + M)^-1 stays fp32 CUDA-core (diagonal blocks by substitution with the column in
+//     registers, block rows below as in g2c_prep).
+//   - Gam, P_I, Gam_L - P_I are kept in base 2 (times log2(e), in f64 before the rounding to
+//     f32) and every factor is exp2f of a difference: same accuracy as expf of the base-e
+//     difference (one f32 rounding of the argument, <= 2 ulp exp2f), fewer instructions.
+// Channels are processed in halves of 64 (Dk <= 128): Gam, the diagonal blocks, Qg, Kd^T and
+// the strips are per channel or sums over channels, so each half is independent; the diagonal
+// and strip sums are accumulated in registers across the halves in a fixed order.
+// Shared memory (floats): R0 X half 0 [64][72] | R1 Q, then M [64][68] | R2 K, then T [64][68]
+// | R3 Kb [64][68], then W*V columns 0..63 [64][72] | R4 g, Gam, then X half 1 [64][72] | R5
+// constants, then W*V columns 64..127 [64][72]. cuda.rs prep8_smem computes the same.
+// Fixed orders, no atomics: bitwise reproducible.
+
+#define G2P8_L68 68
+#define G2P8_L72 72
+#define G2P8_R68 (64 * G2P8_L68)
+#define G2P8_R72 (64 * G2P8_L72)
+// log2(e): Gam is kept in base-2 units (scaled in f64 before rounding), so every factor is one
+// exp2f (the hardware ex2 plus a denormal fix-up) instead of expf's range reduction.
+#define G2P8_L2E 1.4426950408889634
+
+__device__ __forceinline__ float4 g2p8_ld4(const float* p, i64 i) { return *reinterpret_cast<const float4*>(p + i); }
+__device__ __forceinline__ float4 g2p8_ld4(const bf16_t* p, i64 i) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p + i);
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                       __uint_as_float(u.y & 0xffff0000u));
+}
+__device__ __forceinline__ float4 g2p8_mul4(float4 a, float4 b) {
+    return make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w);
+}
+__device__ __forceinline__ void g2p8_split(float x, unsigned& hi, unsigned& lo) {
+    const float h = to_tf32(x);
+    hi = __float_as_uint(h);
+    lo = tf32u(x - h);
+}
+
+struct G2P8A {
+    unsigned h[4], l[4];
+};
+
+// A fragment (16 x 8, row-major at p, row stride ld), each column k scaled by sc[k] if sc.
+__device__ __forceinline__ void g2p8_fa(G2P8A& f, const float* p, int ld, const float* sc) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    float v[4] = {p[g * ld + t], p[(g + 8) * ld + t], p[g * ld + t + 4], p[(g + 8) * ld + t + 4]};
+    if (sc) {
+        const float s0 = sc[t], s1 = sc[t + 4];
+        v[0] *= s0;
+        v[1] *= s0;
+        v[2] *= s1;
+        v[3] *= s1;
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) g2p8_split(v[r], f.h[r], f.l[r]);
+}
+
+// c += a b in 3xTF32: small terms first.
+__device__ __forceinline__ void g2p8_mma3(float (&c)[4], const G2P8A& a, float b0, float b1) {
+    unsigned bh0, bl0, bh1, bl1;
+    g2p8_split(b0, bh0, bl0);
+    g2p8_split(b1, bh1, bl1);
+    mma_tf32(c, a.h[0], a.h[1], a.h[2], a.h[3], bl0, bl1);
+    mma_tf32(c, a.l[0], a.l[1], a.l[2], a.l[3], bh0, bh1);
+    mma_tf32(c, a.h[0], a.h[1], a.h[2], a.h[3], bh0, bh1);
+}
+
+template <typename TQ, typename T>
+__device__ void g2c_prep8(const TQ* __restrict__ q, const TQ* __restrict__ k, const T* __restrict__ v,
+                          const float* __restrict__ g, const T* __restrict__ b, const T* __restrict__ w,
+                          const i64* __restrict__ ch_t0, const int* __restrict__ ch_len, int hk_n, int hv_n,
+                          int dk, int dv, float* __restrict__ ws_u, float* __restrict__ ws_wm,
+                          float* __restrict__ ws_qg, float* __restrict__ ws_kd, float* __restrict__ ws_a,
+                          float* __restrict__ ws_egl, float* __restrict__ ws_t) {
+    extern __shared__ __align__(16) float g2c_sm[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g8 = lane >> 2, t4 = lane & 3;
+    const i64 cj = blockIdx.x;
+    const i64 c = cj / hv_n;
+    const int j = (int)(cj % hv_n);
+    const int kh = j / (hv_n / hk_n);
+    const i64 t0 = ch_t0[c];
+    const int l = ch_len[c];
+    float* sX0 = g2c_sm;               // R0
+    float* sQ = sX0 + G2P8_R72;        // R1
+    float* sK = sQ + G2P8_R68;         // R2
+    float* sKb = sK + G2P8_R68;        // R3
+    float* sG = sKb + G2P8_R72;        // R4
+    float* sR5 = sG + G2P8_R72;        // R5
+    double* sS = reinterpret_cast<double*>(sR5);  // [4][64] block sums of g (f64)
+    float* sP = sR5 + 512;                        // [4][64] P_I = Gam_ref_I
+    float* sDl = sP + 256;                        // [4][64] Gam_L - P_I
+    float* sCc = sDl + 256;                       // [6][64] c_IJ, p = I (I - 1) / 2 + J
+    float* sM = sQ;
+    float* sT = sK;
+    float* sWV0 = sKb;
+    float* sWV1 = sR5;
+    const i64 ck = cj * G2C_C * (i64)dk, cv = cj * G2C_C * (i64)dv;
+    float* a_out = ws_a + cj * G2C_C * G2C_C;
+
+    // Diagonal-block pairs of this thread (p = tid + 256 r < 544: block I = p / 136, then
+    // (il, jl) with jl <= il) and its three strip tiles, accumulated over the channel halves.
+    float da[3] = {0.f, 0.f, 0.f}, dm[3] = {0.f, 0.f, 0.f};
+    float sacc[3][4];
+#pragma unroll
+    for (int s = 0; s < 3; ++s) sacc[s][0] = sacc[s][1] = sacc[s][2] = sacc[s][3] = 0.f;
+
+    const int nh = (dk + 63) >> 6;
+    for (int h = 0; h < nh; ++h) {
+        const int x0 = 64 * h, hw = min(64, dk - x0), nv = hw >> 2;
+        if (h) __syncthreads();  // the previous half's strips have read Q, K, Kb
+        // 1. Rows of this half (zero at or after l): every load of the thread issued first.
+        {
+            float4 qa[4], ka[4], ba[4], ga[4];
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int idx = tid + G2C_NT * r;
+                const int i = idx / nv, x = 4 * (idx - i * nv);
+                const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+                qa[r] = ka[r] = ba[r] = ga[r] = z;
+                if (idx < 64 * nv && i < l) {
+                    const i64 t = t0 + i;
+                    const i64 kr = (t * hk_n + kh) * dk + x0 + x, vr = (t * hv_n + j) * dk + x0 + x;
+                    qa[r] = g2p8_ld4(q, kr);
+                    ka[r] = g2p8_ld4(k, kr);
+                    ba[r] = g2p8_ld4(b, vr);
+                    ga[r] = g2p8_ld4(g, vr);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int idx = tid + G2C_NT * r;
+                const int i = idx / nv, x = 4 * (idx - i * nv);
+                if (idx < 64 * nv) {
+                    *reinterpret_cast<float4*>(sQ + i * G2P8_L68 + x) = qa[r];
+                    *reinterpret_cast<float4*>(sK + i * G2P8_L68 + x) = ka[r];
+                    *reinterpret_cast<float4*>(sKb + i * G2P8_L68 + x) = g2p8_mul4(ba[r], ka[r]);
+                    *reinterpret_cast<float4*>(sG + i * G2P8_L72 + x) = ga[r];
+                }
+            }
+        }
+        __syncthreads();
+        // 2. Gam per 16-row block relative to the row before it (f64 sums), in place of g;
+        //    the block sums, then the per-channel constants.
+        {
+            const int x = tid & 63, I = tid >> 6;
+            if (x < hw) {
+                double acc = 0.0;
+                for (int il = 0; il < 16; ++il) {
+                    float* pg = sG + (16 * I + il) * G2P8_L72 + x;
+                    acc += (double)*pg;
+                    *pg = (float)(acc * G2P8_L2E);
+                }
+                sS[I * 64 + x] = acc;
+            }
+        }
+        __syncthreads();
+        if (tid < hw) {
+            const int x = tid;
+            double P[5];
+            P[0] = 0.0;
+#pragma unroll
+            for (int I = 0; I < 4; ++I) P[I + 1] = P[I] + sS[I * 64 + x];
+#pragma unroll
+            for (int I = 0; I < 4; ++I) {
+                sP[I * 64 + x] = (float)(P[I] * G2P8_L2E);
+                sDl[I * 64 + x] = (float)((P[4] - P[I]) * G2P8_L2E);
+            }
+#pragma unroll
+            for (int I = 1; I < 4; ++I) {
+#pragma unroll
+                for (int J = 0; J < I; ++J)
+                    sCc[(I * (I - 1) / 2 + J) * 64 + x] =
+                        (J == I - 1) ? 1.f : exp2f((float)((P[I] - P[J + 1]) * G2P8_L2E));
+            }
+            ws_egl[cj * dk + x0 + x] = exp2f((float)(P[4] * G2P8_L2E));
+        }
+        __syncthreads();
+        // 3. Diagonal 16x16 blocks of A and M, elementwise: a thread per (i, j) pair walks the
+        //    half's channels (float4), e^(Gr_i - Gr_j) with both relative to the same row.
+#pragma unroll
+        for (int r = 0; r < 3; ++r) {
+            const int p = tid + G2C_NT * r;
+            if (p < 544) {
+                const int I = p / 136, qq = p - 136 * I;
+                int il = (int)((sqrtf(8.f * qq + 1.f) - 1.f) * 0.5f);
+                while ((il + 1) * (il + 2) / 2 <= qq) ++il;
+                while (il * (il + 1) / 2 > qq) --il;
+                const int jl = qq - il * (il + 1) / 2;
+                const int i = 16 * I + il, jj = 16 * I + jl;
+                const bool same = il == jl;
+                float sa = da[r], sm = dm[r];
+                for (int x = 0; x < hw; x += 4) {
+                    const float4 qi = *reinterpret_cast<const float4*>(sQ + i * G2P8_L68 + x);
+                    const float4 bi = *reinterpret_cast<const float4*>(sKb + i * G2P8_L68 + x);
+                    const float4 kj = *reinterpret_cast<const float4*>(sK + jj * G2P8_L68 + x);
+                    const float4 gi = *reinterpret_cast<const float4*>(sG + i * G2P8_L72 + x);
+                    const float4 gj = *reinterpret_cast<const float4*>(sG + jj * G2P8_L72 + x);
+                    const float e0 = same ? 1.f : exp2f(gi.x - gj.x), e1 = same ? 1.f : exp2f(gi.y - gj.y);
+                    const float e2 = same ? 1.f : exp2f(gi.z - gj.z), e3 = same ? 1.f : exp2f(gi.w - gj.w);
+                    const float k0 = e0 * kj.x, k1 = e1 * kj.y, k2 = e2 * kj.z, k3 = e3 * kj.w;
+                    sa += qi.x * k0;
+                    sm += bi.x * k0;
+                    sa += qi.y * k1;
+                    sm += bi.y * k1;
+                    sa += qi.z * k2;
+                    sm += bi.z * k2;
+                    sa += qi.w * k3;
+                    sm += bi.w * k3;
+                }
+                da[r] = sa;
+                dm[r] = sm;
+            }
+        }
+        __syncthreads();
+        // 4. Kd^T = (K e^(Gam_L - Gam))^T to memory and Kdn = K e^(Gam_rJ - Gam) in place: warp
+        //    tiles of 8 rows x 4 channels (32-byte runs of Kd^T, conflict-free K reads).
+        for (int tile = warp; tile < 8 * nv; tile += 8) {
+            const int i = 8 * (tile & 7) + (lane & 7), x = 4 * (tile >> 3) + (lane >> 3), I = i >> 4;
+            const float kv = sK[i * G2P8_L68 + x], gi = sG[i * G2P8_L72 + x];
+            ws_kd[ck + (i64)(x0 + x) * G2C_C + i] = kv * exp2f(sDl[I * 64 + x] - gi);
+            sK[i * G2P8_L68 + x] = kv * exp2f(sG[(16 * I + 15) * G2P8_L72 + x] - gi);
+        }
+        __syncthreads();
+        // 5. Qg = Q e^Gam to memory; Qup = Q e^Gr, Kbup = Kb e^Gr in place; X = Kb e^Gam (half
+        //    0 into R0, half 1 in place of Gam).
+        {
+            float* sXh = h ? sG : sX0;
+            for (int idx = tid; idx < 64 * nv; idx += G2C_NT) {
+                const int i = idx / nv, x = 4 * (idx - i * nv), I = i >> 4;
+                const float4 q4 = *reinterpret_cast<const float4*>(sQ + i * G2P8_L68 + x);
+                const float4 b4 = *reinterpret_cast<const float4*>(sKb + i * G2P8_L68 + x);
+                const float4 g4 = *reinterpret_cast<const float4*>(sG + i * G2P8_L72 + x);
+                const float4 p4 = *reinterpret_cast<const float4*>(sP + I * 64 + x);
+                const float4 eg = make_float4(exp2f(p4.x + g4.x), exp2f(p4.y + g4.y), exp2f(p4.z + g4.z),
+                                              exp2f(p4.w + g4.w));
+                const float4 up = make_float4(exp2f(g4.x), exp2f(g4.y), exp2f(g4.z), exp2f(g4.w));
+                *reinterpret_cast<float4*>(ws_qg + ck + (i64)i * dk + x0 + x) = g2p8_mul4(q4, eg);
+                *reinterpret_cast<float4*>(sQ + i * G2P8_L68 + x) = g2p8_mul4(q4, up);
+                *reinterpret_cast<float4*>(sKb + i * G2P8_L68 + x) = g2p8_mul4(b4, up);
+                *reinterpret_cast<float4*>(sXh + i * G2P8_L72 + x) = g2p8_mul4(b4, eg);
+            }
+        }
+        __syncthreads();
+        // 6. Strips below the diagonal blocks on tensor cores: warp w owns tiles 3 w .. 3 w + 2 of
+        //    the 24 (matrix A or M, block row I, 8-column tile nt < 2 I); A operand Qup_I (or
+        //    Kbup_I) with c_IJ per channel, B operand Kdn rows (stored [n][k]).
+#pragma unroll
+        for (int s = 0; s < 3; ++s) {
+            const int tau = 3 * warp + s, mat = tau & 1, rest = tau >> 1;
+            const int I = rest < 2 ? 1 : (rest < 6 ? 2 : 3), nt = rest - I * (I - 1), J = nt >> 1;
+            const float* pa = (mat ? sKb : sQ) + 16 * I * G2P8_L68;
+            const float* pb = sK + (8 * nt + g8) * G2P8_L68 + t4;
+            const float* cc = (J == I - 1) ? nullptr : sCc + (I * (I - 1) / 2 + J) * 64;
+            for (int k0 = 0; k0 < hw; k0 += 8) {
+                G2P8A fa;
+                g2p8_fa(fa, pa + k0, G2P8_L68, cc ? cc + k0 : nullptr);
+                g2p8_mma3(sacc[s], fa, pb[k0], pb[k0 + 4]);
+            }
+        }
+    }
+    __syncthreads();
+
+    // 7. A to memory, M into R1: strips from the mma accumulators, diagonal pairs, zero above.
+#pragma unroll
+    for (int s = 0; s < 3; ++s) {
+        const int tau = 3 * warp + s, mat = tau & 1, rest = tau >> 1;
+        const int I = rest < 2 ? 1 : (rest < 6 ? 2 : 3), nt = rest - I * (I - 1);
+        const int i = 16 * I + g8, y = 8 * nt + 2 * t4;
+        if (mat) {
+            sM[i * G2P8_L68 + y] = sacc[s][0];
+            sM[i * G2P8_L68 + y + 1] = sacc[s][1];
+            sM[(i + 8) * G2P8_L68 + y] = sacc[s][2];
+            sM[(i + 8) * G2P8_L68 + y + 1] = sacc[s][3];
+        } else {
+            *reinterpret_cast<float2*>(a_out + i * G2C_C + y) = make_float2(sacc[s][0], sacc[s][1]);
+            *reinterpret_cast<float2*>(a_out + (i + 8) * G2C_C + y) = make_float2(sacc[s][2], sacc[s][3]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 3; ++r) {
+        const int p = tid + G2C_NT * r;
+        if (p < 544) {
+            const int I = p / 136, qq = p - 136 * I;
+            int il = (int)((sqrtf(8.f * qq + 1.f) - 1.f) * 0.5f);
+            while ((il + 1) * (il + 2) / 2 <= qq) ++il;
+            while (il * (il + 1) / 2 > qq) --il;
+            const int jl = qq - il * (il + 1) / 2;
+            const int i = 16 * I + il, jj = 16 * I + jl;
+            a_out[i * G2C_C + jj] = da[r];
+            sM[i * G2P8_L68 + jj] = (jl < il) ? dm[r] : 0.f;
+        }
+    }
+    for (int idx = tid; idx < G2C_C * G2C_C; idx += G2C_NT) {
+        if ((idx & 63) > (idx >> 6)) a_out[idx] = 0.f;
+    }
+    __syncthreads();
+
+    // 8. T's diagonal blocks (warps 0-1: a thread per column, the column in registers) while
+    //    warps 2-7 stage W * V (columns < 64 into R3, the rest into R5), loads issued in fours.
+    if (tid < G2C_C) {
+        const int I = tid >> 4, cl = tid & 15, x = tid;
+        float tc[16];
+#pragma unroll
+        for (int il = 0; il < 16; ++il) {
+            const int i = 16 * I + il;
+            float s = 0.f;
+#pragma unroll
+            for (int jl = 0; jl < il; ++jl) {
+                if (jl >= cl) s += sM[i * G2P8_L68 + 16 * I + jl] * tc[jl];
+            }
+            tc[il] = il < cl ? 0.f : (il == cl ? 1.f : -s);
+            sT[i * G2P8_L68 + x] = tc[il];
+        }
+    } else {
+        const int nv = dv >> 2, n = G2C_C * nv;
+        for (int base = tid - G2C_C; base < n; base += 4 * (G2C_NT - G2C_C)) {
+            float4 wa[4], va[4];
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int idx = base + r * (G2C_NT - G2C_C);
+                const int i = idx / nv, y = 4 * (idx - i * nv);
+                wa[r] = va[r] = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (idx < n && i < l) {
+                    const i64 rr = ((t0 + i) * hv_n + j) * dv + y;
+                    wa[r] = g2p8_ld4(w, rr);
+                    va[r] = g2p8_ld4(v, rr);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int idx = base + r * (G2C_NT - G2C_C);
+                const int i = idx / nv, y = 4 * (idx - i * nv);
+                if (idx < n) {
+                    float* dst = y < 64 ? sWV0 + i * G2P8_L72 + y : sWV1 + i * G2P8_L72 + (y - 64);
+                    *reinterpret_cast<float4*>(dst) = g2p8_mul4(wa[r], va[r]);
+                }
+            }
+        }
+    }
+    __syncthreads();
+    //    Block rows I = 1..3 below the diagonal: T_IJ = -T_II sum_{K=J}^{I-1} M_IK T_KJ (fp32),
+    //    the partial sums Y in T's unused rows 0..15, columns 16..63.
+    float* sY = sT + 16;
+    for (int I = 1; I < 4; ++I) {
+        const int n = 16 * I;
+        for (int idx = tid; idx < 16 * n; idx += G2C_NT) {
+            const int il = idx / n, x = idx - il * n;
+            const int J = x >> 4;
+            float s = 0.f;
+            for (int y = 16 * J; y < n; ++y) s += sM[(n + il) * G2P8_L68 + y] * sT[y * G2P8_L68 + x];
+            sY[il * G2P8_L68 + x] = s;
+        }
+        __syncthreads();
+        for (int idx = tid; idx < 16 * n; idx += G2C_NT) {
+            const int il = idx / n, x = idx - il * n;
+            float s = 0.f;
+            for (int kl = 0; kl <= il; ++kl) s += sT[(n + il) * G2P8_L68 + n + kl] * sY[kl * G2P8_L68 + x];
+            sT[(n + il) * G2P8_L68 + x] = -s;
+        }
+        __syncthreads();
+    }
+    if (ws_t) {
+        for (int idx = tid; idx < G2C_C * G2C_C; idx += G2C_NT) {
+            const int i = idx >> 6, x = idx & 63;
+            ws_t[cj * G2C_C * G2C_C + idx] = x <= i ? sT[i * G2P8_L68 + x] : 0.f;
+        }
+    }
+
+    // 9. U = T (W * V), Wm = T X on tensor cores. Warp w: matrix w & 1 (U, Wm), columns
+    //    64 ((w >> 1) & 1) .. + 63, row blocks {0, 3} (w < 4) or {1, 2}: 10 k steps per warp.
+    //    T's row block rb reads k < 16 (rb + 1) only (blocks above the diagonal never read).
+    {
+        const int mat = warp & 1, ch = (warp >> 1) & 1;
+        const int D = mat ? dk : dv, y0 = 64 * ch;
+        const int ntl = y0 < D ? min(64, D - y0) >> 3 : 0;
+        const float* Bb = mat ? (ch ? sG : sX0) : (ch ? sWV1 : sWV0);
+        float* outp = mat ? ws_wm + ck : ws_u + cv;
+#pragma unroll
+        for (int pr = 0; pr < 2; ++pr) {
+            const int rb = warp < 4 ? (pr ? 3 : 0) : (pr ? 2 : 1);
+            if (ntl == 0) continue;
+            float acc[8][4];
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+            for (int k0 = 0; k0 < 16 * (rb + 1); k0 += 8) {
+                G2P8A fa;
+                g2p8_fa(fa, sT + 16 * rb * G2P8_L68 + k0, G2P8_L68, nullptr);
+                const float* pb = Bb + (k0 + t4) * G2P8_L72 + g8;
+#pragma unroll
+                for (int nt = 0; nt < 8; ++nt) {
+                    if (nt < ntl) g2p8_mma3(acc[nt], fa, pb[8 * nt], pb[4 * G2P8_L72 + 8 * nt]);
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+                if (nt < ntl) {
+                    const int i = 16 * rb + g8, y = y0 + 8 * nt + 2 * t4;
+                    *reinterpret_cast<float2*>(outp + (i64)i * D + y) = make_float2(acc[nt][0], acc[nt][1]);
+                    *reinterpret_cast<float2*>(outp + (i64)(i + 8) * D + y) = make_float2(acc[nt][2], acc[nt][3]);
+                }
+            }
+        }
+    }
+}
+
+#define G2C8_ENTRIES(TQ, T, S)                                                                                \
+    extern "C" __global__ void __launch_bounds__(G2C_NT, 2)                                                   \
+        g2c_prep8_##S(const TQ* q, const TQ* k, const T* v, const float* g, const T* b, const T* w,           \
+                      const i64* ch_t0, const int* ch_len, int hk, int hv, int dk, int dv, float* ws_u,       \
+                      float* ws_wm, float* ws_qg, float* ws_kd, float* ws_a, float* ws_egl, float* ws_t) {    \
+        g2c_prep8<TQ, T>(q, k, v, g, b, w, ch_t0, ch_len, hk, hv, dk, dv, ws_u, ws_wm, ws_qg, ws_kd, ws_a,    \
+                         ws_egl, ws_t);                                                                       \
+    }
+
+G2C8_ENTRIES(float, float, f32)
+G2C8_ENTRIES(bf16_t, bf16_t, bf16)
+G2C8_ENTRIES(float, bf16_t, bf16n)
+#endif  // G2B_TC_MODULE
+
 // Issues the cp.async copies of chunk `cj`'s scan operands into B: Wm [64][dk], Kd^T [dk][64],
 // the U tile [64][BV] (columns tile * BV ..), eg_63 [dk]; one commit group.
 template <int BV>
