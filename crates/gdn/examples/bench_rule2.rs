@@ -10,7 +10,11 @@
 //! `GDN_RULE2_GRAD=tc`): its time, fwd + bwd, its dq, dk, dg against the fp32 chunked kernels'
 //! and the recurrence's, and its per-kernel times. First (`bench-rule2-prep8`), the chunked
 //! forward and forward + chunked backward with the tensor-core chunk prep g2c_prep8 against
-//! g2c_prep, and its per-kernel times; `GDN_BENCH_RULE2=prep8` prints only those rows.
+//! g2c_prep, and its per-kernel times; `GDN_BENCH_RULE2=prep8` prints only those rows. Before
+//! those (`bench-rule2-fwd8`), the fused bf16 tensor-core forward ([`Fwd::V8`], opt-in
+//! `GDN_RULE2_FWD=v8`: g2c_prep8h + g2f_fwd8) against the chunked forward with prep8, at the
+//! model's CTA width and every width, its o against the chunked one's, forward + chunked
+//! backward (prep8), and its per-kernel times; `GDN_BENCH_RULE2=fwd8` prints only those rows.
 //!
 //! FLA's `chunk_gdn2` on the H200 (issue 17): 4.80 ms forward, 25.0 ms forward + backward at B1
 //! T32768 16/32. `GDN_RULE2_BV=16|32` forces the scan's tile width.
@@ -95,6 +99,61 @@ fn main() {
             .unwrap()
             .0
         };
+        // The fused forward g2f_fwd8 (GDN_RULE2_FWD=v8) against the chunked forward, both with
+        // prep8; every CTA width; fwd + chunked bwd (prep8); per-kernel times.
+        {
+            let v8 = |warps: usize| Fwd::V8 { warps };
+            let t_c8 = time_ms(&gpu, 2, 5, || {
+                with_prep(Prep::V8, || drop(run(Fwd::Chunked)))
+            });
+            let t_f8 = time_ms(&gpu, 2, 5, || drop(run(v8(0))));
+            let widths: Vec<String> = [1usize, 2, 4, 8]
+                .iter()
+                .map(|&w| format!("w{w} {:.2}", time_ms(&gpu, 1, 3, || drop(run(v8(w))))))
+                .collect();
+            let tfb = time_ms(&gpu, 1, 3, || {
+                with_prep(Prep::V8, || {
+                    let o = run(v8(0));
+                    let gr = backward_with(
+                        &gpu,
+                        Bwd::Chunked,
+                        &q,
+                        &k,
+                        &v,
+                        &g,
+                        &bb,
+                        &w,
+                        &seqs,
+                        shape,
+                        opts,
+                        None,
+                        &d_o,
+                        None,
+                    )
+                    .unwrap();
+                    drop((o, gr));
+                })
+            });
+            let oc = with_prep(Prep::V8, || run(Fwd::Chunked))
+                .download()
+                .unwrap();
+            let of = run(v8(0)).download().unwrap();
+            let ratio = if fla_f > 0.0 {
+                format!("{:.2}", t_f8 / fla_f)
+            } else {
+                "-".into()
+            };
+            println!(
+                "bench-rule2-fwd8 | B{b} T{t} {hk}/{hv} | chunked fwd (prep8) {t_c8:.2} ms -> fwd8 {t_f8:.2} ms (/FLA {ratio}) | widths {} | fwd8 + chunked bwd (prep8) {tfb:.2} ms | o fwd8 vs chunked RMS rel {:.2e}",
+                widths.join(", "),
+                rms_rel_err(&of, &f64s(&oc))
+            );
+            let line = kernel_times(&gpu, || drop(run(v8(0))));
+            println!("bench-rule2-fwd8-kernels | B{b} T{t} {hk}/{hv} | {line}");
+            if std::env::var("GDN_BENCH_RULE2").as_deref() == Ok("fwd8") {
+                continue;
+            }
+        }
         // The tensor-core chunk prep g2c_prep8 (GDN_RULE2_PREP=v8) against g2c_prep, in the
         // chunked forward and in forward + chunked backward (its recompute runs the prep too);
         // per-kernel times of one forward and one backward with it. `GDN_BENCH_RULE2=prep8`

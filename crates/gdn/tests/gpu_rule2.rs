@@ -3,7 +3,8 @@
 //! length-1 ones) and bitwise reproducibility. The chunked forward (the default) is also checked
 //! on its own against the f64 recurrence and the token-recurrence kernel (`gdn2_chunked_*`), and
 //! so is the chunked backward (`gdn2_chunked_bwd_*`, `Bwd::Chunked`, `Bwd::ChunkedTc`), and both
-//! again with the tensor-core chunk prep g2c_prep8 (`gdn2_prep8_*`, `Prep::V8`). Run on the device machine with
+//! again with the tensor-core chunk prep g2c_prep8 (`gdn2_prep8_*`, `Prep::V8`); the fused
+//! bf16 tensor-core forward (`gdn2_fwd8_*`, `Fwd::V8`). Run on the device machine with
 //! `--include-ignored --nocapture`: every check prints one line (`gdn2-check ...`).
 
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use std::sync::Arc;
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gdn2_rule::cuda::{
     backward as backward_cuda, backward_with, chunked_supports, forward as forward_cuda,
-    forward_with, prep_outputs, set_poison, with_prep, Bwd, Fwd, Prep,
+    forward_with, fwd8_supports, prep_outputs, set_poison, with_prep, Bwd, Fwd, Prep,
 };
 use gdn::ops::gdn2_rule::reference::{self, RefInputs};
 use gdn::ops::gdn2_rule::{self as g2, RuleOpts, RuleShape};
@@ -921,6 +922,211 @@ fn gdn2_prep8_outputs_match_prep() {
         }
     }
     finish(fails);
+}
+
+// ---- the fused bf16 tensor-core forward g2f_fwd8 (GDN_RULE2_FWD=v8, `Fwd::V8`) ----
+
+/// Mild gates (g / 20 on every key channel: a 64-token chunk decays by ~e^-2.5, so the state
+/// carries across chunks and e^Gam_L's per-channel scale of the state matters).
+fn mild(mut c: Case) -> Case {
+    c.g.iter_mut().for_each(|g| *g /= 20.0);
+    c.name += " mild";
+    c
+}
+
+/// The chunked bf16 cases plus GVA 4, Dk 64 with Dv 128, T 1 at Dk 128, one chunk boundary
+/// exactly at 64 with states, mild gates, and a long single sequence (many chunk steps).
+fn fwd8_cases() -> Vec<Case> {
+    let mut v = chunked_cases(true);
+    v.push(mild(case(
+        "T300 1/2 d128",
+        Seqs::uniform(1, 300),
+        sh(1, 2, 128, 128),
+        true,
+        true,
+        310,
+        true,
+    )));
+    v.push(mild(case(
+        "packed 1/2 d64x128",
+        packed(),
+        sh(1, 2, 64, 128),
+        false,
+        true,
+        316,
+        true,
+    )));
+    v.push(case(
+        "T130 1/4 d128 norm",
+        Seqs::uniform(1, 130),
+        sh(1, 4, 128, 128),
+        true,
+        true,
+        311,
+        true,
+    ));
+    v.push(case(
+        "T1 2/2 d128",
+        Seqs::uniform(1, 1),
+        sh(2, 2, 128, 128),
+        false,
+        true,
+        312,
+        true,
+    ));
+    v.push(case(
+        "T64x3 1/4 d64x128 norm",
+        Seqs::uniform(3, 64),
+        sh(1, 4, 64, 128),
+        true,
+        true,
+        313,
+        true,
+    ));
+    v.push(strong(case(
+        "packed 2/4 d128x64 norm",
+        packed(),
+        sh(2, 4, 128, 64),
+        true,
+        true,
+        314,
+        true,
+    )));
+    v.push(case(
+        "T2000 1/1 d128",
+        Seqs::uniform(1, 2000),
+        sh(1, 1, 128, 128),
+        true,
+        true,
+        315,
+        true,
+    ));
+    v
+}
+
+/// g2f_fwd8 against the f64 recurrence at every CTA width that divides Dv (0: the model's pick),
+/// bf16 storage: o and the final state RMS-relative <= 5e-3 (the chunked bf16 test's bound; the
+/// chunked forward's error printed beside), every output written (poisoned), padding rows zero,
+/// and not bit for bit the chunked forward (else it did not run). Unsupported shapes (Dk 16 / 32
+/// / 256) must give exactly the chunked forward's bits (the fallback).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gdn2_fwd8_matches_f64() {
+    let gpu = gpu();
+    let mut fails = Vec::new();
+    for c in &fwd8_cases() {
+        let (co, cfin) = fwd_gpu(&gpu, c, DType::Bf16, Fwd::Chunked);
+        let (fo, ffin) = ref_fwd(c);
+        if !fwd8_supports(DType::Bf16, c.shape) {
+            let (o, fin) = fwd_gpu(&gpu, c, DType::Bf16, Fwd::V8 { warps: 0 });
+            let same = o == co && fin == cfin;
+            println!("gdn2-check fwd8 {:<30} fallback to chunked: {same}", c.name);
+            if !same {
+                fails.push(format!(
+                    "{}: fwd8's fallback is not the chunked forward",
+                    c.name
+                ));
+            }
+            continue;
+        }
+        let (eo, efin) = (rms_rel(&co, &fo), rms_rel(&cfin, &ffin));
+        for warps in [0, 1, 2, 4, 8] {
+            if warps > 0 && !c.shape.dv.is_multiple_of(16 * warps) {
+                continue;
+            }
+            let (o, fin) = fwd_gpu(&gpu, c, DType::Bf16, Fwd::V8 { warps });
+            let what = format!("fwd8 w{warps}");
+            check_fwd_written(c, &o, &fin, &what, &mut fails);
+            let mut line = format!("gdn2-check fwd8 w{warps} {:<30}", c.name);
+            for (name, x, f, ec) in [("o", &o, &fo, eo), ("final_state", &fin, &ffin, efin)] {
+                let e = rms_rel(x, f);
+                line += &format!(" {name}={e:.2e} (chunked {ec:.2e})");
+                if e.is_nan() || e > 5e-3 {
+                    fails.push(format!("{} {what}: {name}: RMS rel {e:.3e} > 5e-3", c.name));
+                }
+            }
+            if o == co {
+                fails.push(format!(
+                    "{} {what}: o is bit for bit the chunked forward's (did fwd8 run?)",
+                    c.name
+                ));
+            }
+            println!("{line}");
+        }
+    }
+    finish(fails);
+}
+
+/// g2f_fwd8 twice on the same inputs (every width): the same bits; f32 storage and Dk 32 fall
+/// back to the chunked forward bit for bit; the environment choice `Fwd::from_env` is not V8
+/// unless asked.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gdn2_fwd8_bitwise_and_fallback() {
+    let gpu = gpu();
+    let c = strong(case(
+        "bitwise",
+        Seqs::packed(&[0, 0, 1, 100, 300], 303).unwrap(),
+        sh(1, 2, 128, 128),
+        true,
+        true,
+        43,
+        true,
+    ));
+    let bits = |x: &(Vec<f32>, Vec<f32>)| {
+        x.0.iter()
+            .chain(&x.1)
+            .map(|a| a.to_bits())
+            .collect::<Vec<u32>>()
+    };
+    for warps in [0, 1, 2, 4, 8] {
+        let a = fwd_gpu(&gpu, &c, DType::Bf16, Fwd::V8 { warps });
+        let b = fwd_gpu(&gpu, &c, DType::Bf16, Fwd::V8 { warps });
+        let same = bits(&a) == bits(&b);
+        println!("gdn2-check fwd8-bitwise w{warps}: identical={same}");
+        assert!(same, "w{warps}: two runs of fwd8 differ");
+    }
+    let cf = strong(case(
+        "fallback f32",
+        Seqs::packed(&[0, 0, 1, 100, 300], 303).unwrap(),
+        sh(1, 2, 128, 128),
+        true,
+        true,
+        44,
+        false,
+    ));
+    let a = fwd_gpu(&gpu, &cf, DType::F32, Fwd::V8 { warps: 0 });
+    let b = fwd_gpu(&gpu, &cf, DType::F32, Fwd::Chunked);
+    println!(
+        "gdn2-check fwd8-fallback f32: identical={}",
+        bits(&a) == bits(&b)
+    );
+    assert!(
+        bits(&a) == bits(&b),
+        "f32 storage: fwd8 is not the chunked forward"
+    );
+    let cd = case(
+        "fallback d32",
+        Seqs::uniform(1, 90),
+        sh(1, 2, 32, 48),
+        true,
+        true,
+        45,
+        true,
+    );
+    let a = fwd_gpu(&gpu, &cd, DType::Bf16, Fwd::V8 { warps: 0 });
+    let b = fwd_gpu(&gpu, &cd, DType::Bf16, Fwd::Chunked);
+    println!(
+        "gdn2-check fwd8-fallback d32: identical={}",
+        bits(&a) == bits(&b)
+    );
+    assert!(
+        bits(&a) == bits(&b),
+        "Dk 32: fwd8 is not the chunked forward"
+    );
+    if std::env::var_os("GDN_RULE2_FWD").is_none() && std::env::var_os("GDN_RULE2").is_none() {
+        assert_eq!(Fwd::from_env(), Fwd::Chunked);
+    }
 }
 
 // ---- the chunked backward (issue 17) against the f64 recurrence and the recurrence kernel ----

@@ -16,6 +16,10 @@
 //! tests compare against. The chunk prep (forward and the backward's recompute) is `g2c_prep_*`
 //! unless `GDN_RULE2_PREP=v8` (or [`with_prep`]) picks [`Prep::V8`], `g2c_prep8_*`: the same
 //! outputs with the block products on 3xTF32 tensor cores (module `gdn2_rule_tc`).
+//! Opt-in [`Fwd::V8`] (`GDN_RULE2_FWD=v8`): `g2c_prep8h_*` (prep8 writing the mma operands in
+//! bf16) then `g2f_fwd8_*`, the scan and the output fused on bf16 tensor cores with the state in
+//! registers (no chunk-start states or D in memory); bf16 storage with Dk 64 / 128 and Dv a
+//! multiple of 16 up to 128 ([`fwd8_supports`]), else [`Fwd::Chunked`].
 //!
 //! Backward (issue 17): [`Bwd::Chunked`] (`GDN_RULE2_BWD=chunked`; [`DEFAULT_BWD`] says which
 //! runs when the variable is unset) recomputes the chunked forward's pieces, scans the state
@@ -35,11 +39,12 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::DeviceRepr;
 
 use super::{RuleOpts, RuleShape};
 use crate::backend::cuda::{DBuf, DType, GBuf, Gpu};
-use crate::backend::launch::{dptr, i32_arg, launch_in, optr, ptr, suffix, Arg};
+use crate::backend::launch::{dptr, i32_arg, launch_in, launch_in_threads, optr, ptr, suffix, Arg};
 use crate::error::{GdnError, Result};
 use crate::ops::common::rule_cuda::{check_backward_grads, poison_if, zero_tail};
 use crate::seqs::Seqs;
@@ -254,16 +259,39 @@ pub enum Fwd {
     /// The chunked kernels (`g2c_prep_*`, `g2c_scan*`, `g2c_out_*`) where
     /// [`chunked_supports`] says yes, else the recurrence.
     Chunked,
+    /// `g2c_prep8h_*` then the fused bf16 tensor-core scan + output `g2f_fwd8_*` (CTAs of
+    /// `warps` warps, 16 state columns each; 0: picked by a model) where [`fwd8_supports`] says
+    /// yes, else [`Fwd::Chunked`]. Opt-in: `GDN_RULE2_FWD=v8` (`GDN_RULE2_V8_WARPS=1|2|4|8`
+    /// forces the width).
+    V8 { warps: usize },
 }
 
 impl Fwd {
-    /// `GDN_RULE2=recurrent` picks the recurrence; anything else (or unset) the chunked kernels.
+    /// `GDN_RULE2=recurrent` picks the recurrence; else `GDN_RULE2_FWD=v8` the fused forward;
+    /// anything else (or unset) the chunked kernels.
     pub fn from_env() -> Fwd {
-        match std::env::var("GDN_RULE2").as_deref() {
-            Ok("recurrent") => Fwd::Recurrent,
+        if std::env::var("GDN_RULE2").as_deref() == Ok("recurrent") {
+            return Fwd::Recurrent;
+        }
+        match std::env::var("GDN_RULE2_FWD").as_deref() {
+            Ok("v8") => Fwd::V8 {
+                warps: std::env::var("GDN_RULE2_V8_WARPS")
+                    .ok()
+                    .and_then(|w| w.parse().ok())
+                    .unwrap_or(0),
+            },
             _ => Fwd::Chunked,
         }
     }
+}
+
+/// Whether [`Fwd::V8`] runs this storage type and shape (else the chunked kernels do): bf16
+/// storage, Dk 64 or 128, Dv a multiple of 16 up to [`CHUNKED_MAX_HEAD_DIM`].
+pub fn fwd8_supports(dt: DType, s: RuleShape) -> bool {
+    dt == DType::Bf16
+        && (s.dk == 64 || s.dk == 128)
+        && s.dv.is_multiple_of(16)
+        && s.dv <= CHUNKED_MAX_HEAD_DIM
 }
 
 /// Largest `Dk` / `Dv` of the chunked forward (its prep kernel keeps six `[64, max(Dk, Dv)]`
@@ -345,7 +373,32 @@ pub fn forward_with(
         None
     };
     let mut o = out_d(gpu, seqs.tokens() * s.hv * s.dv, dt)?;
-    if fwd == Fwd::Chunked && chunked_supports(s) {
+    if let Fwd::V8 { warps } = fwd {
+        if fwd8_supports(dt, s) {
+            let x = ChunkedIo {
+                q: qq,
+                k: kk,
+                v,
+                g,
+                b,
+                w,
+                h0: initial_state,
+                o: &o,
+                fin: fin.as_ref(),
+            };
+            fused_forward8(gpu, &x, seqs, s, opts, dt, warps)?;
+            zero_tail(
+                "gdn2 rule",
+                gpu,
+                &mut o,
+                seqs.used(),
+                seqs.tokens(),
+                s.hv * s.dv,
+            )?;
+            return Ok((o, fin));
+        }
+    }
+    if fwd != Fwd::Recurrent && chunked_supports(s) {
         let x = ChunkedIo {
             q: qq,
             k: kk,
@@ -737,6 +790,141 @@ fn chunked_forward(
             i32_arg(s.dv),
             Arg::F32(opts.scale),
             dptr(x.o, st),
+        ],
+    )?;
+    Ok(())
+}
+
+/// Bytes of one pipeline stage of `g2f_fwd8` (the .cu file's `G2F8<DK, NW>::STAGE`): Wm, Qg
+/// (64 rows of Dk + 8 bf16), Kd^T (Dk rows of 72 bf16), A (64 rows of 72 bf16), the U tile (64
+/// rows of 16 warps + 4 fp32), e^Gam_L (Dk fp32).
+pub fn fwd8_stage_bytes(dk: usize, warps: usize) -> usize {
+    2 * CK * (dk + 8) * 2
+        + dk * (CK + 8) * 2
+        + CK * (CK + 8) * 2
+        + CK * (16 * warps + 4) * 4
+        + dk * 4
+}
+
+/// CTA width of `g2f_fwd8` (warps of 16 state columns): `forced` where valid, else the width
+/// with the lowest modelled cost, the GDN rule's v6 model (`gated_delta_rule::cuda::v6_warps`):
+/// one CTA per SM, every warp re-reads the chunk's Wm, Qg, Kd and A fragments, so cost = waves x
+/// shared-memory bytes per SM per chunk step.
+fn fwd8_warps(gpu: &Gpu, n_seq: usize, s: RuleShape, forced: usize) -> usize {
+    let fits = |w: usize| s.dv.is_multiple_of(16 * w);
+    if [1, 2, 4, 8].contains(&forced) && fits(forced) {
+        return forced;
+    }
+    let sms = gpu
+        .stream()
+        .context()
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .unwrap_or(132)
+        .max(1) as usize;
+    let per_warp = 3 * CK * s.dk * 2 + CK * CK * 2 * 10 / 16;
+    let mut best = (usize::MAX, 1);
+    for w in [2, 4, 1, 8] {
+        if !fits(w) {
+            continue;
+        }
+        let ctas = n_seq * s.hv * (s.dv / (16 * w));
+        let cost = ctas.div_ceil(sms) * (w * per_warp + fwd8_stage_bytes(s.dk, w));
+        if cost < best.0 {
+            best = (cost, w);
+        }
+    }
+    best.1
+}
+
+/// An uninitialized bf16 workspace of `n` elements (at least one; poisoned in tests).
+fn ws_bf16(gpu: &Arc<Gpu>, n: usize) -> Result<GBuf<u16>> {
+    let b = gpu.uninit::<u16>(n.max(1))?;
+    poison(&b)?;
+    Ok(b)
+}
+
+/// [`Fwd::V8`]: `g2c_prep8h_*` (U, e^Gam_L fp32; Wm, Qg, Kd^T, A bf16), then `g2f_fwd8_*` (the
+/// scan and the output fused, kernels' header comment). Callers checked [`fwd8_supports`].
+fn fused_forward8(
+    gpu: &Arc<Gpu>,
+    x: &ChunkedIo,
+    seqs: &Seqs,
+    s: RuleShape,
+    opts: RuleOpts,
+    dt: DType,
+    warps: usize,
+) -> Result<()> {
+    let st = gpu.stream();
+    let ChunkTables {
+        t0: ch_t0,
+        len: ch_len,
+        chf,
+        chunks,
+    } = chunk_tables(gpu, seqs)?;
+    let ch = chunks * s.hv;
+    let ws_u = out_f32(gpu, ch * CK * s.dv)?;
+    let ws_wm = ws_bf16(gpu, ch * CK * s.dk)?;
+    let ws_qg = ws_bf16(gpu, ch * CK * s.dk)?;
+    let ws_kt = ws_bf16(gpu, ch * CK * s.dk)?;
+    let ws_a = ws_bf16(gpu, ch * CK * CK)?;
+    let ws_egl = out_f32(gpu, ch * s.dk)?;
+    launch_in(
+        gpu,
+        TC_MODULE,
+        &format!("g2c_prep8h_{}", rule_sfx(dt, opts)),
+        ch,
+        PREP8_SMEM,
+        &[
+            dptr(x.q, st),
+            dptr(x.k, st),
+            dptr(x.v, st),
+            ptr(x.g, st),
+            dptr(x.b, st),
+            dptr(x.w, st),
+            ptr(&ch_t0, st),
+            ptr(&ch_len, st),
+            i32_arg(s.hk),
+            i32_arg(s.hv),
+            i32_arg(s.dk),
+            i32_arg(s.dv),
+            ptr(&ws_u, st),
+            ptr(&ws_wm, st),
+            ptr(&ws_qg, st),
+            ptr(&ws_kt, st),
+            ptr(&ws_a, st),
+            ptr(&ws_egl, st),
+        ],
+    )?;
+    let nw = fwd8_warps(gpu, seqs.count(), s, warps);
+    // Three pipeline stages where they fit in shared memory (Dk 128, 1 or 2 warps), else two.
+    let (name, stages) = if s.dk == 128 && nw <= 2 {
+        ("g2f_fwd8s3", 3)
+    } else {
+        ("g2f_fwd8", 2)
+    };
+    launch_in_threads(
+        gpu,
+        TC_MODULE,
+        &format!("{name}_d{}_w{nw}", s.dk),
+        seqs.count() * s.hv * (s.dv / (16 * nw)),
+        32 * nw as u32,
+        stages * fwd8_stage_bytes(s.dk, nw),
+        &[
+            ptr(&ws_wm, st),
+            ptr(&ws_qg, st),
+            ptr(&ws_kt, st),
+            ptr(&ws_a, st),
+            ptr(&ws_u, st),
+            ptr(&ws_egl, st),
+            ptr(&chf, st),
+            ptr(&ch_t0, st),
+            ptr(&ch_len, st),
+            i32_arg(s.hv),
+            i32_arg(s.dv),
+            Arg::F32(opts.scale),
+            optr(x.h0, st),
+            dptr(x.o, st),
+            optr(x.fin, st),
         ],
     )?;
     Ok(())

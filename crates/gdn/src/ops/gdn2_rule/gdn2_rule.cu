@@ -726,6 +726,24 @@ struct G2P8A {
     unsigned h[4], l[4];
 };
 
+// Stores of prep8's outputs in fp32 (g2c_prep8_*) or bf16 (g2c_prep8h_*: the fused forward's
+// mma operands, rounded to nearest even).
+__device__ __forceinline__ void g2p8_st4(float* p, i64 i, float4 v) { *reinterpret_cast<float4*>(p + i) = v; }
+__device__ __forceinline__ void g2p8_st4(bf16_t* p, i64 i, float4 v) {
+    uint2 u;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u.x) : "f"(v.y), "f"(v.x));
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u.y) : "f"(v.w), "f"(v.z));
+    *reinterpret_cast<uint2*>(p + i) = u;
+}
+__device__ __forceinline__ void g2p8_st2(float* p, i64 i, float a, float b) {
+    *reinterpret_cast<float2*>(p + i) = make_float2(a, b);
+}
+__device__ __forceinline__ void g2p8_st2(bf16_t* p, i64 i, float a, float b) {
+    unsigned u;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(b), "f"(a));
+    *reinterpret_cast<unsigned*>(p + i) = u;
+}
+
 // A fragment (16 x 8, row-major at p, row stride ld), each column k scaled by sc[k] if sc.
 __device__ __forceinline__ void g2p8_fa(G2P8A& f, const float* p, int ld, const float* sc) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -751,12 +769,14 @@ __device__ __forceinline__ void g2p8_mma3(float (&c)[4], const G2P8A& a, float b
     mma_tf32(c, a.h[0], a.h[1], a.h[2], a.h[3], bh0, bh1);
 }
 
-template <typename TQ, typename T>
+// TO: the storage of Wm, Qg, Kd^T and A (float: g2c_prep8_*; bf16_t: g2c_prep8h_*, the fused
+// forward's operands; U, e^Gam_L and T stay fp32).
+template <typename TQ, typename T, typename TO>
 __device__ void g2c_prep8(const TQ* __restrict__ q, const TQ* __restrict__ k, const T* __restrict__ v,
                           const float* __restrict__ g, const T* __restrict__ b, const T* __restrict__ w,
                           const i64* __restrict__ ch_t0, const int* __restrict__ ch_len, int hk_n, int hv_n,
-                          int dk, int dv, float* __restrict__ ws_u, float* __restrict__ ws_wm,
-                          float* __restrict__ ws_qg, float* __restrict__ ws_kd, float* __restrict__ ws_a,
+                          int dk, int dv, float* __restrict__ ws_u, TO* __restrict__ ws_wm,
+                          TO* __restrict__ ws_qg, TO* __restrict__ ws_kd, TO* __restrict__ ws_a,
                           float* __restrict__ ws_egl, float* __restrict__ ws_t) {
     extern __shared__ __align__(16) float g2c_sm[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g8 = lane >> 2, t4 = lane & 3;
@@ -781,7 +801,7 @@ __device__ void g2c_prep8(const TQ* __restrict__ q, const TQ* __restrict__ k, co
     float* sWV0 = sKb;
     float* sWV1 = sR5;
     const i64 ck = cj * G2C_C * (i64)dk, cv = cj * G2C_C * (i64)dv;
-    float* a_out = ws_a + cj * G2C_C * G2C_C;
+    TO* a_out = ws_a + cj * G2C_C * G2C_C;
 
     // Diagonal-block pairs of this thread (p = tid + 256 r < 544: block I = p / 136, then
     // (il, jl) with jl <= il) and its three strip tiles, accumulated over the channel halves.
@@ -903,7 +923,7 @@ __device__ void g2c_prep8(const TQ* __restrict__ q, const TQ* __restrict__ k, co
         for (int tile = warp; tile < 8 * nv; tile += 8) {
             const int i = 8 * (tile & 7) + (lane & 7), x = 4 * (tile >> 3) + (lane >> 3), I = i >> 4;
             const float kv = sK[i * G2P8_L68 + x], gi = sG[i * G2P8_L72 + x];
-            ws_kd[ck + (i64)(x0 + x) * G2C_C + i] = kv * exp2f(sDl[I * 64 + x] - gi);
+            st(ws_kd, ck + (i64)(x0 + x) * G2C_C + i, kv * exp2f(sDl[I * 64 + x] - gi));
             sK[i * G2P8_L68 + x] = kv * exp2f(sG[(16 * I + 15) * G2P8_L72 + x] - gi);
         }
         __syncthreads();
@@ -920,7 +940,7 @@ __device__ void g2c_prep8(const TQ* __restrict__ q, const TQ* __restrict__ k, co
                 const float4 eg = make_float4(exp2f(p4.x + g4.x), exp2f(p4.y + g4.y), exp2f(p4.z + g4.z),
                                               exp2f(p4.w + g4.w));
                 const float4 up = make_float4(exp2f(g4.x), exp2f(g4.y), exp2f(g4.z), exp2f(g4.w));
-                *reinterpret_cast<float4*>(ws_qg + ck + (i64)i * dk + x0 + x) = g2p8_mul4(q4, eg);
+                g2p8_st4(ws_qg, ck + (i64)i * dk + x0 + x, g2p8_mul4(q4, eg));
                 *reinterpret_cast<float4*>(sQ + i * G2P8_L68 + x) = g2p8_mul4(q4, up);
                 *reinterpret_cast<float4*>(sKb + i * G2P8_L68 + x) = g2p8_mul4(b4, up);
                 *reinterpret_cast<float4*>(sXh + i * G2P8_L72 + x) = g2p8_mul4(b4, eg);
@@ -958,8 +978,8 @@ __device__ void g2c_prep8(const TQ* __restrict__ q, const TQ* __restrict__ k, co
             sM[(i + 8) * G2P8_L68 + y] = sacc[s][2];
             sM[(i + 8) * G2P8_L68 + y + 1] = sacc[s][3];
         } else {
-            *reinterpret_cast<float2*>(a_out + i * G2C_C + y) = make_float2(sacc[s][0], sacc[s][1]);
-            *reinterpret_cast<float2*>(a_out + (i + 8) * G2C_C + y) = make_float2(sacc[s][2], sacc[s][3]);
+            g2p8_st2(a_out, i * G2C_C + y, sacc[s][0], sacc[s][1]);
+            g2p8_st2(a_out, (i + 8) * G2C_C + y, sacc[s][2], sacc[s][3]);
         }
     }
 #pragma unroll
@@ -972,12 +992,12 @@ __device__ void g2c_prep8(const TQ* __restrict__ q, const TQ* __restrict__ k, co
             while (il * (il + 1) / 2 > qq) --il;
             const int jl = qq - il * (il + 1) / 2;
             const int i = 16 * I + il, jj = 16 * I + jl;
-            a_out[i * G2C_C + jj] = da[r];
+            st(a_out, i * G2C_C + jj, da[r]);
             sM[i * G2P8_L68 + jj] = (jl < il) ? dm[r] : 0.f;
         }
     }
     for (int idx = tid; idx < G2C_C * G2C_C; idx += G2C_NT) {
-        if ((idx & 63) > (idx >> 6)) a_out[idx] = 0.f;
+        if ((idx & 63) > (idx >> 6)) st(a_out, idx, 0.f);
     }
     __syncthreads();
 
@@ -1060,7 +1080,6 @@ __device__ void g2c_prep8(const TQ* __restrict__ q, const TQ* __restrict__ k, co
         const int D = mat ? dk : dv, y0 = 64 * ch;
         const int ntl = y0 < D ? min(64, D - y0) >> 3 : 0;
         const float* Bb = mat ? (ch ? sG : sX0) : (ch ? sWV1 : sWV0);
-        float* outp = mat ? ws_wm + ck : ws_u + cv;
 #pragma unroll
         for (int pr = 0; pr < 2; ++pr) {
             const int rb = warp < 4 ? (pr ? 3 : 0) : (pr ? 2 : 1);
@@ -1081,8 +1100,13 @@ __device__ void g2c_prep8(const TQ* __restrict__ q, const TQ* __restrict__ k, co
             for (int nt = 0; nt < 8; ++nt) {
                 if (nt < ntl) {
                     const int i = 16 * rb + g8, y = y0 + 8 * nt + 2 * t4;
-                    *reinterpret_cast<float2*>(outp + (i64)i * D + y) = make_float2(acc[nt][0], acc[nt][1]);
-                    *reinterpret_cast<float2*>(outp + (i64)(i + 8) * D + y) = make_float2(acc[nt][2], acc[nt][3]);
+                    if (mat) {
+                        g2p8_st2(ws_wm, ck + (i64)i * D + y, acc[nt][0], acc[nt][1]);
+                        g2p8_st2(ws_wm, ck + (i64)(i + 8) * D + y, acc[nt][2], acc[nt][3]);
+                    } else {
+                        g2p8_st2(ws_u, cv + (i64)i * D + y, acc[nt][0], acc[nt][1]);
+                        g2p8_st2(ws_u, cv + (i64)(i + 8) * D + y, acc[nt][2], acc[nt][3]);
+                    }
                 }
             }
         }
@@ -1094,13 +1118,332 @@ __device__ void g2c_prep8(const TQ* __restrict__ q, const TQ* __restrict__ k, co
         g2c_prep8_##S(const TQ* q, const TQ* k, const T* v, const float* g, const T* b, const T* w,           \
                       const i64* ch_t0, const int* ch_len, int hk, int hv, int dk, int dv, float* ws_u,       \
                       float* ws_wm, float* ws_qg, float* ws_kd, float* ws_a, float* ws_egl, float* ws_t) {    \
-        g2c_prep8<TQ, T>(q, k, v, g, b, w, ch_t0, ch_len, hk, hv, dk, dv, ws_u, ws_wm, ws_qg, ws_kd, ws_a,    \
-                         ws_egl, ws_t);                                                                       \
+        g2c_prep8<TQ, T, float>(q, k, v, g, b, w, ch_t0, ch_len, hk, hv, dk, dv, ws_u, ws_wm, ws_qg, ws_kd,   \
+                                ws_a, ws_egl, ws_t);                                                          \
+    }
+
+// g2c_prep8h_*: the same kernel writing Wm, Qg, Kd^T and A in bf16 for g2f_fwd8 (no T).
+#define G2C8H_ENTRIES(TQ, T, S)                                                                               \
+    extern "C" __global__ void __launch_bounds__(G2C_NT, 2)                                                   \
+        g2c_prep8h_##S(const TQ* q, const TQ* k, const T* v, const float* g, const T* b, const T* w,          \
+                       const i64* ch_t0, const int* ch_len, int hk, int hv, int dk, int dv, float* ws_u,      \
+                       bf16_t* ws_wm, bf16_t* ws_qg, bf16_t* ws_kd, bf16_t* ws_a, float* ws_egl) {            \
+        g2c_prep8<TQ, T, bf16_t>(q, k, v, g, b, w, ch_t0, ch_len, hk, hv, dk, dv, ws_u, ws_wm, ws_qg, ws_kd,  \
+                                 ws_a, ws_egl, nullptr);                                                      \
     }
 
 G2C8_ENTRIES(float, float, f32)
 G2C8_ENTRIES(bf16_t, bf16_t, bf16)
 G2C8_ENTRIES(float, bf16_t, bf16n)
+G2C8H_ENTRIES(bf16_t, bf16_t, bf16)
+G2C8H_ENTRIES(float, bf16_t, bf16n)
+
+// ---------------------------------------------------------------------------------------------
+// g2f_fwd8 (issue 17, opt-in: GDN_RULE2_FWD=v8): the chunked forward's scan and output fused on
+// bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation), after g2c_prep8h (Wm, Qg, Kd^T, A
+// in bf16; U, e^Gam_L fp32). The GDN rule's gdr_fwd6 (V6Lean) design with GDN2's chunk step:
+// per (sequence, value head, V tile of BV = 16 NW columns), NW warps; warp w keeps S^T for the
+// tile's columns 16 w .. 16 w + 15 (16 x DK, fp32) in registers as m16n8 accumulator fragments.
+// Per chunk (operands in shared memory, chunk c + NS - 1's loads in flight by cp.async):
+//   X   = S0^T Wm^T                   (16 x 64)   A operand: S0^T as bf16
+//   P   = S0^T Qg^T                   (16 x 64)   same A operand (the output's first product)
+//   D^T = U^T - X                     (fp32, from the U tile; then bf16)
+//   S^T = S0^T diag(e^Gam_L) + D^T Kd            (B operand Kd^T rows: [DK][64] bf16)
+//   O^T = scale (P + D^T A^T)         (A's 16 x 16 blocks above the diagonal skipped)
+// GDN2 against GDN's step: the state decay is per key channel (a per-column scale of S^T's
+// fragments by e^Gam_L[x], x = 8 nt + 2t + (c & 1)) and already inside Kd = K e^(Gam_L - Gam) and
+// Qg = Q e^Gam (prep), so the step takes no exponential and D is not rescaled. Rows >= l of U,
+// Wm, Qg, Kd and A are zero in the workspaces (prep), so D's rows >= l are zero; o rows >= l are
+// not stored. The chunk-start states h and D never reach memory (the chunked backward recomputes
+// them with g2c_prep / g2c_scan). Numerics: state and accumulation fp32; the operands of the
+// five products are bf16 (S0, D, Wm, Qg, Kd, A); no exponent at all; fixed orders, no atomics.
+// Helpers: copies of gated_delta_rule.cu's v6 primitives (pack_bf16, mma_bf16, ldmatrix,
+// cp.async), prefixed g2f_, kept here so that the gated_delta_rule module is untouched (a later
+// clean-up may move both to ops/common).
+// PTX fragment maps (g = lane / 4, t = lane % 4), m16n8k16 .bf16:
+//   A (16 x 16, row): a0 = (g, 2t..2t+1), a1 = (g + 8, 2t..), a2 = (g, 2t + 8..), a3 = (g + 8, 2t + 8..)
+//   B (16 x 8, col):  b0 = (k 2t..2t+1, n g), b1 = (k 2t + 8.., n g)
+//   C (16 x 8):       c0, c1 = (g, 2t), (g, 2t + 1); c2, c3 = (g + 8, 2t), (g + 8, 2t + 1)
+
+__device__ __forceinline__ unsigned g2f_pack(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ void g2f_mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ unsigned g2f_saddr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void g2f_ldsm4(unsigned (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(g2f_saddr(p)));
+}
+__device__ __forceinline__ void g2f_cp16(unsigned dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void g2f_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void g2f_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ unsigned g2f_dyn_smem() {
+    unsigned r;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+    return r;
+}
+
+// One pipeline stage of g2f_fwd8 (bytes; every region 16-byte aligned; rows padded by 16 bytes
+// so that ldmatrix's 8 row addresses fall in 8 different bank groups). cuda.rs
+// (fwd8_stage_bytes) computes STAGE with the same formula.
+template <int DK, int NW>
+struct G2F8 {
+    static constexpr int BV = 16 * NW;
+    static constexpr int NT = 32 * NW;
+    static constexpr int LK = DK + 8;      // bf16 row stride of Wm, Qg
+    static constexpr int LT = G2C_C + 8;   // bf16 row stride of Kd^T and A
+    static constexpr int LU = BV + 4;      // fp32 row stride of U
+    static constexpr int WM_OFF = 0;
+    static constexpr int QG_OFF = WM_OFF + G2C_C * LK * 2;
+    static constexpr int KT_OFF = QG_OFF + G2C_C * LK * 2;
+    static constexpr int A_OFF = KT_OFF + DK * LT * 2;
+    static constexpr int U_OFF = A_OFF + G2C_C * LT * 2;
+    static constexpr int E_OFF = U_OFF + G2C_C * LU * 4;
+    static constexpr int STAGE = E_OFF + DK * 4;
+};
+
+// One chunk's operands into a stage (all threads, one cp.async group): Wm, Qg [64][DK], Kd^T
+// [DK][64], A [64][64] (bf16, contiguous per chunk-head), the CTA's U tile [64][BV] (fp32, row
+// stride dv) and e^Gam_L [DK]. Thread tid always copies the same 16-byte column piece of rows
+// tid / (pieces per row) + (rows per pass) m: shared offsets are immediates from one base.
+template <int DK, int NW>
+__device__ __forceinline__ void g2f_load_stage(char* st, const bf16_t* wm, const bf16_t* qg, const bf16_t* kt,
+                                               const bf16_t* a, const float* u, i64 urow, const float* egl) {
+    typedef G2F8<DK, NW> L;
+    const int tid = threadIdx.x;
+    const unsigned sb = g2f_saddr(st);
+    {
+        constexpr int CPR = DK / 8, RPP = L::NT / CPR;
+        static_assert(L::NT % CPR == 0 && G2C_C % RPP == 0, "whole rows per pass");
+        const int i0 = tid / CPR, x = (tid % CPR) * 8;
+        const unsigned so = sb + (unsigned)((i0 * L::LK + x) * 2);
+        const int go = i0 * DK + x;
+#pragma unroll
+        for (int m = 0; m < G2C_C / RPP; ++m) {
+            const unsigned sr = so + (unsigned)(RPP * m * L::LK * 2);
+            g2f_cp16(sr + L::WM_OFF, wm + go + RPP * m * DK);
+            g2f_cp16(sr + L::QG_OFF, qg + go + RPP * m * DK);
+        }
+    }
+    {
+        constexpr int RPT = L::NT / 8;  // Kd^T and A: 8 pieces per row
+        const int i0 = tid >> 3, x = (tid & 7) * 8;
+        const unsigned so = sb + (unsigned)((i0 * L::LT + x) * 2);
+        const int go = i0 * G2C_C + x;
+#pragma unroll
+        for (int m = 0; m < DK / RPT; ++m)
+            g2f_cp16(so + L::KT_OFF + (unsigned)(RPT * m * L::LT * 2), kt + go + RPT * m * G2C_C);
+#pragma unroll
+        for (int m = 0; m < G2C_C / RPT; ++m)
+            g2f_cp16(so + L::A_OFF + (unsigned)(RPT * m * L::LT * 2), a + go + RPT * m * G2C_C);
+    }
+    {
+        constexpr int UPR = L::BV / 4, RPU = L::NT / UPR;  // 8 rows per pass
+        const int i0 = tid / UPR, x = (tid % UPR) * 4;
+        const unsigned so = sb + L::U_OFF + (unsigned)((i0 * L::LU + x) * 4);
+        const float* gu = u + i0 * urow + x;
+        const i64 step = RPU * urow;
+#pragma unroll
+        for (int m = 0; m < G2C_C / RPU; ++m) {
+            g2f_cp16(so + (unsigned)(RPU * m * L::LU * 4), gu);
+            gu += step;
+        }
+    }
+    if (tid < DK / 4) g2f_cp16(sb + L::E_OFF + tid * 16, egl + tid * 4);
+    g2f_commit();
+}
+
+// Grid: N * Hv * (dv / BV) CTAs of 32 NW threads; dynamic shared memory NS * G2F8<DK, NW>::STAGE
+// (a launch with less writes nothing: the tests see the poisoned output). Workspaces from
+// g2c_prep8h (chunk-head cb = chunk * Hv + value head): wm, qg [cb][64][DK], kt [cb][DK][64],
+// a [cb][64][64] bf16; u [cb][64][dv], egl [cb][DK] fp32. o [tokens][Hv][dv] bf16; states
+// [N][Hv][DK][dv] fp32.
+template <int DK, int NW, int NS>
+__device__ void g2f_fwd8(const bf16_t* __restrict__ wm_ws, const bf16_t* __restrict__ qg_ws,
+                         const bf16_t* __restrict__ kt_ws, const bf16_t* __restrict__ a_ws,
+                         const float* __restrict__ u_ws, const float* __restrict__ egl_ws,
+                         const i64* __restrict__ seq_ch, const i64* __restrict__ ch_t0,
+                         const int* __restrict__ ch_len, int hv_n, int dv, float scale,
+                         const float* __restrict__ h0, bf16_t* __restrict__ o, float* __restrict__ fin) {
+    typedef G2F8<DK, NW> L;
+    static_assert(NS == 2 || NS == 3, "2 or 3 stages");
+    if (g2f_dyn_smem() < (unsigned)(NS * L::STAGE)) return;
+    extern __shared__ __align__(16) float g2c_sm[];
+    char* sm = reinterpret_cast<char*>(g2c_sm);
+    const int nvt = dv / L::BV;
+    const i64 b = blockIdx.x;
+    const int vt = (int)(b % nvt);
+    const int hv = (int)((b / nvt) % hv_n);
+    const i64 n = b / ((i64)nvt * hv_n);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int mi = lane >> 3, r = lane & 7;
+    const i64 col0 = (i64)vt * L::BV;  // the CTA's first state column
+    const int wc0 = 16 * warp;         // this warp's first column inside the tile
+    const i64 st_base = (n * hv_n + hv) * (i64)DK * dv;
+    const i64 vrow = (i64)hv_n * dv;
+
+    // s[nt][c] = S[8 nt + 2t + (c & 1)][col0 + wc0 + g + 8 (c >> 1)] (S^T's accumulator fragments)
+    float s[DK / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < DK / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            s[nt][c] = h0 ? h0[st_base + (i64)(8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)] : 0.f;
+
+    const i64 c_beg = seq_ch[n], c_end = seq_ch[n + 1];
+    auto issue = [&](i64 c, int stage) {
+        const i64 cb = c * hv_n + hv;
+        g2f_load_stage<DK, NW>(sm + stage * L::STAGE, wm_ws + cb * G2C_C * DK, qg_ws + cb * G2C_C * DK,
+                               kt_ws + cb * DK * G2C_C, a_ws + cb * G2C_C * G2C_C, u_ws + cb * G2C_C * dv + col0,
+                               (i64)dv, egl_ws + cb * DK);
+    };
+#pragma unroll
+    for (int p = 0; p < NS - 1; ++p) {
+        if (c_beg + p < c_end) issue(c_beg + p, p);
+        else g2f_commit();
+    }
+    for (i64 c = c_beg; c < c_end; ++c) {
+        const int stg = (int)((c - c_beg) % NS);
+        g2f_wait<NS - 2>();  // chunk c's group (only the NS - 2 newer may pend)
+        // Stage stg (chunk c) is complete and visible to all; every warp is done with the stage
+        // of chunk c - 1, which now receives chunk c + NS - 1.
+        __syncthreads();
+        if (c + NS - 1 < c_end) issue(c + NS - 1, (int)((c + NS - 1 - c_beg) % NS));
+        else g2f_commit();
+        const char* sp = sm + stg * L::STAGE;
+        const bf16_t* sW = reinterpret_cast<const bf16_t*>(sp + L::WM_OFF);
+        const bf16_t* sQ = reinterpret_cast<const bf16_t*>(sp + L::QG_OFF);
+        const bf16_t* sKt = reinterpret_cast<const bf16_t*>(sp + L::KT_OFF);
+        const bf16_t* sA = reinterpret_cast<const bf16_t*>(sp + L::A_OFF);
+        const float* sU = reinterpret_cast<const float*>(sp + L::U_OFF) + wc0;
+        const float* sE = reinterpret_cast<const float*>(sp + L::E_OFF);
+        const int l = ch_len[c];
+        const i64 t0 = ch_t0[c];
+
+        // S0^T as bf16 A fragments; X = S0^T Wm^T and P = S0^T Qg^T (16 x 64 each, n8 tiles over
+        // the chunk rows), interleaved: two independent accumulator sets.
+        unsigned sa[DK / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < DK / 16; ++ks) {
+            sa[ks][0] = g2f_pack(s[2 * ks][0], s[2 * ks][1]);
+            sa[ks][1] = g2f_pack(s[2 * ks][2], s[2 * ks][3]);
+            sa[ks][2] = g2f_pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+            sa[ks][3] = g2f_pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+        }
+        float x[8][4], oacc[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int cc = 0; cc < 4; ++cc) x[j][cc] = oacc[j][cc] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < DK / 16; ++ks)
+#pragma unroll
+            for (int jp = 0; jp < 4; ++jp) {
+                const int off = (16 * jp + 8 * (mi >> 1) + r) * L::LK + 16 * ks + 8 * (mi & 1);
+                unsigned bw[4], bq[4];
+                g2f_ldsm4(bw, sW + off);
+                g2f_ldsm4(bq, sQ + off);
+                g2f_mma(x[2 * jp], sa[ks], bw[0], bw[1]);
+                g2f_mma(x[2 * jp + 1], sa[ks], bw[2], bw[3]);
+                g2f_mma(oacc[2 * jp], sa[ks], bq[0], bq[1]);
+                g2f_mma(oacc[2 * jp + 1], sa[ks], bq[2], bq[3]);
+            }
+        // D^T = U^T - X as bf16 A fragments over the chunk rows (k steps of 16): fragment
+        // x[j][c] is (state column g + 8 (c >> 1), chunk row 8 j + 2t + (c & 1)).
+        unsigned da[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int j = 2 * kk + h, i0 = 8 * j + 2 * t;
+#pragma unroll
+                for (int rr = 0; rr < 2; ++rr) {
+                    const int v = g + 8 * rr;
+                    const float d0 = sU[i0 * L::LU + v] - x[j][2 * rr];
+                    const float d1 = sU[(i0 + 1) * L::LU + v] - x[j][2 * rr + 1];
+                    da[kk][rr + 2 * h] = g2f_pack(d0, d1);
+                }
+            }
+        // S^T <- S0^T diag(e^Gam_L) + D^T Kd: B[k = row i][n = channel x] = Kd^T[x][i], a
+        // row-major read of Kd^T.
+#pragma unroll
+        for (int nt = 0; nt < DK / 8; ++nt) {
+            const float2 e = *reinterpret_cast<const float2*>(sE + 8 * nt + 2 * t);
+            s[nt][0] *= e.x;
+            s[nt][1] *= e.y;
+            s[nt][2] *= e.x;
+            s[nt][3] *= e.y;
+        }
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int np = 0; np < DK / 16; ++np) {
+                unsigned bk[4];
+                g2f_ldsm4(bk, sKt + (16 * np + 8 * (mi >> 1) + r) * L::LT + 16 * kk + 8 * (mi & 1));
+                g2f_mma(s[2 * np], da[kk], bk[0], bk[1]);
+                g2f_mma(s[2 * np + 1], da[kk], bk[2], bk[3]);
+            }
+        // O^T = scale (P + D^T A^T): A lower triangular, only the 16 x 16 blocks on or below
+        // the diagonal.
+#pragma unroll
+        for (int jp = 0; jp < 4; ++jp)
+#pragma unroll
+            for (int kk = 0; kk <= jp; ++kk) {
+                unsigned ba[4];
+                g2f_ldsm4(ba, sA + (16 * jp + 8 * (mi >> 1) + r) * L::LT + 16 * kk + 8 * (mi & 1));
+                g2f_mma(oacc[2 * jp], da[kk], ba[0], ba[1]);
+                g2f_mma(oacc[2 * jp + 1], da[kk], ba[2], ba[3]);
+            }
+        bf16_t* oc = o + t0 * vrow + (i64)hv * dv + col0 + wc0 + g;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int cc = 0; cc < 4; ++cc) {
+                const int i = 8 * j + 2 * t + (cc & 1);
+                if (i < l) st(oc, (i64)i * vrow + 8 * (cc >> 1), scale * oacc[j][cc]);
+            }
+    }
+    if (fin) {
+#pragma unroll
+        for (int nt = 0; nt < DK / 8; ++nt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                fin[st_base + (i64)(8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)] = s[nt][c];
+    }
+}
+
+// g2f_fwd8_d{DK}_w{NW}: two stages; g2f_fwd8s3_*: three (Dk 128 with 1 or 2 warps fit).
+#define G2F8_ENTRY(NAME, NS, DK, NW)                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * NW, 1) NAME##_d##DK##_w##NW(                            \
+        const bf16_t* wm, const bf16_t* qg, const bf16_t* kt, const bf16_t* a, const float* u,                \
+        const float* egl, const i64* seq_ch, const i64* ch_t0, const int* ch_len, int hv, int dv, float scale, \
+        const float* h0, bf16_t* o, float* fin) {                                                             \
+        g2f_fwd8<DK, NW, NS>(wm, qg, kt, a, u, egl, seq_ch, ch_t0, ch_len, hv, dv, scale, h0, o, fin);       \
+    }
+
+G2F8_ENTRY(g2f_fwd8, 2, 64, 1)
+G2F8_ENTRY(g2f_fwd8, 2, 64, 2)
+G2F8_ENTRY(g2f_fwd8, 2, 64, 4)
+G2F8_ENTRY(g2f_fwd8, 2, 64, 8)
+G2F8_ENTRY(g2f_fwd8, 2, 128, 1)
+G2F8_ENTRY(g2f_fwd8, 2, 128, 2)
+G2F8_ENTRY(g2f_fwd8, 2, 128, 4)
+G2F8_ENTRY(g2f_fwd8, 2, 128, 8)
+G2F8_ENTRY(g2f_fwd8s3, 3, 128, 1)
+G2F8_ENTRY(g2f_fwd8s3, 3, 128, 2)
 #endif  // G2B_TC_MODULE
 
 // Issues the cp.async copies of chunk `cj`'s scan operands into B: Wm [64][dk], Kd^T [dk][64],
