@@ -20,6 +20,8 @@ pre = pre.replace('float g2c_sm_store[70000]', 'float g2c_sm_store[60000]')
 pre += r'''
 struct float2 { float x, y; };
 struct uint2 { unsigned x, y; };
+struct uint4 { unsigned x, y, z, w; };
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 inline float2 make_float2(float a, float b) { return {a, b}; }
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 inline unsigned tf32u(float x) { return __float_as_uint(to_tf32(x)); }
@@ -45,6 +47,10 @@ inline void g2f_cp16(unsigned dst, const void* src) { std::memcpy((char*)g2c_sm_
 inline void g2f_commit() {}
 template <int N> inline void g2f_wait() {}
 inline unsigned g2f_dyn_smem() { return sizeof(g2c_sm_store); }
+// Named barriers 1, 2 (SPLIT): bar.arrive = arrive without waiting, bar.sync = arrive and wait.
+std::barrier<>* nbar[3];
+inline void g2f_bar_arrive(int id, int) { (void)nbar[id]->arrive(); }
+inline void g2f_bar_sync(int id, int) { nbar[id]->arrive_and_wait(); }
 const void* ldsm_p[8][32];
 // ldmatrix.x4 (no .trans): lane 8m + r gives the address of row r of 8x8 matrix m; register m of
 // lane (g = l / 4, t = l % 4) receives row g, elements 2t, 2t + 1 of matrix m.

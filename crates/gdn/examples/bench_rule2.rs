@@ -102,15 +102,25 @@ fn main() {
         // The fused forward g2f_fwd8 (GDN_RULE2_FWD=v8) against the chunked forward, both with
         // prep8; every CTA width; fwd + chunked bwd (prep8); per-kernel times.
         {
-            let v8 = |warps: usize| Fwd::V8 { warps };
+            let v8 = |warps: usize| Fwd::V8 {
+                warps,
+                split: false,
+            };
+            let v8x = |warps: usize| Fwd::V8 { warps, split: true };
             let t_c8 = time_ms(&gpu, 2, 5, || {
                 with_prep(Prep::V8, || drop(run(Fwd::Chunked)))
             });
             let t_f8 = time_ms(&gpu, 2, 5, || drop(run(v8(0))));
-            let widths: Vec<String> = [1usize, 2, 4, 8]
+            let t_f8x = time_ms(&gpu, 2, 5, || drop(run(v8x(0))));
+            let mut widths: Vec<String> = [1usize, 2, 4, 8]
                 .iter()
                 .map(|&w| format!("w{w} {:.2}", time_ms(&gpu, 1, 3, || drop(run(v8(w))))))
                 .collect();
+            widths.extend(
+                [1usize, 2, 4]
+                    .iter()
+                    .map(|&w| format!("x w{w} {:.2}", time_ms(&gpu, 1, 3, || drop(run(v8x(w)))))),
+            );
             let tfb = time_ms(&gpu, 1, 3, || {
                 with_prep(Prep::V8, || {
                     let o = run(v8(0));
@@ -144,12 +154,14 @@ fn main() {
                 "-".into()
             };
             println!(
-                "bench-rule2-fwd8 | B{b} T{t} {hk}/{hv} | chunked fwd (prep8) {t_c8:.2} ms -> fwd8 {t_f8:.2} ms (/FLA {ratio}) | widths {} | fwd8 + chunked bwd (prep8) {tfb:.2} ms | o fwd8 vs chunked RMS rel {:.2e}",
+                "bench-rule2-fwd8 | B{b} T{t} {hk}/{hv} | chunked fwd (prep8) {t_c8:.2} ms -> fwd8 {t_f8:.2} ms (/FLA {ratio}), fwd8x (split) {t_f8x:.2} ms | widths {} | fwd8 + chunked bwd (prep8) {tfb:.2} ms | o fwd8 vs chunked RMS rel {:.2e}",
                 widths.join(", "),
                 rms_rel_err(&of, &f64s(&oc))
             );
             let line = kernel_times(&gpu, || drop(run(v8(0))));
             println!("bench-rule2-fwd8-kernels | B{b} T{t} {hk}/{hv} | {line}");
+            let line = kernel_times(&gpu, || drop(run(v8x(0))));
+            println!("bench-rule2-fwd8-kernels | B{b} T{t} {hk}/{hv} | split | {line}");
             if std::env::var("GDN_BENCH_RULE2").as_deref() == Ok("fwd8") {
                 continue;
             }

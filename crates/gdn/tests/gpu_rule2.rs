@@ -1004,7 +1004,8 @@ fn fwd8_cases() -> Vec<Case> {
     v
 }
 
-/// g2f_fwd8 against the f64 recurrence at every CTA width that divides Dv (0: the model's pick),
+/// g2f_fwd8 (and g2f_fwd8x, `split`) against the f64 recurrence at every CTA width that divides
+/// Dv (0: the model's pick),
 /// bf16 storage: o and the final state RMS-relative <= 5e-3 (the chunked bf16 test's bound; the
 /// chunked forward's error printed beside), every output written (poisoned), padding rows zero,
 /// and not bit for bit the chunked forward (else it did not run). Unsupported shapes (Dk 16 / 32
@@ -1018,7 +1019,15 @@ fn gdn2_fwd8_matches_f64() {
         let (co, cfin) = fwd_gpu(&gpu, c, DType::Bf16, Fwd::Chunked);
         let (fo, ffin) = ref_fwd(c);
         if !fwd8_supports(DType::Bf16, c.shape) {
-            let (o, fin) = fwd_gpu(&gpu, c, DType::Bf16, Fwd::V8 { warps: 0 });
+            let (o, fin) = fwd_gpu(
+                &gpu,
+                c,
+                DType::Bf16,
+                Fwd::V8 {
+                    warps: 0,
+                    split: false,
+                },
+            );
             let same = o == co && fin == cfin;
             println!("gdn2-check fwd8 {:<30} fallback to chunked: {same}", c.name);
             if !same {
@@ -1030,14 +1039,24 @@ fn gdn2_fwd8_matches_f64() {
             continue;
         }
         let (eo, efin) = (rms_rel(&co, &fo), rms_rel(&cfin, &ffin));
-        for warps in [0, 1, 2, 4, 8] {
+        for (warps, split) in [
+            (0, false),
+            (1, false),
+            (2, false),
+            (4, false),
+            (8, false),
+            (0, true),
+            (1, true),
+            (2, true),
+            (4, true),
+        ] {
             if warps > 0 && !c.shape.dv.is_multiple_of(16 * warps) {
                 continue;
             }
-            let (o, fin) = fwd_gpu(&gpu, c, DType::Bf16, Fwd::V8 { warps });
-            let what = format!("fwd8 w{warps}");
+            let (o, fin) = fwd_gpu(&gpu, c, DType::Bf16, Fwd::V8 { warps, split });
+            let what = format!("fwd8{} w{warps}", if split { "x" } else { "" });
             check_fwd_written(c, &o, &fin, &what, &mut fails);
-            let mut line = format!("gdn2-check fwd8 w{warps} {:<30}", c.name);
+            let mut line = format!("gdn2-check {what} {:<30}", c.name);
             for (name, x, f, ec) in [("o", &o, &fo, eo), ("final_state", &fin, &ffin, efin)] {
                 let e = rms_rel(x, f);
                 line += &format!(" {name}={e:.2e} (chunked {ec:.2e})");
@@ -1057,7 +1076,8 @@ fn gdn2_fwd8_matches_f64() {
     finish(fails);
 }
 
-/// g2f_fwd8 twice on the same inputs (every width): the same bits; f32 storage and Dk 32 fall
+/// g2f_fwd8 twice on the same inputs (every width): the same bits; g2f_fwd8x (split) the same
+/// bits as g2f_fwd8 at the same width (same products, same orders); f32 storage and Dk 32 fall
 /// back to the chunked forward bit for bit; the environment choice `Fwd::from_env` is not V8
 /// unless asked.
 #[test]
@@ -1080,11 +1100,22 @@ fn gdn2_fwd8_bitwise_and_fallback() {
             .collect::<Vec<u32>>()
     };
     for warps in [0, 1, 2, 4, 8] {
-        let a = fwd_gpu(&gpu, &c, DType::Bf16, Fwd::V8 { warps });
-        let b = fwd_gpu(&gpu, &c, DType::Bf16, Fwd::V8 { warps });
+        let v8 = |split| Fwd::V8 { warps, split };
+        let a = fwd_gpu(&gpu, &c, DType::Bf16, v8(false));
+        let b = fwd_gpu(&gpu, &c, DType::Bf16, v8(false));
         let same = bits(&a) == bits(&b);
         println!("gdn2-check fwd8-bitwise w{warps}: identical={same}");
         assert!(same, "w{warps}: two runs of fwd8 differ");
+        if warps > 0 && warps <= 4 {
+            let x = fwd_gpu(&gpu, &c, DType::Bf16, v8(true));
+            let y = fwd_gpu(&gpu, &c, DType::Bf16, v8(true));
+            let (sx, sy) = (bits(&x) == bits(&a), bits(&x) == bits(&y));
+            println!("gdn2-check fwd8x-bitwise w{warps}: = fwd8 {sx}, reruns identical {sy}");
+            assert!(
+                sx && sy,
+                "w{warps}: fwd8x differs from fwd8 or between runs"
+            );
+        }
     }
     let cf = strong(case(
         "fallback f32",
@@ -1095,7 +1126,11 @@ fn gdn2_fwd8_bitwise_and_fallback() {
         44,
         false,
     ));
-    let a = fwd_gpu(&gpu, &cf, DType::F32, Fwd::V8 { warps: 0 });
+    let v80 = Fwd::V8 {
+        warps: 0,
+        split: false,
+    };
+    let a = fwd_gpu(&gpu, &cf, DType::F32, v80);
     let b = fwd_gpu(&gpu, &cf, DType::F32, Fwd::Chunked);
     println!(
         "gdn2-check fwd8-fallback f32: identical={}",
@@ -1114,7 +1149,7 @@ fn gdn2_fwd8_bitwise_and_fallback() {
         45,
         true,
     );
-    let a = fwd_gpu(&gpu, &cd, DType::Bf16, Fwd::V8 { warps: 0 });
+    let a = fwd_gpu(&gpu, &cd, DType::Bf16, v80);
     let b = fwd_gpu(&gpu, &cd, DType::Bf16, Fwd::Chunked);
     println!(
         "gdn2-check fwd8-fallback d32: identical={}",

@@ -261,9 +261,10 @@ pub enum Fwd {
     Chunked,
     /// `g2c_prep8h_*` then the fused bf16 tensor-core scan + output `g2f_fwd8_*` (CTAs of
     /// `warps` warps, 16 state columns each; 0: picked by a model) where [`fwd8_supports`] says
-    /// yes, else [`Fwd::Chunked`]. Opt-in: `GDN_RULE2_FWD=v8` (`GDN_RULE2_V8_WARPS=1|2|4|8`
-    /// forces the width).
-    V8 { warps: usize },
+    /// yes, else [`Fwd::Chunked`]. `split`: `g2f_fwd8x_*`, each chain warp paired with an output
+    /// warp (2 `warps` warps per CTA, `warps` <= 4; same bits). Opt-in: `GDN_RULE2_FWD=v8`
+    /// (`=v8x`: split; `GDN_RULE2_V8_WARPS=1|2|4|8` forces the width).
+    V8 { warps: usize, split: bool },
 }
 
 impl Fwd {
@@ -273,13 +274,16 @@ impl Fwd {
         if std::env::var("GDN_RULE2").as_deref() == Ok("recurrent") {
             return Fwd::Recurrent;
         }
+        let warps = std::env::var("GDN_RULE2_V8_WARPS")
+            .ok()
+            .and_then(|w| w.parse().ok())
+            .unwrap_or(0);
         match std::env::var("GDN_RULE2_FWD").as_deref() {
             Ok("v8") => Fwd::V8 {
-                warps: std::env::var("GDN_RULE2_V8_WARPS")
-                    .ok()
-                    .and_then(|w| w.parse().ok())
-                    .unwrap_or(0),
+                warps,
+                split: false,
             },
+            Ok("v8x") => Fwd::V8 { warps, split: true },
             _ => Fwd::Chunked,
         }
     }
@@ -373,7 +377,7 @@ pub fn forward_with(
         None
     };
     let mut o = out_d(gpu, seqs.tokens() * s.hv * s.dv, dt)?;
-    if let Fwd::V8 { warps } = fwd {
+    if let Fwd::V8 { warps, split } = fwd {
         if fwd8_supports(dt, s) {
             let x = ChunkedIo {
                 q: qq,
@@ -386,7 +390,7 @@ pub fn forward_with(
                 o: &o,
                 fin: fin.as_ref(),
             };
-            fused_forward8(gpu, &x, seqs, s, opts, dt, warps)?;
+            fused_forward8(gpu, &x, seqs, s, opts, dt, warps, split)?;
             zero_tail(
                 "gdn2 rule",
                 gpu,
@@ -809,9 +813,9 @@ pub fn fwd8_stage_bytes(dk: usize, warps: usize) -> usize {
 /// CTA width of `g2f_fwd8` (warps of 16 state columns): `forced` where valid, else the width
 /// with the lowest modelled cost, the GDN rule's v6 model (`gated_delta_rule::cuda::v6_warps`):
 /// one CTA per SM, every warp re-reads the chunk's Wm, Qg, Kd and A fragments, so cost = waves x
-/// shared-memory bytes per SM per chunk step.
-fn fwd8_warps(gpu: &Gpu, n_seq: usize, s: RuleShape, forced: usize) -> usize {
-    let fits = |w: usize| s.dv.is_multiple_of(16 * w);
+/// shared-memory bytes per SM per chunk step. `split` (2 `w` warps per CTA): `w` <= 4.
+fn fwd8_warps(gpu: &Gpu, n_seq: usize, s: RuleShape, forced: usize, split: bool) -> usize {
+    let fits = |w: usize| s.dv.is_multiple_of(16 * w) && (!split || w <= 4);
     if [1, 2, 4, 8].contains(&forced) && fits(forced) {
         return forced;
     }
@@ -844,7 +848,9 @@ fn ws_bf16(gpu: &Arc<Gpu>, n: usize) -> Result<GBuf<u16>> {
 }
 
 /// [`Fwd::V8`]: `g2c_prep8h_*` (U, e^Gam_L fp32; Wm, Qg, Kd^T, A bf16), then `g2f_fwd8_*` (the
-/// scan and the output fused, kernels' header comment). Callers checked [`fwd8_supports`].
+/// scan and the output fused, kernels' header comment; `split`: `g2f_fwd8x_*`). Callers checked
+/// [`fwd8_supports`].
+#[allow(clippy::too_many_arguments)]
 fn fused_forward8(
     gpu: &Arc<Gpu>,
     x: &ChunkedIo,
@@ -853,6 +859,7 @@ fn fused_forward8(
     opts: RuleOpts,
     dt: DType,
     warps: usize,
+    split: bool,
 ) -> Result<()> {
     let st = gpu.stream();
     let ChunkTables {
@@ -895,20 +902,23 @@ fn fused_forward8(
             ptr(&ws_egl, st),
         ],
     )?;
-    let nw = fwd8_warps(gpu, seqs.count(), s, warps);
-    // Three pipeline stages where they fit in shared memory (Dk 128, 1 or 2 warps), else two.
-    let (name, stages) = if s.dk == 128 && nw <= 2 {
-        ("g2f_fwd8s3", 3)
-    } else {
-        ("g2f_fwd8", 2)
-    };
+    let nw = fwd8_warps(gpu, seqs.count(), s, warps, split);
+    // Three pipeline stages where they fit in shared memory (Dk 128, 1 or 2 warps), else two;
+    // split: the exchanged fragments (S0^T 4 KiB, D^T 2 KiB per chain warp) after the stages.
+    let stages = if s.dk == 128 && nw <= 2 { 3 } else { 2 };
+    let name = format!(
+        "g2f_fwd8{}{}_d{}_w{nw}",
+        if split { "x" } else { "" },
+        if stages == 3 { "s3" } else { "" },
+        s.dk
+    );
     launch_in_threads(
         gpu,
         TC_MODULE,
-        &format!("{name}_d{}_w{nw}", s.dk),
+        &name,
         seqs.count() * s.hv * (s.dv / (16 * nw)),
-        32 * nw as u32,
-        stages * fwd8_stage_bytes(s.dk, nw),
+        (32 * nw * if split { 2 } else { 1 }) as u32,
+        stages * fwd8_stage_bytes(s.dk, nw) + if split { 6144 * nw } else { 0 },
         &[
             ptr(&ws_wm, st),
             ptr(&ws_qg, st),

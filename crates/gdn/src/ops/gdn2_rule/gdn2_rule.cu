@@ -1190,6 +1190,14 @@ template <int N>
 __device__ __forceinline__ void g2f_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
+// Named barriers (SPLIT): the producer arrives without waiting, the consumer waits; `n` threads
+// in all (a multiple of 32); orders the shared-memory accesses before it.
+__device__ __forceinline__ void g2f_bar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void g2f_bar_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
 __device__ __forceinline__ unsigned g2f_dyn_smem() {
     unsigned r;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
@@ -1218,16 +1226,17 @@ struct G2F8 {
 // One chunk's operands into a stage (all threads, one cp.async group): Wm, Qg [64][DK], Kd^T
 // [DK][64], A [64][64] (bf16, contiguous per chunk-head), the CTA's U tile [64][BV] (fp32, row
 // stride dv) and e^Gam_L [DK]. Thread tid always copies the same 16-byte column piece of rows
-// tid / (pieces per row) + (rows per pass) m: shared offsets are immediates from one base.
-template <int DK, int NW>
+// tid / (pieces per row) + (rows per pass) m: shared offsets are immediates from one base. NTH:
+// the CTA's threads (32 NW, or 64 NW with the output warps of SPLIT).
+template <int DK, int NW, int NTH>
 __device__ __forceinline__ void g2f_load_stage(char* st, const bf16_t* wm, const bf16_t* qg, const bf16_t* kt,
                                                const bf16_t* a, const float* u, i64 urow, const float* egl) {
     typedef G2F8<DK, NW> L;
     const int tid = threadIdx.x;
     const unsigned sb = g2f_saddr(st);
     {
-        constexpr int CPR = DK / 8, RPP = L::NT / CPR;
-        static_assert(L::NT % CPR == 0 && G2C_C % RPP == 0, "whole rows per pass");
+        constexpr int CPR = DK / 8, RPP = NTH / CPR;
+        static_assert(NTH % CPR == 0 && G2C_C % RPP == 0, "whole rows per pass");
         const int i0 = tid / CPR, x = (tid % CPR) * 8;
         const unsigned so = sb + (unsigned)((i0 * L::LK + x) * 2);
         const int go = i0 * DK + x;
@@ -1239,7 +1248,7 @@ __device__ __forceinline__ void g2f_load_stage(char* st, const bf16_t* wm, const
         }
     }
     {
-        constexpr int RPT = L::NT / 8;  // Kd^T and A: 8 pieces per row
+        constexpr int RPT = NTH / 8;  // Kd^T and A: 8 pieces per row
         const int i0 = tid >> 3, x = (tid & 7) * 8;
         const unsigned so = sb + (unsigned)((i0 * L::LT + x) * 2);
         const int go = i0 * G2C_C + x;
@@ -1251,7 +1260,8 @@ __device__ __forceinline__ void g2f_load_stage(char* st, const bf16_t* wm, const
             g2f_cp16(so + L::A_OFF + (unsigned)(RPT * m * L::LT * 2), a + go + RPT * m * G2C_C);
     }
     {
-        constexpr int UPR = L::BV / 4, RPU = L::NT / UPR;  // 8 rows per pass
+        constexpr int UPR = L::BV / 4, RPU = NTH / UPR;  // 8 (16 with SPLIT) rows per pass
+        static_assert(G2C_C % RPU == 0, "whole rows per pass");
         const int i0 = tid / UPR, x = (tid % UPR) * 4;
         const unsigned so = sb + L::U_OFF + (unsigned)((i0 * L::LU + x) * 4);
         const float* gu = u + i0 * urow + x;
@@ -1266,12 +1276,18 @@ __device__ __forceinline__ void g2f_load_stage(char* st, const bf16_t* wm, const
     g2f_commit();
 }
 
-// Grid: N * Hv * (dv / BV) CTAs of 32 NW threads; dynamic shared memory NS * G2F8<DK, NW>::STAGE
-// (a launch with less writes nothing: the tests see the poisoned output). Workspaces from
-// g2c_prep8h (chunk-head cb = chunk * Hv + value head): wm, qg [cb][64][DK], kt [cb][DK][64],
-// a [cb][64][64] bf16; u [cb][64][dv], egl [cb][DK] fp32. o [tokens][Hv][dv] bf16; states
-// [N][Hv][DK][dv] fp32.
-template <int DK, int NW, int NS>
+// Grid: N * Hv * (dv / BV) CTAs of 32 NW threads (64 NW with SPLIT); dynamic shared memory NS *
+// G2F8<DK, NW>::STAGE (+ 6 KiB per warp pair with SPLIT); a launch with less writes nothing (the
+// tests see the poisoned output). Workspaces from g2c_prep8h (chunk-head cb = chunk * Hv + value
+// head): wm, qg [cb][64][DK], kt [cb][DK][64], a [cb][64][64] bf16; u [cb][64][dv], egl [cb][DK]
+// fp32. o [tokens][Hv][dv] bf16; states [N][Hv][DK][dv] fp32.
+// SPLIT (g2f_fwd8x_*): warps 0 .. NW - 1 run the chain (X, D, the state update), warps NW ..
+// 2 NW - 1 the output of the same columns (P = S0^T Qg^T, D^T A^T, the stores), on other
+// schedulers: the chain warp posts S0^T's bf16 fragments (then D^T's) to shared memory and
+// arrives at named barrier 1 (then 2); its output warp waits there (bar.sync), reads them and
+// computes. The chain's step shrinks from 212 to 128 mma. Same products in the same order:
+// the same bits as without SPLIT.
+template <int DK, int NW, int NS, bool SPLIT>
 __device__ void g2f_fwd8(const bf16_t* __restrict__ wm_ws, const bf16_t* __restrict__ qg_ws,
                          const bf16_t* __restrict__ kt_ws, const bf16_t* __restrict__ a_ws,
                          const float* __restrict__ u_ws, const float* __restrict__ egl_ws,
@@ -1280,7 +1296,9 @@ __device__ void g2f_fwd8(const bf16_t* __restrict__ wm_ws, const bf16_t* __restr
                          const float* __restrict__ h0, bf16_t* __restrict__ o, float* __restrict__ fin) {
     typedef G2F8<DK, NW> L;
     static_assert(NS == 2 || NS == 3, "2 or 3 stages");
-    if (g2f_dyn_smem() < (unsigned)(NS * L::STAGE)) return;
+    constexpr int NTH = SPLIT ? 2 * L::NT : L::NT;
+    constexpr int XB = SPLIT ? NW * 6144 : 0;  // S0^T (4 KiB) and D^T (2 KiB) fragments per warp
+    if (g2f_dyn_smem() < (unsigned)(NS * L::STAGE + XB)) return;
     extern __shared__ __align__(16) float g2c_sm[];
     char* sm = reinterpret_cast<char*>(g2c_sm);
     const int nvt = dv / L::BV;
@@ -1290,10 +1308,15 @@ __device__ void g2f_fwd8(const bf16_t* __restrict__ wm_ws, const bf16_t* __restr
     const i64 n = b / ((i64)nvt * hv_n);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int mi = lane >> 3, r = lane & 7;
-    const i64 col0 = (i64)vt * L::BV;  // the CTA's first state column
-    const int wc0 = 16 * warp;         // this warp's first column inside the tile
+    const bool chain = !SPLIT || warp < NW;  // runs the chain (and, without SPLIT, the output)
+    const int cw = SPLIT ? warp % NW : warp;  // the warp's column group
+    const i64 col0 = (i64)vt * L::BV;         // the CTA's first state column
+    const int wc0 = 16 * cw;                  // the warp's first column inside the tile
     const i64 st_base = (n * hv_n + hv) * (i64)DK * dv;
     const i64 vrow = (i64)hv_n * dv;
+    // SPLIT: the fragments exchanged, [column group][register / 4][lane] as uint4.
+    uint4* xs = reinterpret_cast<uint4*>(sm + NS * L::STAGE) + cw * 8 * 32 + lane;
+    uint4* xd = reinterpret_cast<uint4*>(sm + NS * L::STAGE + NW * 4096) + cw * 4 * 32 + lane;
 
     // s[nt][c] = S[8 nt + 2t + (c & 1)][col0 + wc0 + g + 8 (c >> 1)] (S^T's accumulator fragments)
     float s[DK / 8][4];
@@ -1301,14 +1324,16 @@ __device__ void g2f_fwd8(const bf16_t* __restrict__ wm_ws, const bf16_t* __restr
     for (int nt = 0; nt < DK / 8; ++nt)
 #pragma unroll
         for (int c = 0; c < 4; ++c)
-            s[nt][c] = h0 ? h0[st_base + (i64)(8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)] : 0.f;
+            s[nt][c] = (h0 && chain)
+                           ? h0[st_base + (i64)(8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)]
+                           : 0.f;
 
     const i64 c_beg = seq_ch[n], c_end = seq_ch[n + 1];
     auto issue = [&](i64 c, int stage) {
         const i64 cb = c * hv_n + hv;
-        g2f_load_stage<DK, NW>(sm + stage * L::STAGE, wm_ws + cb * G2C_C * DK, qg_ws + cb * G2C_C * DK,
-                               kt_ws + cb * DK * G2C_C, a_ws + cb * G2C_C * G2C_C, u_ws + cb * G2C_C * dv + col0,
-                               (i64)dv, egl_ws + cb * DK);
+        g2f_load_stage<DK, NW, NTH>(sm + stage * L::STAGE, wm_ws + cb * G2C_C * DK, qg_ws + cb * G2C_C * DK,
+                                    kt_ws + cb * DK * G2C_C, a_ws + cb * G2C_C * G2C_C,
+                                    u_ws + cb * G2C_C * dv + col0, (i64)dv, egl_ws + cb * DK);
     };
 #pragma unroll
     for (int p = 0; p < NS - 1; ++p) {
@@ -1319,7 +1344,8 @@ __device__ void g2f_fwd8(const bf16_t* __restrict__ wm_ws, const bf16_t* __restr
         const int stg = (int)((c - c_beg) % NS);
         g2f_wait<NS - 2>();  // chunk c's group (only the NS - 2 newer may pend)
         // Stage stg (chunk c) is complete and visible to all; every warp is done with the stage
-        // of chunk c - 1, which now receives chunk c + NS - 1.
+        // of chunk c - 1 (and, SPLIT, with the fragments of chunk c - 1), which now receives
+        // chunk c + NS - 1.
         __syncthreads();
         if (c + NS - 1 < c_end) issue(c + NS - 1, (int)((c + NS - 1 - c_beg) % NS));
         else g2f_commit();
@@ -1333,16 +1359,34 @@ __device__ void g2f_fwd8(const bf16_t* __restrict__ wm_ws, const bf16_t* __restr
         const int l = ch_len[c];
         const i64 t0 = ch_t0[c];
 
-        // S0^T as bf16 A fragments; X = S0^T Wm^T and P = S0^T Qg^T (16 x 64 each, n8 tiles over
-        // the chunk rows), interleaved: two independent accumulator sets.
+        // S0^T as bf16 A fragments.
         unsigned sa[DK / 16][4];
+        if (chain) {
 #pragma unroll
-        for (int ks = 0; ks < DK / 16; ++ks) {
-            sa[ks][0] = g2f_pack(s[2 * ks][0], s[2 * ks][1]);
-            sa[ks][1] = g2f_pack(s[2 * ks][2], s[2 * ks][3]);
-            sa[ks][2] = g2f_pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-            sa[ks][3] = g2f_pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+            for (int ks = 0; ks < DK / 16; ++ks) {
+                sa[ks][0] = g2f_pack(s[2 * ks][0], s[2 * ks][1]);
+                sa[ks][1] = g2f_pack(s[2 * ks][2], s[2 * ks][3]);
+                sa[ks][2] = g2f_pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+                sa[ks][3] = g2f_pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+            }
+            if (SPLIT) {
+#pragma unroll
+                for (int ks = 0; ks < DK / 16; ++ks) xs[ks * 32] = make_uint4(sa[ks][0], sa[ks][1], sa[ks][2], sa[ks][3]);
+                g2f_bar_arrive(1, NTH);
+            }
+        } else {
+            g2f_bar_sync(1, NTH);
+#pragma unroll
+            for (int ks = 0; ks < DK / 16; ++ks) {
+                const uint4 v4 = xs[ks * 32];
+                sa[ks][0] = v4.x;
+                sa[ks][1] = v4.y;
+                sa[ks][2] = v4.z;
+                sa[ks][3] = v4.w;
+            }
         }
+        // X = S0^T Wm^T (chain) and P = S0^T Qg^T (output) (16 x 64 each, n8 tiles over the
+        // chunk rows); without SPLIT interleaved: two independent accumulator sets.
         float x[8][4], oacc[8][4];
 #pragma unroll
         for (int j = 0; j < 8; ++j)
@@ -1353,70 +1397,94 @@ __device__ void g2f_fwd8(const bf16_t* __restrict__ wm_ws, const bf16_t* __restr
 #pragma unroll
             for (int jp = 0; jp < 4; ++jp) {
                 const int off = (16 * jp + 8 * (mi >> 1) + r) * L::LK + 16 * ks + 8 * (mi & 1);
-                unsigned bw[4], bq[4];
-                g2f_ldsm4(bw, sW + off);
-                g2f_ldsm4(bq, sQ + off);
-                g2f_mma(x[2 * jp], sa[ks], bw[0], bw[1]);
-                g2f_mma(x[2 * jp + 1], sa[ks], bw[2], bw[3]);
-                g2f_mma(oacc[2 * jp], sa[ks], bq[0], bq[1]);
-                g2f_mma(oacc[2 * jp + 1], sa[ks], bq[2], bq[3]);
+                if (chain) {
+                    unsigned bw[4];
+                    g2f_ldsm4(bw, sW + off);
+                    g2f_mma(x[2 * jp], sa[ks], bw[0], bw[1]);
+                    g2f_mma(x[2 * jp + 1], sa[ks], bw[2], bw[3]);
+                }
+                if (!SPLIT || !chain) {
+                    unsigned bq[4];
+                    g2f_ldsm4(bq, sQ + off);
+                    g2f_mma(oacc[2 * jp], sa[ks], bq[0], bq[1]);
+                    g2f_mma(oacc[2 * jp + 1], sa[ks], bq[2], bq[3]);
+                }
             }
         // D^T = U^T - X as bf16 A fragments over the chunk rows (k steps of 16): fragment
         // x[j][c] is (state column g + 8 (c >> 1), chunk row 8 j + 2t + (c & 1)).
         unsigned da[4][4];
+        if (chain) {
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
+            for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int j = 2 * kk + h, i0 = 8 * j + 2 * t;
+                for (int h = 0; h < 2; ++h) {
+                    const int j = 2 * kk + h, i0 = 8 * j + 2 * t;
 #pragma unroll
-                for (int rr = 0; rr < 2; ++rr) {
-                    const int v = g + 8 * rr;
-                    const float d0 = sU[i0 * L::LU + v] - x[j][2 * rr];
-                    const float d1 = sU[(i0 + 1) * L::LU + v] - x[j][2 * rr + 1];
-                    da[kk][rr + 2 * h] = g2f_pack(d0, d1);
+                    for (int rr = 0; rr < 2; ++rr) {
+                        const int v = g + 8 * rr;
+                        const float d0 = sU[i0 * L::LU + v] - x[j][2 * rr];
+                        const float d1 = sU[(i0 + 1) * L::LU + v] - x[j][2 * rr + 1];
+                        da[kk][rr + 2 * h] = g2f_pack(d0, d1);
+                    }
                 }
-            }
-        // S^T <- S0^T diag(e^Gam_L) + D^T Kd: B[k = row i][n = channel x] = Kd^T[x][i], a
-        // row-major read of Kd^T.
+            if (SPLIT) {
 #pragma unroll
-        for (int nt = 0; nt < DK / 8; ++nt) {
-            const float2 e = *reinterpret_cast<const float2*>(sE + 8 * nt + 2 * t);
-            s[nt][0] *= e.x;
-            s[nt][1] *= e.y;
-            s[nt][2] *= e.x;
-            s[nt][3] *= e.y;
+                for (int kk = 0; kk < 4; ++kk) xd[kk * 32] = make_uint4(da[kk][0], da[kk][1], da[kk][2], da[kk][3]);
+                g2f_bar_arrive(2, NTH);
+            }
+            // S^T <- S0^T diag(e^Gam_L) + D^T Kd: B[k = row i][n = channel x] = Kd^T[x][i], a
+            // row-major read of Kd^T.
+#pragma unroll
+            for (int nt = 0; nt < DK / 8; ++nt) {
+                const float2 e = *reinterpret_cast<const float2*>(sE + 8 * nt + 2 * t);
+                s[nt][0] *= e.x;
+                s[nt][1] *= e.y;
+                s[nt][2] *= e.x;
+                s[nt][3] *= e.y;
+            }
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+                for (int np = 0; np < DK / 16; ++np) {
+                    unsigned bk[4];
+                    g2f_ldsm4(bk, sKt + (16 * np + 8 * (mi >> 1) + r) * L::LT + 16 * kk + 8 * (mi & 1));
+                    g2f_mma(s[2 * np], da[kk], bk[0], bk[1]);
+                    g2f_mma(s[2 * np + 1], da[kk], bk[2], bk[3]);
+                }
+        } else {
+            g2f_bar_sync(2, NTH);
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                const uint4 v4 = xd[kk * 32];
+                da[kk][0] = v4.x;
+                da[kk][1] = v4.y;
+                da[kk][2] = v4.z;
+                da[kk][3] = v4.w;
+            }
         }
+        if (!SPLIT || !chain) {
+            // O^T = scale (P + D^T A^T): A lower triangular, only the 16 x 16 blocks on or below
+            // the diagonal.
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
+            for (int jp = 0; jp < 4; ++jp)
 #pragma unroll
-            for (int np = 0; np < DK / 16; ++np) {
-                unsigned bk[4];
-                g2f_ldsm4(bk, sKt + (16 * np + 8 * (mi >> 1) + r) * L::LT + 16 * kk + 8 * (mi & 1));
-                g2f_mma(s[2 * np], da[kk], bk[0], bk[1]);
-                g2f_mma(s[2 * np + 1], da[kk], bk[2], bk[3]);
-            }
-        // O^T = scale (P + D^T A^T): A lower triangular, only the 16 x 16 blocks on or below
-        // the diagonal.
+                for (int kk = 0; kk <= jp; ++kk) {
+                    unsigned ba[4];
+                    g2f_ldsm4(ba, sA + (16 * jp + 8 * (mi >> 1) + r) * L::LT + 16 * kk + 8 * (mi & 1));
+                    g2f_mma(oacc[2 * jp], da[kk], ba[0], ba[1]);
+                    g2f_mma(oacc[2 * jp + 1], da[kk], ba[2], ba[3]);
+                }
+            bf16_t* oc = o + t0 * vrow + (i64)hv * dv + col0 + wc0 + g;
 #pragma unroll
-        for (int jp = 0; jp < 4; ++jp)
+            for (int j = 0; j < 8; ++j)
 #pragma unroll
-            for (int kk = 0; kk <= jp; ++kk) {
-                unsigned ba[4];
-                g2f_ldsm4(ba, sA + (16 * jp + 8 * (mi >> 1) + r) * L::LT + 16 * kk + 8 * (mi & 1));
-                g2f_mma(oacc[2 * jp], da[kk], ba[0], ba[1]);
-                g2f_mma(oacc[2 * jp + 1], da[kk], ba[2], ba[3]);
-            }
-        bf16_t* oc = o + t0 * vrow + (i64)hv * dv + col0 + wc0 + g;
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int cc = 0; cc < 4; ++cc) {
-                const int i = 8 * j + 2 * t + (cc & 1);
-                if (i < l) st(oc, (i64)i * vrow + 8 * (cc >> 1), scale * oacc[j][cc]);
-            }
+                for (int cc = 0; cc < 4; ++cc) {
+                    const int i = 8 * j + 2 * t + (cc & 1);
+                    if (i < l) st(oc, (i64)i * vrow + 8 * (cc >> 1), scale * oacc[j][cc]);
+                }
+        }
     }
-    if (fin) {
+    if (fin && chain) {
 #pragma unroll
         for (int nt = 0; nt < DK / 8; ++nt)
 #pragma unroll
@@ -1425,25 +1493,35 @@ __device__ void g2f_fwd8(const bf16_t* __restrict__ wm_ws, const bf16_t* __restr
     }
 }
 
-// g2f_fwd8_d{DK}_w{NW}: two stages; g2f_fwd8s3_*: three (Dk 128 with 1 or 2 warps fit).
-#define G2F8_ENTRY(NAME, NS, DK, NW)                                                                          \
-    extern "C" __global__ void __launch_bounds__(32 * NW, 1) NAME##_d##DK##_w##NW(                            \
+// g2f_fwd8_d{DK}_w{NW}: two stages; g2f_fwd8s3_*: three (Dk 128 with 1 or 2 warps fit);
+// g2f_fwd8x*: SPLIT (2 NW warps: NW chain + NW output; NW <= 4 for the registers).
+#define G2F8_ENTRY(NAME, NS, DK, NW, SPLIT)                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * NW * (1 + SPLIT), 1) NAME##_d##DK##_w##NW(              \
         const bf16_t* wm, const bf16_t* qg, const bf16_t* kt, const bf16_t* a, const float* u,                \
         const float* egl, const i64* seq_ch, const i64* ch_t0, const int* ch_len, int hv, int dv, float scale, \
         const float* h0, bf16_t* o, float* fin) {                                                             \
-        g2f_fwd8<DK, NW, NS>(wm, qg, kt, a, u, egl, seq_ch, ch_t0, ch_len, hv, dv, scale, h0, o, fin);       \
+        g2f_fwd8<DK, NW, NS, (SPLIT != 0)>(wm, qg, kt, a, u, egl, seq_ch, ch_t0, ch_len, hv, dv, scale, h0, o, \
+                                           fin);                                                              \
     }
 
-G2F8_ENTRY(g2f_fwd8, 2, 64, 1)
-G2F8_ENTRY(g2f_fwd8, 2, 64, 2)
-G2F8_ENTRY(g2f_fwd8, 2, 64, 4)
-G2F8_ENTRY(g2f_fwd8, 2, 64, 8)
-G2F8_ENTRY(g2f_fwd8, 2, 128, 1)
-G2F8_ENTRY(g2f_fwd8, 2, 128, 2)
-G2F8_ENTRY(g2f_fwd8, 2, 128, 4)
-G2F8_ENTRY(g2f_fwd8, 2, 128, 8)
-G2F8_ENTRY(g2f_fwd8s3, 3, 128, 1)
-G2F8_ENTRY(g2f_fwd8s3, 3, 128, 2)
+G2F8_ENTRY(g2f_fwd8, 2, 64, 1, 0)
+G2F8_ENTRY(g2f_fwd8, 2, 64, 2, 0)
+G2F8_ENTRY(g2f_fwd8, 2, 64, 4, 0)
+G2F8_ENTRY(g2f_fwd8, 2, 64, 8, 0)
+G2F8_ENTRY(g2f_fwd8, 2, 128, 1, 0)
+G2F8_ENTRY(g2f_fwd8, 2, 128, 2, 0)
+G2F8_ENTRY(g2f_fwd8, 2, 128, 4, 0)
+G2F8_ENTRY(g2f_fwd8, 2, 128, 8, 0)
+G2F8_ENTRY(g2f_fwd8s3, 3, 128, 1, 0)
+G2F8_ENTRY(g2f_fwd8s3, 3, 128, 2, 0)
+G2F8_ENTRY(g2f_fwd8x, 2, 64, 1, 1)
+G2F8_ENTRY(g2f_fwd8x, 2, 64, 2, 1)
+G2F8_ENTRY(g2f_fwd8x, 2, 64, 4, 1)
+G2F8_ENTRY(g2f_fwd8x, 2, 128, 1, 1)
+G2F8_ENTRY(g2f_fwd8x, 2, 128, 2, 1)
+G2F8_ENTRY(g2f_fwd8x, 2, 128, 4, 1)
+G2F8_ENTRY(g2f_fwd8xs3, 3, 128, 1, 1)
+G2F8_ENTRY(g2f_fwd8xs3, 3, 128, 2, 1)
 #endif  // G2B_TC_MODULE
 
 // Issues the cp.async copies of chunk `cj`'s scan operands into B: Wm [64][dk], Kd^T [dk][64],
