@@ -1226,13 +1226,14 @@ struct G2F8 {
 // One chunk's operands into a stage (all threads, one cp.async group): Wm, Qg [64][DK], Kd^T
 // [DK][64], A [64][64] (bf16, contiguous per chunk-head), the CTA's U tile [64][BV] (fp32, row
 // stride dv) and e^Gam_L [DK]. Thread tid always copies the same 16-byte column piece of rows
-// tid / (pieces per row) + (rows per pass) m: shared offsets are immediates from one base. NTH:
-// the CTA's threads (32 NW, or 64 NW with the output warps of SPLIT).
+// tid / (pieces per row) + (rows per pass) m: shared offsets are immediates from one base. NTH
+// threads 0 .. NTH - 1 (`tid`) share the copies: the whole CTA of 32 NW threads, or with SPLIT
+// the 32 NW threads of the output warps.
 template <int DK, int NW, int NTH>
-__device__ __forceinline__ void g2f_load_stage(char* st, const bf16_t* wm, const bf16_t* qg, const bf16_t* kt,
-                                               const bf16_t* a, const float* u, i64 urow, const float* egl) {
+__device__ __forceinline__ void g2f_load_stage(int tid, char* st, const bf16_t* wm, const bf16_t* qg,
+                                               const bf16_t* kt, const bf16_t* a, const float* u, i64 urow,
+                                               const float* egl) {
     typedef G2F8<DK, NW> L;
-    const int tid = threadIdx.x;
     const unsigned sb = g2f_saddr(st);
     {
         constexpr int CPR = DK / 8, RPP = NTH / CPR;
@@ -1260,7 +1261,7 @@ __device__ __forceinline__ void g2f_load_stage(char* st, const bf16_t* wm, const
             g2f_cp16(so + L::A_OFF + (unsigned)(RPT * m * L::LT * 2), a + go + RPT * m * G2C_C);
     }
     {
-        constexpr int UPR = L::BV / 4, RPU = NTH / UPR;  // 8 (16 with SPLIT) rows per pass
+        constexpr int UPR = L::BV / 4, RPU = NTH / UPR;  // 8 rows per pass
         static_assert(G2C_C % RPU == 0, "whole rows per pass");
         const int i0 = tid / UPR, x = (tid % UPR) * 4;
         const unsigned so = sb + L::U_OFF + (unsigned)((i0 * L::LU + x) * 4);
@@ -1285,8 +1286,9 @@ __device__ __forceinline__ void g2f_load_stage(char* st, const bf16_t* wm, const
 // 2 NW - 1 the output of the same columns (P = S0^T Qg^T, D^T A^T, the stores), on other
 // schedulers: the chain warp posts S0^T's bf16 fragments (then D^T's) to shared memory and
 // arrives at named barrier 1 (then 2); its output warp waits there (bar.sync), reads them and
-// computes. The chain's step shrinks from 212 to 128 mma. Same products in the same order:
-// the same bits as without SPLIT.
+// computes. The output warps also issue every cp.async of the stages. The chain's step shrinks
+// from 212 to 128 mma and has no load to issue. Same products in the same order: the same bits
+// as without SPLIT.
 template <int DK, int NW, int NS, bool SPLIT>
 __device__ void g2f_fwd8(const bf16_t* __restrict__ wm_ws, const bf16_t* __restrict__ qg_ws,
                          const bf16_t* __restrict__ kt_ws, const bf16_t* __restrict__ a_ws,
@@ -1296,7 +1298,7 @@ __device__ void g2f_fwd8(const bf16_t* __restrict__ wm_ws, const bf16_t* __restr
                          const float* __restrict__ h0, bf16_t* __restrict__ o, float* __restrict__ fin) {
     typedef G2F8<DK, NW> L;
     static_assert(NS == 2 || NS == 3, "2 or 3 stages");
-    constexpr int NTH = SPLIT ? 2 * L::NT : L::NT;
+    constexpr int NTH = SPLIT ? 2 * L::NT : L::NT;  // the CTA's threads
     constexpr int XB = SPLIT ? NW * 6144 : 0;  // S0^T (4 KiB) and D^T (2 KiB) fragments per warp
     if (g2f_dyn_smem() < (unsigned)(NS * L::STAGE + XB)) return;
     extern __shared__ __align__(16) float g2c_sm[];
@@ -1329,11 +1331,16 @@ __device__ void g2f_fwd8(const bf16_t* __restrict__ wm_ws, const bf16_t* __restr
                            : 0.f;
 
     const i64 c_beg = seq_ch[n], c_end = seq_ch[n + 1];
+    // The copies: every thread (plain) or the output warps' (SPLIT; the chain warps issue none,
+    // their cp.async waits return at once and the __syncthreads after the output warps' waits
+    // publishes the stage to them).
     auto issue = [&](i64 c, int stage) {
+        if (SPLIT && chain) return;
         const i64 cb = c * hv_n + hv;
-        g2f_load_stage<DK, NW, NTH>(sm + stage * L::STAGE, wm_ws + cb * G2C_C * DK, qg_ws + cb * G2C_C * DK,
-                                    kt_ws + cb * DK * G2C_C, a_ws + cb * G2C_C * G2C_C,
-                                    u_ws + cb * G2C_C * dv + col0, (i64)dv, egl_ws + cb * DK);
+        g2f_load_stage<DK, NW, L::NT>(SPLIT ? (int)threadIdx.x - L::NT : (int)threadIdx.x, sm + stage * L::STAGE,
+                                      wm_ws + cb * G2C_C * DK, qg_ws + cb * G2C_C * DK, kt_ws + cb * DK * G2C_C,
+                                      a_ws + cb * G2C_C * G2C_C, u_ws + cb * G2C_C * dv + col0, (i64)dv,
+                                      egl_ws + cb * DK);
     };
 #pragma unroll
     for (int p = 0; p < NS - 1; ++p) {
