@@ -9,7 +9,9 @@ def cut(a, b):
     i = src.index(a); j = src.index(b, i); return src[i:j]
 v6 = cut('template <int DK, int NW>\nstruct V6 {', '// Issue one chunk')
 frags = cut('// S^T (16 x DK fp32 accumulator fragments) as bf16 A fragments', '// One chunk step of the chain for this warp: D^T')
-v8 = cut('// v8 forward (issue 13', '#define GDR_FWD8_ENTRY')
+v8 = cut('// v8 forward (issue 13', '#define GDR_HREC8_ENTRY')
+v6r = cut('template <int DK, int NW>\nstruct V6R {', 'template <int DK, int NW>\n__device__ __forceinline__ void v6r_load_stage')
+store = cut('template <int DK>\n__device__ __forceinline__ void v6_store_state', '// One stage of gdr_hrec6')
 v8 = re.sub(r'__device__ __forceinline__ void pair_bar\(int id\) \{[^\n]*\}\n', '', v8)
 os.makedirs(os.path.join(here, 'h'), exist_ok=True)
-open(os.path.join(here, 'h/kern.h'), 'w').write(v6 + frags + v8)
+open(os.path.join(here, 'h/kern.h'), 'w').write(v6 + v6r + frags + store + v8)

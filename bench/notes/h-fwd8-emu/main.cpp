@@ -123,12 +123,18 @@ double run(int hk, int hv, int dv, std::vector<int> lens, bool h0on, unsigned se
     std::vector<float> h0((size_t)nseq * hv * DK * dv); for (auto& x : h0) x = 0.3f * nd(rng);
     const float scale = 1.f / std::sqrt((float)DK);
     std::vector<bf16_t> o(tok * hv * dv, 0x7fc0); std::vector<float> fin(h0.size(), NAN);
+    std::vector<float> hw((size_t)nch * hv * DK * dv, NAN), dw((size_t)nch * hv * 64 * dv, NAN);
     typedef V8<DK, NW> P;
     g_dyn = NS * P::STAGE + NW * P::XB;
     std::vector<i64> sc = seq_ch, tt = t0; std::vector<int> ll = len;
     launch(nseq * hv * (dv / P::BV), 32 * NW, [&] {
         gdr_fwd8<DK, NW, NS>(q.data(), k.data(), gam.data(), w.data(), u.data(), a.data(), sc.data(), tt.data(), ll.data(), hk, hv, dv, scale, h0on ? h0.data() : nullptr, o.data(), fin.data());
     });
+    g_dyn = 2 * V6R<DK, NW / 2>::STAGE + NW * P::XB;
+    launch(nseq * hv * (dv / P::BV), 32 * NW, [&] {
+        gdr_hrec8<DK, NW>(k.data(), gam.data(), w.data(), u.data(), sc.data(), tt.data(), ll.data(), hk, hv, dv, h0on ? h0.data() : nullptr, hw.data(), nullptr, dw.data());
+    });
+    double eh = 0, mh = 0, ed_ = 0, md = 0;
     // f64 reference with the kernel's bf16 roundings
     auto rbf = [](double x) { return (double)bf(f32_to_bf16((float)x)); };
     double eo = 0, mo = 0, ef = 0, mf = 0, so = 0, sr = 0;
@@ -144,6 +150,12 @@ double run(int hk, int hv, int dv, std::vector<int> lens, bool h0on, unsigned se
             for (int i = 0; i < 64; ++i) for (int v = 0; v < dv; ++v) {
                 double x = 0; for (int kk = 0; kk < DK; ++kk) x += Sb[kk * dv + v] * bf(w[(cb * 64 + i) * DK + kk]);
                 D[i * dv + v] = u[(cb * 64 + i) * dv + v] - x;
+                const double gd = dw[(cb * 64 + i) * dv + v];
+                ed_ = std::max(ed_, std::isnan(gd) ? 1e30 : std::fabs(gd - D[i * dv + v])); md = std::max(md, std::fabs(D[i * dv + v]));
+            }
+            for (size_t i = 0; i < S.size(); ++i) {
+                const double gh = hw[cb * DK * dv + i];
+                eh = std::max(eh, std::isnan(gh) ? 1e30 : std::fabs(gh - S[i])); mh = std::max(mh, std::fabs(S[i]) + 1e-30);
             }
             for (int i = 0; i < l; ++i) for (int v = 0; v < dv; ++v) {
                 double p = 0; for (int kk = 0; kk < DK; ++kk) p += Sb[kk * dv + v] * bf(q[((t0[c] + i) * hk + kh) * DK + kk]);
@@ -167,7 +179,8 @@ double run(int hk, int hv, int dv, std::vector<int> lens, bool h0on, unsigned se
     // o rows of the sequences all written (tokens covered by lens)
     size_t bad = 0; for (auto x : o) bad += (x == 0x7fc0);
     printf("fwd8 d%d w%d s%d hk%d hv%d dv%d seqs%d h0 %d: o max err / max |o| %.2e, final %.2e, unwritten o %zu, o RMS rel %.2e\n", DK, NW, NS, hk, hv, dv, nseq, (int)h0on, eo / mo, ef / mf, bad, std::sqrt(so / sr));
-    return std::max(eo / mo, ef / mf) + (bad ? 1.0 : 0.0);
+    printf("hrec8 d%d w%d: h max err / max |h| %.2e, D %.2e\n", DK, NW, eh / mh, ed_ / md);
+    return std::max(std::max(eo / mo, ef / mf), std::max(eh / mh, ed_ / md)) + (bad ? 1.0 : 0.0);
 }
 
 int main() {

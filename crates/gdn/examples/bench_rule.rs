@@ -25,7 +25,8 @@
 //!   pair): v8's chain kernel (`gdr_chain8`, 2 / 4 / 8 warps, with and without the output) beside
 //!   v6's (1 / 2 warps), one CTA of the real fused kernels (V6Lean, V8) on one 32768-token head,
 //!   then V6Lean (the default) against V8 (auto, every width, two and three stages) at B1 T32768
-//!   16/32 and B8 T4096 16/16 with per-kernel times and o against V6Lean's; `chain` and
+//!   16/32 and B8 T4096 16/16 with per-kernel times and o against V6Lean's, then the default
+//!   backward with `gdr_hrec6` against `gdr_hrec8` (`GDN_RULE_HREC=v8`) there; `chain` and
 //!   `variants` include the V8 rows too;
 //! - `bwd`: v5 against the v6 backward pieces (`BwdKernel::V6`: both, each alone, every CTA
 //!   width) at the same two cases: backward alone (after one default forward), CUDA events,
@@ -47,8 +48,8 @@ use gdn::backend::launch::{profile_start, profile_take};
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_with, backward_with_prep, chain6, chain8,
-    forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_v6_stages, BwdKernel,
-    ChainInputs, FwdKernel, PrepKernel,
+    forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_hrec8, set_v6_stages,
+    BwdKernel, ChainInputs, FwdKernel, PrepKernel,
 };
 use gdn::ops::gated_delta_rule::{RuleOpts, RuleShape, CHUNK};
 use gdn::Seqs;
@@ -553,6 +554,46 @@ fn v8(gpu: &Arc<Gpu>) {
             );
             set_v6_stages(0);
         }
+        gpu.reset_peak();
+    }
+    // The backward (default kernels) with gdr_hrec6 against gdr_hrec8 (v8's split recompute).
+    println!(
+        "bench-hrec8 | case | recompute | bwd ms (median of 10) | per kernel | grads vs hrec6"
+    );
+    let v7 = BwdKernel::from_env();
+    for &(b, t, hk, hv) in &[(1usize, 32768usize, 16usize, 32usize), (8, 4096, 16, 16)] {
+        let x = inputs(gpu, b, t, hk, hv, 128, 128);
+        let d_o = DBuf::upload(gpu, &normals(b * t * hv * 128, 6), DType::Bf16).unwrap();
+        set_hrec8(Some(false));
+        let g6 = bwd(gpu, &x, &d_o, v7);
+        for on in [false, true] {
+            set_hrec8(Some(on));
+            let ms = time_ms(gpu, 2, 10, || drop(bwd_run(gpu, &x, &d_o, v7)));
+            gpu.sync().unwrap();
+            profile_start();
+            drop(bwd_run(gpu, &x, &d_o, v7));
+            gpu.sync().unwrap();
+            let p = profile_take();
+            let diff = bwd(gpu, &x, &d_o, v7)
+                .iter()
+                .zip(&g6)
+                .map(|((n, a), (_, b))| {
+                    let (mut num, mut den) = (0f64, 0f64);
+                    for (a, b) in a.iter().zip(b) {
+                        num += ((a - b) as f64).powi(2);
+                        den += (*b as f64).powi(2);
+                    }
+                    format!("{n}={:.2e}", (num / den).sqrt())
+                })
+                .collect::<Vec<_>>()
+                .join(" ");
+            println!(
+                "bench-hrec8 | B{b} T{t} {hk}/{hv} | {} | {ms:.3} | {} | {diff}",
+                if on { "gdr_hrec8" } else { "gdr_hrec6" },
+                fmt_times(&p)
+            );
+        }
+        set_hrec8(None);
         gpu.reset_peak();
     }
 }

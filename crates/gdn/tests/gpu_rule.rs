@@ -14,8 +14,8 @@ use std::sync::{Arc, OnceLock};
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_with, backward_with_prep, chain6, chain8,
-    forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_poison, v6_supports,
-    BwdKernel, ChainInputs, FwdKernel, PrepKernel,
+    forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_hrec8, set_poison,
+    v6_supports, BwdKernel, ChainInputs, FwdKernel, PrepKernel,
 };
 use gdn::ops::gated_delta_rule::reference::{self, RefInputs};
 use gdn::ops::gated_delta_rule::{self as gdr, RuleOpts, RuleShape};
@@ -1658,6 +1658,71 @@ fn v7b(warps: usize) -> BwdKernel {
         grad7: true,
         warps,
     }
+}
+
+/// gdr_hrec8 (opt-in `GDN_RULE_HREC=v8`, here `set_hrec8` on this test's thread): the v6
+/// backward with v8's split recompute of h and D, every gradient against the f64 recurrence
+/// (check_v6_bwd), with fp32 and bf16 states, every width; two runs identical; the gradients
+/// against gdr_hrec6's printed (another summation order: not the same bits).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn hrec8_backward_matches_f64() {
+    let gpu = gpu();
+    let mut fails = Vec::new();
+    let cases = v6_bwd_cases();
+    for c in &cases {
+        let b = base(&gpu, c);
+        set_hrec8(Some(true));
+        for kernel in [
+            v7b(0),
+            v6b(true, true, false, false, 0),
+            v6b(true, false, false, false, 0),
+        ] {
+            check_v6_bwd(&gpu, c, &b, kernel, &mut fails);
+        }
+        set_hrec8(None);
+    }
+    let c = case(
+        "T300 1/2 d128 norm states",
+        Seqs::uniform(1, 300),
+        sh(1, 2, 128, 128),
+        true,
+        true,
+        Decay::LogSigmoid,
+        1011,
+        true,
+    );
+    let b = base(&gpu, &c);
+    set_hrec8(Some(false));
+    let six = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
+    set_hrec8(Some(true));
+    for warps in [0, 2, 4, 8] {
+        check_v6_bwd(&gpu, &c, &b, v7b(warps), &mut fails);
+    }
+    let x = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
+    let y = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
+    set_hrec8(None);
+    let bits = |o: &Out| -> Vec<u32> {
+        o.fields()
+            .iter()
+            .flat_map(|(_, v)| v.iter().map(|a| a.to_bits()))
+            .collect()
+    };
+    println!(
+        "gdr-check hrec8 bitwise: identical={}",
+        bits(&x) == bits(&y)
+    );
+    if bits(&x) != bits(&y) {
+        fails.push("hrec8: two runs differ".into());
+    }
+    for ((name, a), (_, b6)) in x.fields().iter().zip(six.fields()) {
+        let b64: Vec<f64> = b6.iter().map(|&v| v as f64).collect();
+        println!(
+            "gdr-check hrec8 vs hrec6 {name}: RMS rel diff {:.2e}",
+            rms_rel(a, &b64)
+        );
+    }
+    finish(fails);
 }
 
 /// Dk 64 / 128, Dv 48 / 128, GVA 1 / 2 / 4, T 1 .. 4096 with partial chunks, initial / final

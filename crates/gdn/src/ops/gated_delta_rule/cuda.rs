@@ -1409,6 +1409,25 @@ struct V6Pieces {
     warps: usize,
 }
 
+thread_local! {
+    static HREC8: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Tests and benchmarks: on the calling thread, `Some(true)` makes the v6 backward's recompute
+/// run `gdr_hrec8` (v8's split chain: the same outputs, another summation order), `Some(false)`
+/// `gdr_hrec6`; `None` (the default) follows `GDN_RULE_HREC` (`v8` selects `gdr_hrec8`; else
+/// `gdr_hrec6`).
+#[doc(hidden)]
+pub fn set_hrec8(on: Option<bool>) {
+    HREC8.with(|c| c.set(on));
+}
+
+fn hrec8_on() -> bool {
+    HREC8
+        .with(|c| c.get())
+        .unwrap_or_else(|| std::env::var("GDN_RULE_HREC").as_deref() == Ok("v8"))
+}
+
 /// Bytes of one pipeline stage of `gdr_hrec6` (the .cu file's `V6R<DK, NW>::STAGE`): W, K (64
 /// rows of Dk + 8 bf16), the U tile (64 rows of 16 NW + 4 fp32), gam.
 pub fn v6r_stage_bytes(dk: usize, warps: usize) -> usize {
@@ -1536,13 +1555,30 @@ fn backward_v6(
             (Some(ws(gpu, chh * s.dk * s.dv)?), None)
         };
         let d = ws(gpu, chh * C * s.dv)?;
+        // gdr_hrec8 (opt-in): the same outputs from v8's split chain, width by v8's model.
+        let nw8 = v8_warps(gpu, n_seq, s, pieces.warps);
+        let (name, grid, threads, smem) = if hrec8_on() {
+            (
+                format!("gdr_hrec8_d{}_w{nw8}", s.dk),
+                n_seq * s.hv * (s.dv / (8 * nw8)),
+                32 * nw8 as u32,
+                2 * v6r_stage_bytes(s.dk, nw8 / 2) + nw8 * 4096,
+            )
+        } else {
+            (
+                format!("gdr_hrec6_d{}_w{nw}", s.dk),
+                ctas,
+                32 * nw as u32,
+                2 * v6r_stage_bytes(s.dk, nw),
+            )
+        };
         launch_in_threads(
             gpu,
             MODULE,
-            &format!("gdr_hrec6_d{}_w{nw}", s.dk),
-            ctas,
-            32 * nw as u32,
-            2 * v6r_stage_bytes(s.dk, nw),
+            &name,
+            grid,
+            threads,
+            smem,
             &[
                 dptr(kb, st),
                 ptr(&gam, st),

@@ -3927,12 +3927,15 @@ __device__ __forceinline__ void pair_bar(int id) { asm volatile("bar.sync %0, 64
 // warp's half of S^T; on exit the half of S1^T, sa the half of S0^T as bf16 A fragments, da D^T
 // (all 64 chunk rows, unscaled, bf16) for the output. sw, sk: the stage's W, K offset to this
 // warp's DH columns; u: the U tile offset to the pair's first column; xme / xot: this warp's and
-// its partner's exchange buffers (float4 slots, [slot][lane]).
-template <int DK>
+// its partner's exchange buffers (float4 slots, [slot][lane]). SD (gdr_hrec8): D (fp32, before
+// its rounding) is also stored, D[i][v] at dst[i * ldd + v] for the pair's 16 columns v: half
+// hd stores the chunk rows 32 hd .. 32 hd + 31 (all of them, rows >= l are 0).
+template <int DK, bool SD = false>
 __device__ __forceinline__ void v8_chain_step(float (&s)[DK / 16][4], unsigned (&sa)[DK / 32][4],
                                               unsigned (&da)[4][4], const bf16_t* sw, const bf16_t* sk,
                                               int lk, const float* u, int lu, const float* s_gam, int l,
-                                              float4* xme, const float4* xot, int bar) {
+                                              float4* xme, const float4* xot, int bar, float* dst = nullptr,
+                                              i64 ldd = 0, int hd = 0) {
     constexpr int DH = DK / 2;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, mi = lane >> 3, r = lane & 7;
     v6_s_frags<DH>(s, sa);
@@ -3977,6 +3980,11 @@ __device__ __forceinline__ void v8_chain_step(float (&s)[DK / 16][4], unsigned (
             for (int rr = 0; rr < 2; ++rr) {
                 const float d0 = uu[j][2 * rr] - x[j][2 * rr];
                 const float d1 = uu[j][2 * rr + 1] - x[j][2 * rr + 1];
+                if (SD && (kk >> 1) == hd) {
+                    const int i0 = 8 * j + 2 * t, v = g + 8 * rr;
+                    dst[(i64)i0 * ldd + v] = d0;
+                    dst[(i64)(i0 + 1) * ldd + v] = d1;
+                }
                 da[kk][rr + 2 * h] = pack_bf16(d0, d1);
                 dsa[kk][rr + 2 * h] = pack_bf16(ed[j][0] * d0, ed[j][1] * d1);
             }
@@ -4203,6 +4211,128 @@ __device__ void gdr_chain8(const bf16_t* __restrict__ w, const bf16_t* __restric
         for (int c = 0; c < 4; ++c)
             out[(r0 + 8 * nt + 2 * t + (c & 1)) * P::BV + wc0 + g + 8 * (c >> 1)] = s[nt][c] + 0.f * osum;
 }
+
+// gdr_hrec8 (opt-in GDN_RULE_HREC=v8): gdr_hrec6 (the backward's recompute of the chunk-start
+// states h and of D) with v8's split chain: same inputs and outputs (h fp32 or bf16, D fp32,
+// v5's layouts), CTAs of 16 NW / 2 columns with NW warps, two stages of V6R<DK, NW / 2> loaded
+// with the lean addressing, + NW * 4 KB of exchange buffers. Each warp stores its half of the
+// state rows and half of D's chunk rows.
+template <int DK, int BV, int NT>
+__device__ __forceinline__ void v8r_load_stage(char* st, const bf16_t* wc, const bf16_t* kc, i64 krow, int l,
+                                               const float* uc, i64 urow, const float* gc) {
+    typedef V6R<DK, BV / 16> L;
+    const int tid = threadIdx.x;
+    const unsigned sb = smem_addr(st);
+    constexpr int CPR = DK / 8;
+    constexpr int RPP = NT / CPR;
+    static_assert(NT % CPR == 0 && GDR_C % RPP == 0, "whole rows per pass");
+    {
+        const int i0 = tid / CPR, x = (tid % CPR) * 8;
+        const unsigned so = sb + (unsigned)((i0 * L::LK + x) * 2);
+        const bf16_t* gw = wc + i0 * DK + x;
+        const bf16_t* gk = kc + i0 * krow + x;
+        const i64 step = RPP * krow;
+#pragma unroll
+        for (int m = 0; m < GDR_C / RPP; ++m) {
+            const bool ok = i0 + RPP * m < l;
+            const unsigned sr = so + (unsigned)(RPP * m * L::LK * 2);
+            cp_async16_s(sr + L::W_OFF, gw + RPP * m * DK, 16u);
+            cp_async16_s(sr + L::K_OFF, ok ? gk : kc, ok ? 16u : 0u);
+            gk += step;
+        }
+    }
+    {
+        constexpr int UPR = BV / 4;
+        constexpr int RPU = NT / UPR;
+        static_assert(NT % UPR == 0 && GDR_C % RPU == 0, "whole rows of U per pass");
+        const int i0 = tid / UPR, x = (tid % UPR) * 4;
+        const unsigned so = sb + L::U_OFF + (unsigned)((i0 * L::LU + x) * 4);
+        const float* gu = uc + i0 * urow + x;
+        const i64 step = RPU * urow;
+#pragma unroll
+        for (int m = 0; m < GDR_C / RPU; ++m) {
+            cp_async16_s(so + (unsigned)(RPU * m * L::LU * 4), gu, 16u);
+            gu += step;
+        }
+    }
+    if (tid < GDR_C / 4) cp_async16_s(sb + L::G_OFF + tid * 16, gc + tid * 4, 16u);
+    cp_async_commit();
+}
+
+template <int DK, int NW>
+__device__ void gdr_hrec8(const bf16_t* __restrict__ k, const float* __restrict__ gam_ws,
+                          const bf16_t* __restrict__ w_ws, const float* __restrict__ u_ws,
+                          const i64* __restrict__ seq_ch, const i64* __restrict__ ch_t0,
+                          const int* __restrict__ ch_len, int hk_n, int hv_n, int dv,
+                          const float* __restrict__ h0, float* __restrict__ h_ws, bf16_t* __restrict__ h16_ws,
+                          float* __restrict__ d_ws) {
+    typedef V6R<DK, NW / 2> L;
+    constexpr int BV = 8 * NW, NT = 32 * NW, DH = DK / 2, XB = 8 * 32 * 16;
+    if (dyn_smem_bytes() < (unsigned)(2 * L::STAGE + NW * XB)) return;
+    char* sm = reinterpret_cast<char*>(gdr_smem);
+    const int nvt = dv / BV;
+    const i64 b = blockIdx.x;
+    const int vt = (int)(b % nvt);
+    const int hv = (int)((b / nvt) % hv_n);
+    const i64 n = b / ((i64)nvt * hv_n);
+    const int kh = hv / (hv_n / hk_n);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int cg = warp >> 1, hh = warp & 1, bar = 1 + cg;
+    float4* xme = reinterpret_cast<float4*>(sm + 2 * L::STAGE + warp * XB);
+    float4* xot = reinterpret_cast<float4*>(sm + 2 * L::STAGE + (warp ^ 1) * XB);
+    const i64 col0 = (i64)vt * BV;
+    const int wc0 = 16 * cg, r0 = DH * hh;
+    const i64 st_base = (n * hv_n + hv) * (i64)DK * dv;
+    const i64 krow = (i64)hk_n * DK;
+    float s[DH / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < DH / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            s[nt][c] = h0 ? h0[st_base + (i64)(r0 + 8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)]
+                          : 0.f;
+    const i64 c_beg = seq_ch[n], c_end = seq_ch[n + 1];
+    auto issue = [&](i64 c, int stage) {
+        const i64 cb = c * hv_n + hv;
+        v8r_load_stage<DK, BV, NT>(sm + stage * L::STAGE, w_ws + cb * GDR_C * DK, k + ch_t0[c] * krow + (i64)kh * DK,
+                                   krow, ch_len[c], u_ws + cb * GDR_C * dv + col0, (i64)dv, gam_ws + cb * GDR_C);
+    };
+    if (c_beg < c_end) issue(c_beg, 0);
+    else cp_async_commit();
+    for (i64 c = c_beg; c < c_end; ++c) {
+        const int stg = (int)((c - c_beg) & 1);
+        cp_async_wait_group<0>();
+        __syncthreads();
+        if (c + 1 < c_end) issue(c + 1, stg ^ 1);
+        else cp_async_commit();
+        const char* sp = sm + stg * L::STAGE;
+        const bf16_t* sW = reinterpret_cast<const bf16_t*>(sp + L::W_OFF) + r0;
+        const bf16_t* sK = reinterpret_cast<const bf16_t*>(sp + L::K_OFF) + r0;
+        const float* sU = reinterpret_cast<const float*>(sp + L::U_OFF);
+        const float* sG = reinterpret_cast<const float*>(sp + L::G_OFF);
+        const i64 cb = c * hv_n + hv;
+        v6_store_state<DH>(s, h_ws, h16_ws, cb * (i64)DK * dv + (i64)r0 * dv + col0 + wc0 + g, dv);
+        unsigned sa[DH / 16][4], da[4][4];
+        v8_chain_step<DK, true>(s, sa, da, sW, sK, L::LK, sU + wc0, L::LU, sG, ch_len[c], xme, xot, bar,
+                                d_ws + cb * GDR_C * (i64)dv + col0 + wc0, (i64)dv, hh);
+    }
+}
+
+#define GDR_HREC8_ENTRY(DK, NW)                                                                         \
+    extern "C" __global__ void __launch_bounds__(32 * NW, 1) gdr_hrec8_d##DK##_w##NW(                   \
+        const bf16_t* k, const float* gam_ws, const bf16_t* w_ws, const float* u_ws, const i64* seq_ch,  \
+        const i64* ch_t0, const int* ch_len, int hk, int hv, int dv, const float* h0, float* h_ws,      \
+        bf16_t* h16_ws, float* d_ws) {                                                                  \
+        gdr_hrec8<DK, NW>(k, gam_ws, w_ws, u_ws, seq_ch, ch_t0, ch_len, hk, hv, dv, h0, h_ws, h16_ws,    \
+                          d_ws);                                                                        \
+    }
+
+GDR_HREC8_ENTRY(64, 2)
+GDR_HREC8_ENTRY(64, 4)
+GDR_HREC8_ENTRY(64, 8)
+GDR_HREC8_ENTRY(128, 2)
+GDR_HREC8_ENTRY(128, 4)
+GDR_HREC8_ENTRY(128, 8)
 
 #define GDR_FWD8_ENTRY(DK, NW, NS)                                                                      \
     extern "C" __global__ void __launch_bounds__(32 * NW, 1) gdr_fwd8_d##DK##_w##NW##_s##NS(            \
