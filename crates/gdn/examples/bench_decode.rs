@@ -10,13 +10,17 @@
 //!    layer), bf16, as a CUDA graph and op by op, fp32 states (and bf16 states at B 64 and 256),
 //!    against its byte floor (state read + written, both projection weights read once), with the
 //!    split by kernel of the op-by-op step at B 1 and 64;
-//! 3. prefill of 8 x 4096 tokens (`extend_slots_dev`, fresh) against the layer's device-resident
+//! 3. the decode projections alone (in_proj 12352 x 2048, out_proj 2048 x 4096, M = 1 .. 128
+//!    tokens): cuBLASLt against the skinny GEMM (`ops/linear/skinny.cu`), and the layer step with
+//!    it (`GDN_DECODE_GEMV`'s path, `CachePool::set_gemv`): `graph+gemv` / `op+gemv` rows;
+//! 4. prefill of 8 x 4096 tokens (`extend_slots_dev`, fresh) against the layer's device-resident
 //!    training forward (`forward_dev`) on the same input.
 //!
 //! Prints one JSON line per row too (prefix `json:`), for scripts. `cargo run --release --example
 //! bench_decode` on a machine with a CUDA GPU; `bench_decode rule` runs part 1 only;
 //! `bench_decode step B` the layer's decode step at batch B only (op by op with its split, then
-//! as a graph), for `ncu`.
+//! as a graph; then both with the skinny GEMM), for `ncu`; `bench_decode gemm` part 3's GEMM
+//! rows only.
 
 #[path = "common/bench.rs"]
 mod bench;
@@ -112,12 +116,73 @@ fn qwen3_next() -> GdnConfig {
     }
 }
 
-/// One layer decode step at batch `b`: graph or op by op, fp32 or bf16 states.
+/// One decode projection GEMM `[m, k] x [n, k]^T` (bf16): cuBLASLt against the skinny GEMM
+/// (`GDN_DECODE_GEMV`'s kernel, where it takes the shape), the weights' bytes read once against
+/// 4.2 TB/s.
+fn gemm_row(gpu: &Arc<Gpu>, what: &str, m: usize, n: usize, k: usize) {
+    use gdn::ops::linear::cuda as lin;
+    let x = DBuf::upload(gpu, &unif(m * k, 11, -1.0, 1.0), DType::Bf16).unwrap();
+    let w = gpu.upload(&unif(n * k, 12, -0.05, 0.05)).unwrap();
+    let wb = lin::cast_bf16(&w).unwrap();
+    let mut y = DBuf::uninit(gpu, m * n, DType::Bf16).unwrap();
+    let blas = time_ms(gpu, 3, REPS, || {
+        lin::forward(&x, m, k, &w, Some(&wb), n, &mut y).unwrap();
+    });
+    let bytes = (2 * n * k) as f64;
+    let plan = lin::skinny_plan(m, n, k, gpu.sm_count().unwrap());
+    let sk = plan.map(|p| {
+        time_ms(gpu, 3, REPS, || {
+            lin::forward_skinny(&x, m, k, &wb, n, &mut y, p).unwrap();
+        })
+    });
+    let pct = |ms: f64| 100.0 * bytes / (ms * 1e-3) / PEAK_BPS;
+    match (sk, plan) {
+        (Some(t), Some(p)) => println!(
+            "gemm {what:<8} M {m:>3} N {n:>5} K {k:>4}: cuBLASLt {blas:.4} ms ({:.0}% of 4.2 TB/s on the weights), skinny {t:.4} ms ({:.0}%): {:.2}x; plan {p:?}",
+            pct(blas),
+            pct(t),
+            blas / t
+        ),
+        _ => println!(
+            "gemm {what:<8} M {m:>3} N {n:>5} K {k:>4}: cuBLASLt {blas:.4} ms ({:.0}% of 4.2 TB/s on the weights), skinny: no plan (falls back to cuBLASLt)",
+            pct(blas)
+        ),
+    }
+    println!(
+        "json: {{\"what\":\"decode_gemm\",\"proj\":\"{what}\",\"M\":{m},\"N\":{n},\"K\":{k},\"blas_ms\":{blas:.5},\"skinny_ms\":{}}}",
+        sk.map_or("null".to_string(), |t| format!("{t:.5}"))
+    );
+}
+
+fn gemm_rows(gpu: &Arc<Gpu>) {
+    let cfg = qwen3_next();
+    let (h, pd, vd) = (cfg.hidden_size, cfg.in_proj_dim(), cfg.v_dim());
+    for m in [1usize, 8, 16, 32, 64, 128] {
+        gemm_row(gpu, "in_proj", m, pd, h);
+        gemm_row(gpu, "out_proj", m, h, vd);
+    }
+}
+
+/// One layer decode step at batch `b`: graph or op by op, fp32 or bf16 states, cuBLASLt or (with
+/// `gemv`) the skinny GEMM for the projections.
 fn layer_step(gpu: &Arc<Gpu>, l: &GatedDeltaNet, b: usize, graph: bool, sd: DType, split: bool) {
+    layer_step_with(gpu, l, b, graph, sd, split, false)
+}
+
+fn layer_step_with(
+    gpu: &Arc<Gpu>,
+    l: &GatedDeltaNet,
+    b: usize,
+    graph: bool,
+    sd: DType,
+    split: bool,
+    gemv: bool,
+) {
     let cfg = l.config();
     let h = cfg.hidden_size;
     let mut pool = l.cache_pool_with(b, sd).unwrap();
     pool.set_graphs(graph);
+    pool.set_gemv(gemv);
     let slots: Vec<i32> = (0..b as i32).collect();
     let x = DBuf::upload(gpu, &unif(b * h, 7, -1.0, 1.0), DType::Bf16).unwrap();
     // Fill the states with a prefill of 16 tokens per slot first (realistic values).
@@ -132,20 +197,25 @@ fn layer_step(gpu: &Arc<Gpu>, l: &GatedDeltaNet, b: usize, graph: bool, sd: DTyp
     let state = 2.0 * (b * cfg.linear_num_value_heads * 128 * 128 * esz) as f64;
     let weights = 2.0 * (h * (cfg.in_proj_dim() + cfg.v_dim())) as f64;
     let floor_ms = (state + weights) / PEAK_BPS * 1e3;
-    let mode = if graph { "graph" } else { "op by op" };
+    let mode = match (graph, gemv) {
+        (true, false) => "graph",
+        (false, false) => "op by op",
+        (true, true) => "graph+gemv",
+        (false, true) => "op+gemv",
+    };
     let used = match (graph, pool.graph_batch(), pool.graph_error()) {
         (false, _, _) => String::new(),
         (true, Some(n), _) => format!(" (graph of batch {n})"),
         (true, None, e) => format!(" (NO GRAPH: {e:?})"),
     };
     println!(
-        "layer decode B {b:>3} hidden {h} bf16, {sd:?} states, {mode:<8}: {ms:.4} ms; byte floor {floor_ms:.4} ms (state {:.0} MB r+w + weights {:.0} MB at 4.2 TB/s): {:.2}x the floor{used}",
+        "layer decode B {b:>3} hidden {h} bf16, {sd:?} states, {mode:<10}: {ms:.4} ms; byte floor {floor_ms:.4} ms (state {:.0} MB r+w + weights {:.0} MB at 4.2 TB/s): {:.2}x the floor{used}",
         state / 1e6,
         weights / 1e6,
         ms / floor_ms
     );
     println!(
-        "json: {{\"what\":\"layer_decode\",\"B\":{b},\"graph\":{graph},\"state\":\"{sd:?}\",\"ms\":{ms:.5},\"floor_ms\":{floor_ms:.5}}}"
+        "json: {{\"what\":\"layer_decode\",\"B\":{b},\"graph\":{graph},\"gemv\":{gemv},\"state\":\"{sd:?}\",\"ms\":{ms:.5},\"floor_ms\":{floor_ms:.5}}}"
     );
     if split {
         profile_start();
@@ -168,6 +238,9 @@ fn layer_rows(gpu: &Arc<Gpu>) {
     for b in [1usize, 8, 64, 256] {
         layer_step(gpu, &l, b, true, DType::F32, false);
         layer_step(gpu, &l, b, false, DType::F32, b == 1 || b == 64);
+        // The skinny GEMM for the projections (GDN_DECODE_GEMV=1; B 256 falls back to cuBLASLt).
+        layer_step_with(gpu, &l, b, true, DType::F32, false, true);
+        layer_step_with(gpu, &l, b, false, DType::F32, b == 64, true);
     }
     for b in [64usize, 256] {
         layer_step(gpu, &l, b, true, DType::Bf16, false);
@@ -213,6 +286,13 @@ fn main() {
             .unwrap();
         layer_step(&gpu, &l, b, false, DType::F32, true);
         layer_step(&gpu, &l, b, true, DType::F32, false);
+        layer_step_with(&gpu, &l, b, false, DType::F32, true, true);
+        layer_step_with(&gpu, &l, b, true, DType::F32, false, true);
+        return;
+    }
+    // `bench_decode gemm`: the decode projections alone, cuBLASLt against the skinny GEMM.
+    if args.get(1).map(String::as_str) == Some("gemm") {
+        gemm_rows(&gpu);
         return;
     }
     let kernels = [
@@ -233,5 +313,6 @@ fn main() {
     if std::env::args().nth(1).as_deref() == Some("rule") {
         return;
     }
+    gemm_rows(&gpu);
     layer_rows(&gpu);
 }

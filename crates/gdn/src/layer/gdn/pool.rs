@@ -47,6 +47,8 @@ pub struct CachePool {
     graph: Option<DecodeGraph>,
     /// Why capturing failed (graphs are then off for this pool), if it did.
     graph_error: Option<String>,
+    /// Whether a GPU decode step's projections run the skinny GEMM (`GDN_DECODE_GEMV=1`).
+    gemv: bool,
 }
 
 impl std::fmt::Debug for CachePool {
@@ -101,6 +103,20 @@ impl CachePool {
         if !on {
             self.graph = None;
         }
+    }
+    /// Run a GPU decode step's two projections (in_proj, out_proj) with the skinny GEMM
+    /// (`ops::linear::cuda::forward_skinny`, bf16 storage, 1..=64 rows; cuBLASLt elsewhere) or
+    /// not (cuBLASLt). Off unless `GDN_DECODE_GEMV=1` (opt-in until measured). The two differ
+    /// within the bf16 rounding of the projections' outputs; each is bitwise reproducible.
+    pub fn set_gemv(&mut self, on: bool) {
+        if on != self.gemv {
+            self.graph = None;
+        }
+        self.gemv = on;
+    }
+    /// Whether the decode projections run the skinny GEMM ([`set_gemv`](Self::set_gemv)).
+    pub fn gemv(&self) -> bool {
+        self.gemv
     }
     /// The batch size of the captured decode graph, if one is held (tests, benchmarks).
     pub fn graph_batch(&self) -> Option<usize> {
@@ -208,6 +224,7 @@ impl GatedDeltaNet {
             graphs: graph::enabled_by_env(),
             graph: None,
             graph_error: None,
+            gemv: crate::ops::linear::decode_gemv_by_env(),
         })
     }
 
@@ -546,7 +563,7 @@ impl GatedDeltaNet {
         prof: &mut Prof,
     ) -> Result<Act> {
         let n = ids.len();
-        let proj = self.in_proj_one_gemm(p, x, n)?;
+        let proj = self.in_proj_one_gemm(p, x, n, pool.gemv)?;
         prof.mark("decode in_proj (norm + GEMM)");
         let pc = self.proj_cols();
         let cols = PreCols {
@@ -573,7 +590,7 @@ impl GatedDeltaNet {
         )?;
         drop(pre);
         prof.mark("decode rule");
-        let (y, _, _) = self.out_proj(p, &o, &proj, n, prof)?;
+        let (y, _, _) = self.out_proj_with(p, &o, &proj, n, prof, pool.gemv)?;
         prof.mark("decode out_proj");
         Ok(y)
     }
