@@ -43,12 +43,12 @@ struct Plan { int nt, wm, ws, slabs, splits, nchunk; };
 const int U = 4;
 
 // The host plan (ops/linear/cuda.rs skinny_plan), replicated.
-static bool plan_of(int m, int n, int k, int sms, Plan& p) {
+static bool plan_of(int m, int n, int k, int sms, Plan& p, bool one_split = false) {
     if (m < 1 || m > 64 || k % 128) return false;
     int nt = m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8;
     int maxw = nt == 8 ? 12 : 16, mt = (n + 15) / 16, steps = k / 128;
     int wm = std::min(std::max((mt + sms - 1) / sms, std::max(nt / 2, 1)), maxw);
-    int slabs = (mt + wm - 1) / wm, want = std::min(std::max(sms / slabs, 1), 8), s = want;
+    int slabs = (mt + wm - 1) / wm, want = one_split ? 1 : std::min(std::max(sms / slabs, 1), 8), s = want;
     while (steps % s) s--;
     int per = steps / s, w = std::min(maxw / wm, 8);
     while (per % w) w--;
@@ -56,7 +56,12 @@ static bool plan_of(int m, int n, int k, int sms, Plan& p) {
     return true;
 }
 
-static std::vector<uint16_t> run(const std::vector<uint16_t>& x, const std::vector<uint16_t>& W, int M, int N, int K, Plan p) {
+// The norm folded in (skinny_norm_t*): layer (LayerNorm) or RMSNorm, eps, c1 / c2 row constants
+// (c2 may be empty); W is then the folded weight. Only plans with splits 1.
+struct Norm { bool on = false, layer = false; float eps = 1e-5f; std::vector<float> c1, c2; };
+
+static std::vector<uint16_t> run(const std::vector<uint16_t>& x, const std::vector<uint16_t>& W, int M, int N, int K, Plan p,
+                                 const Norm& nm = Norm()) {
     std::vector<uint16_t> y((size_t)M * N, 0x7fc0);  // poisoned
     const int TILE = 4 * p.nt * 32;
     std::vector<float> part((size_t)p.splits * p.slabs * p.wm * TILE, NAN);
@@ -65,10 +70,12 @@ static std::vector<uint16_t> run(const std::vector<uint16_t>& x, const std::vect
         int slab = blk % p.slabs, split = blk / p.slabs;
         std::vector<std::vector<float>> red((p.ws) * p.wm, std::vector<float>(TILE));
         std::vector<std::vector<float>> accw(p.wm * p.ws, std::vector<float>(TILE));
+        std::vector<float> sst(2 * p.ws * 8 * p.nt, NAN);  // [ws][2][8 nt]
         for (int warp = 0; warp < p.wm * p.ws; warp++) {
             int wm = warp % p.wm, ws = warp / p.wm;
             int r0 = slab * 16 * p.wm + 16 * wm, kw = p.nchunk * 32 * U, k0 = (split * p.ws + ws) * kw;
             float acc[8][32][4] = {};
+            float s1[32][2] = {}, s2[32][2] = {};
             for (int c = 0; c < p.nchunk; c++)
                 for (int u = 0; u < U; u++) {
                     int kk = k0 + c * 32 * U + 32 * u;
@@ -85,10 +92,32 @@ static std::vector<uint16_t> run(const std::vector<uint16_t>& x, const std::vect
                             b[nt][1][l][0] = X.w[2]; b[nt][1][l][1] = X.w[3];
                         }
                     }
-                    for (int nt = 0; nt < p.nt; nt++) { mma(acc[nt], a[0], b[nt][0]); mma(acc[nt], a[1], b[nt][1]); }
+                    for (int nt = 0; nt < p.nt; nt++) {
+                        mma(acc[nt], a[0], b[nt][0]); mma(acc[nt], a[1], b[nt][1]);
+                        if (nm.on && nt % p.wm == wm) {
+                            int j = nt < p.wm ? 0 : 1;
+                            for (int l = 0; l < 32; l++) {
+                                uint32_t q[4] = {b[nt][0][l][0], b[nt][0][l][1], b[nt][1][l][0], b[nt][1][l][1]};
+                                for (int i = 0; i < 4; i++) { float lo_ = lo(q[i]), hi_ = hi(q[i]);
+                                    s1[l][j] += lo_; s2[l][j] += lo_ * lo_; s1[l][j] += hi_; s2[l][j] += hi_ * hi_; }
+                            }
+                        }
+                    }
                 }
             for (int l = 0; l < 32; l++) for (int nt = 0; nt < p.nt; nt++) for (int c = 0; c < 4; c++)
                 accw[warp][(nt * 4 + c) * 32 + l] = acc[nt][l][c];
+            if (nm.on)
+                for (int nt = 0; nt < p.nt; nt++) {
+                    if (nt % p.wm != wm) continue;
+                    int j = nt < p.wm ? 0 : 1;
+                    for (int g = 0; g < 8; g++) {  // the xor-1, xor-2 butterfly, lane t = 0's value
+                        int l0 = 4 * g;
+                        float a01 = s1[l0][j] + s1[l0 + 1][j], a23 = s1[l0 + 2][j] + s1[l0 + 3][j];
+                        float b01 = s2[l0][j] + s2[l0 + 1][j], b23 = s2[l0 + 2][j] + s2[l0 + 3][j];
+                        sst[(2 * ws) * 8 * p.nt + nt * 8 + g] = a01 + a23;
+                        sst[(2 * ws + 1) * 8 * p.nt + nt * 8 + g] = b01 + b23;
+                    }
+                }
         }
         // in-CTA sum, ws order
         for (int wm = 0; wm < p.wm; wm++)
@@ -99,7 +128,18 @@ static std::vector<uint16_t> run(const std::vector<uint16_t>& x, const std::vect
             for (int l = 0; l < 32; l++) { int g = l >> 2, t = l & 3;
                 for (int nt = 0; nt < p.nt; nt++) for (int c = 0; c < 4; c++) {
                     int r = r0 + g + (c >= 2 ? 8 : 0), tok = nt * 8 + 2 * t + (c & 1);
-                    if (r < N && tok < M) y[(size_t)tok * N + r] = tobf(acc[(nt * 4 + c) * 32 + l]);
+                    if (r < N && tok < M) {
+                        float v = acc[(nt * 4 + c) * 32 + l];
+                        if (nm.on) {
+                            float a = 0, b = 0;
+                            for (int w = 0; w < p.ws; w++) { a += sst[(2 * w) * 8 * p.nt + tok]; b += sst[(2 * w + 1) * 8 * p.nt + tok]; }
+                            float mu = nm.layer ? a / (float)K : 0.f, var = std::max(b / (float)K - mu * mu, 0.f);
+                            float rs = 1.f / sqrtf(var + nm.eps);
+                            v = nm.layer ? rs * (v - mu * nm.c1[r]) : rs * v;
+                            if (!nm.c2.empty()) v += nm.c2[r];
+                        }
+                        y[(size_t)tok * N + r] = tobf(v);
+                    }
                 } }
         };
         if (p.splits == 1) { for (int wm = 0; wm < p.wm; wm++) store(wm, accw[wm]); continue; }
@@ -164,6 +204,66 @@ int main() {
             worst = std::max(worst, e);
         }
         printf("forced plan splits 2 ws 2 wm 2 (M 20 N 70 K 1024): worst error / bound %.3f\n", worst);
+    }
+    // The input norm folded in: LayerNorm with bias (zero-centered gamma), LayerNorm, RMSNorm,
+    // against the f64 product of the norm's exact output (x - mean) rstd g + b with the bf16
+    // weight (what the unfolded path rounds to bf16 before its GEMM). Bound per element:
+    // 2^-7 |ref| + 3 2^-8 sqrt(sum_k t_k^2) (t_k the products: the bf16 rounding of W' or of the
+    // normalized x, independent per k) + 1e-4 sum_k |t_k|.
+    struct NC { int M, N, K; bool layer, bias, zc; float mean_shift; } ncs[] = {
+        {5, 776, 256, true, true, true, 0.3f}, {64, 300, 512, true, false, false, 0.0f}, {1, 100, 256, false, false, true, 0.0f},
+        {33, 130, 384, false, false, false, 0.5f}, {16, 64, 2048, true, true, false, 2.0f}};
+    for (auto c : ncs) {
+        Plan p;
+        plan_of(c.M, c.N, c.K, 132, p, true);
+        if (p.splits != 1 || 2 * p.wm < p.nt) { printf("norm case M %d N %d K %d: plan does not take the norm\n", c.M, c.N, c.K); continue; }
+        std::vector<uint16_t> x((size_t)c.M * c.K);
+        for (auto& v : x) v = tobf((float)rnd() + c.mean_shift);
+        std::vector<float> Wf((size_t)c.N * c.K), gw(c.K), bb(c.K);
+        for (auto& v : Wf) v = (float)(rnd() * 0.05);
+        for (auto& v : gw) v = (float)(rnd() * 0.5 + (c.zc ? 0.0 : 1.0));
+        for (auto& v : bb) v = (float)(rnd() * 0.1);
+        // the fold (skinny_fold): W' = bf16(W g), c1 = sum W', c2 = sum W b (fp32, lane-strided then butterfly)
+        std::vector<uint16_t> Wp((size_t)c.N * c.K);
+        Norm nm; nm.on = true; nm.layer = c.layer; nm.eps = 1e-5f; nm.c1.resize(c.N); if (c.bias) nm.c2.resize(c.N);
+        for (int n = 0; n < c.N; n++) {
+            float la[32] = {}, lb[32] = {};
+            for (int k = 0; k < c.K; k++) {
+                float g = c.zc ? 1.f + gw[k] : gw[k];
+                uint16_t q = tobf(Wf[(size_t)n * c.K + k] * g);
+                Wp[(size_t)n * c.K + k] = q;
+                la[k % 32] += bf(q);
+                if (c.bias) lb[k % 32] += Wf[(size_t)n * c.K + k] * bb[k];
+            }
+            for (int o = 16; o > 0; o >>= 1) for (int l = 0; l < 32; l++) if (!(l & o)) { la[l] += la[l + o]; lb[l] += lb[l + o]; }
+            nm.c1[n] = la[0];
+            if (c.bias) nm.c2[n] = lb[0];
+        }
+        auto y = run(x, Wp, c.M, c.N, c.K, p, nm);
+        double worst = 0;
+        for (int m = 0; m < c.M; m++) {
+            double mu = 0, var = 0;
+            for (int k = 0; k < c.K; k++) mu += bf(x[(size_t)m * c.K + k]);
+            mu = c.layer ? mu / c.K : 0;
+            for (int k = 0; k < c.K; k++) { double d = bf(x[(size_t)m * c.K + k]) - mu; var += d * d; }
+            double rs = 1 / sqrt(var / c.K + 1e-5);
+            for (int n = 0; n < c.N; n++) {
+                double s = 0, sa = 0, s2 = 0;
+                for (int k = 0; k < c.K; k++) {
+                    double g = c.zc ? 1.0 + gw[k] : gw[k];
+                    double xn = (bf(x[(size_t)m * c.K + k]) - mu) * rs * g + (c.bias ? bb[k] : 0.0);
+                    double t = xn * bf(tobf(Wf[(size_t)n * c.K + k]));
+                    s += t; sa += fabs(t); s2 += t * t;
+                }
+                double got = bf(y[(size_t)m * c.N + n]);
+                double e = fabs(got - s) / (fabs(s) * std::ldexp(1.0, -7) + 3 * std::ldexp(1.0, -8) * sqrt(s2) + 1e-4 * sa + 1e-30);
+                if (!(e <= 1.0)) { if (bad < 5) printf("  bad norm m %d n %d got %g want %g\n", m, n, got, s); bad++; }
+                worst = std::max(worst, e);
+            }
+        }
+        printf("norm folded (%s%s%s, mean shift %.1f) M %2d N %4d K %4d plan nt %d wm %d ws %d: worst error / bound %.3f\n",
+               c.layer ? "LayerNorm" : "RMSNorm", c.bias ? " + bias" : "", c.zc ? ", zero-centered" : "", c.mean_shift, c.M, c.N, c.K,
+               p.nt, p.wm, p.ws, worst);
     }
     printf(bad ? "FAILED (%d)\n" : "all within bounds\n", bad);
     return bad != 0;

@@ -50,7 +50,7 @@ fn case(
     let plan = plan.unwrap_or_else(|| skinny_plan(m, n, k, gpu.sm_count().unwrap()).unwrap());
     let run = || {
         let mut y = DBuf::upload(gpu, &vec![f32::NAN; m * n], DType::Bf16).unwrap();
-        forward_skinny(&x, m, k, &wb, n, &mut y, plan).unwrap();
+        forward_skinny(&x, m, k, &wb, n, &mut y, plan, None).unwrap();
         y.download().unwrap()
     };
     let (y1, y2) = (run(), run());
@@ -148,7 +148,160 @@ fn gpu_skinny_gemm_matches_f64_and_cublas_and_reruns_bitwise() {
         splits: 1,
         nchunk: 1,
     };
-    assert!(forward_skinny(&x, 8, 256, &wb, 64, &mut y, bad).is_err());
+    assert!(forward_skinny(&x, 8, 256, &wb, 64, &mut y, bad, None).is_err());
+}
+
+/// One folded-norm case: `y = norm(x) W^T` by the skinny GEMM with the norm folded in
+/// (`fold_norm`, `SkinnyNorm`) against the f64 product of the norm's exact output with the bf16
+/// weight, per element `|y - ref| <= 2^-7 |ref| + 3 2^-8 sqrt(sum_k t_k^2) + 1e-4 sum_k |t_k|`
+/// (`t_k` the k-th product; the middle term is the bf16 rounding of the folded weight, or, on the
+/// unfolded path, of the normalized x: independent per k); the unfolded path (norm kernel, then
+/// cuBLASLt) is held to the same bound; no output left poisoned, a rerun bitwise equal.
+#[allow(clippy::too_many_arguments)]
+fn norm_case(
+    gpu: &Arc<Gpu>,
+    m: usize,
+    n: usize,
+    k: usize,
+    layer: bool,
+    zc: bool,
+    shift: f32,
+    seed: u64,
+) -> f64 {
+    use gdn::backend::{Act, P};
+    use gdn::ops::linear::cuda::{fold_norm, skinny_plan_with, SkinnyNorm};
+    use gdn::Normalization;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let xv: Vec<f32> = unif(&mut rng, m * k, -1.0, 1.0)
+        .into_iter()
+        .map(|v| v + shift)
+        .collect();
+    let x = DBuf::upload(gpu, &xv, DType::Bf16).unwrap();
+    let w = gpu.upload(&unif(&mut rng, n * k, -0.05, 0.05)).unwrap();
+    let gh = unif(&mut rng, k, 0.5, 1.5)
+        .into_iter()
+        .map(|v| if zc { v - 1.0 } else { v })
+        .collect::<Vec<f32>>();
+    let bh = unif(&mut rng, k, -0.1, 0.1);
+    let (g, b) = (gpu.upload(&gh).unwrap(), gpu.upload(&bh).unwrap());
+    let bias = layer.then_some(&b);
+    let (wf, c1, c2) = fold_norm(&w, &g, zc, bias, n, k).unwrap();
+    let plan = skinny_plan_with(m, n, k, gpu.sm_count().unwrap(), true).unwrap();
+    assert!(plan.takes_norm(), "{plan:?}");
+    let eps = 1e-5f32;
+    let nm = SkinnyNorm {
+        layer,
+        eps,
+        c1: &c1,
+        c2: c2.as_ref(),
+    };
+    let run = || {
+        let mut y = DBuf::upload(gpu, &vec![f32::NAN; m * n], DType::Bf16).unwrap();
+        forward_skinny(&x, m, k, &wf, n, &mut y, plan, Some(nm)).unwrap();
+        y.download().unwrap()
+    };
+    let (y1, y2) = (run(), run());
+    let what =
+        format!("skinny + norm (layer {layer}, zc {zc}, shift {shift}) M {m} N {n} K {k} {plan:?}");
+    assert!(
+        y1.iter().all(|v| v.is_finite()),
+        "{what}: an output left unwritten"
+    );
+    assert_eq!(bits(&y1), bits(&y2), "{what}: rerun");
+    // The unfolded path: the norm kernel, then cuBLASLt on the bf16 weight.
+    let kind = if layer {
+        Normalization::LayerNorm
+    } else {
+        Normalization::RMSNorm
+    };
+    let (xn, _) = gdn::ops::norm::forward(
+        &Act::Dev(x.try_clone().unwrap()),
+        m,
+        k,
+        P::Dev(&g),
+        bias.map(P::Dev),
+        kind,
+        eps,
+        zc,
+    )
+    .unwrap();
+    let Act::Dev(xn) = xn else { panic!("host") };
+    let wb = cast_bf16(&w).unwrap();
+    let mut yu = DBuf::uninit(gpu, m * n, DType::Bf16).unwrap();
+    forward(&xn, m, k, &w, Some(&wb), n, &mut yu).unwrap();
+    let yu = yu.download().unwrap();
+    let xh = x.download().unwrap();
+    let wh: Vec<f32> = gpu
+        .download(&wb)
+        .unwrap()
+        .into_iter()
+        .map(|b| f32::from_bits((b as u32) << 16))
+        .collect();
+    let xn_exact: Vec<f64> = (0..m)
+        .flat_map(|i| {
+            let r = &xh[i * k..(i + 1) * k];
+            let mu = if layer {
+                r.iter().map(|v| *v as f64).sum::<f64>() / k as f64
+            } else {
+                0.0
+            };
+            let var = r.iter().map(|v| (*v as f64 - mu).powi(2)).sum::<f64>() / k as f64;
+            let rs = 1.0 / (var + eps as f64).sqrt();
+            (0..k)
+                .map(|j| {
+                    let gg = if zc { 1.0 + gh[j] as f64 } else { gh[j] as f64 };
+                    (r[j] as f64 - mu) * rs * gg + if layer { bh[j] as f64 } else { 0.0 }
+                })
+                .collect::<Vec<f64>>()
+        })
+        .collect();
+    let worst: Vec<(f64, f64)> = (0..n)
+        .into_par_iter()
+        .map(|j| {
+            let wr = &wh[j * k..(j + 1) * k];
+            let (mut ef, mut eu) = (0.0f64, 0.0f64);
+            for i in 0..m {
+                let (mut s, mut sa, mut s2) = (0.0f64, 0.0f64, 0.0f64);
+                for (a, b) in xn_exact[i * k..(i + 1) * k].iter().zip(wr) {
+                    let t = a * *b as f64;
+                    s += t;
+                    sa += t.abs();
+                    s2 += t * t;
+                }
+                let bound =
+                    s.abs() * 2f64.powi(-7) + 3.0 * 2f64.powi(-8) * s2.sqrt() + 1e-4 * sa + 1e-30;
+                ef = ef.max((y1[i * n + j] as f64 - s).abs() / bound);
+                eu = eu.max((yu[i * n + j] as f64 - s).abs() / bound);
+            }
+            (ef, eu)
+        })
+        .collect();
+    let ef = worst.iter().fold(0.0f64, |a, b| a.max(b.0));
+    let eu = worst.iter().fold(0.0f64, |a, b| a.max(b.1));
+    eprintln!(
+        "{what}: worst error / bound: folded {ef:.3}, unfolded (norm kernel + cuBLASLt) {eu:.3}"
+    );
+    assert!(ef <= 1.0, "{what}: folded {ef}");
+    assert!(
+        eu <= 1.0,
+        "{what}: unfolded {eu} (the bound itself is wrong)"
+    );
+    ef
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_skinny_norm_matches_f64_and_reruns_bitwise() {
+    let gpu = cuda::gpu(0).unwrap();
+    // in_proj of the Qwen3-Next layer (RMSNorm, zero-centered gamma) and of the default
+    // LayerNorm config, B 1 / 8 / 64; small shapes with a shifted mean.
+    for (i, &m) in [1usize, 8, 64].iter().enumerate() {
+        norm_case(&gpu, m, 12352, 2048, false, true, 0.0, 50 + i as u64);
+        norm_case(&gpu, m, 12352, 2048, true, false, 0.2, 60 + i as u64);
+    }
+    norm_case(&gpu, 5, 776, 256, true, true, 1.0, 70);
+    norm_case(&gpu, 33, 130, 384, false, false, 0.5, 71);
+    norm_case(&gpu, 16, 64, 2048, true, false, 2.0, 72);
 }
 
 fn cfg(variant: Variant) -> GdnConfig {
@@ -169,9 +322,10 @@ fn randt(rng: &mut ChaCha8Rng, shape: &[usize]) -> Tensor {
     Tensor::from_vec(shape, unif(rng, n, -1.0, 1.0)).unwrap()
 }
 
-/// The layer's decode step with the skinny GEMM (bf16 storage, GDN and GDN2, fp32 and bf16
-/// states): against the cuBLASLt step over 8 steps (repeated, permuted and padded slots, a batch
-/// change), y and the states within 1e-2 RMS (the projections differ by bf16 roundings); as a
+/// The layer's decode step with the skinny GEMM and the input norm folded into it (bf16 storage,
+/// GDN and GDN2, fp32 and bf16 states): against the cuBLASLt step over 8 steps (repeated,
+/// permuted and padded slots, a batch change), y and the states within 1e-2 RMS (the projections
+/// differ by bf16 roundings; also the skinny GEMMs without the fold); as a
 /// graph bitwise equal to op by op; a rerun bitwise equal; slots no row names and padding rows
 /// leave every state and conv row bitwise unchanged.
 #[test]
@@ -186,16 +340,24 @@ fn gpu_decode_gemv_matches_cublas_step_and_graph_bitwise() {
                 .to_device(Device::Cuda(0), DType::Bf16)
                 .unwrap();
             let h = l.config().hidden_size;
-            // pools: gemv + graph, gemv op by op, gemv + graph again (rerun), cuBLASLt op by op.
-            let mut pools: Vec<_> = [(true, true), (true, false), (true, true), (false, false)]
-                .iter()
-                .map(|&(gemv, graph)| {
-                    let mut p = l.cache_pool_with(7, sd).unwrap();
-                    p.set_gemv(gemv);
-                    p.set_graphs(graph);
-                    p
-                })
-                .collect();
+            // pools: gemv (norm folded) + graph, gemv op by op, gemv + graph again (rerun),
+            // cuBLASLt op by op, gemv without the fold + graph.
+            let mut pools: Vec<_> = [
+                (true, true, true),
+                (true, false, true),
+                (true, true, true),
+                (false, false, false),
+                (true, true, false),
+            ]
+            .iter()
+            .map(|&(gemv, graph, fold)| {
+                let mut p = l.cache_pool_with(7, sd).unwrap();
+                p.set_gemv(gemv);
+                p.set_fold_norm(fold);
+                p.set_graphs(graph);
+                p
+            })
+            .collect();
             let mut rng = ChaCha8Rng::seed_from_u64(42);
             let x = randt(&mut rng, &[4 * 9, h]);
             let seqs = Seqs::uniform(4, 9);
@@ -216,7 +378,7 @@ fn gpu_decode_gemv_matches_cublas_step_and_graph_bitwise() {
             let untouched = 6usize; // no call names slot 6
             let s_before = pools[0].state_host().unwrap().into_vec();
             let c_before = pools[0].conv_host().unwrap().into_vec();
-            let (mut ys, mut yc) = (Vec::new(), Vec::new());
+            let (mut ys, mut yc, mut yn) = (Vec::new(), Vec::new(), Vec::new());
             for (i, sl) in steps.iter().enumerate() {
                 let xv = unif(&mut rng, sl.len() * h, -1.0, 1.0);
                 let mut outs = Vec::new();
@@ -247,6 +409,7 @@ fn gpu_decode_gemv_matches_cublas_step_and_graph_bitwise() {
                     );
                     ys.extend(row(&outs[0]));
                     yc.extend(row(&outs[3]));
+                    yn.extend(row(&outs[4]));
                 }
                 let st: Vec<Vec<f32>> = pools
                     .iter()
@@ -287,8 +450,12 @@ fn gpu_decode_gemv_matches_cublas_step_and_graph_bitwise() {
             );
             let s_blas = pools[3].state_host().unwrap().into_vec();
             let (ey, es) = (rms_rel(&ys, &yc), rms_rel(&s_after, &s_blas));
-            eprintln!("{what}: gemv step vs cuBLASLt step over {} steps: y rms {ey:.2e}, states rms {es:.2e}", steps.len());
-            assert!(ey < 1e-2 && es < 1e-2, "{what}: y {ey}, states {es}");
+            let en = rms_rel(&yn, &yc);
+            eprintln!("{what}: gemv step vs cuBLASLt step over {} steps: y rms {ey:.2e}, states rms {es:.2e}; without the norm fold: y rms {en:.2e}", steps.len());
+            assert!(
+                ey < 1e-2 && es < 1e-2 && en < 1e-2,
+                "{what}: y {ey}, states {es}, unfolded y {en}"
+            );
         }
     }
 }

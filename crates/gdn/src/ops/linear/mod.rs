@@ -43,9 +43,18 @@ pub fn forward(
     }
 }
 
-/// Whether the decode projections run the skinny GEMM (`GDN_DECODE_GEMV=1`; opt-in until
-/// measured): see [`forward_decode`].
+/// Whether the decode projections run the skinny GEMM (`GDN_DECODE_GEMV=1`, or `gemm`: the
+/// GEMMs only, the input norm not folded in; opt-in until measured): see [`forward_decode`].
 pub fn decode_gemv_by_env() -> bool {
+    matches!(
+        std::env::var("GDN_DECODE_GEMV").as_deref(),
+        Ok("1") | Ok("on") | Ok("true") | Ok("gemm")
+    )
+}
+
+/// Whether the decode step folds the input norm into in_proj's skinny GEMM: `GDN_DECODE_GEMV=1`
+/// (not `gemm`).
+pub fn decode_fold_by_env() -> bool {
     matches!(
         std::env::var("GDN_DECODE_GEMV").as_deref(),
         Ok("1") | Ok("on") | Ok("true")
@@ -80,7 +89,7 @@ pub fn forward_decode(
                 };
                 check_g("linear bf16 weight copy", wb, wd.len())?;
                 let mut y = DBuf::uninit(gpu, rows * out_dim, xd.dtype())?;
-                cuda::forward_skinny(xd, rows, in_dim, wb, out_dim, &mut y, plan)?;
+                cuda::forward_skinny(xd, rows, in_dim, wb, out_dim, &mut y, plan, None)?;
                 return Ok(Act::Dev(y));
             }
         }
