@@ -94,21 +94,21 @@ __device__ __forceinline__ void sk_warp(const bf16_t* __restrict__ x, const bf16
                 sk_mma(acc + 4 * nt, a.z, b.z, a.w, b.w, xv.z, xv.w);
                 if (NORM && nt % WM == wm) {
                     const unsigned q[4] = {xv.x, xv.y, xv.z, xv.w};
-                    float a = nt < WM ? s1[0] : s1[1], b = nt < WM ? s2[0] : s2[1];
+                    float p1 = nt < WM ? s1[0] : s1[1], p2 = nt < WM ? s2[0] : s2[1];
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
                         const float lo = __uint_as_float(q[i] << 16), hi = __uint_as_float(q[i] & 0xffff0000u);
-                        a += lo;
-                        b += lo * lo;
-                        a += hi;
-                        b += hi * hi;
+                        p1 += lo;
+                        p2 += lo * lo;
+                        p1 += hi;
+                        p2 += hi * hi;
                     }
                     if (nt < WM) {
-                        s1[0] = a;
-                        s2[0] = b;
+                        s1[0] = p1;
+                        s2[0] = p2;
                     } else {
-                        s1[1] = a;
-                        s2[1] = b;
+                        s1[1] = p1;
+                        s2[1] = p2;
                     }
                 }
             }
