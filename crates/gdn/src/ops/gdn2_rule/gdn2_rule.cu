@@ -1572,7 +1572,10 @@ G2B_GRAD(true, float, bf16_t, tc_bf16n)
 //                 and A (group 1) are fetched by cp.async while chunk c + 1 (the previous step of
 //                 the reverse walk) computes dS0, its Qg, Wm, eg_63 (group 2) while chunk c itself
 //                 computes dD, and the next scale dO tile is read into registers during dS0 (two
-//                 sO buffers). Same FMAs in the same order as g2b_dscan32: the same bits.
+//                 sO buffers). Each thread owns contiguous rows (dD rows NR r0 .., state rows
+//                 nx r0 ..) so the Kd^T, A, Qg, Wm rows are float4 broadcasts (a third of
+//                 g2b_dscan's shared-load instructions). Every element's FMAs are g2b_dscan's, in
+//                 its order: the same bits.
 //   g2b_grad2     g2b_grad<true> (TF32 block products) with: the scratch epilogues (dKd, dQg, dWm,
 //                 dKbg) stored as float2 pairs (full 32-byte sectors); <S0_c, dS1_c> for dg read
 //                 coalesced (one warp per channel row, a fixed shuffle tree) instead of one thread
@@ -1610,7 +1613,9 @@ __device__ void g2b_dscan_pp(const float* __restrict__ ws_kd, const float* __res
     float* sS = sDD + G2C_C * BV;        // dS [dk][BV]
     const i64 sn = (i64)dk * dv;
     const i64 sbase = (n * hv_n + j) * sn;
-    for (int x = r0; x < dk; x += RS) sS[x * BV + col] = dht ? dht[sbase + (i64)x * dv + y] : 0.f;
+    // Thread (r0, col) owns the state rows nx r0 .. + nx of column col (loaded, stored as dh,
+    // updated and stored as dh0 by it alone).
+    for (int x = nx * r0; x < nx * r0 + nx; ++x) sS[x * BV + col] = dht ? dht[sbase + (i64)x * dv + y] : 0.f;
     const i64 c0 = chf[n], nch = chf[n + 1] - c0;
     auto issue1 = [&](i64 cj) {
         const float* kd = ws_kd + cj * G2C_C * (i64)dk;
@@ -1658,27 +1663,42 @@ __device__ void g2b_dscan_pp(const float* __restrict__ ws_kd, const float* __res
         __syncthreads();  // ... for every thread; sS and sO of the previous step are written
         {
             float* dh = ws_dh + cj * sn + y;
-            for (int x = r0; x < dk; x += RS) dh[(i64)x * dv] = sS[x * BV + col];
+            for (int x = nx * r0; x < nx * r0 + nx; ++x) dh[(i64)x * dv] = sS[x * BV + col];
         }
-        // dD = Kd dS1 + A^T (scale dO): rows r0 + RS m (g2b_dscan's loops).
+        // dD = Kd dS1 + A^T (scale dO): rows NR r0 + m (contiguous: float4 broadcasts of the
+        // Kd^T and A rows); each element's FMAs in g2b_dscan's order.
         {
             float acc[NR];
 #pragma unroll
             for (int m = 0; m < NR; ++m) acc[m] = 0.f;
             for (int x = 0; x < dk; ++x) {
                 const float s = sS[x * BV + col];
+                const float4* kt = reinterpret_cast<const float4*>(sKt + x * G2C_C + NR * r0);
 #pragma unroll
-                for (int m = 0; m < NR; ++m) acc[m] += sKt[x * G2C_C + r0 + RS * m] * s;
+                for (int m4 = 0; m4 < NR / 4; ++m4) {
+                    const float4 kv = kt[m4];
+                    acc[4 * m4] += kv.x * s;
+                    acc[4 * m4 + 1] += kv.y * s;
+                    acc[4 * m4 + 2] += kv.z * s;
+                    acc[4 * m4 + 3] += kv.w * s;
+                }
             }
             for (int r = 0; r < G2C_C; ++r) {
                 const float o = sO[r * BV + col];
+                const float4* ar = reinterpret_cast<const float4*>(sA + r * G2C_C + NR * r0);
 #pragma unroll
-                for (int m = 0; m < NR; ++m) acc[m] += sA[r * G2C_C + r0 + RS * m] * o;
+                for (int m4 = 0; m4 < NR / 4; ++m4) {
+                    const float4 av = ar[m4];
+                    acc[4 * m4] += av.x * o;
+                    acc[4 * m4 + 1] += av.y * o;
+                    acc[4 * m4 + 2] += av.z * o;
+                    acc[4 * m4 + 3] += av.w * o;
+                }
             }
             float* dd = ws_dd + cj * G2C_C * (i64)dv + y;
 #pragma unroll
             for (int m = 0; m < NR; ++m) {
-                const int i = r0 + RS * m;
+                const int i = NR * r0 + m;
                 sDD[i * BV + col] = acc[m];
                 dd[(i64)i * dv] = acc[m];
             }
@@ -1688,21 +1708,45 @@ __device__ void g2b_dscan_pp(const float* __restrict__ ws_kd, const float* __res
         g2c_wait<0>();    // group 2 of chunk c (Qg, Wm, eg_63)
         __syncthreads();  // ... for every thread; sDD written; every read of sKt, sA done
         if (ci > 0) issue1(cj - hv_n);
-        // dS0 = eg_63 dS1 + Qg^T (scale dO) - Wm^T dD: rows r0 + RS m.
+        // dS0 = eg_63 dS1 + Qg^T (scale dO) - Wm^T dD: rows nx r0 + m (contiguous: float4
+        // broadcasts of the Qg and Wm rows where nx % 4 == 0); each element's FMAs in
+        // g2b_dscan's order.
         float acc[NX];
 #pragma unroll
         for (int m = 0; m < NX; ++m) {
-            const int x = r0 + RS * m;
+            const int x = nx * r0 + m;
             acc[m] = m < nx ? sE[x] * sS[x * BV + col] : 0.f;
         }
-        for (int i = 0; i < G2C_C; ++i) {
-            const float o = sO[i * BV + col], d = sDD[i * BV + col];
+        if ((nx & 3) == 0) {
+            for (int i = 0; i < G2C_C; ++i) {
+                const float o = sO[i * BV + col], d = sDD[i * BV + col];
+                const float4* qr = reinterpret_cast<const float4*>(sQg + i * dk + nx * r0);
+                const float4* wr = reinterpret_cast<const float4*>(sW + i * dk + nx * r0);
 #pragma unroll
-            for (int m = 0; m < NX; ++m) {
-                if (m < nx) {
-                    const int x = r0 + RS * m;
-                    acc[m] += sQg[i * dk + x] * o;
-                    acc[m] -= sW[i * dk + x] * d;
+                for (int m4 = 0; m4 < NX / 4; ++m4) {
+                    if (4 * m4 < nx) {
+                        const float4 qv = qr[m4], wv = wr[m4];
+                        acc[4 * m4] += qv.x * o;
+                        acc[4 * m4] -= wv.x * d;
+                        acc[4 * m4 + 1] += qv.y * o;
+                        acc[4 * m4 + 1] -= wv.y * d;
+                        acc[4 * m4 + 2] += qv.z * o;
+                        acc[4 * m4 + 2] -= wv.z * d;
+                        acc[4 * m4 + 3] += qv.w * o;
+                        acc[4 * m4 + 3] -= wv.w * d;
+                    }
+                }
+            }
+        } else {
+            for (int i = 0; i < G2C_C; ++i) {
+                const float o = sO[i * BV + col], d = sDD[i * BV + col];
+#pragma unroll
+                for (int m = 0; m < NX; ++m) {
+                    if (m < nx) {
+                        const int x = nx * r0 + m;
+                        acc[m] += sQg[i * dk + x] * o;
+                        acc[m] -= sW[i * dk + x] * d;
+                    }
                 }
             }
         }
@@ -1715,11 +1759,11 @@ __device__ void g2b_dscan_pp(const float* __restrict__ ws_kd, const float* __res
         if (ci > 0) issue2(cj - hv_n);
 #pragma unroll
         for (int m = 0; m < NX; ++m)
-            if (m < nx) sS[(r0 + RS * m) * BV + col] = acc[m];
+            if (m < nx) sS[(nx * r0 + m) * BV + col] = acc[m];
         p ^= 1;
     }
     if (dh0) {
-        for (int x = r0; x < dk; x += RS) dh0[sbase + (i64)x * dv + y] = sS[x * BV + col];
+        for (int x = nx * r0; x < nx * r0 + nx; ++x) dh0[sbase + (i64)x * dv + y] = sS[x * BV + col];
     }
 }
 
