@@ -26,8 +26,9 @@
 //!   v6's (1 / 2 warps), one CTA of the real fused kernels (V6Lean, V8) on one 32768-token head,
 //!   then V6Lean (the default) against V8 (auto, every width, two and three stages) at B1 T32768
 //!   16/32 and B8 T4096 16/16 with per-kernel times and o against V6Lean's, then the default
-//!   backward with `gdr_hrec6` against `gdr_hrec8` (`GDN_RULE_HREC=v8`) there; `chain` and
-//!   `variants` include the V8 rows too;
+//!   backward with `gdr_hrec6` against `gdr_hrec8` (`GDN_RULE_HREC=v8`) there, then the
+//!   backward with `gdr_bwd6` against `gdr_bwd8` (`GDN_RULE_BWD_SCAN=v8`; with hrec6 and hrec8,
+//!   the overlap on and off); `chain` and `variants` include the V8 rows too;
 //! - `bwd`: v5 against the v6 backward pieces (`BwdKernel::V6`: both, each alone, every CTA
 //!   width) at the same two cases: backward alone (after one default forward), CUDA events,
 //!   medians, per-kernel times, peak device memory, and each gradient against v5's; also
@@ -49,7 +50,7 @@ use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_with, backward_with_prep, chain6, chain8,
     forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_backward_overlap,
-    set_hrec8, set_v6_stages, BwdKernel, ChainInputs, FwdKernel, PrepKernel,
+    set_bwd8, set_hrec8, set_v6_stages, BwdKernel, ChainInputs, FwdKernel, PrepKernel,
 };
 use gdn::ops::gated_delta_rule::{RuleOpts, RuleShape, CHUNK};
 use gdn::Seqs;
@@ -604,6 +605,61 @@ fn v8(gpu: &Arc<Gpu>) {
             );
         }
         set_hrec8(None);
+        gpu.reset_peak();
+    }
+    // The backward (default kernels) with gdr_bwd6 against gdr_bwd8 (v8's split reverse scan),
+    // with either recompute, the two scans side by side (the default) or in order. The per-kernel
+    // times come from a profiled run (always in order).
+    println!(
+        "bench-bwd8 | case | recompute + reverse scan | overlap | bwd ms (median of 10) | per kernel | grads vs bwd6"
+    );
+    for &(b, t, hk, hv) in &[(1usize, 32768usize, 16usize, 32usize), (8, 4096, 16, 16)] {
+        let x = inputs(gpu, b, t, hk, hv, 128, 128);
+        let d_o = DBuf::upload(gpu, &normals(b * t * hv * 128, 6), DType::Bf16).unwrap();
+        set_hrec8(Some(false));
+        set_bwd8(Some(false));
+        let g6 = bwd(gpu, &x, &d_o, v7);
+        for &(h8, b8, ov) in &[
+            (false, false, true),
+            (false, true, true),
+            (false, false, false),
+            (false, true, false),
+            (true, false, true),
+            (true, true, true),
+        ] {
+            set_hrec8(Some(h8));
+            set_bwd8(Some(b8));
+            set_backward_overlap(ov);
+            let ms = time_ms(gpu, 2, 10, || drop(bwd_run(gpu, &x, &d_o, v7)));
+            gpu.sync().unwrap();
+            profile_start();
+            drop(bwd_run(gpu, &x, &d_o, v7));
+            gpu.sync().unwrap();
+            let p = profile_take();
+            let diff = bwd(gpu, &x, &d_o, v7)
+                .iter()
+                .zip(&g6)
+                .map(|((n, a), (_, b))| {
+                    let (mut num, mut den) = (0f64, 0f64);
+                    for (a, b) in a.iter().zip(b) {
+                        num += ((a - b) as f64).powi(2);
+                        den += (*b as f64).powi(2);
+                    }
+                    format!("{n}={:.2e}", (num / den).sqrt())
+                })
+                .collect::<Vec<_>>()
+                .join(" ");
+            println!(
+                "bench-bwd8 | B{b} T{t} {hk}/{hv} | hrec{} + bwd{} | {} | {ms:.3} | {} | {diff}",
+                if h8 { 8 } else { 6 },
+                if b8 { 8 } else { 6 },
+                if ov { "on" } else { "off" },
+                fmt_times(&p)
+            );
+        }
+        set_backward_overlap(true);
+        set_hrec8(None);
+        set_bwd8(None);
         gpu.reset_peak();
     }
 }

@@ -15,7 +15,7 @@ use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_with, backward_with_prep, chain6, chain8,
     forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_backward_overlap,
-    set_hrec8, set_poison, v6_supports, BwdKernel, ChainInputs, FwdKernel, PrepKernel,
+    set_bwd8, set_hrec8, set_poison, v6_supports, BwdKernel, ChainInputs, FwdKernel, PrepKernel,
 };
 use gdn::ops::gated_delta_rule::reference::{self, RefInputs};
 use gdn::ops::gated_delta_rule::{self as gdr, RuleOpts, RuleShape};
@@ -1722,6 +1722,138 @@ fn hrec8_backward_matches_f64() {
             rms_rel(a, &b64)
         );
     }
+    finish(fails);
+}
+
+/// gdr_bwd8 (opt-in `GDN_RULE_BWD_SCAN=v8`, here `set_bwd8` on this test's thread): the v6
+/// backward with v8's split reverse scan, every gradient against the f64 recurrence
+/// (check_v6_bwd) on the v6 backward's cases (Dv 48 takes w2, Dv 64 / 128 w4 or w8 by the
+/// model), with gdr_hrec6 and gdr_hrec8 as the recompute, fp32 and bf16 states, the scan alone
+/// (v5's recompute); the scan piece off (v5's reverse scan: `set_bwd8` has no effect, the same
+/// bits as without it) and the fp32 path (v5 only) fall back; every width on one case; two runs
+/// identical; sequential and overlapped (`set_backward_overlap`) identical with either
+/// recompute on a case long enough for the two kernels to overlap; the gradients against
+/// gdr_bwd6's printed (another summation order: not the same bits).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bwd8_backward_matches_f64() {
+    let gpu = gpu();
+    let mut fails = Vec::new();
+    for c in &v6_bwd_cases() {
+        let b = base(&gpu, c);
+        for hrec8 in [false, true] {
+            println!("gdr-check bwd8 with hrec{}", if hrec8 { 8 } else { 6 });
+            set_hrec8(Some(hrec8));
+            set_bwd8(Some(true));
+            for kernel in [
+                v7b(0),
+                v6b(true, true, false, false, 0),
+                v6b(false, true, false, false, 0),
+                v6b(true, false, false, false, 0),
+            ] {
+                check_v6_bwd(&gpu, c, &b, kernel, &mut fails);
+            }
+            // Fallback: without the v6 reverse scan gdr_bwd8 is not used (same bits).
+            let on = run_gpu_with(
+                &gpu,
+                c,
+                DType::Bf16,
+                Some(v6b(true, false, false, false, 0)),
+            );
+            set_bwd8(Some(false));
+            let off = run_gpu_with(
+                &gpu,
+                c,
+                DType::Bf16,
+                Some(v6b(true, false, false, false, 0)),
+            );
+            if on.bits() != off.bits() {
+                fails.push(format!(
+                    "{}: bwd8 changed the v5 reverse scan's bits",
+                    c.name
+                ));
+            }
+        }
+        set_hrec8(None);
+        set_bwd8(None);
+    }
+    let c = case(
+        "T300 1/2 d128 norm states",
+        Seqs::uniform(1, 300),
+        sh(1, 2, 128, 128),
+        true,
+        true,
+        Decay::LogSigmoid,
+        1011,
+        true,
+    );
+    let b = base(&gpu, &c);
+    set_bwd8(Some(false));
+    let six = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
+    let f32_off = run_gpu_with(&gpu, &c, DType::F32, None);
+    set_bwd8(Some(true));
+    let f32_on = run_gpu_with(&gpu, &c, DType::F32, None);
+    if f32_on.bits() != f32_off.bits() {
+        fails.push("bwd8 changed the fp32 backward's bits".into());
+    }
+    for warps in [0, 2, 4, 8] {
+        check_v6_bwd(&gpu, &c, &b, v7b(warps), &mut fails);
+        check_v6_bwd(
+            &gpu,
+            &c,
+            &b,
+            v6b(true, true, false, false, warps),
+            &mut fails,
+        );
+    }
+    let x = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
+    let y = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
+    println!("gdr-check bwd8 bitwise: identical={}", x.bits() == y.bits());
+    if x.bits() != y.bits() {
+        fails.push("bwd8: two runs differ".into());
+    }
+    for ((name, a), (_, b6)) in x.fields().iter().zip(six.fields()) {
+        let b64: Vec<f64> = b6.iter().map(|&v| v as f64).collect();
+        println!(
+            "gdr-check bwd8 vs bwd6 {name}: RMS rel diff {:.2e}",
+            rms_rel(a, &b64)
+        );
+    }
+    // Overlap on and off, with either recompute.
+    let long = case(
+        "bwd8 overlap long states",
+        Seqs::uniform(1, 8192),
+        sh(4, 8, 128, 128),
+        true,
+        true,
+        Decay::LogSigmoid,
+        1032,
+        true,
+    );
+    for hrec8 in [false, true] {
+        set_hrec8(Some(hrec8));
+        for kernel in [v7b(0), v6b(true, true, false, false, 0)] {
+            set_backward_overlap(false);
+            let seq = run_gpu_with(&gpu, &long, DType::Bf16, Some(kernel));
+            set_backward_overlap(true);
+            let a = run_gpu_with(&gpu, &long, DType::Bf16, Some(kernel));
+            let b = run_gpu_with(&gpu, &long, DType::Bf16, Some(kernel));
+            let (same, again) = (a.bits() == seq.bits(), a.bits() == b.bits());
+            println!(
+                "gdr-check bwd8 overlap hrec{} {kernel:?}: equal to sequential={same}, two runs equal={again}",
+                if hrec8 { 8 } else { 6 }
+            );
+            if !same || !again {
+                fails.push(format!(
+                    "bwd8 overlap hrec8={hrec8} {kernel:?}: sequential {same}, rerun {again}"
+                ));
+            }
+            check_written(&long, &a, &mut fails);
+        }
+    }
+    set_backward_overlap(true);
+    set_hrec8(None);
+    set_bwd8(None);
     finish(fails);
 }
 

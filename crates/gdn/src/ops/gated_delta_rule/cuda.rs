@@ -1449,6 +1449,31 @@ fn hrec8_on() -> bool {
         .unwrap_or_else(|| std::env::var("GDN_RULE_HREC").as_deref() == Ok("v8"))
 }
 
+thread_local! {
+    static BWD8: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Tests and benchmarks: on the calling thread, `Some(true)` makes the v6 backward's reverse scan
+/// run `gdr_bwd8` (v8's split of dS's Dk rows between warp pairs: the same outputs and layouts,
+/// another summation order), `Some(false)` `gdr_bwd6`; `None` (the default) follows
+/// `GDN_RULE_BWD_SCAN` (`v8` selects `gdr_bwd8`; else `gdr_bwd6`).
+#[doc(hidden)]
+pub fn set_bwd8(on: Option<bool>) {
+    BWD8.with(|c| c.set(on));
+}
+
+fn bwd8_on() -> bool {
+    BWD8.with(|c| c.get())
+        .unwrap_or_else(|| std::env::var("GDN_RULE_BWD_SCAN").as_deref() == Ok("v8"))
+}
+
+/// Dynamic shared memory of `gdr_bwd8` (the .cu file's `2 * V6G<DK, NW / 2>::STAGE + NW *
+/// 2048`): two stages of `gdr_bwd6`'s layout for 16 `warps / 2` columns plus a 2 KB exchange
+/// buffer per warp (141,824 bytes at Dk 128, 4 warps).
+pub fn bwd8_bytes(dk: usize, warps: usize) -> usize {
+    2 * v6g_stage_bytes(dk, warps / 2) + warps * 2048
+}
+
 /// The backward's state-recompute launch (`gdr_hrec6` or `gdr_hrec8`), held back to run beside
 /// `gdr_bwd6` on the second stream.
 struct HrecLaunch {
@@ -1703,7 +1728,23 @@ fn backward_v6(
                 a
             }
         };
-        let bwd6 = format!("gdr_bwd6_d{}_w{nw}", s.dk);
+        // gdr_bwd8 (opt-in): the same outputs from v8's split of dS, width by v8's model.
+        let (bwd6, bgrid, bthreads, bsmem) = if bwd8_on() {
+            let nw8 = v8_warps(gpu, n_seq, s, pieces.warps);
+            (
+                format!("gdr_bwd8_d{}_w{nw8}", s.dk),
+                n_seq * s.hv * (s.dv / (8 * nw8)),
+                32 * nw8 as u32,
+                bwd8_bytes(s.dk, nw8),
+            )
+        } else {
+            (
+                format!("gdr_bwd6_d{}_w{nw}", s.dk),
+                ctas,
+                32 * nw as u32,
+                2 * v6g_stage_bytes(s.dk, nw),
+            )
+        };
         let side = match hrec.take() {
             Some(HrecLaunch {
                 name,
@@ -1716,7 +1757,8 @@ fn backward_v6(
                     .side_stream()?
                     .ok_or_else(|| GdnError::Device("rule backward: no second stream".into()))?;
                 // Both kernels ask for the largest shared-memory carveout, so that one CTA of
-                // each fits on an SM (88.6 + 133.6 KB at Dk 128, 2 warps).
+                // each fits on an SM (88.6 + 133.6 KB at Dk 128, 2 warps; gdr_bwd8 w4 141.8 KB
+                // beside gdr_hrec6 w2: 230.4 KB fits, beside gdr_hrec8 w4 105.0 KB it does not).
                 for n in [&name, &bwd6] {
                     gpu.function(MODULE, n)?
                         .set_attribute(
@@ -1737,9 +1779,9 @@ fn backward_v6(
             gpu,
             MODULE,
             &bwd6,
-            ctas,
-            32 * nw as u32,
-            2 * v6g_stage_bytes(s.dk, nw),
+            bgrid,
+            bthreads,
+            bsmem,
             &[
                 dptr(qb, st),
                 dptr(kb, st),
@@ -2473,6 +2515,13 @@ mod tests {
         assert_eq!(v8_bytes(128, 4, 3), 229_120);
         assert_eq!(v8_bytes(128, 2, 3), 208_640);
         assert_eq!(v8_bytes(128, 8, 2), 190_976);
+        // gdr_bwd8 (the .cu file's table), and w4 beside gdr_hrec6 w2 within an SM's 233,472
+        // bytes less 1 KB reserved per CTA.
+        assert_eq!(bwd8_bytes(128, 2), 133_632);
+        assert_eq!(bwd8_bytes(128, 4), 141_824);
+        assert_eq!(bwd8_bytes(128, 8), 158_208);
+        assert_eq!(bwd8_bytes(64, 8), 109_056);
+        assert!(bwd8_bytes(128, 4) + 2 * v6r_stage_bytes(128, 2) <= 233_472 - 2 * 1024);
         // prep7's shared memory fits the H200's 227 KB at every shape the v6 pipeline takes.
         for dk in [64, 128] {
             for dv in (16..=256).step_by(16) {
