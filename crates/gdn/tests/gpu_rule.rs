@@ -1157,29 +1157,55 @@ fn v6_bitwise_and_fallback() {
     }
 }
 
-/// `cuda::forward` (what the layer calls) runs v6 with the lean loads by default for bf16 (the
-/// same bits as asking for `FwdKernel::V6Lean { warps: 0 }`, and as `FwdKernel::V6`, the
-/// opt-in `GDN_RULE_FWD=v6`) and v5 for f32 storage. Skipped when `GDN_RULE_FWD` or
-/// `GDN_RULE_V6_WARPS` is set (then the default is what they name).
+/// `cuda::forward` (what the layer calls) runs by default (`FwdKernel::Auto`) v8 for bf16
+/// where v6 would leave schedulers idle (`auto_picks_v8`: here 4 sequences x 4 heads) and v6
+/// with the lean loads where its grid fills the GPU (the same bits as asking for
+/// `FwdKernel::V6Lean { warps: 0 }`, and as `FwdKernel::V6`), and v5 for f32 storage. Skipped
+/// when `GDN_RULE_FWD` or `GDN_RULE_V6_WARPS` is set (then the default is what they name).
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn default_forward_is_v6_lean() {
+fn default_forward_is_by_shape() {
     if std::env::var_os("GDN_RULE_FWD").is_some() || std::env::var_os("GDN_RULE_V6_WARPS").is_some()
     {
         println!("gdr-check default forward: skipped (GDN_RULE_FWD / GDN_RULE_V6_WARPS set)");
         return;
     }
-    assert_eq!(FwdKernel::from_env(), FwdKernel::V6Lean { warps: 0 });
+    assert_eq!(FwdKernel::from_env(), FwdKernel::Auto);
     let gpu = gpu();
+    let sms = gpu.sm_count().unwrap();
     let cu = [0u64, 0, 1, 300, 1000];
-    for (dt, bf, want) in [
-        (DType::Bf16, true, FwdKernel::V6Lean { warps: 0 }),
-        (DType::Bf16, true, FwdKernel::V6 { warps: 0 }),
-        (DType::F32, false, FwdKernel::V5),
+    // 300 sequences of 4 heads: 300 x 4 x 8 tiles > 2 x 132 (v6)
+    let many = Seqs::uniform(300, 70);
+    assert!(gdn::ops::gated_delta_rule::cuda::auto_picks_v8(
+        4, 4, 128, sms
+    ));
+    assert!(!gdn::ops::gated_delta_rule::cuda::auto_picks_v8(
+        300, 4, 128, sms
+    ));
+    for (dt, bf, seqs, want) in [
+        (
+            DType::Bf16,
+            true,
+            Seqs::packed(&cu, 1003).unwrap(),
+            FwdKernel::V8 { warps: 0 },
+        ),
+        (
+            DType::Bf16,
+            true,
+            many.clone(),
+            FwdKernel::V6Lean { warps: 0 },
+        ),
+        (DType::Bf16, true, many, FwdKernel::V6 { warps: 0 }),
+        (
+            DType::F32,
+            false,
+            Seqs::packed(&cu, 1003).unwrap(),
+            FwdKernel::V5,
+        ),
     ] {
         let c = case(
             "default",
-            Seqs::packed(&cu, 1003).unwrap(),
+            seqs,
             sh(2, 4, 128, 128),
             true,
             true,

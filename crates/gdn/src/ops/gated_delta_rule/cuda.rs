@@ -471,6 +471,14 @@ pub fn forward_with_prep(
         FwdKernel::V6NoReload { warps } => Some((warps, V6Loads::NoReload)),
         FwdKernel::V6Lean { warps } => Some((warps, V6Loads::Lean)),
         FwdKernel::V8 { warps } => Some((warps, V6Loads::Split)),
+        FwdKernel::Auto => {
+            let sms = gpu.sm_count().unwrap_or(132);
+            if auto_picks_v8(seqs.count(), s.hv, s.dv, sms) {
+                Some((0, V6Loads::Split))
+            } else {
+                Some((0, V6Loads::Lean))
+            }
+        }
     };
     if let Some((warps, loads)) = v6 {
         if v6_supports(dt, s) {
@@ -861,6 +869,19 @@ pub enum FwdKernel {
     /// (0 picks by shape; `GDN_RULE_V8_WARPS` from the environment). The same inputs (v6's prep)
     /// and outputs; not the same bits as v6 (another summation order).
     V8 { warps: usize },
+    /// The default (since 2026-12-02, session 8): [`FwdKernel::V8`] where v6's grid would
+    /// leave schedulers idle (at most two 16-column state tiles per SM, [`auto_picks_v8`]: few
+    /// sequences x value heads over long sequences, e.g. B1 T32768 16/32, 2.49 -> 1.66 ms on the
+    /// H200), else [`FwdKernel::V6Lean`] (B8 T4096 16/16: 0.42 ms against v8's 0.55); widths by
+    /// shape.
+    Auto,
+}
+
+/// Whether [`FwdKernel::Auto`] runs v8 for `n_seq` sequences of `hv` value heads of `dv` state
+/// columns on a GPU of `sms` multiprocessors: when v6 would have at most two 16-column tiles
+/// (one warp each) per SM, so that at one CTA per SM half the schedulers or more would idle.
+pub fn auto_picks_v8(n_seq: usize, hv: usize, dv: usize, sms: usize) -> bool {
+    n_seq * hv * dv.div_ceil(16) <= 2 * sms
 }
 
 /// How `gdr_fwd6` brings a chunk's operands into shared memory.
@@ -886,7 +907,8 @@ impl FwdKernel {
     /// / 128. `GDN_RULE_FWD=v6` selects v6's first cp.async loads (`gdr_fwd6*`), `v5` keeps v5
     /// everywhere, `v6b` picks the bulk-copy loads (`v6l` names the default);
     /// `GDN_RULE_V6_WARPS=1|2|4|8` forces the CTA width of v6.
-    /// `GDN_RULE_FWD=v8` selects [`FwdKernel::V8`] (`GDN_RULE_V8_WARPS=2|4|8` its width).
+    /// `GDN_RULE_FWD=v8` selects [`FwdKernel::V8`] (`GDN_RULE_V8_WARPS=2|4|8` its width),
+    /// `v6l` [`FwdKernel::V6Lean`] everywhere; unset (or `auto`), [`FwdKernel::Auto`].
     pub fn from_env() -> FwdKernel {
         let fwd = std::env::var("GDN_RULE_FWD").ok();
         let warps = if fwd.as_deref() == Some("v8") {
@@ -905,7 +927,9 @@ impl FwdKernel {
             Some("v6") => FwdKernel::V6 { warps },
             Some("v6b") => FwdKernel::V6Bulk { warps },
             Some("v8") => FwdKernel::V8 { warps },
-            _ => FwdKernel::V6Lean { warps },
+            Some("v6l") => FwdKernel::V6Lean { warps },
+            _ if warps != 0 => FwdKernel::V6Lean { warps },
+            _ => FwdKernel::Auto,
         }
     }
 }
@@ -2486,15 +2510,31 @@ fn grad7(
 mod tests {
     use super::*;
 
-    /// The defaults (issue 13, 2026-12-02): prep7 and the lean v6 forward; the environment's
-    /// names select the others.
+    /// The defaults (issue 13, 2026-12-02): prep7 and the forward by shape (v8 or the lean v6);
+    /// the environment's names select the others.
     #[test]
     fn kernel_choices_from_environment_values() {
         assert_eq!(PrepKernel::named(None), PrepKernel::V7);
         assert_eq!(PrepKernel::named(Some("v7")), PrepKernel::V7);
         assert_eq!(PrepKernel::named(Some("v6")), PrepKernel::V6);
         assert_eq!(PrepKernel::named(Some("v7f")), PrepKernel::V7Fast);
-        assert_eq!(FwdKernel::named(None, None), FwdKernel::V6Lean { warps: 0 });
+        assert_eq!(FwdKernel::named(None, None), FwdKernel::Auto);
+        assert_eq!(FwdKernel::named(Some("auto"), None), FwdKernel::Auto);
+        assert_eq!(
+            FwdKernel::named(None, Some("4")),
+            FwdKernel::V6Lean { warps: 4 }
+        );
+        // v8 where v6 leaves schedulers idle (measured on the H200, 132 SMs: B1 T32768 16/32
+        // v8 1.66 ms vs v6 2.49; B8 T4096 16/16 v6 0.42 vs v8 0.55), v6 where its grid fills
+        // the GPU.
+        assert!(auto_picks_v8(1, 32, 128, 132));
+        assert!(auto_picks_v8(1, 8, 128, 132));
+        assert!(auto_picks_v8(2, 16, 128, 132));
+        assert!(!auto_picks_v8(4, 32, 128, 132));
+        assert!(!auto_picks_v8(8, 16, 128, 132));
+        assert!(!auto_picks_v8(16, 16, 128, 132));
+        assert!(!auto_picks_v8(6, 32, 128, 132));
+        assert!(auto_picks_v8(1, 32, 128, 128) == (32 * 8 <= 256));
         assert_eq!(
             FwdKernel::named(Some("v6l"), Some("2")),
             FwdKernel::V6Lean { warps: 2 }

@@ -461,11 +461,11 @@ fn prep_smem(s: RuleShape) -> usize {
 /// Which chunk-prep kernel the chunked forward and the backward's recompute run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Prep {
-    /// `g2c_prep_*` (module `gdn2_rule`): fp32 CUDA-core products, the default.
+    /// `g2c_prep_*` (module `gdn2_rule`): fp32 CUDA-core products (`GDN_RULE2_PREP=v1`).
     V1,
     /// `g2c_prep8_*` (module `gdn2_rule_tc`): the block products on 3xTF32 tensor cores,
-    /// 108,544 B of shared memory (two CTAs per SM); same outputs to ~fp32 accuracy. Opt-in:
-    /// `GDN_RULE2_PREP=v8`.
+    /// 108,544 B of shared memory (two CTAs per SM); same outputs to ~fp32 accuracy. The default
+    /// since 2026-12-02 (H200, B1 T32768 16/32: 4.22 ms against g2c_prep's 20.4).
     V8,
 }
 
@@ -474,11 +474,11 @@ thread_local! {
 }
 
 impl Prep {
-    /// `GDN_RULE2_PREP=v8` picks [`Prep::V8`]; anything else (or unset) [`Prep::V1`].
+    /// `GDN_RULE2_PREP=v1` picks [`Prep::V1`]; anything else (or unset) [`Prep::V8`].
     pub fn from_env() -> Prep {
         match std::env::var("GDN_RULE2_PREP").as_deref() {
-            Ok("v8") => Prep::V8,
-            _ => Prep::V1,
+            Ok("v1") => Prep::V1,
+            _ => Prep::V8,
         }
     }
 
@@ -762,10 +762,13 @@ pub enum Bwd {
     V2,
 }
 
-/// The backward [`Bwd::from_env`] picks when `GDN_RULE2_BWD` is unset: the chunked one (its GPU
-/// tests passed on the H200 on 2026-12-02: bf16 errors equal to the recurrence's, f32 within
-/// 5e-7 of the f64 reference, bitwise reruns, every output written).
-pub const DEFAULT_BWD: Bwd = Bwd::Chunked;
+/// The backward [`Bwd::from_env`] picks when `GDN_RULE2_BWD` is unset: the chunked one with the
+/// TF32 tensor-core gradient kernel for bf16 storage (since 2026-12-02, session 8: its GPU tests
+/// passed on the H200, g2b_grad 43.5 -> 39.9 ms at B1 T32768 16/32; the chunked backward's tests
+/// passed on 2026-12-02 too: bf16 errors equal to the recurrence's, f32 within 5e-7 of the f64
+/// reference, bitwise reruns, every output written). `GDN_RULE2_BWD=chunked` keeps the fp32
+/// gradient kernel.
+pub const DEFAULT_BWD: Bwd = Bwd::ChunkedTc;
 
 impl Bwd {
     /// `GDN_RULE2_BWD=chunked` or `=recurrent` picks the kernels; unset (or anything else),
