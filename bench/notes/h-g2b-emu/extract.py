@@ -10,7 +10,11 @@ body = src[src.index('// Chunked backward (issue 17'):src.index('#define G2B_DSC
 prep = src[src.index('// Workspace geometry of one (chunk, value head)'):src.index('// Shared memory of g2c_prep (floats)')]
 # ... and the scan (h[c], D), its cp.async copies done at once (the waits and commits no-ops).
 scan = src[src.index('// Issues the cp.async copies of chunk'):src.index('// O = scale (Qg h[c] + A D)')]
-body = prep + scan + body
+# Backward v2 (h-g2bw): g2b_dscan_pp and g2b_grad2 (ex2.approx as exp2; float2 stores).
+v2a = src[src.index('// Backward v2 (opt-in'):src.index('#define G2B_DSCANP(')]
+v2b = src[src.index('// g2b_mm_tc with the epilogue delivered'):src.index('#define G2B_GRAD2(')]
+v2b = v2b.replace('asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));', 'r = std::exp2(x);')
+body = prep + scan + body + v2a + v2b
 pre = r'''
 #include <barrier>
 #include <thread>
@@ -54,6 +58,12 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
     return r;
 }
 inline void st(float* p, i64 i, float v) { p[i] = v; }
+struct float2 { float x, y; };
+inline float2 make_float2(float a, float b) { return float2{a, b}; }
+inline float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
 #define G2B_TC_MODULE 1
 // TF32 tensor cores (g2b_grad_tc, h-g2tc): cvt.rna.tf32.f32 as bit arithmetic (round the 13 low
 // mantissa bits to nearest, ties away from zero; EMU_TF32_EXACT=1 keeps the value, to check the

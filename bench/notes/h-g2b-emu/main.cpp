@@ -31,12 +31,16 @@ int main() {
     std::vector<float> ws_dh(ch * dk * dv, NaN), ws_dd(ch * 64 * dv, NaN), dh0(nseq * hv * dk * dv, NaN);
     int bv = dv % 32 == 0 ? 32 : 16;
     launch(nseq * hv * (dv / bv), [&] {
-        if (bv == 32) g2b_dscan<32, float>(kd_c.data(), a_c.data(), qg_c.data(), wm_c.data(), egl_c.data(), d_o.data(), chf.data(), t0.data(), len.data(), hv, dk, dv, scale, has_dht ? dht.data() : nullptr, ws_dh.data(), ws_dd.data(), dh0.data());
+        if (std::getenv("EMU_V2")) {
+            if (bv == 32) g2b_dscan_pp<32, float>(kd_c.data(), a_c.data(), qg_c.data(), wm_c.data(), egl_c.data(), d_o.data(), chf.data(), t0.data(), len.data(), hv, dk, dv, scale, has_dht ? dht.data() : nullptr, ws_dh.data(), ws_dd.data(), dh0.data());
+            else g2b_dscan_pp<16, float>(kd_c.data(), a_c.data(), qg_c.data(), wm_c.data(), egl_c.data(), d_o.data(), chf.data(), t0.data(), len.data(), hv, dk, dv, scale, has_dht ? dht.data() : nullptr, ws_dh.data(), ws_dd.data(), dh0.data());
+        } else if (bv == 32) g2b_dscan<32, float>(kd_c.data(), a_c.data(), qg_c.data(), wm_c.data(), egl_c.data(), d_o.data(), chf.data(), t0.data(), len.data(), hv, dk, dv, scale, has_dht ? dht.data() : nullptr, ws_dh.data(), ws_dd.data(), dh0.data());
         else g2b_dscan<16, float>(kd_c.data(), a_c.data(), qg_c.data(), wm_c.data(), egl_c.data(), d_o.data(), chf.data(), t0.data(), len.data(), hv, dk, dv, scale, has_dht ? dht.data() : nullptr, ws_dh.data(), ws_dd.data(), dh0.data());
     });
     std::vector<float> ws_g(ch * 4 * 64 * dk, NaN), dqs(tokens * hv * dk, NaN), dks(tokens * hv * dk, NaN), dvo(tokens * hv * dv, NaN), dwo(tokens * hv * dv, NaN), dg(tokens * hv * dk, NaN), db(tokens * hv * dk, NaN);
     launch(ch, [&] {
-        if (std::getenv("EMU_TC")) g2b_grad<true, float, float>(q.data(), k.data(), v.data(), g.data(), b.data(), w.data(), d_o.data(), t0.data(), len.data(), hk, hv, dk, dv, scale, hh_c.data(), dd_c.data(), ws_dh.data(), ws_dd.data(), tt_c.data(), ws_g.data(), dqs.data(), dks.data(), dvo.data(), dwo.data(), dg.data(), db.data());
+        if (std::getenv("EMU_V2")) g2b_grad2<float, float>(q.data(), k.data(), v.data(), g.data(), b.data(), w.data(), d_o.data(), t0.data(), len.data(), hk, hv, dk, dv, scale, hh_c.data(), dd_c.data(), ws_dh.data(), ws_dd.data(), tt_c.data(), ws_g.data(), dqs.data(), dks.data(), dvo.data(), dwo.data(), dg.data(), db.data());
+        else if (std::getenv("EMU_TC")) g2b_grad<true, float, float>(q.data(), k.data(), v.data(), g.data(), b.data(), w.data(), d_o.data(), t0.data(), len.data(), hk, hv, dk, dv, scale, hh_c.data(), dd_c.data(), ws_dh.data(), ws_dd.data(), tt_c.data(), ws_g.data(), dqs.data(), dks.data(), dvo.data(), dwo.data(), dg.data(), db.data());
         else g2b_grad<false, float, float>(q.data(), k.data(), v.data(), g.data(), b.data(), w.data(), d_o.data(), t0.data(), len.data(), hk, hv, dk, dv, scale, hh_c.data(), dd_c.data(), ws_dh.data(), ws_dd.data(), tt_c.data(), ws_g.data(), dqs.data(), dks.data(), dvo.data(), dwo.data(), dg.data(), db.data());
     });
     wr(pre + "dh0", dh0); wr(pre + "dqs", dqs); wr(pre + "dks", dks); wr(pre + "dv", dvo); wr(pre + "dw", dwo); wr(pre + "dg", dg); wr(pre + "db", db); wr(pre + "ws_dh", ws_dh); wr(pre + "ws_dd", ws_dd);

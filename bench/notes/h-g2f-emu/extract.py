@@ -81,6 +81,10 @@ inline void g2f_mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned
     warp_bar[w]->arrive_and_wait();
 }
 '''
+# The borrowed prelude (h-g2b-emu's) may already define float2 (it grows with its kernels).
+if pre.count("struct float2 {") > 1:
+    pre = pre.replace("struct float2 { float x, y; };\nstruct uint2", "struct uint2")
+    pre = pre.replace("inline float2 make_float2(float a, float b) { return {a, b}; }\n", "")
 body = p8 + f8
 body = body.replace('extern __shared__ __align__(16) float g2c_sm[];', 'float* g2c_sm = g2c_sm_store;')
 os.makedirs(os.path.join(here, 'h'), exist_ok=True)

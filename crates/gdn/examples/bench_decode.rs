@@ -10,13 +10,19 @@
 //!    layer), bf16, as a CUDA graph and op by op, fp32 states (and bf16 states at B 64 and 256),
 //!    against its byte floor (state read + written, both projection weights read once), with the
 //!    split by kernel of the op-by-op step at B 1 and 64;
-//! 3. prefill of 8 x 4096 tokens (`extend_slots_dev`, fresh) against the layer's device-resident
+//! 3. the decode projections alone (in_proj 12352 x 2048, out_proj 2048 x 4096, M = 1 .. 128
+//!    tokens): cuBLASLt against the skinny GEMM (`ops/linear/skinny.cu`), and the layer step with
+//!    it (`GDN_DECODE_GEMV`'s path, `CachePool::set_gemv`): `graph+gemv` (the GEMMs only,
+//!    `GDN_DECODE_GEMV=gemm`) and `graph+gemv+fold` / `op+gemv+fold` (the input norm folded
+//!    into in_proj's GEMM too, `GDN_DECODE_GEMV=1`) rows;
+//! 4. prefill of 8 x 4096 tokens (`extend_slots_dev`, fresh) against the layer's device-resident
 //!    training forward (`forward_dev`) on the same input.
 //!
 //! Prints one JSON line per row too (prefix `json:`), for scripts. `cargo run --release --example
 //! bench_decode` on a machine with a CUDA GPU; `bench_decode rule` runs part 1 only;
 //! `bench_decode step B` the layer's decode step at batch B only (op by op with its split, then
-//! as a graph), for `ncu`.
+//! as a graph; then both with the skinny GEMM), for `ncu`; `bench_decode gemm` part 3's GEMM
+//! rows only.
 
 #[path = "common/bench.rs"]
 mod bench;
@@ -112,12 +118,160 @@ fn qwen3_next() -> GdnConfig {
     }
 }
 
-/// One layer decode step at batch `b`: graph or op by op, fp32 or bf16 states.
+/// One decode projection GEMM `[m, k] x [n, k]^T` (bf16): cuBLASLt against the skinny GEMM
+/// (`GDN_DECODE_GEMV`'s kernel, where it takes the shape), the weights' bytes read once against
+/// 4.2 TB/s.
+fn gemm_row(gpu: &Arc<Gpu>, what: &str, m: usize, n: usize, k: usize) {
+    use gdn::ops::linear::cuda as lin;
+    let x = DBuf::upload(gpu, &unif(m * k, 11, -1.0, 1.0), DType::Bf16).unwrap();
+    let w = gpu.upload(&unif(n * k, 12, -0.05, 0.05)).unwrap();
+    let wb = lin::cast_bf16(&w).unwrap();
+    let mut y = DBuf::uninit(gpu, m * n, DType::Bf16).unwrap();
+    let blas = time_ms(gpu, 3, REPS, || {
+        lin::forward(&x, m, k, &w, Some(&wb), n, &mut y).unwrap();
+    });
+    let bytes = (2 * n * k) as f64;
+    let plan = lin::skinny_plan(m, n, k, gpu.sm_count().unwrap());
+    let sk = plan.map(|p| {
+        time_ms(gpu, 3, REPS, || {
+            lin::forward_skinny(&x, m, k, &wb, n, &mut y, p, None).unwrap();
+        })
+    });
+    let pct = |ms: f64| 100.0 * bytes / (ms * 1e-3) / PEAK_BPS;
+    match (sk, plan) {
+        (Some(t), Some(p)) => println!(
+            "gemm {what:<8} M {m:>3} N {n:>5} K {k:>4}: cuBLASLt {blas:.4} ms ({:.0}% of 4.2 TB/s on the weights), skinny {t:.4} ms ({:.0}%): {:.2}x; plan {p:?}",
+            pct(blas),
+            pct(t),
+            blas / t
+        ),
+        _ => println!(
+            "gemm {what:<8} M {m:>3} N {n:>5} K {k:>4}: cuBLASLt {blas:.4} ms ({:.0}% of 4.2 TB/s on the weights), skinny: no plan (falls back to cuBLASLt)",
+            pct(blas)
+        ),
+    }
+    println!(
+        "json: {{\"what\":\"decode_gemm\",\"proj\":\"{what}\",\"M\":{m},\"N\":{n},\"K\":{k},\"blas_ms\":{blas:.5},\"skinny_ms\":{}}}",
+        sk.map_or("null".to_string(), |t| format!("{t:.5}"))
+    );
+}
+
+/// in_proj with its input norm (RMSNorm): the norm kernel then cuBLASLt, the norm kernel then the
+/// skinny GEMM, and the skinny GEMM with the norm folded in (one kernel).
+fn norm_gemm_row(gpu: &Arc<Gpu>, m: usize, n: usize, k: usize) {
+    use gdn::backend::{Act, P};
+    use gdn::ops::linear::cuda as lin;
+    let x = DBuf::upload(gpu, &unif(m * k, 13, -1.0, 1.0), DType::Bf16).unwrap();
+    let w = gpu.upload(&unif(n * k, 14, -0.05, 0.05)).unwrap();
+    let g = gpu.upload(&unif(k, 15, -0.5, 0.5)).unwrap();
+    let wb = lin::cast_bf16(&w).unwrap();
+    let (wf, c1, _) = lin::fold_norm(&w, &g, true, None, n, k).unwrap();
+    let xa = Act::Dev(x.try_clone().unwrap());
+    let mut y = DBuf::uninit(gpu, m * n, DType::Bf16).unwrap();
+    let norm = || {
+        let (xn, _) = gdn::ops::norm::forward(
+            &xa,
+            m,
+            k,
+            P::Dev(&g),
+            None,
+            gdn::Normalization::RMSNorm,
+            1e-6,
+            true,
+        )
+        .unwrap();
+        match xn {
+            Act::Dev(d) => d,
+            Act::Host(_) => unreachable!(),
+        }
+    };
+    let blas = time_ms(gpu, 3, REPS, || {
+        let xn = norm();
+        lin::forward(&xn, m, k, &w, Some(&wb), n, &mut y).unwrap();
+    });
+    let sms = gpu.sm_count().unwrap();
+    let (p, pf) = (
+        lin::skinny_plan(m, n, k, sms),
+        lin::skinny_plan_with(m, n, k, sms, true).filter(|q| q.takes_norm()),
+    );
+    let sk = p.map(|p| {
+        time_ms(gpu, 3, REPS, || {
+            let xn = norm();
+            lin::forward_skinny(&xn, m, k, &wb, n, &mut y, p, None).unwrap();
+        })
+    });
+    let fold = pf.map(|p| {
+        let nm = lin::SkinnyNorm {
+            layer: false,
+            eps: 1e-6,
+            c1: &c1,
+            c2: None,
+        };
+        time_ms(gpu, 3, REPS, || {
+            lin::forward_skinny(&x, m, k, &wf, n, &mut y, p, Some(nm)).unwrap();
+        })
+    });
+    let f = |t: Option<f64>| t.map_or("n/a".to_string(), |t| format!("{t:.4} ms"));
+    println!(
+        "norm+gemm in_proj M {m:>3} N {n:>5} K {k:>4}: norm + cuBLASLt {blas:.4} ms, norm + skinny {}, skinny with the norm folded in {}",
+        f(sk),
+        f(fold)
+    );
+    println!(
+        "json: {{\"what\":\"decode_norm_gemm\",\"M\":{m},\"blas_ms\":{blas:.5},\"skinny_ms\":{},\"fold_ms\":{}}}",
+        sk.map_or("null".to_string(), |t| format!("{t:.5}")),
+        fold.map_or("null".to_string(), |t| format!("{t:.5}"))
+    );
+}
+
+fn gemm_rows(gpu: &Arc<Gpu>) {
+    let cfg = qwen3_next();
+    let (h, pd, vd) = (cfg.hidden_size, cfg.in_proj_dim(), cfg.v_dim());
+    for m in [1usize, 8, 16, 32, 64, 128] {
+        gemm_row(gpu, "in_proj", m, pd, h);
+        gemm_row(gpu, "out_proj", m, h, vd);
+    }
+    for m in [1usize, 8, 64] {
+        norm_gemm_row(gpu, m, pd, h);
+    }
+}
+
+/// One layer decode step at batch `b`: graph or op by op, fp32 or bf16 states, cuBLASLt or (with
+/// `gemv`) the skinny GEMM for the projections (and, with `fold`, the input norm folded into
+/// in_proj's).
 fn layer_step(gpu: &Arc<Gpu>, l: &GatedDeltaNet, b: usize, graph: bool, sd: DType, split: bool) {
+    layer_step_with(gpu, l, b, graph, sd, split, false)
+}
+
+fn layer_step_with(
+    gpu: &Arc<Gpu>,
+    l: &GatedDeltaNet,
+    b: usize,
+    graph: bool,
+    sd: DType,
+    split: bool,
+    gemv: bool,
+) {
+    layer_step_full(gpu, l, b, graph, sd, split, gemv, gemv)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn layer_step_full(
+    gpu: &Arc<Gpu>,
+    l: &GatedDeltaNet,
+    b: usize,
+    graph: bool,
+    sd: DType,
+    split: bool,
+    gemv: bool,
+    fold: bool,
+) {
     let cfg = l.config();
     let h = cfg.hidden_size;
     let mut pool = l.cache_pool_with(b, sd).unwrap();
     pool.set_graphs(graph);
+    pool.set_gemv(gemv);
+    pool.set_fold_norm(fold);
     let slots: Vec<i32> = (0..b as i32).collect();
     let x = DBuf::upload(gpu, &unif(b * h, 7, -1.0, 1.0), DType::Bf16).unwrap();
     // Fill the states with a prefill of 16 tokens per slot first (realistic values).
@@ -132,20 +286,27 @@ fn layer_step(gpu: &Arc<Gpu>, l: &GatedDeltaNet, b: usize, graph: bool, sd: DTyp
     let state = 2.0 * (b * cfg.linear_num_value_heads * 128 * 128 * esz) as f64;
     let weights = 2.0 * (h * (cfg.in_proj_dim() + cfg.v_dim())) as f64;
     let floor_ms = (state + weights) / PEAK_BPS * 1e3;
-    let mode = if graph { "graph" } else { "op by op" };
+    let mode = match (graph, gemv, fold) {
+        (true, false, _) => "graph",
+        (false, false, _) => "op by op",
+        (true, true, true) => "graph+gemv+fold",
+        (false, true, true) => "op+gemv+fold",
+        (true, true, false) => "graph+gemv",
+        (false, true, false) => "op+gemv",
+    };
     let used = match (graph, pool.graph_batch(), pool.graph_error()) {
         (false, _, _) => String::new(),
         (true, Some(n), _) => format!(" (graph of batch {n})"),
         (true, None, e) => format!(" (NO GRAPH: {e:?})"),
     };
     println!(
-        "layer decode B {b:>3} hidden {h} bf16, {sd:?} states, {mode:<8}: {ms:.4} ms; byte floor {floor_ms:.4} ms (state {:.0} MB r+w + weights {:.0} MB at 4.2 TB/s): {:.2}x the floor{used}",
+        "layer decode B {b:>3} hidden {h} bf16, {sd:?} states, {mode:<15}: {ms:.4} ms; byte floor {floor_ms:.4} ms (state {:.0} MB r+w + weights {:.0} MB at 4.2 TB/s): {:.2}x the floor{used}",
         state / 1e6,
         weights / 1e6,
         ms / floor_ms
     );
     println!(
-        "json: {{\"what\":\"layer_decode\",\"B\":{b},\"graph\":{graph},\"state\":\"{sd:?}\",\"ms\":{ms:.5},\"floor_ms\":{floor_ms:.5}}}"
+        "json: {{\"what\":\"layer_decode\",\"B\":{b},\"graph\":{graph},\"gemv\":{gemv},\"fold\":{fold},\"state\":\"{sd:?}\",\"ms\":{ms:.5},\"floor_ms\":{floor_ms:.5}}}"
     );
     if split {
         profile_start();
@@ -168,6 +329,11 @@ fn layer_rows(gpu: &Arc<Gpu>) {
     for b in [1usize, 8, 64, 256] {
         layer_step(gpu, &l, b, true, DType::F32, false);
         layer_step(gpu, &l, b, false, DType::F32, b == 1 || b == 64);
+        // The skinny GEMMs for the projections (GDN_DECODE_GEMV=gemm), then with the input norm
+        // folded into in_proj's (GDN_DECODE_GEMV=1); B 256 falls back to cuBLASLt and the norm.
+        layer_step_full(gpu, &l, b, true, DType::F32, false, true, false);
+        layer_step_full(gpu, &l, b, true, DType::F32, false, true, true);
+        layer_step_full(gpu, &l, b, false, DType::F32, b == 64, true, true);
     }
     for b in [64usize, 256] {
         layer_step(gpu, &l, b, true, DType::Bf16, false);
@@ -213,6 +379,15 @@ fn main() {
             .unwrap();
         layer_step(&gpu, &l, b, false, DType::F32, true);
         layer_step(&gpu, &l, b, true, DType::F32, false);
+        layer_step_full(&gpu, &l, b, false, DType::F32, true, true, false);
+        layer_step_full(&gpu, &l, b, true, DType::F32, false, true, false);
+        layer_step_full(&gpu, &l, b, false, DType::F32, true, true, true);
+        layer_step_full(&gpu, &l, b, true, DType::F32, false, true, true);
+        return;
+    }
+    // `bench_decode gemm`: the decode projections alone, cuBLASLt against the skinny GEMM.
+    if args.get(1).map(String::as_str) == Some("gemm") {
+        gemm_rows(&gpu);
         return;
     }
     let kernels = [
@@ -233,5 +408,6 @@ fn main() {
     if std::env::args().nth(1).as_deref() == Some("rule") {
         return;
     }
+    gemm_rows(&gpu);
     layer_rows(&gpu);
 }

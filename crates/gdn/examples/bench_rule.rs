@@ -21,6 +21,14 @@
 //!   loads) at B1 T32768 16/32 and B8 T4096 16/16, v6's chunk prep the one `GDN_RULE_PREP`
 //!   names (prep7 by default), CUDA events, medians, per-kernel times, and v6's o against v5's
 //!   (RMS relative difference);
+//! - `v8`: the short list for the v8 forward (`FwdKernel::V8`, `gdr_fwd8*`, Dk split per warp
+//!   pair): v8's chain kernel (`gdr_chain8`, 2 / 4 / 8 warps, with and without the output) beside
+//!   v6's (1 / 2 warps), one CTA of the real fused kernels (V6Lean, V8) on one 32768-token head,
+//!   then V6Lean (the default) against V8 (auto, every width, two and three stages) at B1 T32768
+//!   16/32 and B8 T4096 16/16 with per-kernel times and o against V6Lean's, then the default
+//!   backward with `gdr_hrec6` against `gdr_hrec8` (`GDN_RULE_HREC=v8`) there, then the
+//!   backward with `gdr_bwd6` against `gdr_bwd8` (`GDN_RULE_BWD_SCAN=v8`; with hrec6 and hrec8,
+//!   the overlap on and off); `chain` and `variants` include the V8 rows too;
 //! - `bwd`: v5 against the v6 backward pieces (`BwdKernel::V6`: both, each alone, every CTA
 //!   width) at the same two cases: backward alone (after one default forward), CUDA events,
 //!   medians, per-kernel times, peak device memory, and each gradient against v5's; also
@@ -40,9 +48,9 @@ use std::sync::Arc;
 use gdn::backend::launch::{profile_start, profile_take};
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
-    backward as backward_cuda, backward_with, backward_with_prep, chain6, forward as forward_cuda,
-    forward_with, forward_with_prep, prep_only, set_backward_overlap, set_v6_stages, BwdKernel,
-    ChainInputs, FwdKernel, PrepKernel,
+    backward as backward_cuda, backward_with, backward_with_prep, chain6, chain8,
+    forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_backward_overlap,
+    set_bwd8, set_hrec8, set_v6_stages, BwdKernel, ChainInputs, FwdKernel, PrepKernel,
 };
 use gdn::ops::gated_delta_rule::{RuleOpts, RuleShape, CHUNK};
 use gdn::Seqs;
@@ -117,6 +125,7 @@ fn main() {
     match std::env::args().nth(1).as_deref() {
         Some("chain") => return chain(&gpu),
         Some("variants") => return variants(&gpu),
+        Some("v8") => return v8(&gpu),
         Some("bwd") => return bwd_variants(&gpu),
         Some("prep") => return prep_variants(&gpu),
         _ => {}
@@ -391,6 +400,7 @@ fn chain(gpu: &Arc<Gpu>) {
             ms * 1e3 / STEPS as f64
         );
     }
+    chain8_rows(gpu, &w, &k, &a, &gam);
     // One CTA of the real scans on one 32768-token head: v5's scan (BV 16, 256 threads,
     // TF32, S in shared memory) and v6's fused kernel (1 warp for Dv 16, 2 warps for Dv 32).
     for dv in [16usize, 32] {
@@ -405,6 +415,8 @@ fn chain(gpu: &Arc<Gpu>) {
             (FwdKernel::V6Bulk { warps }, 2),
             (FwdKernel::V6Bulk { warps }, 3),
             (FwdKernel::V6NoReload { warps }, 2),
+            (FwdKernel::V8 { warps: 2 * warps }, 2),
+            (FwdKernel::V8 { warps: 2 * warps }, 3),
         ] {
             set_v6_stages(stages);
             drop(fwd(gpu, &x, kernel)); // compile + warm up
@@ -414,6 +426,7 @@ fn chain(gpu: &Arc<Gpu>) {
                 let p = kernel_times(gpu, &x, kernel);
                 let m = match kernel {
                     FwdKernel::V5 => kernel_ms(&p, "gdr_scan_fwd"),
+                    FwdKernel::V8 { .. } => kernel_ms(&p, "gdr_fwd8"),
                     _ => kernel_ms(&p, "gdr_fwd6"),
                 };
                 ms.push(m as f32);
@@ -429,6 +442,228 @@ fn chain(gpu: &Arc<Gpu>) {
     }
 }
 
+/// v8's chain kernel rows (operands as `chain`'s).
+fn chain8_rows(gpu: &Arc<Gpu>, w: &[f32], k: &[f32], a: &[f32], gam: &[f32]) {
+    let bits = |x: &[f32]| -> Vec<u16> {
+        x.iter()
+            .map(|&v| half::bf16::from_f32(v).to_bits())
+            .collect()
+    };
+    for output in [false, true] {
+        for warps in [2usize, 4, 8] {
+            let x = ChainInputs {
+                w: gpu.upload(&bits(w)).unwrap(),
+                k: gpu.upload(&bits(k)).unwrap(),
+                a: gpu.upload(&bits(a)).unwrap(),
+                u: gpu.upload(&normals(CHUNK * 8 * warps, 14)).unwrap(),
+                gam: gpu.upload(gam).unwrap(),
+            };
+            let ms = time_ms(gpu, 2, 10, || {
+                drop(chain8(gpu, &x, warps, output, STEPS).unwrap());
+            });
+            let s = gpu
+                .download(&chain8(gpu, &x, warps, output, STEPS).unwrap())
+                .unwrap();
+            let finite = s.iter().all(|v| v.is_finite());
+            println!(
+                "bench-chain | gdr_chain8 (Dk split per warp pair, {} columns) | {warps} | {output} | {:.3} (state finite: {finite})",
+                8 * warps,
+                ms * 1e3 / STEPS as f64
+            );
+        }
+    }
+}
+
+/// The v8 short list (see the module doc).
+fn v8(gpu: &Arc<Gpu>) {
+    let bits = |x: &[f32]| -> Vec<u16> {
+        x.iter()
+            .map(|&v| half::bf16::from_f32(v).to_bits())
+            .collect()
+    };
+    let (c, dk) = (CHUNK, 128usize);
+    let w: Vec<f32> = normals(c * dk, 11).iter().map(|x| 0.05 * x).collect();
+    let k: Vec<f32> = normals(c * dk, 12)
+        .iter()
+        .map(|x| x / (dk as f32).sqrt())
+        .collect();
+    let a: Vec<f32> = normals(c * c, 13).iter().map(|x| 0.1 * x).collect();
+    let gam: Vec<f32> = (0..c).map(|i| -0.02 * (i + 1) as f32).collect();
+    println!("bench-chain | kernel | warps | output | us per chunk step (median of 10, {STEPS} steps, one CTA)");
+    for (warps, output) in [(1, false), (2, false), (1, true), (2, true)] {
+        let x = ChainInputs {
+            w: gpu.upload(&bits(&w)).unwrap(),
+            k: gpu.upload(&bits(&k)).unwrap(),
+            a: gpu.upload(&bits(&a)).unwrap(),
+            u: gpu.upload(&normals(c * 16 * warps, 14)).unwrap(),
+            gam: gpu.upload(&gam).unwrap(),
+        };
+        let ms = time_ms(gpu, 2, 10, || {
+            drop(chain6(gpu, &x, warps, output, STEPS).unwrap());
+        });
+        println!(
+            "bench-chain | gdr_chain6 | {warps} | {output} | {:.3}",
+            ms * 1e3 / STEPS as f64
+        );
+    }
+    chain8_rows(gpu, &w, &k, &a, &gam);
+    // One CTA of the fused kernels on one 32768-token head (Dv 32: V6Lean 2 warps, V8 4).
+    let x = inputs(gpu, 1, 32768, 1, 1, 128, 32);
+    for (kernel, stages) in [
+        (FwdKernel::V6Lean { warps: 2 }, 3),
+        (FwdKernel::V8 { warps: 4 }, 2),
+        (FwdKernel::V8 { warps: 4 }, 3),
+        (FwdKernel::V8 { warps: 2 }, 3),
+    ] {
+        set_v6_stages(stages);
+        drop(fwd(gpu, &x, kernel));
+        let mut ms = Vec::new();
+        for _ in 0..5 {
+            let p = kernel_times(gpu, &x, kernel);
+            let pre = if matches!(kernel, FwdKernel::V8 { .. }) {
+                "gdr_fwd8"
+            } else {
+                "gdr_fwd6"
+            };
+            ms.push(kernel_ms(&p, pre) as f32);
+        }
+        println!(
+            "bench-chain | one CTA of the scan, Dv 32, {kernel:?} stages {stages} | {:.3} us per chunk step",
+            median(ms) * 1e3 / STEPS as f64
+        );
+        set_v6_stages(0);
+    }
+    println!("bench-v8 | case | kernel | fwd ms (median of 10) | per kernel | o vs V6Lean");
+    for &(b, t, hk, hv) in &[(1usize, 32768usize, 16usize, 32usize), (8, 4096, 16, 16)] {
+        let x = inputs(gpu, b, t, hk, hv, 128, 128);
+        let base = fwd(gpu, &x, FwdKernel::V6Lean { warps: 0 })
+            .download()
+            .unwrap();
+        let mut runs = vec![(FwdKernel::V6Lean { warps: 0 }, false)];
+        for warps in [0, 2, 4, 8] {
+            runs.push((FwdKernel::V8 { warps }, false));
+        }
+        runs.push((FwdKernel::V8 { warps: 2 }, true));
+        runs.push((FwdKernel::V8 { warps: 4 }, true));
+        for (kernel, two) in runs {
+            set_v6_stages(if two { 2 } else { 0 });
+            let ms = time_ms(gpu, 2, 10, || drop(fwd(gpu, &x, kernel)));
+            let p = kernel_times(gpu, &x, kernel);
+            let o = fwd(gpu, &x, kernel).download().unwrap();
+            let (mut num, mut den) = (0f64, 0f64);
+            let mut finite = true;
+            for (a, b) in o.iter().zip(&base) {
+                finite &= a.is_finite();
+                num += ((a - b) as f64).powi(2);
+                den += (*b as f64).powi(2);
+            }
+            println!(
+                "bench-v8 | B{b} T{t} {hk}/{hv} | {kernel:?}{} | {ms:.3} | {} | RMS rel diff {:.2e}, finite {finite}",
+                if two { " 2 stages" } else { "" },
+                fmt_times(&p),
+                (num / den).sqrt()
+            );
+            set_v6_stages(0);
+        }
+        gpu.reset_peak();
+    }
+    // The backward (default kernels) with gdr_hrec6 against gdr_hrec8 (v8's split recompute).
+    println!(
+        "bench-hrec8 | case | recompute | bwd ms (median of 10) | per kernel | grads vs hrec6"
+    );
+    let v7 = BwdKernel::from_env();
+    for &(b, t, hk, hv) in &[(1usize, 32768usize, 16usize, 32usize), (8, 4096, 16, 16)] {
+        let x = inputs(gpu, b, t, hk, hv, 128, 128);
+        let d_o = DBuf::upload(gpu, &normals(b * t * hv * 128, 6), DType::Bf16).unwrap();
+        set_hrec8(Some(false));
+        let g6 = bwd(gpu, &x, &d_o, v7);
+        for on in [false, true] {
+            set_hrec8(Some(on));
+            let ms = time_ms(gpu, 2, 10, || drop(bwd_run(gpu, &x, &d_o, v7)));
+            gpu.sync().unwrap();
+            profile_start();
+            drop(bwd_run(gpu, &x, &d_o, v7));
+            gpu.sync().unwrap();
+            let p = profile_take();
+            let diff = bwd(gpu, &x, &d_o, v7)
+                .iter()
+                .zip(&g6)
+                .map(|((n, a), (_, b))| {
+                    let (mut num, mut den) = (0f64, 0f64);
+                    for (a, b) in a.iter().zip(b) {
+                        num += ((a - b) as f64).powi(2);
+                        den += (*b as f64).powi(2);
+                    }
+                    format!("{n}={:.2e}", (num / den).sqrt())
+                })
+                .collect::<Vec<_>>()
+                .join(" ");
+            println!(
+                "bench-hrec8 | B{b} T{t} {hk}/{hv} | {} | {ms:.3} | {} | {diff}",
+                if on { "gdr_hrec8" } else { "gdr_hrec6" },
+                fmt_times(&p)
+            );
+        }
+        set_hrec8(None);
+        gpu.reset_peak();
+    }
+    // The backward (default kernels) with gdr_bwd6 against gdr_bwd8 (v8's split reverse scan),
+    // with either recompute, the two scans side by side (the default) or in order. The per-kernel
+    // times come from a profiled run (always in order).
+    println!(
+        "bench-bwd8 | case | recompute + reverse scan | overlap | bwd ms (median of 10) | per kernel | grads vs bwd6"
+    );
+    for &(b, t, hk, hv) in &[(1usize, 32768usize, 16usize, 32usize), (8, 4096, 16, 16)] {
+        let x = inputs(gpu, b, t, hk, hv, 128, 128);
+        let d_o = DBuf::upload(gpu, &normals(b * t * hv * 128, 6), DType::Bf16).unwrap();
+        set_hrec8(Some(false));
+        set_bwd8(Some(false));
+        let g6 = bwd(gpu, &x, &d_o, v7);
+        for &(h8, b8, ov) in &[
+            (false, false, true),
+            (false, true, true),
+            (false, false, false),
+            (false, true, false),
+            (true, false, true),
+            (true, true, true),
+        ] {
+            set_hrec8(Some(h8));
+            set_bwd8(Some(b8));
+            set_backward_overlap(ov);
+            let ms = time_ms(gpu, 2, 10, || drop(bwd_run(gpu, &x, &d_o, v7)));
+            gpu.sync().unwrap();
+            profile_start();
+            drop(bwd_run(gpu, &x, &d_o, v7));
+            gpu.sync().unwrap();
+            let p = profile_take();
+            let diff = bwd(gpu, &x, &d_o, v7)
+                .iter()
+                .zip(&g6)
+                .map(|((n, a), (_, b))| {
+                    let (mut num, mut den) = (0f64, 0f64);
+                    for (a, b) in a.iter().zip(b) {
+                        num += ((a - b) as f64).powi(2);
+                        den += (*b as f64).powi(2);
+                    }
+                    format!("{n}={:.2e}", (num / den).sqrt())
+                })
+                .collect::<Vec<_>>()
+                .join(" ");
+            println!(
+                "bench-bwd8 | B{b} T{t} {hk}/{hv} | hrec{} + bwd{} | {} | {ms:.3} | {} | {diff}",
+                if h8 { 8 } else { 6 },
+                if b8 { 8 } else { 6 },
+                if ov { "on" } else { "off" },
+                fmt_times(&p)
+            );
+        }
+        set_backward_overlap(true);
+        set_hrec8(None);
+        set_bwd8(None);
+        gpu.reset_peak();
+    }
+}
+
 /// v5 against v6 forward (see the module doc).
 fn variants(gpu: &Arc<Gpu>) {
     println!("bench-variants | case | kernel | fwd ms (median of 10) | per kernel");
@@ -441,6 +676,7 @@ fn variants(gpu: &Arc<Gpu>) {
         kernels.extend([1, 2, 4, 8].map(|warps| FwdKernel::V6Lean { warps }));
         kernels.push(FwdKernel::V6Bulk { warps: 0 });
         kernels.extend([1, 2, 4, 8].map(|warps| FwdKernel::V6Bulk { warps }));
+        kernels.extend([0, 2, 4, 8].map(|warps| FwdKernel::V8 { warps }));
         // (kernel, forced two stages): the defaults, then 1 and 2 warps with two stages
         let mut runs: Vec<(FwdKernel, bool)> = kernels.into_iter().map(|k| (k, false)).collect();
         for warps in [1, 2] {

@@ -8,13 +8,18 @@
 //! per-kernel times of one chunked backward; then (`bench-rule2-bwd-tc`) the same chunked
 //! backward with `g2b_grad`'s products on TF32 tensor cores ([`Bwd::ChunkedTc`], opt-in
 //! `GDN_RULE2_GRAD=tc`): its time, fwd + bwd, its dq, dk, dg against the fp32 chunked kernels'
-//! and the recurrence's, and its per-kernel times. First (`bench-rule2-prep8`), the chunked
-//! forward and forward + chunked backward with the tensor-core chunk prep g2c_prep8 against
-//! g2c_prep, and its per-kernel times; `GDN_BENCH_RULE2=prep8` prints only those rows. Before
-//! those (`bench-rule2-fwd8`), the fused bf16 tensor-core forward ([`Fwd::V8`], opt-in
-//! `GDN_RULE2_FWD=v8`: g2c_prep8h + g2f_fwd8) against the chunked forward with prep8, at the
-//! model's CTA width and every width, its o against the chunked one's, forward + chunked
-//! backward (prep8), and its per-kernel times; `GDN_BENCH_RULE2=fwd8` prints only those rows.
+//! and the recurrence's, and its per-kernel times; then (`bench-rule2-bwd-v2`) backward v2
+//! ([`Bwd::V2`], opt-in `GDN_RULE2_BWD=v2`: the pipelined reverse scan and `g2b_grad2`) against
+//! the chunked and tc backwards, fwd + bwd, its dq, dk, dg, dv, db against the tc kernels' and
+//! dq, dk, dg against the fp32 chunked kernels' (RMS rel), and the per-kernel times of v2 and tc.
+//! `BENCH_RULE2_V2=1` runs only that part (well under a minute).
+//! First (`bench-rule2-prep8`), the chunked forward and forward + chunked backward with the
+//! tensor-core chunk prep g2c_prep8 against g2c_prep, and its per-kernel times;
+//! `GDN_BENCH_RULE2=prep8` prints only those rows.
+//! Before those (`bench-rule2-fwd8`), the fused bf16 tensor-core forward ([`Fwd::V8`], opt-in
+//! `GDN_RULE2_FWD=v8`: g2c_prep8h + g2f_fwd8; split `v8x`) against the chunked forward, at the
+//! model's CTA width and every width, its o against the chunked one's, forward + the default
+//! backward, and its per-kernel times; `GDN_BENCH_RULE2=fwd8` prints only those rows.
 //!
 //! FLA's `chunk_gdn2` on the H200 (issue 17): 4.80 ms forward, 25.0 ms forward + backward at B1
 //! T32768 16/32. `GDN_RULE2_BV=16|32` forces the scan's tile width.
@@ -29,7 +34,9 @@ use gdn::backend::launch::{profile_start, profile_take};
 use std::sync::Arc;
 
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
-use gdn::ops::gdn2_rule::cuda::{backward, backward_with, forward_with, with_prep, Bwd, Fwd, Prep};
+use gdn::ops::gdn2_rule::cuda::{
+    self as cuda_rule2, backward, backward_with, forward_with, with_prep, Bwd, Fwd, Prep,
+};
 use gdn::ops::gdn2_rule::{RuleOpts, RuleShape};
 use gdn::testutil::rms_rel_err;
 use gdn::Seqs;
@@ -72,6 +79,7 @@ fn main() {
     println!(
         "bench-rule2 | case | chunked fwd ms | recurrent fwd ms | FLA fwd ms | chunked/FLA | chunked fwd + bwd ms | FLA fwd+bwd ms | o chunked vs recurrent (RMS rel)"
     );
+    let v2_only = std::env::var_os("BENCH_RULE2_V2").is_some();
     for &(b, t, hk, hv, fla_f, fla_fb) in CASES {
         let tokens = b * t;
         let seqs = Seqs::uniform(b, t);
@@ -99,8 +107,27 @@ fn main() {
             .unwrap()
             .0
         };
+        let bwd = |which: Bwd| {
+            backward_with(
+                &gpu, which, &q, &k, &v, &g, &bb, &w, &seqs, shape, opts, None, &d_o, None,
+            )
+            .unwrap()
+        };
+        let rel =
+            |a: &DBuf, b: &DBuf| rms_rel_err(&a.download().unwrap(), &f64s(&b.download().unwrap()));
+        if v2_only {
+            bench_v2(
+                &gpu,
+                &format!("B{b} T{t} {hk}/{hv}"),
+                &run,
+                &bwd,
+                &rel,
+                fla_fb,
+            );
+            continue;
+        }
         // The fused forward g2f_fwd8 (GDN_RULE2_FWD=v8) against the chunked forward, both with
-        // prep8; every CTA width; fwd + chunked bwd (prep8); per-kernel times.
+        // prep8; every CTA width; fwd8 + the default backward; per-kernel times.
         {
             let v8 = |warps: usize| Fwd::V8 {
                 warps,
@@ -122,27 +149,12 @@ fn main() {
                     .map(|&w| format!("x w{w} {:.2}", time_ms(&gpu, 1, 3, || drop(run(v8x(w)))))),
             );
             let tfb = time_ms(&gpu, 1, 3, || {
-                with_prep(Prep::V8, || {
-                    let o = run(v8(0));
-                    let gr = backward_with(
-                        &gpu,
-                        Bwd::Chunked,
-                        &q,
-                        &k,
-                        &v,
-                        &g,
-                        &bb,
-                        &w,
-                        &seqs,
-                        shape,
-                        opts,
-                        None,
-                        &d_o,
-                        None,
-                    )
-                    .unwrap();
-                    drop((o, gr));
-                })
+                let o = run(v8(0));
+                let gr = backward(
+                    &gpu, &q, &k, &v, &g, &bb, &w, &seqs, shape, opts, None, &d_o, None,
+                )
+                .unwrap();
+                drop((o, gr));
             });
             let oc = with_prep(Prep::V8, || run(Fwd::Chunked))
                 .download()
@@ -154,7 +166,7 @@ fn main() {
                 "-".into()
             };
             println!(
-                "bench-rule2-fwd8 | B{b} T{t} {hk}/{hv} | chunked fwd (prep8) {t_c8:.2} ms -> fwd8 {t_f8:.2} ms (/FLA {ratio}), fwd8x (split) {t_f8x:.2} ms | widths {} | fwd8 + chunked bwd (prep8) {tfb:.2} ms | o fwd8 vs chunked RMS rel {:.2e}",
+                "bench-rule2-fwd8 | B{b} T{t} {hk}/{hv} | chunked fwd (prep8) {t_c8:.2} ms -> fwd8 {t_f8:.2} ms (/FLA {ratio}), fwd8x (split) {t_f8x:.2} ms | widths {} | fwd8 + default bwd {tfb:.2} ms | o fwd8 vs chunked RMS rel {:.2e}",
                 widths.join(", "),
                 rms_rel_err(&of, &f64s(&oc))
             );
@@ -269,18 +281,10 @@ fn main() {
             "bench-rule2-mem | B{b} T{t} {hk}/{hv} | peak device bytes {:.2} GiB",
             gpu.peak_bytes() as f64 / (1u64 << 30) as f64
         );
-        let bwd = |which: Bwd| {
-            backward_with(
-                &gpu, which, &q, &k, &v, &g, &bb, &w, &seqs, shape, opts, None, &d_o, None,
-            )
-            .unwrap()
-        };
         let tb_c = time_ms(&gpu, 2, 5, || drop(bwd(Bwd::Chunked)));
         let tb_r = time_ms(&gpu, 1, 3, || drop(bwd(Bwd::Recurrent)));
         let tfb_c = time_ms(&gpu, 2, 5, || drop((run(Fwd::Chunked), bwd(Bwd::Chunked))));
         let (gc, gr) = (bwd(Bwd::Chunked), bwd(Bwd::Recurrent));
-        let rel =
-            |a: &DBuf, b: &DBuf| rms_rel_err(&a.download().unwrap(), &f64s(&b.download().unwrap()));
         let dg_c = gpu.download(&gc.dg).unwrap();
         let dg_r = f64s(&gpu.download(&gr.dg).unwrap());
         println!(
@@ -316,5 +320,48 @@ fn main() {
         drop((gt, gc, gr));
         let line = kernel_times(&gpu, || drop(bwd(Bwd::ChunkedTc)));
         println!("bench-rule2-bwd-tc-kernels | B{b} T{t} {hk}/{hv} | {line}");
+        bench_v2(
+            &gpu,
+            &format!("B{b} T{t} {hk}/{hv}"),
+            &run,
+            &bwd,
+            &rel,
+            fla_fb,
+        );
+    }
+}
+
+/// The `bench-rule2-bwd-v2*` rows: backward v2 against the chunked and tc backwards.
+fn bench_v2(
+    gpu: &Arc<Gpu>,
+    case: &str,
+    run: &dyn Fn(Fwd) -> DBuf,
+    bwd: &dyn Fn(Bwd) -> cuda_rule2::Grads,
+    rel: &dyn Fn(&DBuf, &DBuf) -> f64,
+    fla_fb: f64,
+) {
+    let tb_v = time_ms(gpu, 2, 5, || drop(bwd(Bwd::V2)));
+    let tb_t = time_ms(gpu, 2, 5, || drop(bwd(Bwd::ChunkedTc)));
+    let tb_c = time_ms(gpu, 2, 5, || drop(bwd(Bwd::Chunked)));
+    let tfb_v = time_ms(gpu, 2, 5, || drop((run(Fwd::Chunked), bwd(Bwd::V2))));
+    let (gv, gt, gc) = (bwd(Bwd::V2), bwd(Bwd::ChunkedTc), bwd(Bwd::Chunked));
+    let dg_v = gpu.download(&gv.dg).unwrap();
+    let dg_t = f64s(&gpu.download(&gt.dg).unwrap());
+    let dg_c = f64s(&gpu.download(&gc.dg).unwrap());
+    println!(
+        "bench-rule2-bwd-v2 | {case} | v2 bwd {tb_v:.2} ms | tc bwd {tb_t:.2} ms | chunked bwd {tb_c:.2} ms | chunked fwd + v2 bwd {tfb_v:.2} ms | FLA fwd+bwd {fla_fb:.2} ms | RMS rel vs tc: dq {:.2e} dk {:.2e} dg {:.2e} dv {:.2e} db {:.2e} | vs fp32 chunked: dq {:.2e} dk {:.2e} dg {:.2e}",
+        rel(&gv.dq, &gt.dq),
+        rel(&gv.dk, &gt.dk),
+        rms_rel_err(&dg_v, &dg_t),
+        rel(&gv.dv, &gt.dv),
+        rel(&gv.db, &gt.db),
+        rel(&gv.dq, &gc.dq),
+        rel(&gv.dk, &gc.dk),
+        rms_rel_err(&dg_v, &dg_c),
+    );
+    drop((gv, gt, gc));
+    for (which, name) in [(Bwd::V2, "v2"), (Bwd::ChunkedTc, "tc")] {
+        let line = kernel_times(gpu, || drop(bwd(which)));
+        println!("bench-rule2-bwd-{name}-kernels | {case} | {line}");
     }
 }

@@ -13,9 +13,9 @@ use std::sync::{Arc, OnceLock};
 
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
-    backward as backward_cuda, backward_with, backward_with_prep, chain6, forward as forward_cuda,
-    forward_with, forward_with_prep, prep_only, set_backward_overlap, set_poison, v6_supports,
-    BwdKernel, ChainInputs, FwdKernel, PrepKernel,
+    backward as backward_cuda, backward_with, backward_with_prep, chain6, chain8,
+    forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_backward_overlap,
+    set_bwd8, set_hrec8, set_poison, v6_supports, BwdKernel, ChainInputs, FwdKernel, PrepKernel,
 };
 use gdn::ops::gated_delta_rule::reference::{self, RefInputs};
 use gdn::ops::gated_delta_rule::{self as gdr, RuleOpts, RuleShape};
@@ -1157,29 +1157,55 @@ fn v6_bitwise_and_fallback() {
     }
 }
 
-/// `cuda::forward` (what the layer calls) runs v6 with the lean loads by default for bf16 (the
-/// same bits as asking for `FwdKernel::V6Lean { warps: 0 }`, and as `FwdKernel::V6`, the
-/// opt-in `GDN_RULE_FWD=v6`) and v5 for f32 storage. Skipped when `GDN_RULE_FWD` or
-/// `GDN_RULE_V6_WARPS` is set (then the default is what they name).
+/// `cuda::forward` (what the layer calls) runs by default (`FwdKernel::Auto`) v8 for bf16
+/// where v6 would leave schedulers idle (`auto_picks_v8`: here 4 sequences x 4 heads) and v6
+/// with the lean loads where its grid fills the GPU (the same bits as asking for
+/// `FwdKernel::V6Lean { warps: 0 }`, and as `FwdKernel::V6`), and v5 for f32 storage. Skipped
+/// when `GDN_RULE_FWD` or `GDN_RULE_V6_WARPS` is set (then the default is what they name).
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn default_forward_is_v6_lean() {
+fn default_forward_is_by_shape() {
     if std::env::var_os("GDN_RULE_FWD").is_some() || std::env::var_os("GDN_RULE_V6_WARPS").is_some()
     {
         println!("gdr-check default forward: skipped (GDN_RULE_FWD / GDN_RULE_V6_WARPS set)");
         return;
     }
-    assert_eq!(FwdKernel::from_env(), FwdKernel::V6Lean { warps: 0 });
+    assert_eq!(FwdKernel::from_env(), FwdKernel::Auto);
     let gpu = gpu();
+    let sms = gpu.sm_count().unwrap();
     let cu = [0u64, 0, 1, 300, 1000];
-    for (dt, bf, want) in [
-        (DType::Bf16, true, FwdKernel::V6Lean { warps: 0 }),
-        (DType::Bf16, true, FwdKernel::V6 { warps: 0 }),
-        (DType::F32, false, FwdKernel::V5),
+    // 300 sequences of 4 heads: 300 x 4 x 8 tiles > 2 x 132 (v6)
+    let many = Seqs::uniform(300, 70);
+    assert!(gdn::ops::gated_delta_rule::cuda::auto_picks_v8(
+        4, 4, 128, sms
+    ));
+    assert!(!gdn::ops::gated_delta_rule::cuda::auto_picks_v8(
+        300, 4, 128, sms
+    ));
+    for (dt, bf, seqs, want) in [
+        (
+            DType::Bf16,
+            true,
+            Seqs::packed(&cu, 1003).unwrap(),
+            FwdKernel::V8 { warps: 0 },
+        ),
+        (
+            DType::Bf16,
+            true,
+            many.clone(),
+            FwdKernel::V6Lean { warps: 0 },
+        ),
+        (DType::Bf16, true, many, FwdKernel::V6 { warps: 0 }),
+        (
+            DType::F32,
+            false,
+            Seqs::packed(&cu, 1003).unwrap(),
+            FwdKernel::V5,
+        ),
     ] {
         let c = case(
             "default",
-            Seqs::packed(&cu, 1003).unwrap(),
+            seqs,
             sh(2, 4, 128, 128),
             true,
             true,
@@ -1216,6 +1242,42 @@ fn default_forward_is_v6_lean() {
     }
 }
 
+/// The chain kernels' steps on the CPU in f64 with the kernels' bf16 roundings of the mma
+/// operands (S before W S, e^(gam_L - gam) D before K^T D): S `[128][bv]` after `steps` steps
+/// from zero (W, K `[64][128]`, U `[64][bv]`).
+fn chain_cpu(w: &[f32], k: &[f32], u: &[f32], gam: &[f32], bv: usize, steps: usize) -> Vec<f64> {
+    let (c, dk) = (64usize, 128usize);
+    let bfr = |x: f64| half::bf16::from_f32(x as f32).to_f64();
+    let mut s = vec![0f64; dk * bv];
+    let gl = gam[c - 1] as f64;
+    for _ in 0..steps {
+        let sb: Vec<f64> = s.iter().map(|&x| bfr(x)).collect();
+        let mut ds = vec![0f64; c * bv];
+        for i in 0..c {
+            let ed = (gl - gam[i] as f64).exp();
+            for v in 0..bv {
+                let mut x = 0f64;
+                for kk in 0..dk {
+                    x += sb[kk * bv + v] * w[i * dk + kk] as f64;
+                }
+                let d = u[i * bv + v] as f64 - x;
+                ds[i * bv + v] = bfr(ed * d);
+            }
+        }
+        let egl = gl.exp();
+        for kk in 0..dk {
+            for v in 0..bv {
+                let mut acc = 0f64;
+                for i in 0..c {
+                    acc += k[i * dk + kk] as f64 * ds[i * bv + v];
+                }
+                s[kk * bv + v] = egl * s[kk * bv + v] + acc;
+            }
+        }
+    }
+    s
+}
+
 /// The chain microbenchmark kernel (the v6 scan's chunk step, Dk = 128) against the same steps
 /// on the CPU in f64 with the same bf16 roundings of the mma operands (S before W S, e^(gam_L -
 /// gam) D before K^T D), every CTA width: a check of the fragment layouts independent of the
@@ -1227,7 +1289,6 @@ fn chain6_matches_cpu() {
     let mut rng = ChaCha8Rng::seed_from_u64(970);
     let c = 64usize;
     let dk = 128usize;
-    let bfr = |x: f64| half::bf16::from_f32(x as f32).to_f64();
     let mut w = normal(&mut rng, c * dk, 0.05);
     let mut k = normal(&mut rng, c * dk, 1.0 / (dk as f32).sqrt());
     let mut a = normal(&mut rng, c * c, 0.1);
@@ -1259,34 +1320,7 @@ fn chain6_matches_cpu() {
             let s_gpu = gpu
                 .download(&chain6(&gpu, &inp, warps, output, steps).unwrap())
                 .unwrap();
-            // CPU: S [dk][bv]
-            let mut s = vec![0f64; dk * bv];
-            let gl = gam[c - 1] as f64;
-            for _ in 0..steps {
-                let sb: Vec<f64> = s.iter().map(|&x| bfr(x)).collect();
-                let mut ds = vec![0f64; c * bv];
-                for i in 0..c {
-                    let ed = (gl - gam[i] as f64).exp();
-                    for v in 0..bv {
-                        let mut x = 0f64;
-                        for kk in 0..dk {
-                            x += sb[kk * bv + v] * w[i * dk + kk] as f64;
-                        }
-                        let d = u[i * bv + v] as f64 - x;
-                        ds[i * bv + v] = bfr(ed * d);
-                    }
-                }
-                let egl = gl.exp();
-                for kk in 0..dk {
-                    for v in 0..bv {
-                        let mut acc = 0f64;
-                        for i in 0..c {
-                            acc += k[i * dk + kk] as f64 * ds[i * bv + v];
-                        }
-                        s[kk * bv + v] = egl * s[kk * bv + v] + acc;
-                    }
-                }
-            }
+            let s = chain_cpu(&w, &k, &u, &gam, bv, steps);
             let max = s.iter().fold(0f64, |m, &x| m.max(x.abs()));
             let err = s_gpu
                 .iter()
@@ -1303,6 +1337,263 @@ fn chain6_matches_cpu() {
         }
     }
     println!("gdr-check chain6 worst {worst:.2e}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// v8 forward (issue 13, opt-in `FwdKernel::V8`): v6's fused kernel with Dk split per warp pair.
+// Selected per call (`forward_with`).
+
+/// v8's o and final states against the f64 recurrence (check_v6_with: FLA's metric, every o
+/// element written, padding rows zero; v5 printed beside), and against V6Lean's (printed: the
+/// summation order differs, so the bits may).
+fn check_v8(gpu: &Arc<Gpu>, c: &Case, warps: usize, fails: &mut Vec<String>) {
+    check_v6_with(gpu, c, FwdKernel::V8 { warps }, fails);
+    let a = run_fwd(gpu, c, DType::Bf16, FwdKernel::V6Lean { warps: 0 });
+    let b = run_fwd(gpu, c, DType::Bf16, FwdKernel::V8 { warps });
+    let e = |x: &[f32], y: &[f32]| {
+        let y64: Vec<f64> = y.iter().map(|&v| v as f64).collect();
+        rms_rel(x, &y64)
+    };
+    println!(
+        "gdr-check v8 vs v6 lean {:<34} w{warps}: o RMS rel diff {:.2e}, final state {:.2e}",
+        c.name,
+        e(&b.0, &a.0),
+        e(&b.1, &a.1)
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn v8_forward_matches_f64() {
+    let gpu = gpu();
+    let mut fails = Vec::new();
+    // lengths around the chunk size and long sequences, GVA 1/2/4, in-kernel norm
+    for (i, &t) in [1usize, 63, 64, 65, 1000, 4096].iter().enumerate() {
+        for (j, &(hk, hv)) in [(2usize, 2usize), (1, 2), (1, 4)].iter().enumerate() {
+            let c = case(
+                &format!("T{t} {hk}/{hv} d128 norm"),
+                Seqs::uniform(1, t),
+                sh(hk, hv, 128, 128),
+                true,
+                false,
+                Decay::LogSigmoid,
+                900 + 10 * i as u64 + j as u64,
+                true,
+            );
+            check_v8(&gpu, &c, 0, &mut fails);
+        }
+    }
+    // every CTA width (and the two-stage kernels through set_v6_stages' process-wide switch is
+    // not used here: the bench runs those) with states and weak decay
+    let c = case(
+        "T300 1/2 d128 states weak decay",
+        Seqs::uniform(1, 300),
+        sh(1, 2, 128, 128),
+        true,
+        true,
+        Decay::Uniform(0.05),
+        950,
+        true,
+    );
+    for w in [2, 4, 8] {
+        check_v8(&gpu, &c, w, &mut fails);
+    }
+    // Dk 64, Dv 48 (only 2-warp tiles: 16 columns), caller-side normalization; a width that
+    // does not divide Dv falls back to the one that does
+    let c = case(
+        "T200 1/2 dk64 dv48 caller states",
+        Seqs::uniform(1, 200),
+        sh(1, 2, 64, 48),
+        false,
+        true,
+        Decay::LogSigmoid,
+        951,
+        true,
+    );
+    for w in [0, 4] {
+        check_v8(&gpu, &c, w, &mut fails);
+    }
+    let c = case(
+        "T130 2/4 dk64 dv128 norm",
+        Seqs::uniform(2, 130),
+        sh(2, 4, 64, 128),
+        true,
+        true,
+        Decay::Uniform(0.5),
+        952,
+        true,
+    );
+    for w in [0, 2, 4, 8] {
+        check_v8(&gpu, &c, w, &mut fails);
+    }
+    // packed: empty, length 1, 63, 64, 65 and 507 sequences, then 5 padding rows
+    let cu = [0u64, 0, 1, 64, 128, 193, 193, 700];
+    let c = case(
+        "packed+pad 1/2 d128 states",
+        Seqs::packed(&cu, 705).unwrap(),
+        sh(1, 2, 128, 128),
+        true,
+        true,
+        Decay::LogSigmoid,
+        953,
+        true,
+    );
+    for w in [0, 2, 4, 8] {
+        check_v8(&gpu, &c, w, &mut fails);
+    }
+    let c = case(
+        "B34 T70 1/2 d128 caller",
+        Seqs::uniform(34, 70),
+        sh(1, 2, 128, 128),
+        false,
+        true,
+        Decay::LogSigmoid,
+        954,
+        true,
+    );
+    check_v8(&gpu, &c, 0, &mut fails);
+    finish(fails);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn v8_bitwise_and_fallback() {
+    let gpu = gpu();
+    let cu = [0u64, 0, 1, 300, 1000];
+    let c = case(
+        "bitwise v8",
+        Seqs::packed(&cu, 1003).unwrap(),
+        sh(2, 4, 128, 128),
+        true,
+        true,
+        Decay::LogSigmoid,
+        960,
+        true,
+    );
+    let bits = |x: &(Vec<f32>, Vec<f32>)| {
+        x.0.iter()
+            .chain(&x.1)
+            .map(|v| v.to_bits())
+            .collect::<Vec<u32>>()
+    };
+    for warps in [0, 2, 4, 8] {
+        let a = run_fwd(&gpu, &c, DType::Bf16, FwdKernel::V8 { warps });
+        let b = run_fwd(&gpu, &c, DType::Bf16, FwdKernel::V8 { warps });
+        let same = bits(&a) == bits(&b);
+        println!("gdr-check v8 bitwise w{warps}: identical={same}");
+        assert!(same, "v8 w{warps}: two runs differ");
+    }
+    // The pair's halves of the state meet only through X = X_0 + X_1 (both warps add the same
+    // two values): the width changes which warps run a column, not its arithmetic, so every
+    // width gives the same bits.
+    let a = bits(&run_fwd(&gpu, &c, DType::Bf16, FwdKernel::V8 { warps: 2 }));
+    for warps in [4, 8] {
+        let b = bits(&run_fwd(&gpu, &c, DType::Bf16, FwdKernel::V8 { warps }));
+        println!("gdr-check v8 w{warps} = w2: {}", a == b);
+        assert!(a == b, "v8 w{warps} differs from w2");
+    }
+    // Shapes and storage v8 does not take run v5: the same bits as asking for v5.
+    for (dt, shape, bf) in [
+        (DType::F32, sh(2, 4, 128, 128), false),
+        (DType::Bf16, sh(1, 2, 256, 128), true),
+        (DType::Bf16, sh(1, 2, 48, 64), true),
+    ] {
+        assert!(!v6_supports(dt, shape));
+        let c = case(
+            "fallback",
+            Seqs::uniform(1, 150),
+            shape,
+            true,
+            true,
+            Decay::LogSigmoid,
+            961,
+            bf,
+        );
+        let b = run_fwd(&gpu, &c, dt, FwdKernel::V5);
+        let a = run_fwd(&gpu, &c, dt, FwdKernel::V8 { warps: 0 });
+        assert!(a == b, "{dt:?} {shape:?}: V8 did not fall back to v5");
+    }
+}
+
+/// v8's chain kernel (the split chunk step, Dk = 128) against the same steps on the CPU
+/// (chain_cpu: f64 with the kernels' bf16 operand roundings), every width, with and without the
+/// output products (which must not disturb the state: they share the exchange buffers).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn chain8_matches_cpu() {
+    let gpu = gpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(971);
+    let c = 64usize;
+    let dk = 128usize;
+    let mut w = normal(&mut rng, c * dk, 0.05);
+    let mut k = normal(&mut rng, c * dk, 1.0 / (dk as f32).sqrt());
+    let mut a = normal(&mut rng, c * c, 0.1);
+    bf16r(&mut w);
+    bf16r(&mut k);
+    bf16r(&mut a);
+    let gam: Vec<f32> = (0..c).map(|i| -0.02 * (i + 1) as f32).collect();
+    let bits = |x: &[f32]| -> Vec<u16> {
+        x.iter()
+            .map(|&v| half::bf16::from_f32(v).to_bits())
+            .collect()
+    };
+    let steps = 5usize;
+    for warps in [2usize, 4, 8] {
+        let bv = 8 * warps;
+        let u = normal(&mut rng, c * bv, 1.0);
+        let inp = ChainInputs {
+            w: gpu.upload(&bits(&w)).unwrap(),
+            k: gpu.upload(&bits(&k)).unwrap(),
+            a: gpu.upload(&bits(&a)).unwrap(),
+            u: gpu.upload(&u).unwrap(),
+            gam: gpu.upload(&gam).unwrap(),
+        };
+        let s = chain_cpu(&w, &k, &u, &gam, bv, steps);
+        let max = s.iter().fold(0f64, |m, &x| m.max(x.abs()));
+        assert!(max > 0.1, "chain8: degenerate test state");
+        let mut prev: Option<Vec<f32>> = None;
+        for output in [false, true] {
+            let s_gpu = gpu
+                .download(&chain8(&gpu, &inp, warps, output, steps).unwrap())
+                .unwrap();
+            let err = s_gpu
+                .iter()
+                .zip(&s)
+                .fold(0f64, |m, (&a, &b)| m.max((a as f64 - b).abs()))
+                / max;
+            println!("gdr-check chain8 w{warps} output={output}: max |S| {max:.3e}, max rel err {err:.2e}");
+            assert!(
+                err.is_finite() && err < 1e-2,
+                "chain8 w{warps} output={output}: error {err:.3e}"
+            );
+            if let Some(p) = &prev {
+                assert!(
+                    p.iter()
+                        .map(|x| x.to_bits())
+                        .eq(s_gpu.iter().map(|x| x.to_bits())),
+                    "chain8 w{warps}: the output products changed the state"
+                );
+            }
+            prev = Some(s_gpu);
+        }
+    }
+    assert!(
+        chain8(
+            &gpu,
+            &ChainInputs {
+                w: gpu.upload(&bits(&w)).unwrap(),
+                k: gpu.upload(&bits(&k)).unwrap(),
+                a: gpu.upload(&bits(&a)).unwrap(),
+                u: gpu.upload(&vec![0f32; c * 16]).unwrap(),
+                gam: gpu.upload(&gam).unwrap(),
+            },
+            4,
+            false,
+            1
+        )
+        .is_err(),
+        "chain8: a U of the wrong width must be refused"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1393,6 +1684,203 @@ fn v7b(warps: usize) -> BwdKernel {
         grad7: true,
         warps,
     }
+}
+
+/// gdr_hrec8 (opt-in `GDN_RULE_HREC=v8`, here `set_hrec8` on this test's thread): the v6
+/// backward with v8's split recompute of h and D, every gradient against the f64 recurrence
+/// (check_v6_bwd), with fp32 and bf16 states, every width; two runs identical; the gradients
+/// against gdr_hrec6's printed (another summation order: not the same bits).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn hrec8_backward_matches_f64() {
+    let gpu = gpu();
+    let mut fails = Vec::new();
+    let cases = v6_bwd_cases();
+    for c in &cases {
+        let b = base(&gpu, c);
+        set_hrec8(Some(true));
+        for kernel in [
+            v7b(0),
+            v6b(true, true, false, false, 0),
+            v6b(true, false, false, false, 0),
+        ] {
+            check_v6_bwd(&gpu, c, &b, kernel, &mut fails);
+        }
+        set_hrec8(None);
+    }
+    let c = case(
+        "T300 1/2 d128 norm states",
+        Seqs::uniform(1, 300),
+        sh(1, 2, 128, 128),
+        true,
+        true,
+        Decay::LogSigmoid,
+        1011,
+        true,
+    );
+    let b = base(&gpu, &c);
+    set_hrec8(Some(false));
+    let six = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
+    set_hrec8(Some(true));
+    for warps in [0, 2, 4, 8] {
+        check_v6_bwd(&gpu, &c, &b, v7b(warps), &mut fails);
+    }
+    let x = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
+    let y = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
+    set_hrec8(None);
+    let bits = |o: &Out| -> Vec<u32> {
+        o.fields()
+            .iter()
+            .flat_map(|(_, v)| v.iter().map(|a| a.to_bits()))
+            .collect()
+    };
+    println!(
+        "gdr-check hrec8 bitwise: identical={}",
+        bits(&x) == bits(&y)
+    );
+    if bits(&x) != bits(&y) {
+        fails.push("hrec8: two runs differ".into());
+    }
+    for ((name, a), (_, b6)) in x.fields().iter().zip(six.fields()) {
+        let b64: Vec<f64> = b6.iter().map(|&v| v as f64).collect();
+        println!(
+            "gdr-check hrec8 vs hrec6 {name}: RMS rel diff {:.2e}",
+            rms_rel(a, &b64)
+        );
+    }
+    finish(fails);
+}
+
+/// gdr_bwd8 (opt-in `GDN_RULE_BWD_SCAN=v8`, here `set_bwd8` on this test's thread): the v6
+/// backward with v8's split reverse scan, every gradient against the f64 recurrence
+/// (check_v6_bwd) on the v6 backward's cases (Dv 48 takes w2, Dv 64 / 128 w4 or w8 by the
+/// model), with gdr_hrec6 and gdr_hrec8 as the recompute, fp32 and bf16 states, the scan alone
+/// (v5's recompute); the scan piece off (v5's reverse scan: `set_bwd8` has no effect, the same
+/// bits as without it) and the fp32 path (v5 only) fall back; every width on one case; two runs
+/// identical; sequential and overlapped (`set_backward_overlap`) identical with either
+/// recompute on a case long enough for the two kernels to overlap; the gradients against
+/// gdr_bwd6's printed (another summation order: not the same bits).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bwd8_backward_matches_f64() {
+    let gpu = gpu();
+    let mut fails = Vec::new();
+    for c in &v6_bwd_cases() {
+        let b = base(&gpu, c);
+        for hrec8 in [false, true] {
+            println!("gdr-check bwd8 with hrec{}", if hrec8 { 8 } else { 6 });
+            set_hrec8(Some(hrec8));
+            set_bwd8(Some(true));
+            for kernel in [
+                v7b(0),
+                v6b(true, true, false, false, 0),
+                v6b(false, true, false, false, 0),
+                v6b(true, false, false, false, 0),
+            ] {
+                check_v6_bwd(&gpu, c, &b, kernel, &mut fails);
+            }
+            // Fallback: without the v6 reverse scan gdr_bwd8 is not used (same bits).
+            let on = run_gpu_with(
+                &gpu,
+                c,
+                DType::Bf16,
+                Some(v6b(true, false, false, false, 0)),
+            );
+            set_bwd8(Some(false));
+            let off = run_gpu_with(
+                &gpu,
+                c,
+                DType::Bf16,
+                Some(v6b(true, false, false, false, 0)),
+            );
+            if on.bits() != off.bits() {
+                fails.push(format!(
+                    "{}: bwd8 changed the v5 reverse scan's bits",
+                    c.name
+                ));
+            }
+        }
+        set_hrec8(None);
+        set_bwd8(None);
+    }
+    let c = case(
+        "T300 1/2 d128 norm states",
+        Seqs::uniform(1, 300),
+        sh(1, 2, 128, 128),
+        true,
+        true,
+        Decay::LogSigmoid,
+        1011,
+        true,
+    );
+    let b = base(&gpu, &c);
+    set_bwd8(Some(false));
+    let six = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
+    let f32_off = run_gpu_with(&gpu, &c, DType::F32, None);
+    set_bwd8(Some(true));
+    let f32_on = run_gpu_with(&gpu, &c, DType::F32, None);
+    if f32_on.bits() != f32_off.bits() {
+        fails.push("bwd8 changed the fp32 backward's bits".into());
+    }
+    for warps in [0, 2, 4, 8] {
+        check_v6_bwd(&gpu, &c, &b, v7b(warps), &mut fails);
+        check_v6_bwd(
+            &gpu,
+            &c,
+            &b,
+            v6b(true, true, false, false, warps),
+            &mut fails,
+        );
+    }
+    let x = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
+    let y = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
+    println!("gdr-check bwd8 bitwise: identical={}", x.bits() == y.bits());
+    if x.bits() != y.bits() {
+        fails.push("bwd8: two runs differ".into());
+    }
+    for ((name, a), (_, b6)) in x.fields().iter().zip(six.fields()) {
+        let b64: Vec<f64> = b6.iter().map(|&v| v as f64).collect();
+        println!(
+            "gdr-check bwd8 vs bwd6 {name}: RMS rel diff {:.2e}",
+            rms_rel(a, &b64)
+        );
+    }
+    // Overlap on and off, with either recompute.
+    let long = case(
+        "bwd8 overlap long states",
+        Seqs::uniform(1, 8192),
+        sh(4, 8, 128, 128),
+        true,
+        true,
+        Decay::LogSigmoid,
+        1032,
+        true,
+    );
+    for hrec8 in [false, true] {
+        set_hrec8(Some(hrec8));
+        for kernel in [v7b(0), v6b(true, true, false, false, 0)] {
+            set_backward_overlap(false);
+            let seq = run_gpu_with(&gpu, &long, DType::Bf16, Some(kernel));
+            set_backward_overlap(true);
+            let a = run_gpu_with(&gpu, &long, DType::Bf16, Some(kernel));
+            let b = run_gpu_with(&gpu, &long, DType::Bf16, Some(kernel));
+            let (same, again) = (a.bits() == seq.bits(), a.bits() == b.bits());
+            println!(
+                "gdr-check bwd8 overlap hrec{} {kernel:?}: equal to sequential={same}, two runs equal={again}",
+                if hrec8 { 8 } else { 6 }
+            );
+            if !same || !again {
+                fails.push(format!(
+                    "bwd8 overlap hrec8={hrec8} {kernel:?}: sequential {same}, rerun {again}"
+                ));
+            }
+            check_written(&long, &a, &mut fails);
+        }
+    }
+    set_backward_overlap(true);
+    set_hrec8(None);
+    set_bwd8(None);
+    finish(fails);
 }
 
 /// Dk 64 / 128, Dv 48 / 128, GVA 1 / 2 / 4, T 1 .. 4096 with partial chunks, initial / final

@@ -1314,6 +1314,57 @@ fn gdn2_chunked_bwd_tc_bf16_matches_f64() {
     check_chunked_bwd_bf16(Bwd::ChunkedTc, "chunked-bwd-tc-bf16");
 }
 
+/// Backward v2 (`GDN_RULE2_BWD=v2`: the pipelined reverse scan, `g2b_grad2`): the same cases
+/// and tolerances as the chunked backward's bf16 test, poisoned outputs, padding rows zero.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gdn2_chunked_bwd_v2_bf16_matches_f64() {
+    check_chunked_bwd_bf16(Bwd::V2, "chunked-bwd-v2-bf16");
+}
+
+/// Backward v2 against the kernels it replaces, every chunked case, both storage types:
+/// `g2b_dscan*p` computes exactly `g2b_dscan*`'s FMAs, so dh0 is bitwise the chunked
+/// backward's (f32 and bf16); on f32 storage the whole v2 backward is bitwise the chunked one
+/// (its gradient kernel is the fp32 `g2b_grad_f32`); on bf16, dv and dw (the tc products alone,
+/// same epilogue values) are bitwise the tc backward's and dq, dk, dg, db (ex2.approx in the
+/// Gram step) within 1e-4 RMS of the tc backward's. Every output finite, padding rows zero.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gdn2_chunked_bwd_v2_matches_existing_kernels() {
+    let gpu = gpu();
+    let mut fails = Vec::new();
+    for bf in [false, true] {
+        let dt = if bf { DType::Bf16 } else { DType::F32 };
+        for c in &chunked_cases(bf) {
+            let v2 = bwd_gpu(&gpu, c, dt, Bwd::V2);
+            let old = bwd_gpu(&gpu, c, dt, Bwd::Chunked);
+            let tc = bwd_gpu(&gpu, c, dt, Bwd::ChunkedTc);
+            check_bwd_written(c, &v2, "v2 bwd", &mut fails);
+            let mut line = format!("gdn2-check chunked-bwd-v2-vs-old {dt:?} {:<29}", c.name);
+            for (((name, x), (_, o)), (_, t)) in v2.iter().zip(&old).zip(&tc) {
+                let same_old = x.iter().zip(o).all(|(a, b)| a.to_bits() == b.to_bits());
+                let same_tc = x.iter().zip(t).all(|(a, b)| a.to_bits() == b.to_bits());
+                let e = rms_rel(x, &t.iter().map(|&a| a as f64).collect::<Vec<f64>>());
+                line += &format!(" {name}: =old {same_old} =tc {same_tc} vs-tc {e:.1e}");
+                let ok = match (bf, *name) {
+                    (false, _) | (true, "dh0") => same_old,
+                    (true, "dv" | "dw") => same_tc,
+                    // Where the exact value is all zero (dg at T = 1) the RMS is 0/0.
+                    (true, _) => same_tc || e <= 1e-4,
+                };
+                if !ok {
+                    fails.push(format!(
+                        "{}: v2 {dt:?} {name}: bitwise old {same_old}, tc {same_tc}, RMS vs tc {e:.2e}",
+                        c.name
+                    ));
+                }
+            }
+            println!("{line}");
+        }
+    }
+    finish(fails);
+}
+
 /// `bwd` (a chunked one) on bf16 storage against the f64 reference, next to the recurrence.
 fn check_chunked_bwd_bf16(bwd: Bwd, what: &str) {
     let gpu = gpu();
@@ -1396,6 +1447,20 @@ fn gdn2_chunked_bwd_two_runs_are_bitwise_identical() {
             t1 == t2,
             "{dt:?}: two runs of the tc chunked backward differ"
         );
+        let v1 = bits(&bwd_gpu(&gpu, &c, dt, Bwd::V2));
+        let v2 = bits(&bwd_gpu(&gpu, &c, dt, Bwd::V2));
+        println!(
+            "gdn2-check chunked-bwd-v2-bitwise {dt:?}: identical={} same-as-tc={}",
+            v1 == v2,
+            v1 == t1
+        );
+        assert!(v1 == v2, "{dt:?}: two runs of the v2 backward differ");
+        if dt != DType::F32 {
+            assert!(
+                v1 != t1,
+                "bf16: the v2 backward equals the tc backward's bits"
+            );
+        }
         match dt {
             DType::F32 => assert!(t1 == a, "f32: the tc backward is not the fp32 kernel"),
             _ => assert!(

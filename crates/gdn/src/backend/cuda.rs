@@ -65,7 +65,14 @@ pub struct Gpu {
     /// A second stream for kernels that may run beside those on [`Gpu::stream`] (created at
     /// first use), see [`Gpu::side_stream`].
     side_stream: OnceLock<Arc<CudaStream>>,
+    /// Zeroed counters that kernels which pick their last CTA by a counter leave zero again
+    /// (the skinny GEMM's split-K), made at first use, kept for the life of the process (a graph
+    /// may bake in their address).
+    counters: OnceLock<CudaSlice<u32>>,
 }
+
+/// Number of counters [`Gpu::counters`] holds.
+pub const COUNTERS: usize = 1 << 16;
 
 /// A small per-thread number (1, 2, ...), to tell the capturing thread from the others.
 fn thread_token() -> u64 {
@@ -157,6 +164,7 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
         capture_owner: AtomicU64::new(0),
         capture_lock: Mutex::new(()),
         side_stream: OnceLock::new(),
+        counters: OnceLock::new(),
     });
     m.insert(ordinal, g.clone());
     Ok(g)
@@ -565,6 +573,26 @@ impl Gpu {
         // default stream is this context's.
         unsafe { cudarc::driver::result::graph::launch(g.cu_graph_exec(), self.stream.cu_stream()) }
             .map_err(|e| dev_err("launching a CUDA graph", e))
+    }
+
+    /// [`COUNTERS`] zeroed `u32` counters for kernels that leave them zero when they finish
+    /// (allocated and zeroed on the default stream at the first call, which must not be inside
+    /// a capture: the decode graph's warm-up step makes them). All our work runs on one stream,
+    /// so two kernels never use them at once.
+    pub fn counters(&self) -> Result<&CudaSlice<u32>> {
+        if let Some(c) = self.counters.get() {
+            return Ok(c);
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| dev_err("binding the CUDA context", e))?;
+        let c = self
+            .stream
+            .alloc_zeros::<u32>(COUNTERS)
+            .map_err(|e| dev_err("allocating the kernel counters", e))?;
+        // A racing thread may have set it first; then ours is freed.
+        let _ = self.counters.set(c);
+        Ok(self.counters.get().expect("set above"))
     }
 
     /// Free and total bytes of this GPU's memory: the driver's `cuMemGetInfo`, plus the bytes

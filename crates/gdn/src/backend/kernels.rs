@@ -69,6 +69,8 @@ pub const MODULES: &[(&str, &str)] = &[
     ),
     ("adamw", include_str!("../ops/adamw/adamw.cu")),
     ("decode", include_str!("../ops/decode/decode.cu")),
+    // The decode projections' skinny GEMM (opt-in: GDN_DECODE_GEMV=1).
+    ("skinny", include_str!("../ops/linear/skinny.cu")),
 ];
 
 /// The full source NVRTC compiles for `module`.

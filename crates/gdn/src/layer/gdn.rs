@@ -935,9 +935,22 @@ impl GatedDeltaNet {
     /// the decode step's (a few rows per call, where GDN2's split would cost two weight-block
     /// copies per step; its bits are not promised equal to the training forward's, which runs
     /// GEMMs of another shape anyway).
-    fn in_proj_one_gemm(&self, p: &ParamView, x: &Act, n: usize) -> Result<Act> {
+    /// `skinny`: the GEMM is [`linear::forward_decode`]'s skinny GEMM where it takes the shape.
+    fn in_proj_one_gemm(&self, p: &ParamView, x: &Act, n: usize, skinny: bool) -> Result<Act> {
         let (xn, _) = self.in_norm(p, x, n)?;
-        self.in_proj_gemm(p, &xn, n)
+        if !skinny {
+            return self.in_proj_gemm(p, &xn, n);
+        }
+        let c = &self.cfg;
+        linear::forward_decode(
+            &xn,
+            n,
+            c.hidden_size,
+            p.get("in_proj.weight"),
+            p.bf16("in_proj.weight"),
+            c.in_proj_dim(),
+            true,
+        )
     }
 
     /// The GEMM of the normalized input `xn` `[n, h]` with all of in_proj.weight.
@@ -1044,6 +1057,20 @@ impl GatedDeltaNet {
         n: usize,
         prof: &mut Prof,
     ) -> Result<(Act, Act, Stats)> {
+        self.out_proj_with(p, o, proj, n, prof, false)
+    }
+
+    /// [`out_proj`](Self::out_proj); `skinny`: its GEMM is [`linear::forward_decode`]'s skinny
+    /// GEMM where it takes the shape (the decode step's opt-in).
+    fn out_proj_with(
+        &self,
+        p: &ParamView,
+        o: &Act,
+        proj: &Act,
+        n: usize,
+        prof: &mut Prof,
+        skinny: bool,
+    ) -> Result<(Act, Act, Stats)> {
         let c = &self.cfg;
         let (hv, dv, vd) = (c.linear_num_value_heads, c.linear_value_head_dim, c.v_dim());
         let (norm_out, o_stats) = gated_norm::forward(
@@ -1059,13 +1086,14 @@ impl GatedDeltaNet {
             c.layernorm_zero_centered_gamma,
         )?;
         prof.mark("fwd gated norm");
-        let y = linear::forward(
+        let y = linear::forward_decode(
             &norm_out,
             n,
             vd,
             p.get("out_proj.weight"),
             p.bf16("out_proj.weight"),
             c.hidden_size,
+            skinny,
         )?;
         Ok((y, norm_out, o_stats))
     }

@@ -47,6 +47,22 @@ pub struct CachePool {
     graph: Option<DecodeGraph>,
     /// Why capturing failed (graphs are then off for this pool), if it did.
     graph_error: Option<String>,
+    /// Whether a GPU decode step's projections run the skinny GEMM (`GDN_DECODE_GEMV=1`).
+    gemv: bool,
+    /// With `gemv`: the input norm folded into in_proj's skinny GEMM (on with `GDN_DECODE_GEMV=1`,
+    /// off with `GDN_DECODE_GEMV=gemm`).
+    fold: bool,
+    /// The folded in_proj weight, for the device weights it was made from.
+    folded: Option<Folded>,
+}
+
+/// in_proj.weight with the input norm's scale folded in, and its row constants
+/// (`ops::linear::cuda::fold_norm`), made from `params` (kept alive and compared, as the graph's).
+struct Folded {
+    params: Arc<DevParams>,
+    w: GBuf<u16>,
+    c1: GBuf<f32>,
+    c2: Option<GBuf<f32>>,
 }
 
 impl std::fmt::Debug for CachePool {
@@ -101,6 +117,36 @@ impl CachePool {
         if !on {
             self.graph = None;
         }
+    }
+    /// Run a GPU decode step's two projections (in_proj, out_proj) with the skinny GEMM
+    /// (`ops::linear::cuda::forward_skinny`, bf16 storage, 1..=64 rows; cuBLASLt elsewhere) or
+    /// not (cuBLASLt), and with it the input norm folded into in_proj's GEMM (on with it; turn it
+    /// off after with [`set_fold_norm`](Self::set_fold_norm)). Off unless `GDN_DECODE_GEMV=1`
+    /// (opt-in until measured; `GDN_DECODE_GEMV=gemm`: the GEMMs without the fold). The paths
+    /// differ within the bf16 rounding of the projections' outputs; each is bitwise reproducible.
+    pub fn set_gemv(&mut self, on: bool) {
+        if on != self.gemv || on != self.fold {
+            self.graph = None;
+        }
+        self.gemv = on;
+        self.fold = on;
+    }
+    /// Whether the decode projections run the skinny GEMM ([`set_gemv`](Self::set_gemv)).
+    pub fn gemv(&self) -> bool {
+        self.gemv
+    }
+    /// With the skinny GEMM on: fold the input norm into in_proj's GEMM (one kernel fewer: the
+    /// GEMM reads the raw input rows, takes each token's mean / rstd from them and applies them
+    /// to its sums; the norm's weight is folded into a bf16 copy of in_proj.weight that the pool
+    /// keeps, 2 bytes per weight, made at the first step after the weights change) or not (the
+    /// norm kernel, then the GEMM). Only where the plan keeps whole token rows in one CTA (the
+    /// layer's shapes up to 64 rows); elsewhere the norm kernel runs. Within bf16 rounding of the
+    /// unfolded step, not bit for bit.
+    pub fn set_fold_norm(&mut self, on: bool) {
+        if on != self.fold {
+            self.graph = None;
+        }
+        self.fold = on;
     }
     /// The batch size of the captured decode graph, if one is held (tests, benchmarks).
     pub fn graph_batch(&self) -> Option<usize> {
@@ -208,6 +254,9 @@ impl GatedDeltaNet {
             graphs: graph::enabled_by_env(),
             graph: None,
             graph_error: None,
+            gemv: crate::ops::linear::decode_gemv_by_env(),
+            fold: crate::ops::linear::decode_fold_by_env(),
+            folded: None,
         })
     }
 
@@ -534,6 +583,68 @@ impl GatedDeltaNet {
         Ok(y)
     }
 
+    /// in_proj of the decode step with the input norm folded into the skinny GEMM, where the pool
+    /// asks for it and the shapes allow it ([`CachePool::set_fold_norm`]); `None`: not taken.
+    fn in_proj_folded(
+        &self,
+        p: &ParamView,
+        x: &Act,
+        n: usize,
+        pool: &mut CachePool,
+    ) -> Result<Option<Act>> {
+        use crate::ops::linear::cuda::{fold_norm, forward_skinny, skinny_plan_with, SkinnyNorm};
+        let (ParamView::Dev(dp), Act::Dev(xd), true, true) = (p, x, pool.gemv, pool.fold) else {
+            return Ok(None);
+        };
+        if xd.dtype() != DType::Bf16 {
+            return Ok(None);
+        }
+        let c = &self.cfg;
+        let (h, pd) = (c.hidden_size, c.in_proj_dim());
+        let gpu = xd.gpu().clone();
+        let Some(plan) =
+            skinny_plan_with(n, pd, h, gpu.sm_count()?, true).filter(|q| q.takes_norm())
+        else {
+            return Ok(None);
+        };
+        let (P::Dev(w), P::Dev(g)) = (p.get("in_proj.weight"), p.get("in_proj.layer_norm_weight"))
+        else {
+            return Ok(None);
+        };
+        let b = match p.opt("in_proj.layer_norm_bias") {
+            Some(P::Dev(b)) => Some(b),
+            Some(P::Host(_)) => return Ok(None),
+            None => None,
+        };
+        if pool
+            .folded
+            .as_ref()
+            .is_none_or(|f| !Arc::ptr_eq(&f.params, dp))
+        {
+            pool.folded = None;
+            let (wf, c1, c2) = fold_norm(w, g, c.layernorm_zero_centered_gamma, b, pd, h)?;
+            pool.folded = Some(Folded {
+                params: dp.clone(),
+                w: wf,
+                c1,
+                c2,
+            });
+        }
+        let f = pool
+            .folded
+            .as_ref()
+            .ok_or_else(|| GdnError::Device("folded in_proj weight missing".into()))?;
+        let mut y = DBuf::uninit(&gpu, n * pd, DType::Bf16)?;
+        let norm = SkinnyNorm {
+            layer: c.normalization == Normalization::LayerNorm,
+            eps: c.layernorm_epsilon,
+            c1: &f.c1,
+            c2: f.c2.as_ref(),
+        };
+        forward_skinny(xd, n, h, &f.w, pd, &mut y, plan, Some(norm))?;
+        Ok(Some(Act::Dev(y)))
+    }
+
     /// One decode step, every op of it in order (the graph captures exactly this): norm +
     /// in_proj, the fused pre step, the rule, gated norm + out_proj. `slots` checked by the
     /// caller (the host copy); `ids` are the same slots where the layer computes.
@@ -546,7 +657,10 @@ impl GatedDeltaNet {
         prof: &mut Prof,
     ) -> Result<Act> {
         let n = ids.len();
-        let proj = self.in_proj_one_gemm(p, x, n)?;
+        let proj = match self.in_proj_folded(p, x, n, pool)? {
+            Some(proj) => proj,
+            None => self.in_proj_one_gemm(p, x, n, pool.gemv)?,
+        };
         prof.mark("decode in_proj (norm + GEMM)");
         let pc = self.proj_cols();
         let cols = PreCols {
@@ -573,7 +687,7 @@ impl GatedDeltaNet {
         )?;
         drop(pre);
         prof.mark("decode rule");
-        let (y, _, _) = self.out_proj(p, &o, &proj, n, prof)?;
+        let (y, _, _) = self.out_proj_with(p, &o, &proj, n, prof, pool.gemv)?;
         prof.mark("decode out_proj");
         Ok(y)
     }

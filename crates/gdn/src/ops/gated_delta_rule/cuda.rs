@@ -470,6 +470,15 @@ pub fn forward_with_prep(
         FwdKernel::V6Bulk { warps } => Some((warps, V6Loads::CpAsync)),
         FwdKernel::V6NoReload { warps } => Some((warps, V6Loads::NoReload)),
         FwdKernel::V6Lean { warps } => Some((warps, V6Loads::Lean)),
+        FwdKernel::V8 { warps } => Some((warps, V6Loads::Split)),
+        FwdKernel::Auto => {
+            let sms = gpu.sm_count().unwrap_or(132);
+            if auto_picks_v8(seqs.count(), s.hv, s.dv, sms) {
+                Some((0, V6Loads::Split))
+            } else {
+                Some((0, V6Loads::Lean))
+            }
+        }
     };
     if let Some((warps, loads)) = v6 {
         if v6_supports(dt, s) {
@@ -854,6 +863,25 @@ pub enum FwdKernel {
     /// (`gdr_fwd6l*`): the same bytes to the same places, so the same bits as `V6`, with fewer
     /// instructions per chunk step.
     V6Lean { warps: usize },
+    /// v8 (opt-in, `GDN_RULE_FWD=v8`): v6's fused scan and output with the state's Dk rows split
+    /// between the two warps of a pair (`gdr_fwd8*`: X and the inter-chunk output exchanged
+    /// through shared memory), so a CTA of 16 `warps / 2` columns has `warps` warps: 2, 4 or 8
+    /// (0 picks by shape; `GDN_RULE_V8_WARPS` from the environment). The same inputs (v6's prep)
+    /// and outputs; not the same bits as v6 (another summation order).
+    V8 { warps: usize },
+    /// The default (since 2026-12-02, session 8): [`FwdKernel::V8`] where v6's grid would
+    /// leave schedulers idle (at most two 16-column state tiles per SM, [`auto_picks_v8`]: few
+    /// sequences x value heads over long sequences, e.g. B1 T32768 16/32, 2.49 -> 1.66 ms on the
+    /// H200), else [`FwdKernel::V6Lean`] (B8 T4096 16/16: 0.42 ms against v8's 0.55); widths by
+    /// shape.
+    Auto,
+}
+
+/// Whether [`FwdKernel::Auto`] runs v8 for `n_seq` sequences of `hv` value heads of `dv` state
+/// columns on a GPU of `sms` multiprocessors: when v6 would have at most two 16-column tiles
+/// (one warp each) per SM, so that at one CTA per SM half the schedulers or more would idle.
+pub fn auto_picks_v8(n_seq: usize, hv: usize, dv: usize, sms: usize) -> bool {
+    n_seq * hv * dv.div_ceil(16) <= 2 * sms
 }
 
 /// How `gdr_fwd6` brings a chunk's operands into shared memory.
@@ -863,6 +891,8 @@ enum V6Loads {
     Bulk,
     NoReload,
     Lean,
+    /// Not a v6 load path: the v8 kernel (`gdr_fwd8*`, the lean loads, Dk split per warp pair).
+    Split,
 }
 
 /// Whether the GPU has the bulk-copy engine (sm_90 and newer).
@@ -877,11 +907,16 @@ impl FwdKernel {
     /// / 128. `GDN_RULE_FWD=v6` selects v6's first cp.async loads (`gdr_fwd6*`), `v5` keeps v5
     /// everywhere, `v6b` picks the bulk-copy loads (`v6l` names the default);
     /// `GDN_RULE_V6_WARPS=1|2|4|8` forces the CTA width of v6.
+    /// `GDN_RULE_FWD=v8` selects [`FwdKernel::V8`] (`GDN_RULE_V8_WARPS=2|4|8` its width),
+    /// `v6l` [`FwdKernel::V6Lean`] everywhere; unset (or `auto`), [`FwdKernel::Auto`].
     pub fn from_env() -> FwdKernel {
-        Self::named(
-            std::env::var("GDN_RULE_FWD").ok().as_deref(),
-            std::env::var("GDN_RULE_V6_WARPS").ok().as_deref(),
-        )
+        let fwd = std::env::var("GDN_RULE_FWD").ok();
+        let warps = if fwd.as_deref() == Some("v8") {
+            "GDN_RULE_V8_WARPS"
+        } else {
+            "GDN_RULE_V6_WARPS"
+        };
+        Self::named(fwd.as_deref(), std::env::var(warps).ok().as_deref())
     }
 
     /// The kernels `GDN_RULE_FWD` and `GDN_RULE_V6_WARPS` values name (`None`: unset).
@@ -891,7 +926,10 @@ impl FwdKernel {
             Some("v5") => FwdKernel::V5,
             Some("v6") => FwdKernel::V6 { warps },
             Some("v6b") => FwdKernel::V6Bulk { warps },
-            _ => FwdKernel::V6Lean { warps },
+            Some("v8") => FwdKernel::V8 { warps },
+            Some("v6l") => FwdKernel::V6Lean { warps },
+            _ if warps != 0 => FwdKernel::V6Lean { warps },
+            _ => FwdKernel::Auto,
         }
     }
 }
@@ -1034,6 +1072,32 @@ fn forward_v6(
         None
     };
     let mut o = out_d(gpu, seqs.tokens() * s.hv * s.dv, dt)?;
+    if loads == V6Loads::Split {
+        launch_fwd8(
+            gpu,
+            qb,
+            kb,
+            &pre,
+            a,
+            &ch,
+            seqs,
+            s,
+            opts,
+            h0,
+            fin.as_ref(),
+            &o,
+            warps,
+        )?;
+        zero_tail(
+            "gated delta rule",
+            gpu,
+            &mut o,
+            seqs.used(),
+            seqs.tokens(),
+            s.hv * s.dv,
+        )?;
+        return Ok((o, fin));
+    }
     let nw = v6_warps(gpu, seqs.count(), s, warps);
     // Three pipeline stages where they fit in shared memory (Dk 128, 1 or 2 warps), else two.
     let three = s.dk == 128 && nw <= 2 && loads != V6Loads::NoReload;
@@ -1050,6 +1114,7 @@ fn forward_v6(
         (V6Loads::NoReload, _) => ("gdr_fwd6n", 0),
         (V6Loads::Lean, 3) => ("gdr_fwd6ls3", 0),
         (V6Loads::Lean, _) => ("gdr_fwd6l", 0),
+        (V6Loads::Split, _) => unreachable!("launched by launch_fwd8"),
     };
     launch_in_threads(
         gpu,
@@ -1086,6 +1151,163 @@ fn forward_v6(
         s.hv * s.dv,
     )?;
     Ok((o, fin))
+}
+
+// ---------------------------------------------------------------------------------------------
+// v8 forward (issue 13, opt-in): see the v8 section of gated_delta_rule.cu.
+
+/// Shared-memory bytes of `gdr_fwd8` (the .cu file's `NS * V8<DK, NW>::STAGE + NW * XB`): `stages`
+/// stages of v6's layout for 16 `warps / 2` columns plus a 4 KB exchange buffer per warp.
+pub fn v8_bytes(dk: usize, warps: usize, stages: usize) -> usize {
+    stages * v6_stage_bytes(dk, warps / 2) + warps * 4096
+}
+
+/// The largest dynamic shared memory a block may opt in to (227 KB on the H100 / H200).
+fn smem_optin(gpu: &Gpu) -> usize {
+    gpu.stream()
+        .context()
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        .unwrap_or(232_448)
+        .max(0) as usize
+}
+
+/// CTA width of `gdr_fwd8` (warps: 2, 4 or 8, i.e. 16, 32 or 64 state columns): `forced` if it
+/// is valid, else by a model of waves x per-step time: one CTA per SM (each needs most of the
+/// shared memory), 2 and 4 warps put one warp on a scheduler (the same step time), 8 put two
+/// (each scheduler issues both warps' mma: ~4/3 of the step time, from 2 x 106 mma against
+/// ~1.4 us of one warp's latency-bound step).
+fn v8_warps(gpu: &Gpu, n_seq: usize, s: RuleShape, forced: usize) -> usize {
+    let fits = |w: usize| s.dv.is_multiple_of(8 * w);
+    if [2, 4, 8].contains(&forced) && fits(forced) {
+        return forced;
+    }
+    let sms = gpu
+        .stream()
+        .context()
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .unwrap_or(132)
+        .max(1) as usize;
+    let mut best = (usize::MAX, 2);
+    for w in [4, 8, 2] {
+        if !fits(w) {
+            continue;
+        }
+        let ctas = n_seq * s.hv * (s.dv / (8 * w));
+        let cost = ctas.div_ceil(sms) * if w == 8 { 4 } else { 3 };
+        if cost < best.0 {
+            best = (cost, w);
+        }
+    }
+    best.1
+}
+
+/// Pipeline stages of `gdr_fwd8` at this width: three where they fit in the device's shared
+/// memory (and [`set_v6_stages`] does not ask for two), else two.
+fn v8_stages(gpu: &Gpu, dk: usize, warps: usize) -> usize {
+    let three = v8_bytes(dk, warps, 3) <= smem_optin(gpu) && !(dk == 128 && warps == 8);
+    if three && V6_STAGES.load(Ordering::Relaxed) != 2 {
+        3
+    } else {
+        2
+    }
+}
+
+/// The v8 fused scan + output on v6's prep outputs.
+#[allow(clippy::too_many_arguments)]
+fn launch_fwd8(
+    gpu: &Arc<Gpu>,
+    qb: &DBuf,
+    kb: &DBuf,
+    pre: &V6Prep,
+    a: &GBuf<u16>,
+    ch: &Chunks,
+    seqs: &Seqs,
+    s: RuleShape,
+    opts: RuleOpts,
+    h0: Option<&GBuf<f32>>,
+    fin: Option<&GBuf<f32>>,
+    o: &DBuf,
+    warps: usize,
+) -> Result<()> {
+    let st = gpu.stream();
+    let nw = v8_warps(gpu, seqs.count(), s, warps);
+    let ns = v8_stages(gpu, s.dk, nw);
+    launch_in_threads(
+        gpu,
+        MODULE,
+        &format!("gdr_fwd8_d{}_w{nw}_s{ns}", s.dk),
+        seqs.count() * s.hv * (s.dv / (8 * nw)),
+        32 * nw as u32,
+        v8_bytes(s.dk, nw, ns),
+        &[
+            dptr(qb, st),
+            dptr(kb, st),
+            ptr(&pre.gam, st),
+            ptr(&pre.w, st),
+            ptr(&pre.u, st),
+            ptr(a, st),
+            ptr(&ch.seq, st),
+            ptr(&ch.t0, st),
+            ptr(&ch.len, st),
+            i32_arg(s.hk),
+            i32_arg(s.hv),
+            i32_arg(s.dv),
+            Arg::F32(opts.scale),
+            optr(h0, st),
+            dptr(o, st),
+            optr(fin, st),
+        ],
+    )
+}
+
+/// Benchmarks and tests only: v8's chain microbenchmark, one CTA of `warps` warps (2, 4 or 8:
+/// 16 `warps / 2` columns, Dk = 128 split per warp pair) running `steps` dependent chunk steps
+/// of `gdr_fwd8`'s chain (and its output products with `output`) on operands loaded once
+/// ([`ChainInputs`] with U `[64][8 warps]`); returns S `[128][8 warps]` (fp32).
+#[doc(hidden)]
+pub fn chain8(
+    gpu: &Arc<Gpu>,
+    x: &ChainInputs,
+    warps: usize,
+    output: bool,
+    steps: usize,
+) -> Result<GBuf<f32>> {
+    if ![2, 4, 8].contains(&warps)
+        || x.u.len() != C * 8 * warps
+        || x.w.len() != C * 128
+        || x.k.len() != C * 128
+        || x.a.len() != C * C
+        || x.gam.len() != C
+    {
+        return Err(GdnError::Invalid(format!(
+            "chain8: {warps} warps with W {}, K {}, A {}, U {}, gam {} values",
+            x.w.len(),
+            x.k.len(),
+            x.a.len(),
+            x.u.len(),
+            x.gam.len()
+        )));
+    }
+    let st = gpu.stream();
+    let out = out_f32(gpu, 128 * 8 * warps)?;
+    launch_in_threads(
+        gpu,
+        MODULE,
+        &format!("gdr_chain8_d128_w{warps}_o{}", output as u8),
+        1,
+        32 * warps as u32,
+        v8_bytes(128, warps, 1),
+        &[
+            ptr(&x.w, st),
+            ptr(&x.k, st),
+            ptr(&x.a, st),
+            ptr(&x.u, st),
+            ptr(&x.gam, st),
+            Arg::I32(steps.min(i32::MAX as usize) as i32),
+            ptr(&out, st),
+        ],
+    )?;
+    Ok(out)
 }
 
 /// Operands of the chain microbenchmark ([`chain6`]): one chunk's W, K (bf16 bits, `[64][128]`),
@@ -1232,6 +1454,60 @@ struct V6Pieces {
     warps: usize,
 }
 
+thread_local! {
+    static HREC8: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Tests and benchmarks: on the calling thread, `Some(true)` makes the v6 backward's recompute
+/// run `gdr_hrec8` (v8's split chain: the same outputs, another summation order), `Some(false)`
+/// `gdr_hrec6`; `None` (the default) follows `GDN_RULE_HREC` (`v8` selects `gdr_hrec8`; else
+/// `gdr_hrec6`).
+#[doc(hidden)]
+pub fn set_hrec8(on: Option<bool>) {
+    HREC8.with(|c| c.set(on));
+}
+
+fn hrec8_on() -> bool {
+    HREC8
+        .with(|c| c.get())
+        .unwrap_or_else(|| std::env::var("GDN_RULE_HREC").as_deref() == Ok("v8"))
+}
+
+thread_local! {
+    static BWD8: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Tests and benchmarks: on the calling thread, `Some(true)` makes the v6 backward's reverse scan
+/// run `gdr_bwd8` (v8's split of dS's Dk rows between warp pairs: the same outputs and layouts,
+/// another summation order), `Some(false)` `gdr_bwd6`; `None` (the default) follows
+/// `GDN_RULE_BWD_SCAN` (`v8` selects `gdr_bwd8`; else `gdr_bwd6`).
+#[doc(hidden)]
+pub fn set_bwd8(on: Option<bool>) {
+    BWD8.with(|c| c.set(on));
+}
+
+fn bwd8_on() -> bool {
+    BWD8.with(|c| c.get())
+        .unwrap_or_else(|| std::env::var("GDN_RULE_BWD_SCAN").as_deref() == Ok("v8"))
+}
+
+/// Dynamic shared memory of `gdr_bwd8` (the .cu file's `2 * V6G<DK, NW / 2>::STAGE + NW *
+/// 2048`): two stages of `gdr_bwd6`'s layout for 16 `warps / 2` columns plus a 2 KB exchange
+/// buffer per warp (141,824 bytes at Dk 128, 4 warps).
+pub fn bwd8_bytes(dk: usize, warps: usize) -> usize {
+    2 * v6g_stage_bytes(dk, warps / 2) + warps * 2048
+}
+
+/// The backward's state-recompute launch (`gdr_hrec6` or `gdr_hrec8`), held back to run beside
+/// `gdr_bwd6` on the second stream.
+struct HrecLaunch {
+    name: String,
+    grid: usize,
+    threads: u32,
+    smem: usize,
+    args: Vec<Arg>,
+}
+
 /// Bytes of one pipeline stage of `gdr_hrec6` (the .cu file's `V6R<DK, NW>::STAGE`): W, K (64
 /// rows of Dk + 8 bf16), the U tile (64 rows of 16 NW + 4 fp32), gam.
 pub fn v6r_stage_bytes(dk: usize, warps: usize) -> usize {
@@ -1358,7 +1634,7 @@ fn backward_v6(
         && backward_overlap()
         && !crate::backend::launch::profiling()
         && gpu.side_stream()?.is_some();
-    let mut hrec: Option<(String, usize, Vec<Arg>)> = None;
+    let mut hrec: Option<HrecLaunch> = None;
     // Recompute: gam, T, U (fp32), W (bf16 with v6's recompute, fp32 with v5's), chunk-start
     // states h (fp32, or bf16 with bf16 states) and D (fp32), in v5's layouts.
     let (gam, t, u, mut w32, mut w16, h32, h16b, d) = if let Some(p) = pre {
@@ -1370,6 +1646,23 @@ fn backward_v6(
             (Some(ws(gpu, chh * s.dk * s.dv)?), None)
         };
         let d = ws(gpu, chh * C * s.dv)?;
+        // gdr_hrec8 (opt-in): the same outputs from v8's split chain, width by v8's model.
+        let nw8 = v8_warps(gpu, n_seq, s, pieces.warps);
+        let (name, grid, threads, smem) = if hrec8_on() {
+            (
+                format!("gdr_hrec8_d{}_w{nw8}", s.dk),
+                n_seq * s.hv * (s.dv / (8 * nw8)),
+                32 * nw8 as u32,
+                2 * v6r_stage_bytes(s.dk, nw8 / 2) + nw8 * 4096,
+            )
+        } else {
+            (
+                format!("gdr_hrec6_d{}_w{nw}", s.dk),
+                ctas,
+                32 * nw as u32,
+                2 * v6r_stage_bytes(s.dk, nw),
+            )
+        };
         let args = vec![
             dptr(kb, st),
             ptr(&gam, st),
@@ -1386,13 +1679,17 @@ fn backward_v6(
             o16(h16b.as_ref()),
             ptr(&d, st),
         ];
-        let name = format!("gdr_hrec6_d{}_w{nw}", s.dk);
-        let smem = 2 * v6r_stage_bytes(s.dk, nw);
         if overlap {
             // launched beside gdr_bwd6, below
-            hrec = Some((name, smem, args));
+            hrec = Some(HrecLaunch {
+                name,
+                grid,
+                threads,
+                smem,
+                args,
+            });
         } else {
-            launch_in_threads(gpu, MODULE, &name, ctas, 32 * nw as u32, smem, &args)?;
+            launch_in_threads(gpu, MODULE, &name, grid, threads, smem, &args)?;
         }
         (gam, t, u, None, Some(w), h32, h16b, d)
     } else {
@@ -1455,14 +1752,37 @@ fn backward_v6(
                 a
             }
         };
-        let bwd6 = format!("gdr_bwd6_d{}_w{nw}", s.dk);
+        // gdr_bwd8 (opt-in): the same outputs from v8's split of dS, width by v8's model.
+        let (bwd6, bgrid, bthreads, bsmem) = if bwd8_on() {
+            let nw8 = v8_warps(gpu, n_seq, s, pieces.warps);
+            (
+                format!("gdr_bwd8_d{}_w{nw8}", s.dk),
+                n_seq * s.hv * (s.dv / (8 * nw8)),
+                32 * nw8 as u32,
+                bwd8_bytes(s.dk, nw8),
+            )
+        } else {
+            (
+                format!("gdr_bwd6_d{}_w{nw}", s.dk),
+                ctas,
+                32 * nw as u32,
+                2 * v6g_stage_bytes(s.dk, nw),
+            )
+        };
         let side = match hrec.take() {
-            Some((name, smem, args)) => {
+            Some(HrecLaunch {
+                name,
+                grid,
+                threads,
+                smem,
+                args,
+            }) => {
                 let side = gpu
                     .side_stream()?
                     .ok_or_else(|| GdnError::Device("rule backward: no second stream".into()))?;
                 // Both kernels ask for the largest shared-memory carveout, so that one CTA of
-                // each fits on an SM (88.6 + 133.6 KB at Dk 128, 2 warps).
+                // each fits on an SM (88.6 + 133.6 KB at Dk 128, 2 warps; gdr_bwd8 w4 141.8 KB
+                // beside gdr_hrec6 w2: 230.4 KB fits, beside gdr_hrec8 w4 105.0 KB it does not).
                 for n in [&name, &bwd6] {
                     gpu.function(MODULE, n)?
                         .set_attribute(
@@ -1473,14 +1793,7 @@ fn backward_v6(
                 }
                 gpu.order(st, side)?;
                 crate::backend::launch::launch_on(
-                    gpu,
-                    side,
-                    MODULE,
-                    &name,
-                    ctas,
-                    32 * nw as u32,
-                    smem,
-                    &args,
+                    gpu, side, MODULE, &name, grid, threads, smem, &args,
                 )?;
                 Some(side)
             }
@@ -1490,9 +1803,9 @@ fn backward_v6(
             gpu,
             MODULE,
             &bwd6,
-            ctas,
-            32 * nw as u32,
-            2 * v6g_stage_bytes(s.dk, nw),
+            bgrid,
+            bthreads,
+            bsmem,
             &[
                 dptr(qb, st),
                 dptr(kb, st),
@@ -1568,9 +1881,9 @@ fn backward_v6(
             ],
         )?;
     }
-    if let Some((name, smem, args)) = hrec.take() {
+    if let Some(h) = hrec.take() {
         // (not reached: overlap implies the bwd6 branch above, which launched it)
-        launch_in_threads(gpu, MODULE, &name, ctas, 32 * nw as u32, smem, &args)?;
+        launch_in_threads(gpu, MODULE, &h.name, h.grid, h.threads, h.smem, &h.args)?;
     }
     drop((w32, w16));
 
@@ -2197,15 +2510,31 @@ fn grad7(
 mod tests {
     use super::*;
 
-    /// The defaults (issue 13, 2026-12-02): prep7 and the lean v6 forward; the environment's
-    /// names select the others.
+    /// The defaults (issue 13, 2026-12-02): prep7 and the forward by shape (v8 or the lean v6);
+    /// the environment's names select the others.
     #[test]
     fn kernel_choices_from_environment_values() {
         assert_eq!(PrepKernel::named(None), PrepKernel::V7);
         assert_eq!(PrepKernel::named(Some("v7")), PrepKernel::V7);
         assert_eq!(PrepKernel::named(Some("v6")), PrepKernel::V6);
         assert_eq!(PrepKernel::named(Some("v7f")), PrepKernel::V7Fast);
-        assert_eq!(FwdKernel::named(None, None), FwdKernel::V6Lean { warps: 0 });
+        assert_eq!(FwdKernel::named(None, None), FwdKernel::Auto);
+        assert_eq!(FwdKernel::named(Some("auto"), None), FwdKernel::Auto);
+        assert_eq!(
+            FwdKernel::named(None, Some("4")),
+            FwdKernel::V6Lean { warps: 4 }
+        );
+        // v8 where v6 leaves schedulers idle (measured on the H200, 132 SMs: B1 T32768 16/32
+        // v8 1.66 ms vs v6 2.49; B8 T4096 16/16 v6 0.42 vs v8 0.55), v6 where its grid fills
+        // the GPU.
+        assert!(auto_picks_v8(1, 32, 128, 132));
+        assert!(auto_picks_v8(1, 8, 128, 132));
+        assert!(auto_picks_v8(2, 16, 128, 132));
+        assert!(!auto_picks_v8(4, 32, 128, 132));
+        assert!(!auto_picks_v8(8, 16, 128, 132));
+        assert!(!auto_picks_v8(16, 16, 128, 132));
+        assert!(!auto_picks_v8(6, 32, 128, 132));
+        assert!(auto_picks_v8(1, 32, 128, 128) == (32 * 8 <= 256));
         assert_eq!(
             FwdKernel::named(Some("v6l"), Some("2")),
             FwdKernel::V6Lean { warps: 2 }
@@ -2219,6 +2548,20 @@ mod tests {
             FwdKernel::V6Bulk { warps: 8 }
         );
         assert_eq!(FwdKernel::named(Some("v5"), None), FwdKernel::V5);
+        assert_eq!(
+            FwdKernel::named(Some("v8"), Some("4")),
+            FwdKernel::V8 { warps: 4 }
+        );
+        assert_eq!(v8_bytes(128, 4, 3), 229_120);
+        assert_eq!(v8_bytes(128, 2, 3), 208_640);
+        assert_eq!(v8_bytes(128, 8, 2), 190_976);
+        // gdr_bwd8 (the .cu file's table), and w4 beside gdr_hrec6 w2 within an SM's 233,472
+        // bytes less 1 KB reserved per CTA.
+        assert_eq!(bwd8_bytes(128, 2), 133_632);
+        assert_eq!(bwd8_bytes(128, 4), 141_824);
+        assert_eq!(bwd8_bytes(128, 8), 158_208);
+        assert_eq!(bwd8_bytes(64, 8), 109_056);
+        assert!(bwd8_bytes(128, 4) + 2 * v6r_stage_bytes(128, 2) <= 233_472 - 2 * 1024);
         // prep7's shared memory fits the H200's 227 KB at every shape the v6 pipeline takes.
         for dk in [64, 128] {
             for dv in (16..=256).step_by(16) {

@@ -3823,3 +3823,851 @@ GDR_GRAD7_ENTRY(float, bf16n, 64, 64)
 GDR_GRAD7_ENTRY(float, bf16n, 64, 128)
 GDR_GRAD7_ENTRY(float, bf16n, 128, 64)
 GDR_GRAD7_ENTRY(float, bf16n, 128, 128)
+
+// =============================================================================================
+// v8 forward (issue 13; opt-in `FwdKernel::V8`, GDN_RULE_FWD=v8): gdr_fwd6's fused scan and
+// output (same inputs from prep7 / prep6, same outputs) with the state's Dk rows split between
+// the two warps of a pair, so a CTA of BV = 16 NC state columns has NW = 2 NC warps (32
+// columns: 4 warps, one per scheduler) and each warp holds half the state (16 columns x DK / 2
+// rows of S^T, fp32 accumulator fragments: 32 registers at DK 128 instead of 64).
+// Warp w: pair (column group) cg = w >> 1, half hh = w & 1 (state rows hh DH .. hh DH + DH - 1,
+// DH = DK / 2). Per chunk, per warp:
+//   X_hh   = S_hh^T W_hh^T               (16 x 64, k = DH: the partial of X over this half)
+//   X      = X_0 + X_1                   (exchanged through shared memory, one named barrier
+//                                         per pair; fp32 addition commutes, so both warps hold
+//                                         the same X bit for bit)
+//   D^T    = U^T - X                     (both warps: all 64 chunk rows, the pair's 16 columns)
+//   S_hh^T <- e^gam_L S_hh^T + (D^T diag(e^(gam_L - gam))) K_hh
+//   P_hh   = S0_hh^T Q_hh^T              (16 x 64 partial of the inter-chunk output)
+//   O^T rows (chunk rows) split between the pair: warp hh finishes the 16-row blocks
+//   {hh, 3 - hh} (5 of A's 10 lower blocks each): it receives the partner's P for its rows
+//   (second exchange, same barrier), O^T = scale (e^gam (P_0 + P_1) + D^T A^T).
+// Exchange buffer: 4 KB per warp (8 slots x 32 lanes x float4, lane-private: conflict-free
+// 16-byte accesses). Warp a writes its X partial to its own buffer, the barrier, reads b's;
+// then writes its P partials for b's rows into b's buffer (slots it has just read, same lane:
+// ordered), the barrier, reads its own buffer. The next step's writes into a's buffer come
+// after a's reads (same lane) and b's reads of it after the next barrier: no other barrier.
+// Stage layout: V6<DK, NC> (BV = 16 NC columns), loaded by all NW warps (v8_load_stage, the
+// lean addressing of v6_load_stage_lean for NT = 32 NW threads).
+
+template <int DK, int NW>
+struct V8 {
+    typedef V6<DK, NW / 2> L;  // the stage layout (BV = 16 NW / 2)
+    static constexpr int NC = NW / 2;
+    static constexpr int BV = 16 * NC;
+    static constexpr int NT = 32 * NW;
+    static constexpr int DH = DK / 2;
+    static constexpr int XB = 8 * 32 * 16;  // exchange bytes per warp
+    static constexpr int STAGE = L::STAGE;
+};
+
+// v6_load_stage_lean for a CTA of NT threads whose U tile is BV columns wide (the same bytes
+// to the same places of a V6<DK, BV / 16> stage).
+template <int DK, int BV, int NT>
+__device__ __forceinline__ void v8_load_stage(char* st, const bf16_t* wc, const bf16_t* kc, const bf16_t* qc,
+                                              i64 krow, int l, const bf16_t* ac, const float* uc, i64 urow,
+                                              const float* gc) {
+    typedef V6<DK, BV / 16> L;
+    const int tid = threadIdx.x;
+    const unsigned sb = smem_addr(st);
+    constexpr int CPR = DK / 8;    // 16-byte pieces per row of W, K, Q
+    constexpr int RPP = NT / CPR;  // rows per pass
+    static_assert(NT % CPR == 0 && GDR_C % RPP == 0, "whole rows per pass");
+    {
+        const int i0 = tid / CPR, x = (tid % CPR) * 8;
+        const unsigned so = sb + (unsigned)((i0 * L::LK + x) * 2);
+        const bf16_t* gw = wc + i0 * DK + x;
+        const bf16_t* gk = kc + i0 * krow + x;
+        const bf16_t* gq = qc + i0 * krow + x;
+        const i64 step = RPP * krow;
+#pragma unroll
+        for (int m = 0; m < GDR_C / RPP; ++m) {
+            const bool ok = i0 + RPP * m < l;
+            const unsigned n = ok ? 16u : 0u;
+            const unsigned sr = so + (unsigned)(RPP * m * L::LK * 2);
+            cp_async16_s(sr + L::W_OFF, gw + RPP * m * DK, 16u);
+            cp_async16_s(sr + L::K_OFF, ok ? gk : kc, n);
+            cp_async16_s(sr + L::Q_OFF, ok ? gq : qc, n);
+            gk += step;
+            gq += step;
+        }
+    }
+    {
+        constexpr int RPA = NT / 8;  // A: 8 pieces per row
+        static_assert(GDR_C % RPA == 0, "whole rows of A per pass");
+        const int i0 = tid >> 3, x = (tid & 7) * 8;
+        const unsigned so = sb + L::A_OFF + (unsigned)((i0 * L::LA + x) * 2);
+        const bf16_t* ga = ac + i0 * GDR_C + x;
+#pragma unroll
+        for (int m = 0; m < GDR_C / RPA; ++m)
+            cp_async16_s(so + (unsigned)(RPA * m * L::LA * 2), ga + RPA * m * GDR_C, 16u);
+    }
+    {
+        constexpr int UPR = BV / 4;    // U: 16-byte pieces per row of the tile
+        constexpr int RPU = NT / UPR;  // rows per pass
+        static_assert(NT % UPR == 0 && GDR_C % RPU == 0, "whole rows of U per pass");
+        const int i0 = tid / UPR, x = (tid % UPR) * 4;
+        const unsigned so = sb + L::U_OFF + (unsigned)((i0 * L::LU + x) * 4);
+        const float* gu = uc + i0 * urow + x;
+        const i64 step = RPU * urow;
+#pragma unroll
+        for (int m = 0; m < GDR_C / RPU; ++m) {
+            cp_async16_s(so + (unsigned)(RPU * m * L::LU * 4), gu, 16u);
+            gu += step;
+        }
+    }
+    if (tid < GDR_C / 4) cp_async16_s(sb + L::G_OFF + tid * 16, gc + tid * 4, 16u);
+    cp_async_commit();
+}
+
+// Barrier `id` (1 + pair) of the two warps of a pair.
+__device__ __forceinline__ void pair_bar(int id) { asm volatile("bar.sync %0, 64;" ::"r"(id) : "memory"); }
+
+// One chunk step of the split chain for this warp (see the v8 header): on entry s holds this
+// warp's half of S^T; on exit the half of S1^T, sa the half of S0^T as bf16 A fragments, da D^T
+// (all 64 chunk rows, unscaled, bf16) for the output. sw, sk: the stage's W, K offset to this
+// warp's DH columns; u: the U tile offset to the pair's first column; xme / xot: this warp's and
+// its partner's exchange buffers (float4 slots, [slot][lane]). SD (gdr_hrec8): D (fp32, before
+// its rounding) is also stored, D[i][v] at dst[i * ldd + v] for the pair's 16 columns v: half
+// hd stores the chunk rows 32 hd .. 32 hd + 31 (all of them, rows >= l are 0).
+template <int DK, bool SD = false>
+__device__ __forceinline__ void v8_chain_step(float (&s)[DK / 16][4], unsigned (&sa)[DK / 32][4],
+                                              unsigned (&da)[4][4], const bf16_t* sw, const bf16_t* sk,
+                                              int lk, const float* u, int lu, const float* s_gam, int l,
+                                              float4* xme, const float4* xot, int bar, float* dst = nullptr,
+                                              i64 ldd = 0, int hd = 0) {
+    constexpr int DH = DK / 2;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, mi = lane >> 3, r = lane & 7;
+    v6_s_frags<DH>(s, sa);
+    float x[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) x[j][c] = 0.f;
+    v6_mul_rows_t<DH>(x, sa, sw, lk);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) xme[j * 32 + lane] = make_float4(x[j][0], x[j][1], x[j][2], x[j][3]);
+    // Independent of the exchange: the decay factors and the U values of this lane.
+    const float gl = s_gam[l - 1];
+    float ed[8][2], uu[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int i0 = 8 * j + 2 * t;
+        ed[j][0] = i0 < l ? __expf(gl - s_gam[i0]) : 0.f;
+        ed[j][1] = i0 + 1 < l ? __expf(gl - s_gam[i0 + 1]) : 0.f;
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+            uu[j][2 * rr] = u[i0 * lu + g + 8 * rr];
+            uu[j][2 * rr + 1] = u[(i0 + 1) * lu + g + 8 * rr];
+        }
+    }
+    pair_bar(bar);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const float4 o = xot[j * 32 + lane];
+        x[j][0] += o.x;
+        x[j][1] += o.y;
+        x[j][2] += o.z;
+        x[j][3] += o.w;
+    }
+    unsigned dsa[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int j = 2 * kk + h;
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+                const float d0 = uu[j][2 * rr] - x[j][2 * rr];
+                const float d1 = uu[j][2 * rr + 1] - x[j][2 * rr + 1];
+                if (SD && (kk >> 1) == hd) {
+                    const int i0 = 8 * j + 2 * t, v = g + 8 * rr;
+                    dst[(i64)i0 * ldd + v] = d0;
+                    dst[(i64)(i0 + 1) * ldd + v] = d1;
+                }
+                da[kk][rr + 2 * h] = pack_bf16(d0, d1);
+                dsa[kk][rr + 2 * h] = pack_bf16(ed[j][0] * d0, ed[j][1] * d1);
+            }
+        }
+    const float egl = __expf(gl);
+#pragma unroll
+    for (int nt = 0; nt < DH / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) s[nt][c] *= egl;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int np = 0; np < DH / 16; ++np) {
+            unsigned b[4];
+            ldsm_x4_t(b, sk + (16 * kk + 8 * (mi & 1) + r) * lk + 16 * np + 8 * (mi >> 1));
+            mma_bf16(s[2 * np], dsa[kk], b[0], b[1]);
+            mma_bf16(s[2 * np + 1], dsa[kk], b[2], b[3]);
+        }
+}
+
+// The output of one chunk step for warp half H (compile time: the register tiles it finishes
+// are fixed): P_H = S0_H^T Q_H^T over all 64 chunk rows, the partner's rows to the partner's
+// buffer, the barrier, the partner's P for this warp's rows (16-row blocks H and 3 - H) added,
+// scaled by e^gam, then + D^T A^T (A's blocks on or below the diagonal). f(j, cc, value) gets
+// every element of this warp's rows (n8 tile j, fragment element cc), before `scale`.
+template <int DK, int H, class F>
+__device__ __forceinline__ void v8_output(const unsigned (&sa)[DK / 32][4], const unsigned (&da)[4][4],
+                                          const bf16_t* sq, int lk, const bf16_t* sA, int la,
+                                          const float* s_gam, int l, const float4* xme, float4* xot, int bar,
+                                          F f) {
+    constexpr int DH = DK / 2;
+    constexpr int M0 = H ? 1 : 0, M1 = H ? 2 : 3;  // this warp's 16-row blocks
+    constexpr int P0 = H ? 0 : 1, P1 = H ? 3 : 2;  // the partner's
+    const int lane = threadIdx.x & 31, t = lane & 3, mi = lane >> 3, r = lane & 7;
+    float p[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) p[j][c] = 0.f;
+    v6_mul_rows_t<DH>(p, sa, sq, lk);
+    // slots 0..3: the partner's blocks in its own order (its M0, M1 are this warp's P0, P1)
+    xot[0 * 32 + lane] = make_float4(p[2 * P0][0], p[2 * P0][1], p[2 * P0][2], p[2 * P0][3]);
+    xot[1 * 32 + lane] = make_float4(p[2 * P0 + 1][0], p[2 * P0 + 1][1], p[2 * P0 + 1][2], p[2 * P0 + 1][3]);
+    xot[2 * 32 + lane] = make_float4(p[2 * P1][0], p[2 * P1][1], p[2 * P1][2], p[2 * P1][3]);
+    xot[3 * 32 + lane] = make_float4(p[2 * P1 + 1][0], p[2 * P1 + 1][1], p[2 * P1 + 1][2], p[2 * P1 + 1][3]);
+    float e[4][2];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        const int j = q < 2 ? 2 * M0 + q : 2 * M1 + q - 2;
+        const int i0 = 8 * j + 2 * t;
+        e[q][0] = i0 < l ? __expf(s_gam[i0]) : 0.f;
+        e[q][1] = i0 + 1 < l ? __expf(s_gam[i0 + 1]) : 0.f;
+    }
+    pair_bar(bar);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        const int j = q < 2 ? 2 * M0 + q : 2 * M1 + q - 2;
+        const float4 o = xme[q * 32 + lane];
+        p[j][0] = (p[j][0] + o.x) * e[q][0];
+        p[j][1] = (p[j][1] + o.y) * e[q][1];
+        p[j][2] = (p[j][2] + o.z) * e[q][0];
+        p[j][3] = (p[j][3] + o.w) * e[q][1];
+    }
+#pragma unroll
+    for (int b2 = 0; b2 < 2; ++b2) {
+        const int jp = b2 ? M1 : M0;
+#pragma unroll
+        for (int kk = 0; kk <= jp; ++kk) {
+            unsigned bb[4];
+            ldsm_x4(bb, sA + (16 * jp + 8 * (mi >> 1) + r) * la + 16 * kk + 8 * (mi & 1));
+            mma_bf16(p[2 * jp], da[kk], bb[0], bb[1]);
+            mma_bf16(p[2 * jp + 1], da[kk], bb[2], bb[3]);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int cc = 0; cc < 4; ++cc) f(2 * jp + h, cc, p[2 * jp + h][cc]);
+    }
+}
+
+// Forward, scan and output fused, Dk split between warp pairs (see the v8 header). Grid:
+// N * Hv * (dv / BV) CTAs of 32 NW threads (BV = 16 NW / 2); dynamic shared memory
+// NS * STAGE + NW * XB. Inputs and outputs as gdr_fwd6.
+template <int DK, int NW, int NS>
+__device__ void gdr_fwd8(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+                         const float* __restrict__ gam_ws, const bf16_t* __restrict__ w_ws,
+                         const float* __restrict__ u_ws, const bf16_t* __restrict__ a_ws,
+                         const i64* __restrict__ seq_ch, const i64* __restrict__ ch_t0,
+                         const int* __restrict__ ch_len, int hk_n, int hv_n, int dv, float scale,
+                         const float* __restrict__ h0, bf16_t* __restrict__ o, float* __restrict__ fin) {
+    typedef V8<DK, NW> P;
+    typedef typename P::L L;
+    constexpr int DH = P::DH;
+    static_assert(NS == 2 || NS == 3, "2 or 3 stages");
+    static_assert(NW == 2 || NW == 4 || NW == 8, "1, 2 or 4 warp pairs");
+    // A launch with too little shared memory writes nothing (tests see the poisoned output).
+    if (dyn_smem_bytes() < (unsigned)(NS * P::STAGE + NW * P::XB)) return;
+    char* sm = reinterpret_cast<char*>(gdr_smem);
+    const int nvt = dv / P::BV;
+    const i64 b = blockIdx.x;
+    const int vt = (int)(b % nvt);
+    const int hv = (int)((b / nvt) % hv_n);
+    const i64 n = b / ((i64)nvt * hv_n);
+    const int kh = hv / (hv_n / hk_n);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int cg = warp >> 1, hh = warp & 1;
+    const int bar = 1 + cg;
+    float4* xme = reinterpret_cast<float4*>(sm + NS * P::STAGE + warp * P::XB);
+    float4* xot = reinterpret_cast<float4*>(sm + NS * P::STAGE + (warp ^ 1) * P::XB);
+    const i64 col0 = (i64)vt * P::BV;  // the CTA's first state column
+    const int wc0 = 16 * cg;           // the pair's first column inside the tile
+    const int r0 = DH * hh;            // this warp's first state row
+    const i64 st_base = (n * hv_n + hv) * (i64)DK * dv;
+    const i64 krow = (i64)hk_n * DK, vrow = (i64)hv_n * dv;
+
+    // s[nt][c] = S[r0 + 8 nt + 2t + (c & 1)][col0 + wc0 + g + 8 (c >> 1)]
+    float s[DH / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < DH / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            s[nt][c] = h0 ? h0[st_base + (i64)(r0 + 8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)]
+                          : 0.f;
+
+    const i64 c_beg = seq_ch[n], c_end = seq_ch[n + 1];
+    auto issue = [&](i64 c, int stage) {
+        const i64 cb = c * hv_n + hv;
+        const i64 t0 = ch_t0[c];
+        v8_load_stage<DK, P::BV, P::NT>(sm + stage * P::STAGE, w_ws + cb * GDR_C * DK,
+                                        k + t0 * krow + (i64)kh * DK, q + t0 * krow + (i64)kh * DK, krow,
+                                        ch_len[c], a_ws + cb * GDR_C * GDR_C, u_ws + cb * GDR_C * dv + col0,
+                                        (i64)dv, gam_ws + cb * GDR_C);
+    };
+#pragma unroll
+    for (int p = 0; p < NS - 1; ++p) {
+        if (c_beg + p < c_end) issue(c_beg + p, p);
+        else cp_async_commit();
+    }
+    for (i64 c = c_beg; c < c_end; ++c) {
+        const int stg = (int)((c - c_beg) % NS);
+        cp_async_wait_group<NS - 2>();  // chunk c's group (only the NS - 2 newer may pend)
+        // Stage stg (chunk c) is complete and visible to all; every warp is done with stage
+        // (c - 1) % NS (chunk c - 1), which now receives chunk c + NS - 1.
+        __syncthreads();
+        if (c + NS - 1 < c_end) issue(c + NS - 1, (int)((c + NS - 1 - c_beg) % NS));
+        else cp_async_commit();
+        const char* sp = sm + stg * P::STAGE;
+        const bf16_t* sW = reinterpret_cast<const bf16_t*>(sp + L::W_OFF) + r0;
+        const bf16_t* sK = reinterpret_cast<const bf16_t*>(sp + L::K_OFF) + r0;
+        const bf16_t* sQ = reinterpret_cast<const bf16_t*>(sp + L::Q_OFF) + r0;
+        const bf16_t* sA = reinterpret_cast<const bf16_t*>(sp + L::A_OFF);
+        const float* sU = reinterpret_cast<const float*>(sp + L::U_OFF);
+        const float* sG = reinterpret_cast<const float*>(sp + L::G_OFF);
+        const int l = ch_len[c];
+        const i64 t0 = ch_t0[c];
+
+        unsigned sa[DH / 16][4], da[4][4];
+        v8_chain_step<DK>(s, sa, da, sW, sK, L::LK, sU + wc0, L::LU, sG, l, xme, xot, bar);
+        bf16_t* oc = o + t0 * vrow + (i64)hv * dv + col0 + wc0 + g;
+        auto store = [&](int j, int cc, float val) {
+            const int i = 8 * j + 2 * t + (cc & 1);
+            if (i < l) st(oc, (i64)i * vrow + 8 * (cc >> 1), scale * val);
+        };
+        if (hh)
+            v8_output<DK, 1>(sa, da, sQ, L::LK, sA, L::LA, sG, l, xme, xot, bar, store);
+        else
+            v8_output<DK, 0>(sa, da, sQ, L::LK, sA, L::LA, sG, l, xme, xot, bar, store);
+    }
+    if (fin) {
+#pragma unroll
+        for (int nt = 0; nt < DH / 8; ++nt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                fin[st_base + (i64)(r0 + 8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)] = s[nt][c];
+    }
+}
+
+// Chain microbenchmark of v8: one CTA of NW warps (NW / 2 pairs, 16 columns each) runs `steps`
+// dependent chunk steps of gdr_fwd8's split chain (and output with OUT) on one chunk's
+// operands loaded once (as gdr_chain6: W, K bf16 [64][DK]; A bf16 [64][64]; U fp32
+// [64][8 NW]; gam [64]), then writes S [DK][8 NW] (fp32) to `out`.
+template <int DK, int NW, bool OUT>
+__device__ void gdr_chain8(const bf16_t* __restrict__ w, const bf16_t* __restrict__ kk,
+                           const bf16_t* __restrict__ a, const float* __restrict__ u,
+                           const float* __restrict__ gam, int steps, float* __restrict__ out) {
+    typedef V8<DK, NW> P;
+    typedef typename P::L L;
+    constexpr int DH = P::DH;
+    if (dyn_smem_bytes() < (unsigned)(P::STAGE + NW * P::XB)) return;
+    char* sm = reinterpret_cast<char*>(gdr_smem);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int cg = warp >> 1, hh = warp & 1, bar = 1 + cg, wc0 = 16 * cg, r0 = DH * hh;
+    float4* xme = reinterpret_cast<float4*>(sm + P::STAGE + warp * P::XB);
+    float4* xot = reinterpret_cast<float4*>(sm + P::STAGE + (warp ^ 1) * P::XB);
+    v8_load_stage<DK, P::BV, P::NT>(sm, w, kk, kk, (i64)DK, GDR_C, a, u, (i64)P::BV, gam);
+    cp_async_wait_all();
+    __syncthreads();
+    const bf16_t* sW = reinterpret_cast<const bf16_t*>(sm + L::W_OFF) + r0;
+    const bf16_t* sK = reinterpret_cast<const bf16_t*>(sm + L::K_OFF) + r0;
+    const bf16_t* sQ = reinterpret_cast<const bf16_t*>(sm + L::Q_OFF) + r0;
+    const bf16_t* sA = reinterpret_cast<const bf16_t*>(sm + L::A_OFF);
+    const float* sU = reinterpret_cast<const float*>(sm + L::U_OFF);
+    const float* sG = reinterpret_cast<const float*>(sm + L::G_OFF);
+    float s[DH / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < DH / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) s[nt][c] = 0.f;
+    float osum = 0.f;
+    for (int step = 0; step < steps; ++step) {
+        unsigned sa[DH / 16][4], da[4][4];
+        v8_chain_step<DK>(s, sa, da, sW, sK, L::LK, sU + wc0, L::LU, sG, GDR_C, xme, xot, bar);
+        if (OUT) {
+            auto acc = [&](int, int, float val) { osum += val; };
+            if (hh)
+                v8_output<DK, 1>(sa, da, sQ, L::LK, sA, L::LA, sG, GDR_C, xme, xot, bar, acc);
+            else
+                v8_output<DK, 0>(sa, da, sQ, L::LK, sA, L::LA, sG, GDR_C, xme, xot, bar, acc);
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < DH / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            out[(r0 + 8 * nt + 2 * t + (c & 1)) * P::BV + wc0 + g + 8 * (c >> 1)] = s[nt][c] + 0.f * osum;
+}
+
+// gdr_hrec8 (opt-in GDN_RULE_HREC=v8): gdr_hrec6 (the backward's recompute of the chunk-start
+// states h and of D) with v8's split chain: same inputs and outputs (h fp32 or bf16, D fp32,
+// v5's layouts), CTAs of 16 NW / 2 columns with NW warps, two stages of V6R<DK, NW / 2> loaded
+// with the lean addressing, + NW * 4 KB of exchange buffers. Each warp stores its half of the
+// state rows and half of D's chunk rows.
+template <int DK, int BV, int NT>
+__device__ __forceinline__ void v8r_load_stage(char* st, const bf16_t* wc, const bf16_t* kc, i64 krow, int l,
+                                               const float* uc, i64 urow, const float* gc) {
+    typedef V6R<DK, BV / 16> L;
+    const int tid = threadIdx.x;
+    const unsigned sb = smem_addr(st);
+    constexpr int CPR = DK / 8;
+    constexpr int RPP = NT / CPR;
+    static_assert(NT % CPR == 0 && GDR_C % RPP == 0, "whole rows per pass");
+    {
+        const int i0 = tid / CPR, x = (tid % CPR) * 8;
+        const unsigned so = sb + (unsigned)((i0 * L::LK + x) * 2);
+        const bf16_t* gw = wc + i0 * DK + x;
+        const bf16_t* gk = kc + i0 * krow + x;
+        const i64 step = RPP * krow;
+#pragma unroll
+        for (int m = 0; m < GDR_C / RPP; ++m) {
+            const bool ok = i0 + RPP * m < l;
+            const unsigned sr = so + (unsigned)(RPP * m * L::LK * 2);
+            cp_async16_s(sr + L::W_OFF, gw + RPP * m * DK, 16u);
+            cp_async16_s(sr + L::K_OFF, ok ? gk : kc, ok ? 16u : 0u);
+            gk += step;
+        }
+    }
+    {
+        constexpr int UPR = BV / 4;
+        constexpr int RPU = NT / UPR;
+        static_assert(NT % UPR == 0 && GDR_C % RPU == 0, "whole rows of U per pass");
+        const int i0 = tid / UPR, x = (tid % UPR) * 4;
+        const unsigned so = sb + L::U_OFF + (unsigned)((i0 * L::LU + x) * 4);
+        const float* gu = uc + i0 * urow + x;
+        const i64 step = RPU * urow;
+#pragma unroll
+        for (int m = 0; m < GDR_C / RPU; ++m) {
+            cp_async16_s(so + (unsigned)(RPU * m * L::LU * 4), gu, 16u);
+            gu += step;
+        }
+    }
+    if (tid < GDR_C / 4) cp_async16_s(sb + L::G_OFF + tid * 16, gc + tid * 4, 16u);
+    cp_async_commit();
+}
+
+template <int DK, int NW>
+__device__ void gdr_hrec8(const bf16_t* __restrict__ k, const float* __restrict__ gam_ws,
+                          const bf16_t* __restrict__ w_ws, const float* __restrict__ u_ws,
+                          const i64* __restrict__ seq_ch, const i64* __restrict__ ch_t0,
+                          const int* __restrict__ ch_len, int hk_n, int hv_n, int dv,
+                          const float* __restrict__ h0, float* __restrict__ h_ws, bf16_t* __restrict__ h16_ws,
+                          float* __restrict__ d_ws) {
+    typedef V6R<DK, NW / 2> L;
+    constexpr int BV = 8 * NW, NT = 32 * NW, DH = DK / 2, XB = 8 * 32 * 16;
+    if (dyn_smem_bytes() < (unsigned)(2 * L::STAGE + NW * XB)) return;
+    char* sm = reinterpret_cast<char*>(gdr_smem);
+    const int nvt = dv / BV;
+    const i64 b = blockIdx.x;
+    const int vt = (int)(b % nvt);
+    const int hv = (int)((b / nvt) % hv_n);
+    const i64 n = b / ((i64)nvt * hv_n);
+    const int kh = hv / (hv_n / hk_n);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int cg = warp >> 1, hh = warp & 1, bar = 1 + cg;
+    float4* xme = reinterpret_cast<float4*>(sm + 2 * L::STAGE + warp * XB);
+    float4* xot = reinterpret_cast<float4*>(sm + 2 * L::STAGE + (warp ^ 1) * XB);
+    const i64 col0 = (i64)vt * BV;
+    const int wc0 = 16 * cg, r0 = DH * hh;
+    const i64 st_base = (n * hv_n + hv) * (i64)DK * dv;
+    const i64 krow = (i64)hk_n * DK;
+    float s[DH / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < DH / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            s[nt][c] = h0 ? h0[st_base + (i64)(r0 + 8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)]
+                          : 0.f;
+    const i64 c_beg = seq_ch[n], c_end = seq_ch[n + 1];
+    auto issue = [&](i64 c, int stage) {
+        const i64 cb = c * hv_n + hv;
+        v8r_load_stage<DK, BV, NT>(sm + stage * L::STAGE, w_ws + cb * GDR_C * DK, k + ch_t0[c] * krow + (i64)kh * DK,
+                                   krow, ch_len[c], u_ws + cb * GDR_C * dv + col0, (i64)dv, gam_ws + cb * GDR_C);
+    };
+    if (c_beg < c_end) issue(c_beg, 0);
+    else cp_async_commit();
+    for (i64 c = c_beg; c < c_end; ++c) {
+        const int stg = (int)((c - c_beg) & 1);
+        cp_async_wait_group<0>();
+        __syncthreads();
+        if (c + 1 < c_end) issue(c + 1, stg ^ 1);
+        else cp_async_commit();
+        const char* sp = sm + stg * L::STAGE;
+        const bf16_t* sW = reinterpret_cast<const bf16_t*>(sp + L::W_OFF) + r0;
+        const bf16_t* sK = reinterpret_cast<const bf16_t*>(sp + L::K_OFF) + r0;
+        const float* sU = reinterpret_cast<const float*>(sp + L::U_OFF);
+        const float* sG = reinterpret_cast<const float*>(sp + L::G_OFF);
+        const i64 cb = c * hv_n + hv;
+        v6_store_state<DH>(s, h_ws, h16_ws, cb * (i64)DK * dv + (i64)r0 * dv + col0 + wc0 + g, dv);
+        unsigned sa[DH / 16][4], da[4][4];
+        v8_chain_step<DK, true>(s, sa, da, sW, sK, L::LK, sU + wc0, L::LU, sG, ch_len[c], xme, xot, bar,
+                                d_ws + cb * GDR_C * (i64)dv + col0 + wc0, (i64)dv, hh);
+    }
+}
+
+#define GDR_HREC8_ENTRY(DK, NW)                                                                         \
+    extern "C" __global__ void __launch_bounds__(32 * NW, 1) gdr_hrec8_d##DK##_w##NW(                   \
+        const bf16_t* k, const float* gam_ws, const bf16_t* w_ws, const float* u_ws, const i64* seq_ch,  \
+        const i64* ch_t0, const int* ch_len, int hk, int hv, int dv, const float* h0, float* h_ws,      \
+        bf16_t* h16_ws, float* d_ws) {                                                                  \
+        gdr_hrec8<DK, NW>(k, gam_ws, w_ws, u_ws, seq_ch, ch_t0, ch_len, hk, hv, dv, h0, h_ws, h16_ws,    \
+                          d_ws);                                                                        \
+    }
+
+GDR_HREC8_ENTRY(64, 2)
+GDR_HREC8_ENTRY(64, 4)
+GDR_HREC8_ENTRY(64, 8)
+GDR_HREC8_ENTRY(128, 2)
+GDR_HREC8_ENTRY(128, 4)
+GDR_HREC8_ENTRY(128, 8)
+
+#define GDR_FWD8_ENTRY(DK, NW, NS)                                                                      \
+    extern "C" __global__ void __launch_bounds__(32 * NW, 1) gdr_fwd8_d##DK##_w##NW##_s##NS(            \
+        const bf16_t* q, const bf16_t* k, const float* gam_ws, const bf16_t* w_ws, const float* u_ws,   \
+        const bf16_t* a_ws, const i64* seq_ch, const i64* ch_t0, const int* ch_len, int hk, int hv,     \
+        int dv, float scale, const float* h0, bf16_t* o, float* fin) {                                  \
+        gdr_fwd8<DK, NW, NS>(q, k, gam_ws, w_ws, u_ws, a_ws, seq_ch, ch_t0, ch_len, hk, hv, dv, scale,   \
+                             h0, o, fin);                                                               \
+    }
+
+// Shared memory (NS * STAGE + NW * 4096 bytes) at Dk 128: w2 s3 208,640; w4 s3 229,120;
+// w8 s2 190,976 (w8 s3 does not fit in 227 KB); Dk 64: every width fits three stages.
+GDR_FWD8_ENTRY(64, 2, 2)
+GDR_FWD8_ENTRY(64, 2, 3)
+GDR_FWD8_ENTRY(64, 4, 2)
+GDR_FWD8_ENTRY(64, 4, 3)
+GDR_FWD8_ENTRY(64, 8, 2)
+GDR_FWD8_ENTRY(64, 8, 3)
+GDR_FWD8_ENTRY(128, 2, 2)
+GDR_FWD8_ENTRY(128, 2, 3)
+GDR_FWD8_ENTRY(128, 4, 2)
+GDR_FWD8_ENTRY(128, 4, 3)
+GDR_FWD8_ENTRY(128, 8, 2)
+
+#define GDR_CHAIN8_ENTRY(NW, OUT)                                                                       \
+    extern "C" __global__ void __launch_bounds__(32 * NW, 1) gdr_chain8_d128_w##NW##_o##OUT(            \
+        const bf16_t* w, const bf16_t* k, const bf16_t* a, const float* u, const float* gam, int steps,  \
+        float* out) {                                                                                   \
+        gdr_chain8<128, NW, (OUT != 0)>(w, k, a, u, gam, steps, out);                                   \
+    }
+
+GDR_CHAIN8_ENTRY(2, 0)
+GDR_CHAIN8_ENTRY(4, 0)
+GDR_CHAIN8_ENTRY(8, 0)
+GDR_CHAIN8_ENTRY(2, 1)
+GDR_CHAIN8_ENTRY(4, 1)
+GDR_CHAIN8_ENTRY(8, 1)
+
+// =============================================================================================
+// gdr_bwd8 (opt-in GDN_RULE_BWD_SCAN=v8): gdr_bwd6 (the reverse scan with dD_loc folded in)
+// with v8's split: a CTA of BV = 16 NW / 2 columns has NW warps, warp w is half hh = w & 1 of
+// pair cg = w >> 1 (the pair's 16 columns); the warp holds dS^T for its DH = DK / 2 state rows
+// (fp32 accumulator fragments: 32 registers at DK 128, bwd6 needs 64). Same inputs, outputs and
+// layouts as gdr_bwd6 (dh per chunk fp32 or bf16, dD fp32, dh0). Per chunk, per warp:
+//   dh[c] rows of the half         = dS_hh                      (stored)
+//   X_hh   = (dS_hh^T K_hh^T) diag(e^(gam_L - gam) / scale)     (16 x 64 partial, 32 mma)
+//   dD^T's chunk rows split between the pair by 16-row blocks, {0, 3} for half 0 and {1, 2}
+//   for half 1 (5 of A's 10 lower blocks each): the partials of the partner's blocks go to the
+//   partner's buffer, barrier 1, the partner's partials of this warp's blocks added to
+//   X_hh + dO^T A (this warp's blocks only, 10 mma), times scale: this warp's dD rows, stored
+//   fp32 (each warp half of dD) and as -dD^T bf16 A fragments, which go to this warp's own
+//   buffer, barrier 2, the partner's fragments read: both warps hold all of -dD^T (the same
+//   bits: one warp computed each element);
+//   dS_hh^T <- e^gam_L dS_hh^T + (dO diag(scale e^gam))^T Q_hh - dD^T W_hh   (64 mma)
+// Per warp per step: 106 mma (bwd6: 212). Exchange buffer: 2 KB per warp (4 slots x 32 lanes x
+// 16 bytes, lane-private). Ordering: a writes b's buffer (slots 0..3), barrier 1, a reads its own
+// buffer (b wrote it before barrier 1), a writes its own buffer slots 0..1 (same lane, after its
+// reads), barrier 2, a reads b's buffer slots 0..1. The next step's first write of b's buffer
+// follows the step's __syncthreads, after which b has done its reads of it: no third barrier.
+// Stage: V6G<DK, NW / 2> (two stages, loaded with v6's lean addressing for NT = 32 NW threads).
+template <int DK, int BV, int NT>
+__device__ __forceinline__ void v8g_load_stage(char* st, const bf16_t* kc, const bf16_t* qc, i64 krow, int l,
+                                               const bf16_t* wc, const bf16_t* ac, const bf16_t* oc, i64 vrow,
+                                               const float* gc) {
+    typedef V6G<DK, BV / 16> L;
+    const int tid = threadIdx.x;
+    const unsigned sb = smem_addr(st);
+    constexpr int CPR = DK / 8;
+    constexpr int RPP = NT / CPR;
+    static_assert(NT % CPR == 0 && GDR_C % RPP == 0, "whole rows per pass");
+    {
+        const int i0 = tid / CPR, x = (tid % CPR) * 8;
+        const unsigned so = sb + (unsigned)((i0 * L::LK + x) * 2);
+        const bf16_t* gw = wc + i0 * DK + x;
+        const bf16_t* gk = kc + i0 * krow + x;
+        const bf16_t* gq = qc + i0 * krow + x;
+        const i64 step = RPP * krow;
+#pragma unroll
+        for (int m = 0; m < GDR_C / RPP; ++m) {
+            const bool ok = i0 + RPP * m < l;
+            const unsigned n = ok ? 16u : 0u;
+            const unsigned sr = so + (unsigned)(RPP * m * L::LK * 2);
+            cp_async16_s(sr + L::K_OFF, ok ? gk : kc, n);
+            cp_async16_s(sr + L::Q_OFF, ok ? gq : qc, n);
+            cp_async16_s(sr + L::W_OFF, gw + RPP * m * DK, 16u);
+            gk += step;
+            gq += step;
+        }
+    }
+    {
+        constexpr int RPA = NT / 8;
+        static_assert(GDR_C % RPA == 0, "whole rows of A per pass");
+        const int i0 = tid >> 3, x = (tid & 7) * 8;
+        const unsigned so = sb + L::A_OFF + (unsigned)((i0 * L::LA + x) * 2);
+        const bf16_t* ga = ac + i0 * GDR_C + x;
+#pragma unroll
+        for (int m = 0; m < GDR_C / RPA; ++m)
+            cp_async16_s(so + (unsigned)(RPA * m * L::LA * 2), ga + RPA * m * GDR_C, 16u);
+    }
+    {
+        constexpr int OPR = BV / 8;    // dO: 16-byte pieces per row of the tile
+        constexpr int RPO = NT / OPR;  // rows per pass
+        static_assert(NT % OPR == 0 && GDR_C % RPO == 0, "whole rows of dO per pass");
+        const int i0 = tid / OPR, x = (tid % OPR) * 8;
+        const unsigned so = sb + L::O_OFF + (unsigned)((i0 * L::LO + x) * 2);
+        const bf16_t* go = oc + i0 * vrow + x;
+        const i64 step = RPO * vrow;
+#pragma unroll
+        for (int m = 0; m < GDR_C / RPO; ++m) {
+            const bool ok = i0 + RPO * m < l;
+            cp_async16_s(so + (unsigned)(RPO * m * L::LO * 2), ok ? go : oc, ok ? 16u : 0u);
+            go += step;
+        }
+    }
+    if (tid < GDR_C / 4) cp_async16_s(sb + L::G_OFF + tid * 16, gc + tid * 4, 16u);
+    cp_async_commit();
+}
+
+// The dD part of one step for warp half H (compile time: its 16-row blocks M0, M1 of dD^T's
+// chunk rows are fixed). x: this warp's X_hh (all 8 n8 tiles), already scaled by
+// e^(gam_L - gam) / scale; of: dO^T A fragments (unscaled). Stores this warp's dD rows (fp32) at
+// ddc (offset to the pair's column g) and leaves -dD^T for all 64 chunk rows in nd.
+template <int H>
+__device__ __forceinline__ void v8g_dd(float (&x)[8][4], const unsigned (&of)[4][4], const bf16_t* sA, int la,
+                                       float scale, float* ddc, int dv, float4* xme, float4* xot, int bar,
+                                       unsigned (&nd)[4][4]) {
+    constexpr int M0 = H ? 1 : 0, M1 = H ? 2 : 3;  // this warp's blocks
+    constexpr int P0 = H ? 0 : 1, P1 = H ? 3 : 2;  // the partner's
+    const int lane = threadIdx.x & 31, t = lane & 3, mi = lane >> 3, r = lane & 7;
+    // slots 0..3: the partner's blocks in its own order (its M0, M1 are this warp's P0, P1)
+    xot[0 * 32 + lane] = make_float4(x[2 * P0][0], x[2 * P0][1], x[2 * P0][2], x[2 * P0][3]);
+    xot[1 * 32 + lane] = make_float4(x[2 * P0 + 1][0], x[2 * P0 + 1][1], x[2 * P0 + 1][2], x[2 * P0 + 1][3]);
+    xot[2 * 32 + lane] = make_float4(x[2 * P1][0], x[2 * P1][1], x[2 * P1][2], x[2 * P1][3]);
+    xot[3 * 32 + lane] = make_float4(x[2 * P1 + 1][0], x[2 * P1 + 1][1], x[2 * P1 + 1][2], x[2 * P1 + 1][3]);
+    // + dO^T A for this warp's blocks: B[k = i][n = m] = A[i][m], nonzero for m <= i.
+#pragma unroll
+    for (int b2 = 0; b2 < 2; ++b2) {
+        const int np = b2 ? M1 : M0;
+#pragma unroll
+        for (int kk = np; kk < 4; ++kk) {
+            unsigned bb[4];
+            ldsm_x4_t(bb, sA + (16 * kk + 8 * (mi & 1) + r) * la + 16 * np + 8 * (mi >> 1));
+            mma_bf16(x[2 * np], of[kk], bb[0], bb[1]);
+            mma_bf16(x[2 * np + 1], of[kk], bb[2], bb[3]);
+        }
+    }
+    pair_bar(bar);
+    uint4* ume = reinterpret_cast<uint4*>(xme);
+    const uint4* uot = reinterpret_cast<const uint4*>(xot);
+#pragma unroll
+    for (int b2 = 0; b2 < 2; ++b2) {
+        const int kk = b2 ? M1 : M0;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int j = 2 * kk + h, i0 = 8 * j + 2 * t;
+            const float4 o = xme[(2 * b2 + h) * 32 + lane];
+            const float y[4] = {x[j][0] + o.x, x[j][1] + o.y, x[j][2] + o.z, x[j][3] + o.w};
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+                const float d0 = scale * y[2 * rr];
+                const float d1 = scale * y[2 * rr + 1];
+                ddc[(i64)i0 * dv + 8 * rr] = d0;
+                ddc[(i64)(i0 + 1) * dv + 8 * rr] = d1;
+                nd[kk][rr + 2 * h] = pack_bf16(-d0, -d1);
+            }
+        }
+    }
+    // Own buffer, slots 0, 1 (read above by this lane): this warp's -dD^T blocks.
+    ume[0 * 32 + lane] = make_uint4(nd[M0][0], nd[M0][1], nd[M0][2], nd[M0][3]);
+    ume[1 * 32 + lane] = make_uint4(nd[M1][0], nd[M1][1], nd[M1][2], nd[M1][3]);
+    pair_bar(bar);
+    const uint4 a0 = uot[0 * 32 + lane], a1 = uot[1 * 32 + lane];
+    nd[P0][0] = a0.x;
+    nd[P0][1] = a0.y;
+    nd[P0][2] = a0.z;
+    nd[P0][3] = a0.w;
+    nd[P1][0] = a1.x;
+    nd[P1][1] = a1.y;
+    nd[P1][2] = a1.z;
+    nd[P1][3] = a1.w;
+}
+
+// Grid: N * Hv * (dv / BV) CTAs of 32 NW threads (BV = 16 NW / 2); dynamic shared memory
+// 2 * V6G<DK, NW / 2>::STAGE + NW * 2048.
+template <int DK, int NW>
+__device__ void gdr_bwd8(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+                         const bf16_t* __restrict__ d_o, const float* __restrict__ gam_ws,
+                         const bf16_t* __restrict__ w_ws, const bf16_t* __restrict__ a_ws,
+                         const i64* __restrict__ seq_ch, const i64* __restrict__ ch_t0,
+                         const int* __restrict__ ch_len, int hk_n, int hv_n, int dv, float scale,
+                         const float* __restrict__ dht, float* __restrict__ dh_ws, bf16_t* __restrict__ dh16_ws,
+                         float* __restrict__ dd_ws, float* __restrict__ dh0) {
+    typedef V6G<DK, NW / 2> L;
+    constexpr int BV = 8 * NW, NT = 32 * NW, DH = DK / 2, XB = 4 * 32 * 16;
+    static_assert(NW == 2 || NW == 4 || NW == 8, "1, 2 or 4 warp pairs");
+    if (dyn_smem_bytes() < (unsigned)(2 * L::STAGE + NW * XB)) return;
+    char* sm = reinterpret_cast<char*>(gdr_smem);
+    const int nvt = dv / BV;
+    const i64 b = blockIdx.x;
+    const int vt = (int)(b % nvt);
+    const int hv = (int)((b / nvt) % hv_n);
+    const i64 n = b / ((i64)nvt * hv_n);
+    const int kh = hv / (hv_n / hk_n);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int mi = lane >> 3, r = lane & 7;
+    const int cg = warp >> 1, hh = warp & 1, bar = 1 + cg;
+    float4* xme = reinterpret_cast<float4*>(sm + 2 * L::STAGE + warp * XB);
+    float4* xot = reinterpret_cast<float4*>(sm + 2 * L::STAGE + (warp ^ 1) * XB);
+    const i64 col0 = (i64)vt * BV;
+    const int wc0 = 16 * cg, r0 = DH * hh;
+    const i64 st_base = (n * hv_n + hv) * (i64)DK * dv;
+    const i64 krow = (i64)hk_n * DK, vrow = (i64)hv_n * dv;
+
+    // s[nt][c] = dS[r0 + 8 nt + 2t + (c & 1)][col0 + wc0 + g + 8 (c >> 1)]
+    float s[DH / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < DH / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            s[nt][c] = dht ? dht[st_base + (i64)(r0 + 8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)]
+                           : 0.f;
+
+    const i64 c_beg = seq_ch[n], c_end = seq_ch[n + 1];
+    auto issue = [&](i64 c, int stage) {
+        const i64 cb = c * hv_n + hv;
+        const i64 t0 = ch_t0[c];
+        v8g_load_stage<DK, BV, NT>(sm + stage * L::STAGE, k + t0 * krow + (i64)kh * DK, q + t0 * krow + (i64)kh * DK,
+                                   krow, ch_len[c], w_ws + cb * GDR_C * DK, a_ws + cb * GDR_C * GDR_C,
+                                   d_o + t0 * vrow + (i64)hv * dv + col0, vrow, gam_ws + cb * GDR_C);
+    };
+    if (c_end > c_beg) issue(c_end - 1, 0);
+    else cp_async_commit();
+    const float inv_scale = 1.f / scale;
+    for (i64 c = c_end - 1; c >= c_beg; --c) {
+        const int stg = (int)((c_end - 1 - c) & 1);
+        cp_async_wait_group<0>();
+        __syncthreads();
+        if (c > c_beg) issue(c - 1, stg ^ 1);
+        else cp_async_commit();
+        const int l = ch_len[c];
+        const char* sp = sm + stg * L::STAGE;
+        const bf16_t* sK = reinterpret_cast<const bf16_t*>(sp + L::K_OFF) + r0;
+        const bf16_t* sQ = reinterpret_cast<const bf16_t*>(sp + L::Q_OFF) + r0;
+        const bf16_t* sW = reinterpret_cast<const bf16_t*>(sp + L::W_OFF) + r0;
+        const bf16_t* sA = reinterpret_cast<const bf16_t*>(sp + L::A_OFF);
+        const bf16_t* sO = reinterpret_cast<const bf16_t*>(sp + L::O_OFF);
+        const float* sG = reinterpret_cast<const float*>(sp + L::G_OFF);
+        const i64 cb = c * hv_n + hv;
+
+        // dh[c] = dS (this warp's rows).
+        v6_store_state<DH>(s, dh_ws, dh16_ws, cb * (i64)DK * dv + (i64)r0 * dv + col0 + wc0 + g, dv);
+
+        float x[8][4];
+        {
+            unsigned sa[DH / 16][4];
+            v6_s_frags<DH>(s, sa);
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int cc = 0; cc < 4; ++cc) x[j][cc] = 0.f;
+            v6_mul_rows_t<DH>(x, sa, sK, L::LK);
+        }
+        const float gl = sG[l - 1];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int i0 = 8 * j + 2 * t;
+            const float e0 = i0 < l ? __expf(gl - sG[i0]) * inv_scale : 0.f;
+            const float e1 = i0 + 1 < l ? __expf(gl - sG[i0 + 1]) * inv_scale : 0.f;
+            x[j][0] *= e0;
+            x[j][1] *= e1;
+            x[j][2] *= e0;
+            x[j][3] *= e1;
+        }
+        unsigned of[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) ldsm_x4_t(of[kk], sO + (16 * kk + 8 * (mi >> 1) + r) * L::LO + wc0 + 8 * (mi & 1));
+        unsigned nd[4][4];
+        float* ddc = dd_ws + cb * GDR_C * (i64)dv + col0 + wc0 + g;
+        if (hh) v8g_dd<1>(x, of, sA, L::LA, scale, ddc, dv, xme, xot, bar, nd);
+        else v8g_dd<0>(x, of, sA, L::LA, scale, ddc, dv, xme, xot, bar, nd);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            const int ia = 16 * kk + 2 * t, ib = ia + 8;
+            const float ea0 = ia < l ? scale * __expf(sG[ia]) : 0.f;
+            const float ea1 = ia + 1 < l ? scale * __expf(sG[ia + 1]) : 0.f;
+            const float eb0 = ib < l ? scale * __expf(sG[ib]) : 0.f;
+            const float eb1 = ib + 1 < l ? scale * __expf(sG[ib + 1]) : 0.f;
+            of[kk][0] = scale_bf16x2(of[kk][0], ea0, ea1);
+            of[kk][1] = scale_bf16x2(of[kk][1], ea0, ea1);
+            of[kk][2] = scale_bf16x2(of[kk][2], eb0, eb1);
+            of[kk][3] = scale_bf16x2(of[kk][3], eb0, eb1);
+        }
+        const float egl = __expf(gl);
+#pragma unroll
+        for (int nt = 0; nt < DH / 8; ++nt)
+#pragma unroll
+            for (int cc = 0; cc < 4; ++cc) s[nt][cc] *= egl;
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int np = 0; np < DH / 16; ++np) {
+                unsigned bq[4], bw[4];
+                ldsm_x4_t(bq, sQ + (16 * kk + 8 * (mi & 1) + r) * L::LK + 16 * np + 8 * (mi >> 1));
+                ldsm_x4_t(bw, sW + (16 * kk + 8 * (mi & 1) + r) * L::LK + 16 * np + 8 * (mi >> 1));
+                mma_bf16(s[2 * np], of[kk], bq[0], bq[1]);
+                mma_bf16(s[2 * np + 1], of[kk], bq[2], bq[3]);
+                mma_bf16(s[2 * np], nd[kk], bw[0], bw[1]);
+                mma_bf16(s[2 * np + 1], nd[kk], bw[2], bw[3]);
+            }
+    }
+    if (dh0) {
+#pragma unroll
+        for (int nt = 0; nt < DH / 8; ++nt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                dh0[st_base + (i64)(r0 + 8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)] = s[nt][c];
+    }
+}
+
+#define GDR_BWD8_ENTRY(DK, NW)                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * NW, 1) gdr_bwd8_d##DK##_w##NW(                    \
+        const bf16_t* q, const bf16_t* k, const bf16_t* d_o, const float* gam_ws, const bf16_t* w_ws,   \
+        const bf16_t* a_ws, const i64* seq_ch, const i64* ch_t0, const int* ch_len, int hk, int hv,     \
+        int dv, float scale, const float* dht, float* dh_ws, bf16_t* dh16_ws, float* dd_ws,             \
+        float* dh0) {                                                                                   \
+        gdr_bwd8<DK, NW>(q, k, d_o, gam_ws, w_ws, a_ws, seq_ch, ch_t0, ch_len, hk, hv, dv, scale, dht,   \
+                         dh_ws, dh16_ws, dd_ws, dh0);                                                   \
+    }
+
+// Shared memory (2 * V6G<DK, NW / 2>::STAGE + NW * 2048 bytes) at Dk 128: w2 133,632; w4 141,824;
+// w8 158,208 (Dk 64: 84,480 / 92,672 / 109,056). w4 beside gdr_hrec6 w2 (88,576): 230,400 of
+// the SM's 233,472 less 1 KB reserved per CTA; beside gdr_hrec8 w4 (104,960) it does not fit.
+GDR_BWD8_ENTRY(64, 2)
+GDR_BWD8_ENTRY(64, 4)
+GDR_BWD8_ENTRY(64, 8)
+GDR_BWD8_ENTRY(128, 2)
+GDR_BWD8_ENTRY(128, 4)
+GDR_BWD8_ENTRY(128, 8)

@@ -518,11 +518,11 @@ fn prep_smem(s: RuleShape) -> usize {
 /// Which chunk-prep kernel the chunked forward and the backward's recompute run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Prep {
-    /// `g2c_prep_*` (module `gdn2_rule`): fp32 CUDA-core products, the default.
+    /// `g2c_prep_*` (module `gdn2_rule`): fp32 CUDA-core products (`GDN_RULE2_PREP=v1`).
     V1,
     /// `g2c_prep8_*` (module `gdn2_rule_tc`): the block products on 3xTF32 tensor cores,
-    /// 108,544 B of shared memory (two CTAs per SM); same outputs to ~fp32 accuracy. Opt-in:
-    /// `GDN_RULE2_PREP=v8`.
+    /// 108,544 B of shared memory (two CTAs per SM); same outputs to ~fp32 accuracy. The default
+    /// since 2026-12-02 (H200, B1 T32768 16/32: 4.22 ms against g2c_prep's 20.4).
     V8,
 }
 
@@ -531,11 +531,11 @@ thread_local! {
 }
 
 impl Prep {
-    /// `GDN_RULE2_PREP=v8` picks [`Prep::V8`]; anything else (or unset) [`Prep::V1`].
+    /// `GDN_RULE2_PREP=v1` picks [`Prep::V1`]; anything else (or unset) [`Prep::V8`].
     pub fn from_env() -> Prep {
         match std::env::var("GDN_RULE2_PREP").as_deref() {
-            Ok("v8") => Prep::V8,
-            _ => Prep::V1,
+            Ok("v1") => Prep::V1,
+            _ => Prep::V8,
         }
     }
 
@@ -952,12 +952,21 @@ pub enum Bwd {
     /// (`g2b_grad_tc_*`: operands rounded to 10 mantissa bits, fp32 accumulation) for bf16
     /// storage; f32 storage runs exactly [`Bwd::Chunked`]. Opt-in: `GDN_RULE2_GRAD=tc`.
     ChunkedTc,
+    /// Backward v2 (opt-in `GDN_RULE2_BWD=v2`, bench/notes/h-g2bw.md): [`Bwd::ChunkedTc`]'s
+    /// kernels with `g2b_dscan*p` (the reverse scan with its operand loads overlapped with the
+    /// math: the same bits as `g2b_dscan*`) and, for bf16 storage, `g2b_grad2_*` (the tc products,
+    /// coalesced scratch stores and dg row dots, ex2.approx in the Gram step); f32 storage keeps
+    /// the fp32 `g2b_grad_f32`.
+    V2,
 }
 
-/// The backward [`Bwd::from_env`] picks when `GDN_RULE2_BWD` is unset: the chunked one (its GPU
-/// tests passed on the H200 on 2026-12-02: bf16 errors equal to the recurrence's, f32 within
-/// 5e-7 of the f64 reference, bitwise reruns, every output written).
-pub const DEFAULT_BWD: Bwd = Bwd::Chunked;
+/// The backward [`Bwd::from_env`] picks when `GDN_RULE2_BWD` is unset: the chunked one with the
+/// TF32 tensor-core gradient kernel for bf16 storage (since 2026-12-02, session 8: its GPU tests
+/// passed on the H200, g2b_grad 43.5 -> 39.9 ms at B1 T32768 16/32; the chunked backward's tests
+/// passed on 2026-12-02 too: bf16 errors equal to the recurrence's, f32 within 5e-7 of the f64
+/// reference, bitwise reruns, every output written). `GDN_RULE2_BWD=chunked` keeps the fp32
+/// gradient kernel.
+pub const DEFAULT_BWD: Bwd = Bwd::ChunkedTc;
 
 impl Bwd {
     /// `GDN_RULE2_BWD=chunked` or `=recurrent` picks the kernels; unset (or anything else),
@@ -966,6 +975,7 @@ impl Bwd {
         let bwd = match std::env::var("GDN_RULE2_BWD").as_deref() {
             Ok("chunked") => Bwd::Chunked,
             Ok("recurrent") => Bwd::Recurrent,
+            Ok("v2") => Bwd::V2,
             _ => DEFAULT_BWD,
         };
         match (bwd, std::env::var("GDN_RULE2_GRAD").as_deref()) {
@@ -1055,8 +1065,7 @@ pub fn backward_with(
             d_o,
             dht: d_final_state,
         };
-        let tc = bwd == Bwd::ChunkedTc && dt == DType::Bf16;
-        return chunked_backward(gpu, &x, seqs, s, opts, dt, tc);
+        return chunked_backward(gpu, &x, seqs, s, opts, dt, bwd);
     }
     let (cu, chf, chunks) = tables(gpu, seqs)?;
     let nt = tiles(s);
@@ -1201,6 +1210,11 @@ fn dscan_smem(s: RuleShape, bv: usize) -> usize {
     4 * (3 * CK * s.dk + CK * CK + s.dk + 2 * CK * bv + s.dk * bv)
 }
 
+/// Shared memory (bytes) of `g2b_dscan{bv}p` (v2): `g2b_dscan`'s plus a second dO tile.
+fn dscan_p_smem(s: RuleShape, bv: usize) -> usize {
+    dscan_smem(s, bv) + 4 * CK * bv
+}
+
 /// Shared memory (bytes) of `g2b_grad_*` (see the kernel): 230400 at Dk = 128; with `tc`
 /// (`g2b_grad_tc_*`, a larger staging area) 232192 (the limit is 232448).
 fn grad_smem(s: RuleShape, tc: bool) -> usize {
@@ -1211,7 +1225,8 @@ fn grad_smem(s: RuleShape, tc: bool) -> usize {
 /// The chunked backward (kernels' header comment in `gdn2_rule.cu`): recompute the forward's
 /// chunk pieces (`g2c_prep`, with T) and chunk-start states (`g2c_scan`), the reverse scan of
 /// the state gradient (`g2b_dscan`), every gradient per chunk (`g2b_grad`), then the GVA sum and
-/// the l2 norm's backward (`gdr_reduce_qk`). `tc`: `g2b_grad_tc_*` (bf16 storage only).
+/// the l2 norm's backward (`gdr_reduce_qk`). `bwd` (a chunked choice) picks `g2b_dscan*` or
+/// `g2b_dscan*p` and `g2b_grad_*`, `g2b_grad_tc_*` or `g2b_grad2_*` (the last two for bf16 only).
 fn chunked_backward(
     gpu: &Arc<Gpu>,
     x: &BwdIo,
@@ -1219,8 +1234,17 @@ fn chunked_backward(
     s: RuleShape,
     opts: RuleOpts,
     dt: DType,
-    tc: bool,
+    bwd: Bwd,
 ) -> Result<Grads> {
+    let bf = dt == DType::Bf16;
+    let v2 = bwd == Bwd::V2;
+    // (module, name prefix) of g2b_grad.
+    let grad = match (bwd, bf) {
+        (Bwd::ChunkedTc, true) => (TC_MODULE, "g2b_grad_tc_"),
+        (Bwd::V2, true) => (TC_MODULE, "g2b_grad2_"),
+        _ => (MODULE, "g2b_grad_"),
+    };
+    let tc = grad.0 == TC_MODULE;
     let st = gpu.stream();
     let (tokens, n_seq, used) = (seqs.tokens(), seqs.count(), seqs.used());
     let ChunkTables {
@@ -1299,10 +1323,14 @@ fn chunked_backward(
     let bvb = dscan_bv(s);
     launch_in(
         gpu,
-        MODULE,
-        &format!("g2b_dscan{bvb}_{}", suffix(dt)),
+        if v2 { TC_MODULE } else { MODULE },
+        &format!("g2b_dscan{bvb}{}_{}", if v2 { "p" } else { "" }, suffix(dt)),
         n_seq * s.hv * (s.dv / bvb),
-        dscan_smem(s, bvb),
+        if v2 {
+            dscan_p_smem(s, bvb)
+        } else {
+            dscan_smem(s, bvb)
+        },
         &[
             ptr(&ws_kd, st),
             ptr(&ws_a, st),
@@ -1334,12 +1362,8 @@ fn chunked_backward(
     let mut db = out_d(gpu, part, dt)?;
     launch_in(
         gpu,
-        if tc { TC_MODULE } else { MODULE },
-        &format!(
-            "g2b_grad_{}{}",
-            if tc { "tc_" } else { "" },
-            rule_sfx(dt, opts)
-        ),
+        grad.0,
+        &format!("{}{}", grad.1, rule_sfx(dt, opts)),
         ch,
         grad_smem(s, tc),
         &[

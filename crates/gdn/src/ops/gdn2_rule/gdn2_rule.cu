@@ -2426,3 +2426,457 @@ G2B_GRAD(false, float, bf16_t, bf16n)
 G2B_GRAD(true, bf16_t, bf16_t, tc_bf16)
 G2B_GRAD(true, float, bf16_t, tc_bf16n)
 #endif
+
+#ifdef G2B_TC_MODULE
+// =============================================================================================
+// Backward v2 (opt-in GDN_RULE2_BWD=v2; module gdn2_rule_tc only, so gdn2_rule's PTX is unchanged;
+// bench/notes/h-g2bw.md). Same math and workspaces as the chunked backward above.
+//
+//   g2b_dscan32p  g2b_dscan<32> with the operand loads overlapped with the math: chunk c's Kd^T
+//                 and A (group 1) are fetched by cp.async while chunk c + 1 (the previous step of
+//                 the reverse walk) computes dS0, its Qg, Wm, eg_63 (group 2) while chunk c itself
+//                 computes dD, and the next scale dO tile is read into registers during dS0 (two
+//                 sO buffers). Each thread owns contiguous rows (dD rows NR r0 .., state rows
+//                 nx r0 ..) so the Kd^T, A, Qg, Wm rows are float4 broadcasts (a third of
+//                 g2b_dscan's shared-load instructions). Every element's FMAs are g2b_dscan's, in
+//                 its order: the same bits.
+//   g2b_grad2     g2b_grad<true> (TF32 block products) with: the scratch epilogues (dKd, dQg, dWm,
+//                 dKbg) stored as float2 pairs (full 32-byte sectors); <S0_c, dS1_c> for dg read
+//                 coalesced (one warp per channel row, a fixed shuffle tree) instead of one thread
+//                 walking a row (87.5% of those sectors wasted: most of ncu's excessive sectors);
+//                 the Gram step's exponentials as ex2.approx of the (hi + lo) difference times
+//                 log2 e (one MUFU op instead of expf's ~8 instructions).
+
+template <int BV, typename T>
+__device__ void g2b_dscan_pp(const float* __restrict__ ws_kd, const float* __restrict__ ws_a,
+                             const float* __restrict__ ws_qg, const float* __restrict__ ws_wm,
+                             const float* __restrict__ ws_egl, const T* __restrict__ d_o,
+                             const i64* __restrict__ chf, const i64* __restrict__ ch_t0,
+                             const int* __restrict__ ch_len, int hv_n, int dk, int dv, float scale,
+                             const float* __restrict__ dht, float* __restrict__ ws_dh, float* __restrict__ ws_dd,
+                             float* __restrict__ dh0) {
+    extern __shared__ __align__(16) float g2c_sm[];
+    constexpr int RS = G2C_NT / BV;
+    constexpr int NX = G2C_MAXD / RS;
+    constexpr int NR = G2C_C / RS;
+    constexpr int NO = G2C_C * BV / G2C_NT;  // dO elements a thread prefetches
+    const int tid = threadIdx.x, col = tid % BV, r0 = tid / BV;
+    const int ntile = dv / BV;
+    const int tile = blockIdx.x % ntile;
+    const int j = (blockIdx.x / ntile) % hv_n;
+    const i64 n = blockIdx.x / ntile / hv_n;
+    const int y = tile * BV + col;
+    const int nx = dk / RS;
+    float* sKt = g2c_sm;                 // Kd^T [dk][64]   (group 1)
+    float* sQg = sKt + G2C_C * dk;       // [64][dk]        (group 2)
+    float* sW = sQg + G2C_C * dk;        // Wm [64][dk]     (group 2)
+    float* sA = sW + G2C_C * dk;         // [64][64]        (group 1)
+    float* sE = sA + G2C_C * G2C_C;      // eg_63 [dk]      (group 2)
+    float* sO0 = sE + dk;                // scale dO [2][64][BV]
+    float* sDD = sO0 + 2 * G2C_C * BV;   // dD [64][BV]
+    float* sS = sDD + G2C_C * BV;        // dS [dk][BV]
+    const i64 sn = (i64)dk * dv;
+    const i64 sbase = (n * hv_n + j) * sn;
+    // Thread (r0, col) owns the state rows nx r0 .. + nx of column col (loaded, stored as dh,
+    // updated and stored as dh0 by it alone).
+    for (int x = nx * r0; x < nx * r0 + nx; ++x) sS[x * BV + col] = dht ? dht[sbase + (i64)x * dv + y] : 0.f;
+    const i64 c0 = chf[n], nch = chf[n + 1] - c0;
+    auto issue1 = [&](i64 cj) {
+        const float* kd = ws_kd + cj * G2C_C * (i64)dk;
+        const float* a = ws_a + cj * G2C_C * G2C_C;
+        for (int e = tid; e < G2C_C * dk / 4; e += G2C_NT) g2c_cp16(sKt + 4 * e, kd + 4 * e);
+        for (int e = tid; e < G2C_C * G2C_C / 4; e += G2C_NT) g2c_cp16(sA + 4 * e, a + 4 * e);
+        g2c_commit();
+    };
+    auto issue2 = [&](i64 cj) {
+        const float* qg = ws_qg + cj * G2C_C * (i64)dk;
+        const float* wm = ws_wm + cj * G2C_C * (i64)dk;
+        for (int e = tid; e < G2C_C * dk / 4; e += G2C_NT) {
+            g2c_cp16(sQg + 4 * e, qg + 4 * e);
+            g2c_cp16(sW + 4 * e, wm + 4 * e);
+        }
+        for (int e = tid; e < dk / 4; e += G2C_NT) g2c_cp16(sE + 4 * e, ws_egl + cj * dk + 4 * e);
+        g2c_commit();
+    };
+    // scale dO of chunk c (rows >= l zero), this thread's elements tid + 256 m of the tile.
+    auto fetch_o = [&](i64 c, float (&ro)[NO]) {
+        const i64 t0 = ch_t0[c];
+        const int l = ch_len[c];
+#pragma unroll
+        for (int m = 0; m < NO; ++m) {
+            const int e = tid + G2C_NT * m;
+            const int r = e / BV, cc = e - r * BV;
+            ro[m] = r < l ? scale * ld(d_o, ((t0 + r) * hv_n + j) * (i64)dv + tile * BV + cc) : 0.f;
+        }
+    };
+    if (nch > 0) {
+        const i64 cj = (c0 + nch - 1) * hv_n + j;
+        issue1(cj);
+        issue2(cj);
+        float ro[NO];
+        fetch_o(c0 + nch - 1, ro);
+#pragma unroll
+        for (int m = 0; m < NO; ++m) sO0[tid + G2C_NT * m] = ro[m];
+    }
+    int p = 0;
+    for (i64 ci = nch - 1; ci >= 0; --ci) {
+        const i64 c = c0 + ci;
+        const i64 cj = c * hv_n + j;
+        float* sO = sO0 + p * G2C_C * BV;
+        g2c_wait<1>();    // group 1 of chunk c (Kd^T, A) has landed for this thread
+        __syncthreads();  // ... for every thread; sS and sO of the previous step are written
+        {
+            float* dh = ws_dh + cj * sn + y;
+            for (int x = nx * r0; x < nx * r0 + nx; ++x) dh[(i64)x * dv] = sS[x * BV + col];
+        }
+        // dD = Kd dS1 + A^T (scale dO): rows NR r0 + m (contiguous: float4 broadcasts of the
+        // Kd^T and A rows); each element's FMAs in g2b_dscan's order.
+        {
+            float acc[NR];
+#pragma unroll
+            for (int m = 0; m < NR; ++m) acc[m] = 0.f;
+            for (int x = 0; x < dk; ++x) {
+                const float s = sS[x * BV + col];
+                const float4* kt = reinterpret_cast<const float4*>(sKt + x * G2C_C + NR * r0);
+#pragma unroll
+                for (int m4 = 0; m4 < NR / 4; ++m4) {
+                    const float4 kv = kt[m4];
+                    acc[4 * m4] += kv.x * s;
+                    acc[4 * m4 + 1] += kv.y * s;
+                    acc[4 * m4 + 2] += kv.z * s;
+                    acc[4 * m4 + 3] += kv.w * s;
+                }
+            }
+            for (int r = 0; r < G2C_C; ++r) {
+                const float o = sO[r * BV + col];
+                const float4* ar = reinterpret_cast<const float4*>(sA + r * G2C_C + NR * r0);
+#pragma unroll
+                for (int m4 = 0; m4 < NR / 4; ++m4) {
+                    const float4 av = ar[m4];
+                    acc[4 * m4] += av.x * o;
+                    acc[4 * m4 + 1] += av.y * o;
+                    acc[4 * m4 + 2] += av.z * o;
+                    acc[4 * m4 + 3] += av.w * o;
+                }
+            }
+            float* dd = ws_dd + cj * G2C_C * (i64)dv + y;
+#pragma unroll
+            for (int m = 0; m < NR; ++m) {
+                const int i = NR * r0 + m;
+                sDD[i * BV + col] = acc[m];
+                dd[(i64)i * dv] = acc[m];
+            }
+        }
+        float ro[NO];
+        if (ci > 0) fetch_o(c - 1, ro);
+        g2c_wait<0>();    // group 2 of chunk c (Qg, Wm, eg_63)
+        __syncthreads();  // ... for every thread; sDD written; every read of sKt, sA done
+        if (ci > 0) issue1(cj - hv_n);
+        // dS0 = eg_63 dS1 + Qg^T (scale dO) - Wm^T dD: rows nx r0 + m (contiguous: float4
+        // broadcasts of the Qg and Wm rows where nx % 4 == 0); each element's FMAs in
+        // g2b_dscan's order.
+        float acc[NX];
+#pragma unroll
+        for (int m = 0; m < NX; ++m) {
+            const int x = nx * r0 + m;
+            acc[m] = m < nx ? sE[x] * sS[x * BV + col] : 0.f;
+        }
+        if ((nx & 3) == 0) {
+            for (int i = 0; i < G2C_C; ++i) {
+                const float o = sO[i * BV + col], d = sDD[i * BV + col];
+                const float4* qr = reinterpret_cast<const float4*>(sQg + i * dk + nx * r0);
+                const float4* wr = reinterpret_cast<const float4*>(sW + i * dk + nx * r0);
+#pragma unroll
+                for (int m4 = 0; m4 < NX / 4; ++m4) {
+                    if (4 * m4 < nx) {
+                        const float4 qv = qr[m4], wv = wr[m4];
+                        acc[4 * m4] += qv.x * o;
+                        acc[4 * m4] -= wv.x * d;
+                        acc[4 * m4 + 1] += qv.y * o;
+                        acc[4 * m4 + 1] -= wv.y * d;
+                        acc[4 * m4 + 2] += qv.z * o;
+                        acc[4 * m4 + 2] -= wv.z * d;
+                        acc[4 * m4 + 3] += qv.w * o;
+                        acc[4 * m4 + 3] -= wv.w * d;
+                    }
+                }
+            }
+        } else {
+            for (int i = 0; i < G2C_C; ++i) {
+                const float o = sO[i * BV + col], d = sDD[i * BV + col];
+#pragma unroll
+                for (int m = 0; m < NX; ++m) {
+                    if (m < nx) {
+                        const int x = nx * r0 + m;
+                        acc[m] += sQg[i * dk + x] * o;
+                        acc[m] -= sW[i * dk + x] * d;
+                    }
+                }
+            }
+        }
+        if (ci > 0) {
+            float* sOn = sO0 + (p ^ 1) * G2C_C * BV;  // last read in the previous step
+#pragma unroll
+            for (int m = 0; m < NO; ++m) sOn[tid + G2C_NT * m] = ro[m];
+        }
+        __syncthreads();  // every read of sS, sQg, sW, sE is done
+        if (ci > 0) issue2(cj - hv_n);
+#pragma unroll
+        for (int m = 0; m < NX; ++m)
+            if (m < nx) sS[(nx * r0 + m) * BV + col] = acc[m];
+        p ^= 1;
+    }
+    if (dh0) {
+        for (int x = nx * r0; x < nx * r0 + nx; ++x) dh0[sbase + (i64)x * dv + y] = sS[x * BV + col];
+    }
+}
+
+#define G2B_DSCANP(BV, T, S)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(G2C_NT, 1)                                                   \
+        g2b_dscan##BV##p_##S(const float* ws_kd, const float* ws_a, const float* ws_qg, const float* ws_wm,   \
+                             const float* ws_egl, const T* d_o, const i64* chf, const i64* ch_t0,             \
+                             const int* ch_len, int hv, int dk, int dv, float scale, const float* dht,        \
+                             float* ws_dh, float* ws_dd, float* dh0) {                                        \
+        g2b_dscan_pp<BV, T>(ws_kd, ws_a, ws_qg, ws_wm, ws_egl, d_o, chf, ch_t0, ch_len, hv, dk, dv, scale,    \
+                            dht, ws_dh, ws_dd, dh0);                                                          \
+    }
+
+G2B_DSCANP(32, float, f32)
+G2B_DSCANP(32, bf16_t, bf16)
+G2B_DSCANP(16, float, f32)
+G2B_DSCANP(16, bf16_t, bf16)
+
+// g2b_mm_tc with the epilogue delivered as column pairs: fe2(i, jj, a(i, jj), a(i, jj + 1)),
+// jj even (nc even). Same products, same values as g2b_mm_tc.
+template <bool AKF, bool BKF, class FA, class FB, class FE2>
+__device__ __forceinline__ void g2b_mm_tc2(int nc, int kdim, FA fa, FB fb, FE2 fe2, float* stage) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = 16 * (warp & 3) + (lane >> 2), c0 = 32 * (warp >> 2) + 2 * (lane & 3);
+    for (int n0 = 0; n0 < nc; n0 += 64) {
+        float acc[4][4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m)
+#pragma unroll
+            for (int nn = 0; nn < 4; ++nn) acc[m][nn] = 0.f;
+        g2b_tile_tc<AKF, BKF>(
+            acc, kdim, fa, [&](int k, int jj) { return n0 + jj < nc ? fb(k, n0 + jj) : 0.f; }, stage);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int jj = n0 + c0 + 8 * nt;
+                if (jj < nc) fe2(r0 + 8 * h, jj, acc[nt][2 * h], acc[nt][2 * h + 1]);
+            }
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ float g2b_ex2(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+// e^((gh_a - gh_b) + (gl_a - gl_b)) through ex2.approx (the exponent <= 0 where it is used).
+#define G2B_E2(gha, ghb, gla, glb) g2b_ex2((((gha) - (ghb)) + ((gla) - (glb))) * 1.4426950408889634f)
+
+// Shared memory: as g2b_grad<true>. Global scratch per (chunk, value head): 4 * 64 dk floats.
+template <typename TQ, typename T>
+__device__ void g2b_grad2(const TQ* __restrict__ q, const TQ* __restrict__ k, const T* __restrict__ v,
+                          const float* __restrict__ g, const T* __restrict__ b, const T* __restrict__ w,
+                          const T* __restrict__ d_o, const i64* __restrict__ ch_t0, const int* __restrict__ ch_len,
+                          int hk_n, int hv_n, int dk, int dv, float scale, const float* __restrict__ ws_h,
+                          const float* __restrict__ ws_d, const float* __restrict__ ws_dh,
+                          const float* __restrict__ ws_dd, const float* __restrict__ ws_t, float* ws_g,
+                          float* __restrict__ dq_s, float* __restrict__ dk_s, T* __restrict__ dv_out,
+                          T* __restrict__ dw_out, float* __restrict__ dg_out, T* __restrict__ db_out) {
+    extern __shared__ __align__(16) float g2c_sm[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const i64 cj = blockIdx.x;
+    const i64 c = cj / hv_n;
+    const int j = (int)(cj % hv_n);
+    const int kh = j / (hv_n / hk_n);
+    const i64 t0 = ch_t0[c];
+    const int l = ch_len[c];
+    const int ck = G2C_C * dk;
+    float* sQ = g2c_sm;
+    float* sK = sQ + ck;
+    float* sKb = sK + ck;
+    float* sGh = sKb + ck;
+    float* sGl = sGh + ck;
+    float* sT = sGl + ck;
+    float* sDA = sT + G2C_C * G2B_LM;
+    float* sX = sDA + G2C_C * G2B_LM;
+    float* stage = sX + G2C_C * G2B_LM;  // G2B_STAGE_TC; after the products <S0_c, dS1_c> [dk]
+    float* gKd = ws_g + cj * 4 * (i64)ck;
+    float* gQg = gKd + ck;
+    float* gWm = gQg + ck;
+    float* gKbg = gWm + ck;
+    const i64 sn = (i64)dk * dv;
+    const float* S0 = ws_h + cj * sn;
+    const float* dS1 = ws_dh + cj * sn;
+    const float* Dm = ws_d + cj * G2C_C * (i64)dv;
+    const float* dDm = ws_dd + cj * G2C_C * (i64)dv;
+    const i64 vrow = (t0 * hv_n + j) * (i64)dv;
+    const i64 vstride = (i64)hv_n * dv;
+
+    for (int idx = tid; idx < ck; idx += G2C_NT) {
+        const int i = idx / dk, x = idx - i * dk;
+        float qv = 0.f, kv = 0.f, bv = 0.f;
+        if (i < l) {
+            const i64 t = t0 + i;
+            const i64 kr = (t * hk_n + kh) * dk + x;
+            qv = ld(q, kr);
+            kv = ld(k, kr);
+            bv = ld(b, (t * hv_n + j) * dk + x);
+        }
+        sQ[idx] = qv;
+        sK[idx] = kv;
+        sKb[idx] = bv * kv;
+    }
+    if (tid < dk) {
+        double acc = 0.0;
+        for (int i = 0; i < G2C_C; ++i) {
+            if (i < l) acc += (double)g[((t0 + i) * hv_n + j) * dk + tid];
+            const float hi = (float)acc;
+            sGh[i * dk + tid] = hi;
+            sGl[i * dk + tid] = (float)(acc - (double)hi);
+        }
+    }
+    {
+        const float* tg = ws_t + cj * G2C_C * G2C_C;
+        for (int idx = tid; idx < G2C_C * G2C_C; idx += G2C_NT) sT[(idx >> 6) * G2B_LM + (idx & 63)] = tg[idx];
+    }
+    __syncthreads();
+    auto dO = [&](int i, int y) -> float { return i < l ? ld(d_o, vrow + i * vstride + y) : 0.f; };
+    auto st2 = [](float* p, float a0, float a1) { *reinterpret_cast<float2*>(p) = make_float2(a0, a1); };
+
+    // 1. dKd = D dS1^T, dQg = scale dO S0^T, dWm = -dD S0^T.
+    g2b_mm_tc2<true, true>(
+        dk, dv, [&](int i, int y) { return Dm[(i64)i * dv + y]; },
+        [&](int y, int x) { return dS1[(i64)x * dv + y]; },
+        [&](int i, int x, float a0, float a1) { st2(gKd + i * dk + x, a0, a1); }, stage);
+    g2b_mm_tc2<true, true>(
+        dk, dv, dO, [&](int y, int x) { return S0[(i64)x * dv + y]; },
+        [&](int i, int x, float a0, float a1) { st2(gQg + i * dk + x, scale * a0, scale * a1); }, stage);
+    g2b_mm_tc2<true, true>(
+        dk, dv, [&](int i, int y) { return dDm[(i64)i * dv + y]; },
+        [&](int y, int x) { return S0[(i64)x * dv + y]; },
+        [&](int i, int x, float a0, float a1) { st2(gWm + i * dk + x, -a0, -a1); }, stage);
+    // 2. dA = scale dO D^T, dT = dD Wv^T.
+    g2b_mm_tc<true, true>(
+        G2C_C, dv, dO, [&](int y, int jj) { return Dm[(i64)jj * dv + y]; },
+        [&](int i, int jj, float a) { sDA[i * G2B_LM + jj] = scale * a; }, stage);
+    g2b_mm_tc<true, true>(
+        G2C_C, dv, [&](int i, int y) { return dDm[(i64)i * dv + y]; },
+        [&](int y, int jj) {
+            if (jj >= l) return 0.f;
+            const i64 o = vrow + jj * vstride + y;
+            return ld(w, o) * ld(v, o);
+        },
+        [&](int i, int jj, float a) { sX[i * G2B_LM + jj] = a; }, stage);
+    // 3. dWv = T^T dD: dw = dWv * v, dv = dWv * w (valid rows).
+    g2b_mm_tc<false, false>(
+        dv, G2C_C, [&](int i, int r) { return sT[r * G2B_LM + i]; },
+        [&](int r, int y) { return dDm[(i64)r * dv + y]; },
+        [&](int i, int y, float a) {
+            if (i < l) {
+                const i64 o = vrow + i * vstride + y;
+                st(dw_out, o, a * ld(v, o));
+                st(dv_out, o, a * ld(w, o));
+            }
+        },
+        stage);
+    // 4. dT += dWm Kbg^T, dKbg = T^T dWm.
+    g2b_mm_tc<true, true>(
+        G2C_C, dk, [&](int i, int x) { return gWm[i * dk + x]; },
+        [&](int x, int jj) { return sKb[jj * dk + x] * expf(sGh[jj * dk + x] + sGl[jj * dk + x]); },
+        [&](int i, int jj, float a) { sX[i * G2B_LM + jj] += a; }, stage);
+    g2b_mm_tc2<false, false>(
+        dk, G2C_C, [&](int i, int r) { return sT[r * G2B_LM + i]; }, [&](int r, int x) { return gWm[r * dk + x]; },
+        [&](int i, int x, float a0, float a1) { st2(gKbg + i * dk + x, a0, a1); }, stage);
+    // 5. dM = -T^T dT T^T, in place in sX.
+    g2b_mm_tc<false, false>(
+        G2C_C, G2C_C, [&](int i, int r) { return sT[r * G2B_LM + i]; },
+        [&](int r, int jj) { return sX[r * G2B_LM + jj]; }, [&](int i, int jj, float a) { sX[i * G2B_LM + jj] = a; },
+        stage);
+    g2b_mm_tc<true, true>(
+        G2C_C, G2C_C, [&](int i, int r) { return sX[i * G2B_LM + r]; },
+        [&](int r, int jj) { return sT[jj * G2B_LM + r]; }, [&](int i, int jj, float a) { sX[i * G2B_LM + jj] = -a; },
+        stage);
+    // <S0_c, dS1_c> per channel c: warp w takes rows w, w + 8, ..; lane sums y = lane + 32 m in
+    // order, then a fixed shuffle tree.
+    float* sSD = stage;
+    for (int x = warp; x < dk; x += G2C_NT / 32) {
+        float sd = 0.f;
+        for (int y = lane; y < dv; y += 32) sd += S0[(i64)x * dv + y] * dS1[(i64)x * dv + y];
+        sd = warp_sum(sd);
+        if (lane == 0) sSD[x] = sd;
+    }
+
+    // 6. Per element: the Gram gradients, dq, dk, db; dGam into gWm.
+    for (int idx = tid; idx < ck; idx += G2C_NT) {
+        const int i = idx / dk, x = idx - i * dk;
+        if (i >= l) {
+            gWm[idx] = 0.f;
+            continue;
+        }
+        const float ghi = sGh[idx], gli = sGl[idx];
+        const float qi = sQ[idx], ki = sK[idx], kbi = sKb[idx];
+        float dqa = 0.f, dkbm = 0.f;
+        for (int jj = 0; jj < i; ++jj) {
+            const int o = jj * dk + x;
+            const float ek = G2B_E2(ghi, sGh[o], gli, sGl[o]) * sK[o];
+            dqa += sDA[i * G2B_LM + jj] * ek;
+            dkbm += sX[i * G2B_LM + jj] * ek;
+        }
+        float dkg = 0.f;
+        for (int r = i + 1; r < l; ++r) {
+            const int o = r * dk + x;
+            const float e = G2B_E2(sGh[o], ghi, sGl[o], gli);
+            dkg += e * (sDA[r * G2B_LM + i] * sQ[o] + sX[r * G2B_LM + i] * sKb[o]);
+        }
+        const float eg = expf(ghi + gli);
+        const float ed = expf((sGh[(G2C_C - 1) * dk + x] - ghi) + (sGl[(G2C_C - 1) * dk + x] - gli));
+        const float dkd = gKd[idx], dqg = gQg[idx], dkbg = gKbg[idx];
+        const float daii = sDA[i * G2B_LM + i];
+        const float kd = ki * ed;
+        gWm[idx] = dqg * (qi * eg) + dkbg * (kbi * eg) + qi * dqa + kbi * dkbm - ki * dkg - dkd * kd;
+        const i64 orow = ((t0 + i) * hv_n + j) * (i64)dk + x;
+        const float dkb = eg * dkbg + dkbm;
+        dq_s[orow] = eg * dqg + dqa + daii * ki;
+        dk_s[orow] = ed * dkd + dkg + daii * qi + dkb * ld(b, orow);
+        st(db_out, orow, dkb * ki);
+    }
+    __syncthreads();
+    // 7. dg.
+    if (tid < dk) {
+        const int x = tid;
+        const float gh63 = sGh[(G2C_C - 1) * dk + x], gl63 = sGl[(G2C_C - 1) * dk + x];
+        float ex = 0.f;
+        for (int i = 0; i < l; ++i) {
+            const int o = i * dk + x;
+            const float ed = expf((gh63 - sGh[o]) + (gl63 - sGl[o]));
+            ex += gKd[o] * (sK[o] * ed);
+        }
+        float acc = expf(gh63 + gl63) * sSD[x] + ex;
+        for (int i = l - 1; i >= 0; --i) {
+            acc += gWm[i * dk + x];
+            dg_out[((t0 + i) * hv_n + j) * (i64)dk + x] = acc;
+        }
+    }
+}
+
+#define G2B_GRAD2(TQ, T, S)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(G2C_NT, 1)                                                   \
+        g2b_grad2_##S(const TQ* q, const TQ* k, const T* v, const float* g, const T* b, const T* w,           \
+                      const T* d_o, const i64* ch_t0, const int* ch_len, int hk, int hv, int dk, int dv,      \
+                      float scale, const float* ws_h, const float* ws_d, const float* ws_dh,                  \
+                      const float* ws_dd, const float* ws_t, float* ws_g, float* dq_s, float* dk_s,           \
+                      T* dv_out, T* dw_out, float* dg_out, T* db_out) {                                       \
+        g2b_grad2<TQ, T>(q, k, v, g, b, w, d_o, ch_t0, ch_len, hk, hv, dk, dv, scale, ws_h, ws_d, ws_dh,      \
+                         ws_dd, ws_t, ws_g, dq_s, dk_s, dv_out, dw_out, dg_out, db_out);                      \
+    }
+
+G2B_GRAD2(bf16_t, bf16_t, bf16)
+G2B_GRAD2(float, bf16_t, bf16n)
+#endif  // G2B_TC_MODULE (backward v2)

@@ -19,7 +19,9 @@ use cudarc::cublaslt::{result as lt, sys};
 use cudarc::driver::{DevicePtr, DevicePtrMut, PushKernelArg};
 
 use crate::backend::cuda::{DBuf, DType, GBuf, GemmKey, GemmPlan, Gpu, BLASLT_WORKSPACE_BYTES};
-use crate::backend::launch::{check_d, check_g, check_gpu, elem_cfg, launch};
+use crate::backend::launch::{
+    check_d, check_g, check_gpu, elem_cfg, int, launch, launch_in_threads, ptr, Arg,
+};
 use crate::error::{GdnError, Result};
 
 const MODULE: &str = "linear";
@@ -395,4 +397,296 @@ pub fn backward(
         }
     }
     Ok(())
+}
+
+/// The skinny GEMM's module (`skinny.cu`).
+const SKINNY_MODULE: &str = "skinny";
+
+/// Most token rows the skinny GEMM takes (8 token tiles of 8).
+pub const SKINNY_MAX_ROWS: usize = 64;
+
+/// k values per chunk of the skinny GEMM (`32 SK_U` in `skinny.cu`): `in_dim` must be a multiple.
+const SKINNY_STEP: usize = 128;
+
+/// A launch of the skinny GEMM (`skinny.cu`): `nt` token tiles of 8, CTAs of `wm` x `ws` warps
+/// (`wm` row tiles of 16, `ws` k ranges), `slabs` x `splits` CTAs (`splits` k ranges of K across
+/// CTAs, summed in order by the last CTA of each slab), `nchunk` chunks of 128 k per warp.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SkinnyPlan {
+    pub nt: usize,
+    pub wm: usize,
+    pub ws: usize,
+    pub slabs: usize,
+    pub splits: usize,
+    pub nchunk: usize,
+}
+
+impl SkinnyPlan {
+    /// Threads per CTA.
+    pub fn threads(&self) -> usize {
+        32 * self.wm * self.ws
+    }
+    /// Dynamic shared memory bytes: the in-CTA partials of warps `ws > 0`, and a flag.
+    pub fn smem_bytes(&self) -> usize {
+        (self.ws - 1) * self.wm * 128 * self.nt * 4 + 16
+    }
+    /// Dynamic shared memory bytes of the kernel with the input norm folded in (the per-token
+    /// sums of each k range too).
+    pub fn smem_bytes_norm(&self) -> usize {
+        self.smem_bytes() + 2 * self.ws * 8 * self.nt * 4
+    }
+    /// Whether the kernel with the input norm folded in takes this plan: one k range across CTAs
+    /// (each CTA sees whole token rows) and `wm >= nt / 2` (the kernel's two sum slots per warp).
+    pub fn takes_norm(&self) -> bool {
+        self.splits == 1 && 2 * self.wm >= self.nt
+    }
+    /// fp32 values of the split-K partials (0 when `splits` is 1).
+    pub fn part_len(&self) -> usize {
+        if self.splits > 1 {
+            self.splits * self.slabs * self.wm * 128 * self.nt
+        } else {
+            0
+        }
+    }
+}
+
+/// The skinny GEMM's plan for `y [m, n] = x [m, k] W[n, k]^T` on a GPU of `sms` SMs, or `None`
+/// where it does not take the shape (`m` of 1..=64, `k` a multiple of 128). Rows per CTA: enough
+/// row tiles that the CTAs fill the SMs once (`ceil(n / 16 / sms)`), and at least `nt / 2` so
+/// that the token rows (each CTA reads all of its k range of them, through L1) are at most as
+/// many bytes as the weights; then k splits across CTAs (divisors of the chunks, at most 8)
+/// until the CTAs fill the SMs, and k ranges within a CTA (up to 12 warps at 8 token tiles,
+/// 16 below).
+pub fn skinny_plan(m: usize, n: usize, k: usize, sms: usize) -> Option<SkinnyPlan> {
+    skinny_plan_with(m, n, k, sms, false)
+}
+
+/// [`skinny_plan`]; `one_split`: no k splits across CTAs (the plan then takes the folded input
+/// norm, [`SkinnyPlan::takes_norm`]).
+pub fn skinny_plan_with(
+    m: usize,
+    n: usize,
+    k: usize,
+    sms: usize,
+    one_split: bool,
+) -> Option<SkinnyPlan> {
+    if m == 0 || m > SKINNY_MAX_ROWS || n == 0 || k == 0 || !k.is_multiple_of(SKINNY_STEP) {
+        return None;
+    }
+    let nt = [1usize, 2, 4, 8].into_iter().find(|&t| 8 * t >= m)?;
+    let max_warps = if nt == 8 { 12 } else { 16 };
+    let (sms, mtiles, steps) = (sms.max(1), n.div_ceil(16), k / SKINNY_STEP);
+    let wm = mtiles.div_ceil(sms).max(nt / 2).clamp(1, max_warps);
+    let slabs = mtiles.div_ceil(wm);
+    let want = if one_split {
+        1
+    } else {
+        (sms / slabs).clamp(1, 8)
+    };
+    let splits = (1..=want).rev().find(|s| steps.is_multiple_of(*s))?;
+    let per = steps / splits;
+    let ws = (1..=(max_warps / wm).min(8))
+        .rev()
+        .find(|w| per.is_multiple_of(*w))?;
+    if slabs > crate::backend::cuda::COUNTERS {
+        return None;
+    }
+    Some(SkinnyPlan {
+        nt,
+        wm,
+        ws,
+        slabs,
+        splits,
+        nchunk: per / ws,
+    })
+}
+
+/// The input norm folded into the skinny GEMM ([`fold_norm`] made `wb`, `c1`, `c2`): `x` is the
+/// norm's raw input and `y = norm(x) W^T` is `rstd (x W'^T - mean c1) + c2` per token, the
+/// token's mean (LayerNorm; RMSNorm: 0) and rstd from sums the kernel takes of the x values it
+/// loads anyway.
+#[derive(Clone, Copy)]
+pub struct SkinnyNorm<'a> {
+    /// LayerNorm (subtract the mean) or RMSNorm.
+    pub layer: bool,
+    pub eps: f32,
+    /// `[out_dim]`: the row sums of the folded weight.
+    pub c1: &'a GBuf<f32>,
+    /// `[out_dim]`: `W b`, with the norm's bias.
+    pub c2: Option<&'a GBuf<f32>>,
+}
+
+/// [`fold_norm`]'s result: the folded bf16 weight `W'`, `c1`, and `c2` (with the norm's bias).
+pub type Folded = (GBuf<u16>, GBuf<f32>, Option<GBuf<f32>>);
+
+/// The norm's scale folded into a weight, for [`SkinnyNorm`]: `W' = bf16(W diag(g))` (`g` = the
+/// norm weight `gw`, or `1 + gw` zero-centered; rounded once from the fp32 master `w`
+/// `[out_dim, in_dim]`), `c1 = W' 1` (the rounded values summed in fp32) and, with the norm's bias
+/// `b`, `c2 = W b`. One kernel (`skinny_fold`), fixed-order sums.
+pub fn fold_norm(
+    w: &GBuf<f32>,
+    gw: &GBuf<f32>,
+    zero_centered: bool,
+    b: Option<&GBuf<f32>>,
+    out_dim: usize,
+    in_dim: usize,
+) -> Result<Folded> {
+    check_g("fold weight", w, out_dim.saturating_mul(in_dim))?;
+    check_g("fold norm weight", gw, in_dim)?;
+    if let Some(b) = b {
+        check_g("fold norm bias", b, in_dim)?;
+    }
+    let gpu = w.gpu().clone();
+    check_gpu("fold norm weight", &gpu, gw.gpu())?;
+    int("fold out_dim", out_dim)?;
+    int("fold in_dim", in_dim)?;
+    let wf = gpu.uninit::<u16>(w.len())?;
+    let c1 = gpu.uninit::<f32>(out_dim)?;
+    let c2 = match b {
+        Some(_) => Some(gpu.uninit::<f32>(out_dim)?),
+        None => None,
+    };
+    let s = gpu.stream();
+    let args = [
+        ptr(w, s),
+        ptr(gw, s),
+        Arg::I32(zero_centered as i32),
+        b.map_or(Arg::Ptr(0), |b| ptr(b, s)),
+        Arg::I32(b.is_some() as i32),
+        ptr(&wf, s),
+        ptr(&c1, s),
+        c2.as_ref().map_or(Arg::Ptr(0), |c| ptr(c, s)),
+        Arg::I32(out_dim as i32),
+        Arg::I32(in_dim as i32),
+    ];
+    launch_in_threads(
+        &gpu,
+        SKINNY_MODULE,
+        "skinny_fold",
+        out_dim.div_ceil(8),
+        256,
+        0,
+        &args,
+    )?;
+    Ok((wf, c1, c2))
+}
+
+/// `y = x W^T` by the skinny GEMM (`skinny.cu`) with plan `plan` (from [`skinny_plan`] for
+/// these shapes): bf16 `x` `[rows, in_dim]`, the bf16 weight `wb` `[out_dim, in_dim]`, bf16 `y`
+/// `[rows, out_dim]` (every element written); with `norm`, `y = norm(x) W^T` from the folded
+/// weight (`plan.takes_norm()` required). Same inputs and plan, same bits.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_skinny(
+    x: &DBuf,
+    rows: usize,
+    in_dim: usize,
+    wb: &GBuf<u16>,
+    out_dim: usize,
+    y: &mut DBuf,
+    plan: SkinnyPlan,
+    norm: Option<SkinnyNorm>,
+) -> Result<()> {
+    check_d("skinny x", x, rows.saturating_mul(in_dim), DType::Bf16)?;
+    check_g("skinny weight", wb, out_dim.saturating_mul(in_dim))?;
+    check_d("skinny y", y, rows.saturating_mul(out_dim), DType::Bf16)?;
+    let gpu = x.gpu().clone();
+    check_gpu("skinny weight", &gpu, wb.gpu())?;
+    check_gpu("skinny y", &gpu, y.gpu())?;
+    let p = plan;
+    let ok = p.nt >= 1
+        && 8 * p.nt >= rows
+        && matches!(p.nt, 1 | 2 | 4 | 8)
+        && rows >= 1
+        && p.wm >= 1
+        && p.ws >= 1
+        && p.threads() <= if p.nt == 8 { 384 } else { 512 }
+        && p.slabs * 16 * p.wm >= out_dim
+        && p.slabs <= crate::backend::cuda::COUNTERS
+        && p.splits >= 1
+        && p.splits * p.ws * p.nchunk * SKINNY_STEP == in_dim;
+    if !ok {
+        return Err(GdnError::Invalid(format!(
+            "skinny GEMM: plan {p:?} does not fit [{rows}, {in_dim}] x [{out_dim}, {in_dim}]^T"
+        )));
+    }
+    int("skinny out_dim", out_dim)?;
+    int("skinny in_dim", in_dim)?;
+    if let Some(nm) = norm {
+        if !p.takes_norm() {
+            return Err(GdnError::Invalid(format!(
+                "skinny GEMM: plan {p:?} cannot fold the input norm (one k range per CTA, wm >= nt / 2)"
+            )));
+        }
+        check_g("skinny c1", nm.c1, out_dim)?;
+        check_gpu("skinny c1", &gpu, nm.c1.gpu())?;
+        if let Some(c2) = nm.c2 {
+            check_g("skinny c2", c2, out_dim)?;
+            check_gpu("skinny c2", &gpu, c2.gpu())?;
+        }
+        crate::ops::common::norm::check_eps("skinny norm", nm.eps)?;
+        let s = gpu.stream();
+        let (DBuf::Bf16(xb), DBuf::Bf16(yb)) = (x, &*y) else {
+            unreachable!("dtypes checked")
+        };
+        let args = [
+            ptr(xb, s),
+            ptr(wb, s),
+            ptr(yb, s),
+            Arg::I32(rows as i32),
+            Arg::I32(out_dim as i32),
+            Arg::I32(in_dim as i32),
+            Arg::I32(p.wm as i32),
+            Arg::I32(p.ws as i32),
+            Arg::I32(p.nchunk as i32),
+            Arg::I32(p.slabs as i32),
+            Arg::I32(nm.layer as i32),
+            Arg::F32(nm.eps),
+            ptr(nm.c1, s),
+            nm.c2.map_or(Arg::Ptr(0), |c| ptr(c, s)),
+        ];
+        return launch_in_threads(
+            &gpu,
+            SKINNY_MODULE,
+            &format!("skinny_norm_t{}", p.nt),
+            p.slabs,
+            p.threads() as u32,
+            p.smem_bytes_norm(),
+            &args,
+        );
+    }
+    let part = if p.part_len() > 0 {
+        Some(gpu.uninit::<f32>(p.part_len())?)
+    } else {
+        None
+    };
+    let counters = gpu.counters()?;
+    let s = gpu.stream();
+    let (DBuf::Bf16(xb), DBuf::Bf16(yb)) = (x, &*y) else {
+        unreachable!("dtypes checked")
+    };
+    let (cp, _rc) = counters.device_ptr(s);
+    let args = [
+        ptr(xb, s),
+        ptr(wb, s),
+        ptr(yb, s),
+        part.as_ref().map_or(Arg::Ptr(0), |b| ptr(b, s)),
+        Arg::Ptr(cp),
+        Arg::I32(rows as i32),
+        Arg::I32(out_dim as i32),
+        Arg::I32(in_dim as i32),
+        Arg::I32(p.wm as i32),
+        Arg::I32(p.ws as i32),
+        Arg::I32(p.nchunk as i32),
+        Arg::I32(p.slabs as i32),
+        Arg::I32(p.splits as i32),
+    ];
+    launch_in_threads(
+        &gpu,
+        SKINNY_MODULE,
+        &format!("skinny_gemm_t{}", p.nt),
+        p.slabs * p.splits,
+        p.threads() as u32,
+        p.smem_bytes(),
+        &args,
+    )
 }

@@ -15,6 +15,7 @@ pub mod reference;
 mod tests;
 
 use crate::backend::cuda::{DBuf, GBuf};
+use crate::backend::launch::check_g;
 use crate::backend::{mixed, Act, F32s, P};
 use crate::error::Result;
 
@@ -40,6 +41,60 @@ pub fn forward(
         }
         _ => Err(mixed("linear")),
     }
+}
+
+/// Whether the decode projections run the skinny GEMM (`GDN_DECODE_GEMV=1`, or `gemm`: the
+/// GEMMs only, the input norm not folded in; opt-in until measured): see [`forward_decode`].
+pub fn decode_gemv_by_env() -> bool {
+    matches!(
+        std::env::var("GDN_DECODE_GEMV").as_deref(),
+        Ok("1") | Ok("on") | Ok("true") | Ok("gemm")
+    )
+}
+
+/// Whether the decode step folds the input norm into in_proj's skinny GEMM: `GDN_DECODE_GEMV=1`
+/// (not `gemm`).
+pub fn decode_fold_by_env() -> bool {
+    matches!(
+        std::env::var("GDN_DECODE_GEMV").as_deref(),
+        Ok("1") | Ok("on") | Ok("true")
+    )
+}
+
+/// [`forward`] for a decode step's few rows: with `skinny` on a GPU in bf16 storage, where
+/// [`cuda::skinny_plan`] takes the shape (1..=64 rows, `in_dim` a multiple of 128), the skinny
+/// GEMM (`skinny.cu`: the weights streamed once at 16 bytes a load, tensor cores, fixed-order
+/// sums); otherwise (or `skinny` off) [`forward`]'s cuBLASLt GEMM. The two agree within the
+/// bf16 rounding of `y`, not bit for bit.
+pub fn forward_decode(
+    x: &Act,
+    rows: usize,
+    in_dim: usize,
+    w: P,
+    w_bf16: Option<&GBuf<u16>>,
+    out_dim: usize,
+    skinny: bool,
+) -> Result<Act> {
+    if let (true, Act::Dev(xd), P::Dev(wd)) = (skinny, x, w) {
+        if xd.dtype() == crate::backend::cuda::DType::Bf16 {
+            let gpu = xd.gpu();
+            if let Some(plan) = cuda::skinny_plan(rows, out_dim, in_dim, gpu.sm_count()?) {
+                let made;
+                let wb = match w_bf16 {
+                    Some(b) => b,
+                    None => {
+                        made = cuda::cast_bf16(wd)?;
+                        &made
+                    }
+                };
+                check_g("linear bf16 weight copy", wb, wd.len())?;
+                let mut y = DBuf::uninit(gpu, rows * out_dim, xd.dtype())?;
+                cuda::forward_skinny(xd, rows, in_dim, wb, out_dim, &mut y, plan, None)?;
+                return Ok(Act::Dev(y));
+            }
+        }
+    }
+    forward(x, rows, in_dim, w, w_bf16, out_dim)
 }
 
 /// Backward of [`forward`]: returns `dx = dy W` `[rows, in_dim]` and `dW = dy^T x`

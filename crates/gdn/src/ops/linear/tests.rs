@@ -101,3 +101,65 @@ fn bad_lengths_are_errors() {
     assert!(linear_backward(&x[1..], 3, 4, &w, 2, &dy).is_err());
     assert!(linear_backward(&x, 3, 4, &w, 3, &dy).is_err());
 }
+
+/// The skinny GEMM's plans: the Qwen3-Next decode shapes on 132 SMs give the plans the notes
+/// (bench/notes/h-dec.md) and the host emulator (bench/notes/h-dec-emu) state, and every plan of a
+/// sweep of shapes covers the rows and k exactly within the kernel's launch bounds.
+#[test]
+fn skinny_plans() {
+    use super::cuda::{skinny_plan, SkinnyPlan};
+    let p = |nt, wm, ws, slabs, splits, nchunk| SkinnyPlan {
+        nt,
+        wm,
+        ws,
+        slabs,
+        splits,
+        nchunk,
+    };
+    assert_eq!(
+        skinny_plan(64, 12352, 2048, 132),
+        Some(p(8, 6, 2, 129, 1, 8))
+    );
+    assert_eq!(
+        skinny_plan(1, 12352, 2048, 132),
+        Some(p(1, 6, 2, 129, 1, 8))
+    );
+    assert_eq!(skinny_plan(64, 2048, 4096, 132), Some(p(8, 4, 2, 32, 4, 4)));
+    assert_eq!(skinny_plan(8, 2048, 4096, 132), Some(p(1, 1, 8, 128, 1, 4)));
+    // The folded input norm takes the in_proj plans as they are (one k range per CTA) ...
+    for m in [1usize, 8, 64] {
+        let q = skinny_plan(m, 12352, 2048, 132).unwrap();
+        assert!(q.takes_norm(), "{q:?}");
+        assert_eq!(
+            super::cuda::skinny_plan_with(m, 12352, 2048, 132, true),
+            Some(q)
+        );
+    }
+    // ... and small shapes with one k range when asked.
+    let q = super::cuda::skinny_plan_with(5, 776, 256, 132, true).unwrap();
+    assert!(q.takes_norm() && q.splits == 1, "{q:?}");
+    assert!(!skinny_plan(5, 776, 256, 132).unwrap().takes_norm());
+    assert_eq!(skinny_plan(65, 2048, 4096, 132), None);
+    assert_eq!(skinny_plan(0, 2048, 4096, 132), None);
+    assert_eq!(skinny_plan(8, 2048, 4000, 132), None);
+    for m in [1usize, 2, 7, 8, 9, 16, 17, 31, 32, 33, 63, 64] {
+        for n in [1usize, 15, 16, 40, 776, 1280, 2048, 12352] {
+            for k in [128usize, 256, 384, 1024, 2048, 4096] {
+                for sms in [1usize, 78, 132] {
+                    let q = skinny_plan(m, n, k, sms).unwrap();
+                    let qn = super::cuda::skinny_plan_with(m, n, k, sms, true).unwrap();
+                    assert!(qn.takes_norm(), "{qn:?}");
+                    assert!(qn.smem_bytes_norm() <= 48 * 1024, "{qn:?}");
+                    assert!(8 * q.nt >= m && q.nt <= 8, "{q:?}");
+                    assert!(q.threads() <= if q.nt == 8 { 384 } else { 512 }, "{q:?}");
+                    assert!(
+                        q.slabs * 16 * q.wm >= n && (q.slabs - 1) * 16 * q.wm < n,
+                        "{q:?}"
+                    );
+                    assert_eq!(q.splits * q.ws * q.nchunk * 128, k, "{q:?}");
+                    assert!(q.smem_bytes() <= 48 * 1024, "{q:?}");
+                }
+            }
+        }
+    }
+}
