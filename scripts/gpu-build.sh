@@ -29,11 +29,16 @@ strip "$dest"/test-* "$dest"/gdn "$dest"/bench_* 2>/dev/null || true
 # it), packed as kcache.tgz: scripts/device-steps.sh unpacks it into the kernel cache there, so no
 # device time goes to NVRTC (the cache key holds the source, options and NVRTC's version).
 if [ -f .ci/cuda/nvidia/cu13/lib/libnvrtc.so.13 ]; then
-    kc=$(mktemp -d)
+    # a persistent cache here (only changed modules compile again); the archive holds just the
+    # files of the current sources
+    kc="$PWD/target/gpu-kcache"
+    list=$(mktemp)
     LD_LIBRARY_PATH="$PWD/.ci/cuda/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-        GDN_KERNEL_CACHE="$kc/kcache" "$dest/gdn" kernels --arch sm_90a | tail -1
-    tar -czf "$dest/kcache.tgz" -C "$kc" kcache
-    rm -rf "$kc"
+        GDN_KERNEL_CACHE="$kc/kcache" "$dest/gdn" kernels --arch sm_90a > "$list"
+    tail -1 "$list"
+    grep -o 'kcache/[^ ]*\.ptx$' "$list" | sort -u > "$list.files"
+    tar -czf "$dest/kcache.tgz" -C "$kc" -T "$list.files"
+    rm -f "$list" "$list.files"
 else
     echo "no NVRTC in .ci/cuda: kernels will compile on the device (see .ci/run to install it)"
 fi
