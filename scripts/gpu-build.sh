@@ -36,7 +36,7 @@ if [ -f .ci/cuda/nvidia/cu13/lib/libnvrtc.so.13 ]; then
     LD_LIBRARY_PATH="$PWD/.ci/cuda/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
         GDN_KERNEL_CACHE="$kc/kcache" "$dest/gdn" kernels --arch sm_90a > "$list"
     tail -1 "$list"
-    grep -o 'kcache/[^ ]*\.ptx$' "$list" | sort -u > "$list.files"
+    grep -o '[^/ ]*\.ptx$' "$list" | sort -u | sed 's|^|kcache/|' > "$list.files"
     tar -czf "$dest/kcache.tgz" -C "$kc" -T "$list.files"
     rm -f "$list" "$list.files"
 else
