@@ -70,11 +70,11 @@ fn case(
         .into_iter()
         .map(|b| f32::from_bits((b as u32) << 16))
         .collect();
-    let worst: Vec<(f64, f64)> = (0..n)
+    let worst: Vec<(f64, f64, f64)> = (0..n)
         .into_par_iter()
         .map(|j| {
             let wr = &wh[j * k..(j + 1) * k];
-            let (mut er, mut eb) = (0.0f64, 0.0f64);
+            let (mut er, mut eb, mut ec) = (0.0f64, 0.0f64, 0.0f64);
             for i in 0..m {
                 let xr = &xh[i * k..(i + 1) * k];
                 let (mut s, mut sa) = (0.0f64, 0.0f64);
@@ -88,15 +88,21 @@ fn case(
                 let bound = |r: f64| r.abs() * 2f64.powi(-7) + 1e-4 * sa + 1e-30;
                 er = er.max((got - s).abs() / bound(s));
                 eb = eb.max((got - bl).abs() / bound(bl));
+                ec = ec.max((bl - s).abs() / bound(s));
             }
-            (er, eb)
+            (er, eb, ec)
         })
         .collect();
     let er = worst.iter().fold(0.0f64, |a, b| a.max(b.0));
     let eb = worst.iter().fold(0.0f64, |a, b| a.max(b.1));
-    eprintln!("{what}: worst error / bound: vs f64 {er:.3}, vs cuBLASLt {eb:.3}");
+    let ec = worst.iter().fold(0.0f64, |a, b| a.max(b.2));
+    eprintln!(
+        "{what}: worst error / bound: vs f64 {er:.3}, vs cuBLASLt {eb:.3} (cuBLASLt vs f64 {ec:.3})"
+    );
     assert!(er <= 1.0, "{what}: vs f64 {er}");
-    assert!(eb <= 1.0, "{what}: vs cuBLASLt {eb}");
+    // Each output is within one bound of the exact product, so two of them are within two bounds
+    // of each other (measured on the H200: 1.79 at M 20 N 70 K 1024, skinny 0.40 vs f64).
+    assert!(eb <= 2.0, "{what}: vs cuBLASLt {eb}");
     (er, eb)
 }
 

@@ -1159,8 +1159,12 @@ fn gdn2_fwd8_bitwise_and_fallback() {
         bits(&a) == bits(&b),
         "Dk 32: fwd8 is not the chunked forward"
     );
-    if std::env::var_os("GDN_RULE2_FWD").is_none() && std::env::var_os("GDN_RULE2").is_none() {
-        assert_eq!(Fwd::from_env(), Fwd::Chunked);
+    if std::env::var_os("GDN_RULE2_FWD").is_none()
+        && std::env::var_os("GDN_RULE2").is_none()
+        && std::env::var_os("GDN_RULE2_V8_WARPS").is_none()
+    {
+        // the default since 2026-12-02: the fused forward
+        assert_eq!(Fwd::from_env(), v80);
     }
 }
 

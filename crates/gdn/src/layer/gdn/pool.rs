@@ -47,10 +47,12 @@ pub struct CachePool {
     graph: Option<DecodeGraph>,
     /// Why capturing failed (graphs are then off for this pool), if it did.
     graph_error: Option<String>,
-    /// Whether a GPU decode step's projections run the skinny GEMM (`GDN_DECODE_GEMV=1`).
-    gemv: bool,
-    /// With `gemv`: the input norm folded into in_proj's skinny GEMM (on with `GDN_DECODE_GEMV=1`,
-    /// off with `GDN_DECODE_GEMV=gemm`).
+    /// The most rows (slots per step) at which a GPU decode step's projections run the skinny
+    /// GEMM (0: never): `ops::linear::DECODE_GEMV_ROWS` by default, see
+    /// `ops::linear::decode_gemv_by_env`.
+    gemv_rows: usize,
+    /// With the skinny GEMM: the input norm folded into in_proj's (off with
+    /// `GDN_DECODE_GEMV=gemm`).
     fold: bool,
     /// The folded in_proj weight, for the device weights it was made from.
     folded: Option<Folded>,
@@ -119,21 +121,25 @@ impl CachePool {
         }
     }
     /// Run a GPU decode step's two projections (in_proj, out_proj) with the skinny GEMM
-    /// (`ops::linear::cuda::forward_skinny`, bf16 storage, 1..=64 rows; cuBLASLt elsewhere) or
-    /// not (cuBLASLt), and with it the input norm folded into in_proj's GEMM (on with it; turn it
-    /// off after with [`set_fold_norm`](Self::set_fold_norm)). Off unless `GDN_DECODE_GEMV=1`
-    /// (opt-in until measured; `GDN_DECODE_GEMV=gemm`: the GEMMs without the fold). The paths
-    /// differ within the bf16 rounding of the projections' outputs; each is bitwise reproducible.
+    /// (`ops::linear::cuda::forward_skinny`, bf16 storage) at every batch its plan takes (1..=64
+    /// rows; cuBLASLt elsewhere) or never (cuBLASLt), and with it the input norm folded into
+    /// in_proj's GEMM (on with it; turn it off after with [`set_fold_norm`](Self::set_fold_norm)).
+    /// By default the skinny GEMM runs up to `ops::linear::DECODE_GEMV_ROWS` (8) rows, where it
+    /// was measured faster, folded (`GDN_DECODE_GEMV=1` / `0` / `gemm`: every shape / never /
+    /// without the fold). The paths differ within the bf16 rounding of the projections' outputs;
+    /// each is bitwise reproducible.
     pub fn set_gemv(&mut self, on: bool) {
-        if on != self.gemv || on != self.fold {
+        let rows = if on { 64 } else { 0 };
+        if rows != self.gemv_rows || on != self.fold {
             self.graph = None;
         }
-        self.gemv = on;
+        self.gemv_rows = rows;
         self.fold = on;
     }
-    /// Whether the decode projections run the skinny GEMM ([`set_gemv`](Self::set_gemv)).
+    /// Whether the decode projections run the skinny GEMM at some batch sizes
+    /// ([`set_gemv`](Self::set_gemv)).
     pub fn gemv(&self) -> bool {
-        self.gemv
+        self.gemv_rows > 0
     }
     /// With the skinny GEMM on: fold the input norm into in_proj's GEMM (one kernel fewer: the
     /// GEMM reads the raw input rows, takes each token's mean / rstd from them and applies them
@@ -243,6 +249,7 @@ impl GatedDeltaNet {
             Some(g) => crate::budget::check_gpu(&g, &what, bytes)?,
         }
         let (sl, cl) = (sl as usize, cl as usize);
+        let (gemv_rows, fold) = crate::ops::linear::decode_gemv_by_env();
         Ok(CachePool {
             shape: s,
             slots,
@@ -254,8 +261,8 @@ impl GatedDeltaNet {
             graphs: graph::enabled_by_env(),
             graph: None,
             graph_error: None,
-            gemv: crate::ops::linear::decode_gemv_by_env(),
-            fold: crate::ops::linear::decode_fold_by_env(),
+            gemv_rows,
+            fold,
             folded: None,
         })
     }
@@ -593,7 +600,8 @@ impl GatedDeltaNet {
         pool: &mut CachePool,
     ) -> Result<Option<Act>> {
         use crate::ops::linear::cuda::{fold_norm, forward_skinny, skinny_plan_with, SkinnyNorm};
-        let (ParamView::Dev(dp), Act::Dev(xd), true, true) = (p, x, pool.gemv, pool.fold) else {
+        let (ParamView::Dev(dp), Act::Dev(xd), true, true) = (p, x, n <= pool.gemv_rows, pool.fold)
+        else {
             return Ok(None);
         };
         if xd.dtype() != DType::Bf16 {
@@ -659,7 +667,7 @@ impl GatedDeltaNet {
         let n = ids.len();
         let proj = match self.in_proj_folded(p, x, n, pool)? {
             Some(proj) => proj,
-            None => self.in_proj_one_gemm(p, x, n, pool.gemv)?,
+            None => self.in_proj_one_gemm(p, x, n, n <= pool.gemv_rows)?,
         };
         prof.mark("decode in_proj (norm + GEMM)");
         let pc = self.proj_cols();
@@ -687,7 +695,7 @@ impl GatedDeltaNet {
         )?;
         drop(pre);
         prof.mark("decode rule");
-        let (y, _, _) = self.out_proj_with(p, &o, &proj, n, prof, pool.gemv)?;
+        let (y, _, _) = self.out_proj_with(p, &o, &proj, n, prof, n <= pool.gemv_rows)?;
         prof.mark("decode out_proj");
         Ok(y)
     }

@@ -1480,15 +1480,21 @@ thread_local! {
 /// Tests and benchmarks: on the calling thread, `Some(true)` makes the v6 backward's reverse scan
 /// run `gdr_bwd8` (v8's split of dS's Dk rows between warp pairs: the same outputs and layouts,
 /// another summation order), `Some(false)` `gdr_bwd6`; `None` (the default) follows
-/// `GDN_RULE_BWD_SCAN` (`v8` selects `gdr_bwd8`; else `gdr_bwd6`).
+/// `GDN_RULE_BWD_SCAN` (`v8` selects `gdr_bwd8`, `v6` `gdr_bwd6`; unset: by shape, as the
+/// forward, [`auto_picks_v8`]: measured on the H200, B1 T32768 16/32 bwd8 2.12 ms against
+/// bwd6's 2.49 (backward 10.24 -> 9.89 with the overlap), B8 T4096 16/16 0.74 against 0.55).
 #[doc(hidden)]
 pub fn set_bwd8(on: Option<bool>) {
     BWD8.with(|c| c.set(on));
 }
 
-fn bwd8_on() -> bool {
+fn bwd8_on(gpu: &Gpu, n_seq: usize, s: RuleShape) -> bool {
     BWD8.with(|c| c.get())
-        .unwrap_or_else(|| std::env::var("GDN_RULE_BWD_SCAN").as_deref() == Ok("v8"))
+        .unwrap_or_else(|| match std::env::var("GDN_RULE_BWD_SCAN").as_deref() {
+            Ok("v8") => true,
+            Ok("v6") => false,
+            _ => auto_picks_v8(n_seq, s.hv, s.dv, gpu.sm_count().unwrap_or(132)),
+        })
 }
 
 /// Dynamic shared memory of `gdr_bwd8` (the .cu file's `2 * V6G<DK, NW / 2>::STAGE + NW *
@@ -1753,7 +1759,7 @@ fn backward_v6(
             }
         };
         // gdr_bwd8 (opt-in): the same outputs from v8's split of dS, width by v8's model.
-        let (bwd6, bgrid, bthreads, bsmem) = if bwd8_on() {
+        let (bwd6, bgrid, bthreads, bsmem) = if bwd8_on(gpu, n_seq, s) {
             let nw8 = v8_warps(gpu, n_seq, s, pieces.warps);
             (
                 format!("gdr_bwd8_d{}_w{nw8}", s.dk),

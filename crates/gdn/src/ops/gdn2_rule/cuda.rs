@@ -268,8 +268,10 @@ pub enum Fwd {
 }
 
 impl Fwd {
-    /// `GDN_RULE2=recurrent` picks the recurrence; else `GDN_RULE2_FWD=v8` the fused forward;
-    /// anything else (or unset) the chunked kernels.
+    /// `GDN_RULE2=recurrent` picks the recurrence; else `GDN_RULE2_FWD=chunked` the chunked
+    /// kernels, `v8x` the split fused forward; anything else (or unset) the fused forward
+    /// [`Fwd::V8`] (the default since 2026-12-02, session 8: H200, B1 T32768 16/32 11.34 ->
+    /// 6.27 ms, B8 T4096 16/16 5.88 -> 2.80; the split kernel measured slower, 6.48 / 3.02).
     pub fn from_env() -> Fwd {
         if std::env::var("GDN_RULE2").as_deref() == Ok("recurrent") {
             return Fwd::Recurrent;
@@ -284,7 +286,11 @@ impl Fwd {
                 split: false,
             },
             Ok("v8x") => Fwd::V8 { warps, split: true },
-            _ => Fwd::Chunked,
+            Ok("chunked") => Fwd::Chunked,
+            _ => Fwd::V8 {
+                warps,
+                split: false,
+            },
         }
     }
 }
@@ -960,13 +966,11 @@ pub enum Bwd {
     V2,
 }
 
-/// The backward [`Bwd::from_env`] picks when `GDN_RULE2_BWD` is unset: the chunked one with the
-/// TF32 tensor-core gradient kernel for bf16 storage (since 2026-12-02, session 8: its GPU tests
-/// passed on the H200, g2b_grad 43.5 -> 39.9 ms at B1 T32768 16/32; the chunked backward's tests
-/// passed on 2026-12-02 too: bf16 errors equal to the recurrence's, f32 within 5e-7 of the f64
-/// reference, bitwise reruns, every output written). `GDN_RULE2_BWD=chunked` keeps the fp32
-/// gradient kernel.
-pub const DEFAULT_BWD: Bwd = Bwd::ChunkedTc;
+/// The backward [`Bwd::from_env`] picks when `GDN_RULE2_BWD` is unset: [`Bwd::V2`] (since
+/// 2026-12-02, session 8: its GPU tests passed on the H200; B1 T32768 16/32 backward 66.9 ms
+/// (chunked) / 63.4 (tc) -> 54.6, B8 T4096 16/16 34.2 / 32.4 -> 28.0). `GDN_RULE2_BWD=chunked`
+/// keeps the fp32 gradient kernel (`GDN_RULE2_GRAD=tc` with it: the TF32 one).
+pub const DEFAULT_BWD: Bwd = Bwd::V2;
 
 impl Bwd {
     /// `GDN_RULE2_BWD=chunked` or `=recurrent` picks the kernels; unset (or anything else),

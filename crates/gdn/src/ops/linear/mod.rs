@@ -43,22 +43,24 @@ pub fn forward(
     }
 }
 
-/// Whether the decode projections run the skinny GEMM (`GDN_DECODE_GEMV=1`, or `gemm`: the
-/// GEMMs only, the input norm not folded in; opt-in until measured): see [`forward_decode`].
-pub fn decode_gemv_by_env() -> bool {
-    matches!(
-        std::env::var("GDN_DECODE_GEMV").as_deref(),
-        Ok("1") | Ok("on") | Ok("true") | Ok("gemm")
-    )
-}
+/// Rows up to which a decode step's projections run the skinny GEMM (with the input norm folded
+/// into in_proj's) by default. Measured on the H200 (2026-12-02, `bench_decode gemm`): it beats
+/// cuBLASLt at 1 and 8 rows (in_proj with the norm folded in 41.7 -> 26.6 us at one row, out_proj
+/// 18.4 -> 13.7 us; the layer's decode step as a graph at B1 78.5 -> 60.6 us) and loses from 16
+/// rows on (in_proj at 64 rows 29.2 -> 36.7 us).
+pub const DECODE_GEMV_ROWS: usize = 8;
 
-/// Whether the decode step folds the input norm into in_proj's skinny GEMM: `GDN_DECODE_GEMV=1`
-/// (not `gemm`).
-pub fn decode_fold_by_env() -> bool {
-    matches!(
-        std::env::var("GDN_DECODE_GEMV").as_deref(),
-        Ok("1") | Ok("on") | Ok("true")
-    )
+/// The decode projections' skinny GEMM from `GDN_DECODE_GEMV`: (the most rows it runs at, whether
+/// the input norm is folded into in_proj's). Unset: ([`DECODE_GEMV_ROWS`], folded); `0` / `off`
+/// / `false`: never; `1` / `on` / `true`: up to 64 rows (every shape its plan takes), folded;
+/// `gemm`: up to 64 rows, the norm kernel kept. See [`forward_decode`].
+pub fn decode_gemv_by_env() -> (usize, bool) {
+    match std::env::var("GDN_DECODE_GEMV").as_deref() {
+        Ok("0") | Ok("off") | Ok("false") => (0, false),
+        Ok("1") | Ok("on") | Ok("true") => (64, true),
+        Ok("gemm") => (64, false),
+        _ => (DECODE_GEMV_ROWS, true),
+    }
 }
 
 /// [`forward`] for a decode step's few rows: with `skinny` on a GPU in bf16 storage, where
