@@ -579,25 +579,7 @@ fn v8(gpu: &Arc<Gpu>) {
         let g6 = bwd(gpu, &x, &d_o, v7);
         for on in [false, true] {
             set_hrec8(Some(on));
-            let ms = time_ms(gpu, 2, 10, || drop(bwd_run(gpu, &x, &d_o, v7)));
-            gpu.sync().unwrap();
-            profile_start();
-            drop(bwd_run(gpu, &x, &d_o, v7));
-            gpu.sync().unwrap();
-            let p = profile_take();
-            let diff = bwd(gpu, &x, &d_o, v7)
-                .iter()
-                .zip(&g6)
-                .map(|((n, a), (_, b))| {
-                    let (mut num, mut den) = (0f64, 0f64);
-                    for (a, b) in a.iter().zip(b) {
-                        num += ((a - b) as f64).powi(2);
-                        den += (*b as f64).powi(2);
-                    }
-                    format!("{n}={:.2e}", (num / den).sqrt())
-                })
-                .collect::<Vec<_>>()
-                .join(" ");
+            let (ms, p, diff) = bwd_row(gpu, &x, &d_o, v7, &g6);
             println!(
                 "bench-hrec8 | B{b} T{t} {hk}/{hv} | {} | {ms:.3} | {} | {diff}",
                 if on { "gdr_hrec8" } else { "gdr_hrec6" },
@@ -630,25 +612,7 @@ fn v8(gpu: &Arc<Gpu>) {
             set_hrec8(Some(h8));
             set_bwd8(Some(b8));
             set_backward_overlap(ov);
-            let ms = time_ms(gpu, 2, 10, || drop(bwd_run(gpu, &x, &d_o, v7)));
-            gpu.sync().unwrap();
-            profile_start();
-            drop(bwd_run(gpu, &x, &d_o, v7));
-            gpu.sync().unwrap();
-            let p = profile_take();
-            let diff = bwd(gpu, &x, &d_o, v7)
-                .iter()
-                .zip(&g6)
-                .map(|((n, a), (_, b))| {
-                    let (mut num, mut den) = (0f64, 0f64);
-                    for (a, b) in a.iter().zip(b) {
-                        num += ((a - b) as f64).powi(2);
-                        den += (*b as f64).powi(2);
-                    }
-                    format!("{n}={:.2e}", (num / den).sqrt())
-                })
-                .collect::<Vec<_>>()
-                .join(" ");
+            let (ms, p, diff) = bwd_row(gpu, &x, &d_o, v7, &g6);
             println!(
                 "bench-bwd8 | B{b} T{t} {hk}/{hv} | hrec{} + bwd{} | {} | {ms:.3} | {} | {diff}",
                 if h8 { 8 } else { 6 },
@@ -716,6 +680,37 @@ fn variants(gpu: &Arc<Gpu>) {
 
 /// The gradients of one backward with `kernel` (after the caller's forward), downloaded:
 /// dq, dk, dv, dg, dbeta.
+/// One row of the v8 backward tables: the backward's median time, the per-kernel times of one
+/// profiled run, and each gradient's RMS relative difference from `base`'s.
+fn bwd_row(
+    gpu: &Arc<Gpu>,
+    x: &Inputs,
+    d_o: &DBuf,
+    kernel: BwdKernel,
+    base: &[(&'static str, Vec<f32>)],
+) -> (f64, Vec<(String, f64, usize)>, String) {
+    let ms = time_ms(gpu, 2, 10, || drop(bwd_run(gpu, x, d_o, kernel)));
+    gpu.sync().unwrap();
+    profile_start();
+    drop(bwd_run(gpu, x, d_o, kernel));
+    gpu.sync().unwrap();
+    let p = profile_take();
+    let diff = bwd(gpu, x, d_o, kernel)
+        .iter()
+        .zip(base)
+        .map(|((n, a), (_, b))| {
+            let (mut num, mut den) = (0f64, 0f64);
+            for (a, b) in a.iter().zip(b) {
+                num += ((a - b) as f64).powi(2);
+                den += (*b as f64).powi(2);
+            }
+            format!("{n}={:.2e}", (num / den).sqrt())
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    (ms, p, diff)
+}
+
 fn bwd(gpu: &Arc<Gpu>, x: &Inputs, d_o: &DBuf, kernel: BwdKernel) -> Vec<(&'static str, Vec<f32>)> {
     let gr = bwd_run(gpu, x, d_o, kernel);
     vec![
