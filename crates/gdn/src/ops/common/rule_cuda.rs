@@ -85,3 +85,72 @@ pub(crate) fn poison_if<T: DeviceRepr>(on: bool, b: &GBuf<T>, what: &str) -> Res
     unsafe { cudarc::driver::result::memset_d8_async(p, 0xff, b.bytes(), st.cu_stream()) }
         .map_err(|e| GdnError::Device(format!("{what}: poisoning a buffer: {e:?}")))
 }
+
+/// CTA width (warps, each 16 state columns) of a fused scan + output kernel that keeps S^T in
+/// registers (the GDN rule's `gdr_fwd6`, GDN2's `g2f_fwd8`): `forced` if it is one of 1, 2, 4,
+/// 8 and `fits`, else the fitting width with the lowest modelled cost. Every CTA needs more than
+/// half of an SM's shared memory (one CTA per SM), and each warp re-reads the chunk's four
+/// 64-row operand fragments (two of Dk columns and one of Dk rows, bf16, and A's 10 lower 16x16
+/// blocks) from shared memory, so the cost is waves x (shared-memory bytes per SM per chunk
+/// step: the warps' fragment reads plus the stage, `stage_bytes(w)`). `chunk` is the chunk
+/// length (64).
+pub(crate) fn fused_scan_warps(
+    sms: usize,
+    n_seq: usize,
+    s: RuleShape,
+    chunk: usize,
+    forced: usize,
+    fits: impl Fn(usize) -> bool,
+    stage_bytes: impl Fn(usize) -> usize,
+) -> usize {
+    if [1, 2, 4, 8].contains(&forced) && fits(forced) {
+        return forced;
+    }
+    let per_warp = 3 * chunk * s.dk * 2 + chunk * chunk * 2 * 10 / 16;
+    let mut best = (usize::MAX, 1);
+    for w in [2, 4, 1, 8] {
+        if !fits(w) {
+            continue;
+        }
+        let ctas = n_seq * s.hv * (s.dv / (16 * w));
+        let cost = ctas.div_ceil(sms.max(1)) * (w * per_warp + stage_bytes(w));
+        if cost < best.0 {
+            best = (cost, w);
+        }
+    }
+    best.1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The widths the two fused scans ran at on the H200 (132 SMs) in the benchmarks of
+    /// 2026-12-02 (kernel names in bench/NOTES.md: gdr_fwd6ls3_d128_w2 at B1 T32768 16/32,
+    /// gdr_fwd6l_d128_w4 for the packed 6 sequences, gdr_fwd6l_d128_w8 at B8 T4096 16/16 and B4
+    /// T8192, gdr_fwd6ls3_d128_w1 with 2/8 heads), a forced width, and one that does not fit.
+    #[test]
+    fn fused_scan_widths_at_the_benchmark_shapes() {
+        let sh = |hv, dv| RuleShape {
+            hk: 16,
+            hv,
+            dk: 128,
+            dv,
+        };
+        let fits16 = |dv: usize| move |w: usize| dv.is_multiple_of(16 * w);
+        let v6 = |w: usize| {
+            let c = 64;
+            3 * c * (128 + 8) * 2 + c * (c + 8) * 2 + c * (16 * w + 4) * 4 + c * 4
+        };
+        let pick =
+            |n, hv, dv, forced| fused_scan_warps(132, n, sh(hv, dv), 64, forced, fits16(dv), v6);
+        assert_eq!(pick(1, 32, 128, 0), 2);
+        assert_eq!(pick(6, 32, 128, 0), 4);
+        assert_eq!(pick(8, 16, 128, 0), 8);
+        assert_eq!(pick(4, 32, 128, 0), 8);
+        assert_eq!(pick(1, 8, 128, 0), 1);
+        assert_eq!(pick(1, 32, 128, 4), 4);
+        // Dv 48: only one warp's 16 columns divide it; a forced 2 does not fit
+        assert_eq!(pick(1, 32, 48, 2), 1);
+    }
+}

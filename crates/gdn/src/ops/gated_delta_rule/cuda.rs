@@ -29,7 +29,7 @@ use super::{RuleOpts, RuleShape, CHUNK};
 use crate::backend::cuda::{DBuf, DType, GBuf, Gpu};
 use crate::backend::launch::{dptr, i32_arg, launch_in, launch_in_threads, optr, ptr, suffix, Arg};
 use crate::error::{GdnError, Result};
-use crate::ops::common::rule_cuda::{check_backward_grads, poison_if, zero_tail};
+use crate::ops::common::rule_cuda::{check_backward_grads, fused_scan_warps, poison_if, zero_tail};
 use crate::seqs::Seqs;
 
 const MODULE: &str = "gated_delta_rule";
@@ -227,12 +227,7 @@ fn scan_bv(gpu: &Gpu, n_seq: usize, s: RuleShape) -> usize {
     if !s.dv.is_multiple_of(32) {
         return 16;
     }
-    let sms = gpu
-        .stream()
-        .context()
-        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        .unwrap_or(132)
-        .max(1) as usize;
+    let sms = gpu.sm_count().unwrap_or(132);
     if n_seq * s.hv * (s.dv / 32) < 2 * sms {
         16
     } else {
@@ -951,30 +946,15 @@ pub fn v6_stage_bytes(dk: usize, warps: usize) -> usize {
 /// (one CTA per SM), and each warp re-reads the chunk's W, K, Q and A fragments from shared
 /// memory, so the model is: waves x (shared-memory bytes per SM per chunk step).
 fn v6_warps(gpu: &Gpu, n_seq: usize, s: RuleShape, forced: usize) -> usize {
-    let fits = |w: usize| s.dv.is_multiple_of(16 * w);
-    if [1, 2, 4, 8].contains(&forced) && fits(forced) {
-        return forced;
-    }
-    let sms = gpu
-        .stream()
-        .context()
-        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        .unwrap_or(132)
-        .max(1) as usize;
-    let per_warp = 3 * C * s.dk * 2 + C * C * 2 * 10 / 16;
-    let mut best = (usize::MAX, 1);
-    for w in [2, 4, 1, 8] {
-        if !fits(w) {
-            continue;
-        }
-        let ctas = n_seq * s.hv * (s.dv / (16 * w));
-        let waves = ctas.div_ceil(sms);
-        let cost = waves * (w * per_warp + v6_stage_bytes(s.dk, w));
-        if cost < best.0 {
-            best = (cost, w);
-        }
-    }
-    best.1
+    fused_scan_warps(
+        gpu.sm_count().unwrap_or(132),
+        n_seq,
+        s,
+        C,
+        forced,
+        |w| s.dv.is_multiple_of(16 * w),
+        |w| v6_stage_bytes(s.dk, w),
+    )
 }
 
 static V6_STAGES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -1181,12 +1161,7 @@ fn v8_warps(gpu: &Gpu, n_seq: usize, s: RuleShape, forced: usize) -> usize {
     if [2, 4, 8].contains(&forced) && fits(forced) {
         return forced;
     }
-    let sms = gpu
-        .stream()
-        .context()
-        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        .unwrap_or(132)
-        .max(1) as usize;
+    let sms = gpu.sm_count().unwrap_or(132);
     let mut best = (usize::MAX, 2);
     for w in [4, 8, 2] {
         if !fits(w) {

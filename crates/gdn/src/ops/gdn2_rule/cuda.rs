@@ -39,14 +39,13 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::DeviceRepr;
 
 use super::{RuleOpts, RuleShape};
 use crate::backend::cuda::{DBuf, DType, GBuf, Gpu};
 use crate::backend::launch::{dptr, i32_arg, launch_in, launch_in_threads, optr, ptr, suffix, Arg};
 use crate::error::{GdnError, Result};
-use crate::ops::common::rule_cuda::{check_backward_grads, poison_if, zero_tail};
+use crate::ops::common::rule_cuda::{check_backward_grads, fused_scan_warps, poison_if, zero_tail};
 use crate::seqs::Seqs;
 
 const MODULE: &str = "gdn2_rule";
@@ -817,33 +816,19 @@ pub fn fwd8_stage_bytes(dk: usize, warps: usize) -> usize {
 }
 
 /// CTA width of `g2f_fwd8` (warps of 16 state columns): `forced` where valid, else the width
-/// with the lowest modelled cost, the GDN rule's v6 model (`gated_delta_rule::cuda::v6_warps`):
-/// one CTA per SM, every warp re-reads the chunk's Wm, Qg, Kd and A fragments, so cost = waves x
+/// with the lowest modelled cost, the GDN rule's v6 model (`ops::common::rule_cuda::
+/// fused_scan_warps`): one CTA per SM, every warp re-reads the chunk's Wm, Qg, Kd and A fragments, so cost = waves x
 /// shared-memory bytes per SM per chunk step. `split` (2 `w` warps per CTA): `w` <= 4.
 fn fwd8_warps(gpu: &Gpu, n_seq: usize, s: RuleShape, forced: usize, split: bool) -> usize {
-    let fits = |w: usize| s.dv.is_multiple_of(16 * w) && (!split || w <= 4);
-    if [1, 2, 4, 8].contains(&forced) && fits(forced) {
-        return forced;
-    }
-    let sms = gpu
-        .stream()
-        .context()
-        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        .unwrap_or(132)
-        .max(1) as usize;
-    let per_warp = 3 * CK * s.dk * 2 + CK * CK * 2 * 10 / 16;
-    let mut best = (usize::MAX, 1);
-    for w in [2, 4, 1, 8] {
-        if !fits(w) {
-            continue;
-        }
-        let ctas = n_seq * s.hv * (s.dv / (16 * w));
-        let cost = ctas.div_ceil(sms) * (w * per_warp + fwd8_stage_bytes(s.dk, w));
-        if cost < best.0 {
-            best = (cost, w);
-        }
-    }
-    best.1
+    fused_scan_warps(
+        gpu.sm_count().unwrap_or(132),
+        n_seq,
+        s,
+        CK,
+        forced,
+        |w| s.dv.is_multiple_of(16 * w) && (!split || w <= 4),
+        |w| fwd8_stage_bytes(s.dk, w),
+    )
 }
 
 /// An uninitialized bf16 workspace of `n` elements (at least one; poisoned in tests).
