@@ -577,8 +577,9 @@ impl Gpu {
 
     /// [`COUNTERS`] zeroed `u32` counters for kernels that leave them zero when they finish
     /// (allocated and zeroed on the default stream at the first call, which must not be inside
-    /// a capture: the decode graph's warm-up step makes them). All our work runs on one stream,
-    /// so two kernels never use them at once.
+    /// a capture: the decode graph's warm-up step makes them). Their one user, the skinny GEMM,
+    /// runs only on [`Gpu::stream`] (never on [`Gpu::side_stream`]), so two kernels never use
+    /// them at once.
     pub fn counters(&self) -> Result<&CudaSlice<u32>> {
         if let Some(c) = self.counters.get() {
             return Ok(c);

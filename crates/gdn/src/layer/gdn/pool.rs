@@ -129,7 +129,11 @@ impl CachePool {
     /// without the fold). The paths differ within the bf16 rounding of the projections' outputs;
     /// each is bitwise reproducible.
     pub fn set_gemv(&mut self, on: bool) {
-        let rows = if on { 64 } else { 0 };
+        let rows = if on {
+            crate::ops::linear::cuda::SKINNY_MAX_ROWS
+        } else {
+            0
+        };
         if rows != self.gemv_rows || on != self.fold {
             self.graph = None;
         }
@@ -590,18 +594,19 @@ impl GatedDeltaNet {
         Ok(y)
     }
 
-    /// in_proj of the decode step with the input norm folded into the skinny GEMM, where the pool
-    /// asks for it and the shapes allow it ([`CachePool::set_fold_norm`]); `None`: not taken.
+    /// in_proj of the decode step with the input norm folded into the skinny GEMM, where the step
+    /// runs the skinny GEMM (`skinny`), the pool asks for the fold
+    /// ([`CachePool::set_fold_norm`]) and the shapes allow it; `None`: not taken.
     fn in_proj_folded(
         &self,
         p: &ParamView,
         x: &Act,
         n: usize,
+        skinny: bool,
         pool: &mut CachePool,
     ) -> Result<Option<Act>> {
         use crate::ops::linear::cuda::{fold_norm, forward_skinny, skinny_plan_with, SkinnyNorm};
-        let (ParamView::Dev(dp), Act::Dev(xd), true, true) = (p, x, n <= pool.gemv_rows, pool.fold)
-        else {
+        let (ParamView::Dev(dp), Act::Dev(xd), true, true) = (p, x, skinny, pool.fold) else {
             return Ok(None);
         };
         if xd.dtype() != DType::Bf16 {
@@ -665,9 +670,11 @@ impl GatedDeltaNet {
         prof: &mut Prof,
     ) -> Result<Act> {
         let n = ids.len();
-        let proj = match self.in_proj_folded(p, x, n, pool)? {
+        // the skinny GEMM for both projections at this batch size, or cuBLASLt for both
+        let skinny = n <= pool.gemv_rows;
+        let proj = match self.in_proj_folded(p, x, n, skinny, pool)? {
             Some(proj) => proj,
-            None => self.in_proj_one_gemm(p, x, n, n <= pool.gemv_rows)?,
+            None => self.in_proj_one_gemm(p, x, n, skinny)?,
         };
         prof.mark("decode in_proj (norm + GEMM)");
         let pc = self.proj_cols();
@@ -695,7 +702,7 @@ impl GatedDeltaNet {
         )?;
         drop(pre);
         prof.mark("decode rule");
-        let (y, _, _) = self.out_proj_with(p, &o, &proj, n, prof, n <= pool.gemv_rows)?;
+        let (y, _, _) = self.out_proj_with(p, &o, &proj, n, prof, skinny)?;
         prof.mark("decode out_proj");
         Ok(y)
     }

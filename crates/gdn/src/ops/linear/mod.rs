@@ -52,13 +52,13 @@ pub const DECODE_GEMV_ROWS: usize = 8;
 
 /// The decode projections' skinny GEMM from `GDN_DECODE_GEMV`: (the most rows it runs at, whether
 /// the input norm is folded into in_proj's). Unset: ([`DECODE_GEMV_ROWS`], folded); `0` / `off`
-/// / `false`: never; `1` / `on` / `true`: up to 64 rows (every shape its plan takes), folded;
-/// `gemm`: up to 64 rows, the norm kernel kept. See [`forward_decode`].
+/// / `false`: never; `1` / `on` / `true`: up to [`cuda::SKINNY_MAX_ROWS`] (64) rows (every shape
+/// its plan takes), folded; `gemm`: the same, the norm kernel kept. See [`forward_decode`].
 pub fn decode_gemv_by_env() -> (usize, bool) {
     match std::env::var("GDN_DECODE_GEMV").as_deref() {
         Ok("0") | Ok("off") | Ok("false") => (0, false),
-        Ok("1") | Ok("on") | Ok("true") => (64, true),
-        Ok("gemm") => (64, false),
+        Ok("1") | Ok("on") | Ok("true") => (cuda::SKINNY_MAX_ROWS, true),
+        Ok("gemm") => (cuda::SKINNY_MAX_ROWS, false),
         _ => (DECODE_GEMV_ROWS, true),
     }
 }
