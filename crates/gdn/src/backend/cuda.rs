@@ -1004,16 +1004,7 @@ pub struct Precompiled {
 /// error here.
 pub fn precompile(module: &str, arch: &str) -> Result<Precompiled> {
     let arch = arch_static(arch)?;
-    let module = kernels::MODULES
-        .iter()
-        .map(|(n, _)| *n)
-        .find(|n| *n == module)
-        .ok_or_else(|| {
-            GdnError::Invalid(format!(
-                "no kernel module named {module:?}: expected one of {}",
-                module_names().join(", ")
-            ))
-        })?;
+    let (module, _) = kernels::module(module)?;
     let path = cache_path(module, arch)?;
     if path.is_file() {
         return Ok(Precompiled {

@@ -73,12 +73,24 @@ pub const MODULES: &[(&str, &str)] = &[
     ("skinny", include_str!("../ops/linear/skinny.cu")),
 ];
 
-/// The full source NVRTC compiles for `module`.
-pub fn source(module: &str) -> Result<String> {
-    let (_, body) = MODULES
+/// The entry of [`MODULES`] named `module`, or an error listing the names there are.
+pub fn module(module: &str) -> Result<(&'static str, &'static str)> {
+    MODULES
         .iter()
         .find(|(n, _)| *n == module)
-        .ok_or_else(|| GdnError::Device(format!("no kernel module named {module}")))?;
+        .copied()
+        .ok_or_else(|| {
+            let names: Vec<&str> = MODULES.iter().map(|(n, _)| *n).collect();
+            GdnError::Invalid(format!(
+                "no kernel module named {module:?}: expected one of {}",
+                names.join(", ")
+            ))
+        })
+}
+
+/// The full source NVRTC compiles for `module`.
+pub fn source(module: &str) -> Result<String> {
+    let (_, body) = self::module(module)?;
     let mut src = format!("{COMMON}\n");
     for (name, h) in headers(module) {
         src.push_str(&format!("#line 1 \"{name}\"\n{h}\n"));
