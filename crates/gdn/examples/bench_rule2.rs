@@ -186,23 +186,7 @@ fn main() {
             let fb = |p: Prep| {
                 with_prep(p, || {
                     let o = run(Fwd::Chunked);
-                    let gr = backward_with(
-                        &gpu,
-                        Bwd::Chunked,
-                        &q,
-                        &k,
-                        &v,
-                        &g,
-                        &bb,
-                        &w,
-                        &seqs,
-                        shape,
-                        opts,
-                        None,
-                        &d_o,
-                        None,
-                    )
-                    .unwrap();
+                    let gr = bwd(Bwd::Chunked);
                     drop((o, gr));
                 })
             };
@@ -226,29 +210,7 @@ fn main() {
             );
             let line = with_prep(Prep::V8, || kernel_times(&gpu, || drop(run(Fwd::Chunked))));
             println!("bench-rule2-prep8-kernels | B{b} T{t} {hk}/{hv} | fwd | {line}");
-            let line = with_prep(Prep::V8, || {
-                kernel_times(&gpu, || {
-                    drop(
-                        backward_with(
-                            &gpu,
-                            Bwd::Chunked,
-                            &q,
-                            &k,
-                            &v,
-                            &g,
-                            &bb,
-                            &w,
-                            &seqs,
-                            shape,
-                            opts,
-                            None,
-                            &d_o,
-                            None,
-                        )
-                        .unwrap(),
-                    )
-                })
-            });
+            let line = with_prep(Prep::V8, || kernel_times(&gpu, || drop(bwd(Bwd::Chunked))));
             println!("bench-rule2-prep8-kernels | B{b} T{t} {hk}/{hv} | bwd | {line}");
             if std::env::var("GDN_BENCH_RULE2").as_deref() == Ok("prep8") {
                 continue;
