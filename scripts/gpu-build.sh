@@ -26,7 +26,7 @@ if ls crates/gdn/examples/bench_*.rs >/dev/null 2>&1; then
 fi
 strip "$dest"/test-* "$dest"/gdn "$dest"/bench_* 2>/dev/null || true
 # Every kernel compiled here for the H200 (sm_90a) with NVRTC from .ci/cuda (as .ci/run installs
-# it), packed as kcache.tgz: scripts/device-steps.sh unpacks it into the kernel cache there, so no
+# it), PTX and CUBIN, packed as kcache.tgz: scripts/device-steps.sh unpacks it into the kernel cache there, so no
 # device time goes to NVRTC (the cache key holds the source, options and NVRTC's version).
 if [ -f .ci/cuda/nvidia/cu13/lib/libnvrtc.so.13 ]; then
     # a persistent cache here (only changed modules compile again); the archive holds just the
@@ -36,7 +36,12 @@ if [ -f .ci/cuda/nvidia/cu13/lib/libnvrtc.so.13 ]; then
     LD_LIBRARY_PATH="$PWD/.ci/cuda/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
         GDN_KERNEL_CACHE="$kc/kcache" "$dest/gdn" kernels --arch sm_90a > "$list"
     tail -1 "$list"
-    grep -o '[^/ ]*\.ptx$' "$list" | sort -u | sed 's|^|kcache/|' > "$list.files"
+    # each module's PTX and, beside it, the CUBIN NVRTC assembled (loaded without the driver's JIT)
+    grep -o '[^/ ]*\.ptx$' "$list" | sort -u | while read -r f; do
+        echo "kcache/$f"
+        c="${f%.ptx}.cubin"
+        if [ -f "$kc/kcache/$c" ]; then echo "kcache/$c"; fi
+    done > "$list.files"
     tar -czf "$dest/kcache.tgz" -C "$kc" -T "$list.files"
     rm -f "$list" "$list.files"
 else

@@ -17,6 +17,12 @@ fn axpy_and_bf16_round_trip_and_byte_counters() {
     let mut yd = gpu.upload(&y0).unwrap();
     assert_eq!(gpu.live_bytes() - live0, 2 * n * 4);
     let f = gpu.function("smoke", "axpy_f32").unwrap();
+    // NVRTC makes a CUBIN for every architecture we compile for, and the driver must take it
+    // (else every process JIT-compiles the PTX of each module it loads)
+    assert!(
+        gpu.cubin_loads() >= 1,
+        "the smoke module was loaded from PTX, not its CUBIN"
+    );
     let mut b = gpu.stream().launch_builder(&f);
     let (a, nn) = (2.5f32, n as i64);
     b.arg(&xd.slice).arg(&mut yd.slice).arg(&a).arg(&nn);

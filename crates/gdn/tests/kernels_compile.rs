@@ -66,3 +66,38 @@ fn a_kernel_that_does_not_compile_is_reported() {
     );
     assert!(bad.is_err());
 }
+
+#[test]
+fn precompile_writes_ptx_and_cubin_once() {
+    if !cuda::nvrtc_present() {
+        return;
+    }
+    // This test binary reads no other kernel cache, so pointing it elsewhere is harmless.
+    let dir = std::env::temp_dir().join(format!("gdn-kcache-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::env::set_var("GDN_KERNEL_CACHE", &dir);
+    for arch in ["sm_90a", "sm_80"] {
+        let p = cuda::precompile("smoke", arch).expect("precompile");
+        assert!(!p.cached, "{arch}: a fresh cache had the files");
+        let ptx = std::fs::read_to_string(&p.path).expect("PTX file");
+        assert!(
+            ptx.contains(".entry"),
+            "{arch}: no kernel in {}",
+            p.path.display()
+        );
+        let cubin = p
+            .cubin
+            .expect("NVRTC makes a CUBIN for a real architecture");
+        let bin = std::fs::read(&cubin).expect("CUBIN file");
+        assert_eq!(
+            &bin[..4],
+            b"\x7fELF",
+            "{arch}: {} is not an ELF image",
+            cubin.display()
+        );
+        let again = cuda::precompile("smoke", arch).expect("precompile again");
+        assert!(again.cached, "{arch}: second precompile compiled again");
+        assert_eq!(again.path, p.path);
+    }
+    std::fs::remove_dir_all(&dir).expect("remove the test cache");
+}

@@ -51,6 +51,8 @@ pub struct Gpu {
     arch: &'static str,
     name: String,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    /// How many of the loaded modules came from their CUBIN (the rest from PTX, JIT-compiled).
+    cubin_loads: AtomicUsize,
     live: AtomicUsize,
     peak: AtomicUsize,
     blaslt: OnceLock<BlasLt>,
@@ -157,6 +159,7 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
         arch: arch_for(maj, min),
         name,
         modules: Mutex::new(HashMap::new()),
+        cubin_loads: AtomicUsize::new(0),
         live: AtomicUsize::new(0),
         peak: AtomicUsize::new(0),
         blaslt: OnceLock::new(),
@@ -695,6 +698,13 @@ impl Gpu {
             .map_err(|e| dev_err("stream synchronize", e))
     }
 
+    /// How many kernel modules this GPU loaded from CUBIN (machine code NVRTC made for its
+    /// architecture) rather than from PTX (which the driver compiles at load, a minute or more
+    /// for the large modules).
+    pub fn cubin_loads(&self) -> usize {
+        self.cubin_loads.load(Ordering::Relaxed)
+    }
+
     /// The kernel `func` of kernel source `module` (compiled on first use, cached on disk).
     pub fn function(&self, module: &'static str, func: &str) -> Result<CudaFunction> {
         let m = {
@@ -705,11 +715,22 @@ impl Gpu {
             match mods.get(module) {
                 Some(m) => m.clone(),
                 None => {
-                    let ptx = compile_cached(module, self.arch)?;
-                    let m = self
-                        .ctx
-                        .load_module(ptx)
-                        .map_err(|e| dev_err(&format!("loading kernels {module}"), e))?;
+                    let code = compile_cached(module, self.arch)?;
+                    // The CUBIN needs no JIT; the driver refuses one that is not for this GPU
+                    // (or too new for it), and then the PTX is compiled as before.
+                    let from_cubin = code
+                        .cubin
+                        .and_then(|bin| self.ctx.load_module(Ptx::from_binary(bin)).ok());
+                    let m = match from_cubin {
+                        Some(m) => {
+                            self.cubin_loads.fetch_add(1, Ordering::Relaxed);
+                            m
+                        }
+                        None => self
+                            .ctx
+                            .load_module(Ptx::from_src(code.ptx))
+                            .map_err(|e| dev_err(&format!("loading kernels {module}"), e))?,
+                    };
                     mods.insert(module, m.clone());
                     m
                 }
@@ -919,24 +940,99 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
     h
 }
 
+/// What NVRTC made of one kernel module: its PTX and, for a real architecture (every one in
+/// [`ARCHS`]), the machine code (CUBIN) NVRTC assembled from it, which the driver loads without
+/// compiling the PTX again (for the large modules that JIT step costs a minute or more).
+pub struct Compiled {
+    pub ptx: String,
+    pub cubin: Option<Vec<u8>>,
+}
+
 /// Compile kernel source `module` for `arch` with NVRTC (no cache). Used by `compile_cached` and by
 /// the CI test that compiles every kernel.
 pub fn compile(module: &str, arch: &'static str) -> Result<Ptx> {
+    Ok(Ptx::from_src(compile_module(module, arch)?.ptx))
+}
+
+/// The options string NVRTC gets for `arch` (as `CompileOptions` would build them).
+fn nvrtc_args(arch: &'static str) -> Vec<String> {
+    let o = nvrtc_options(arch);
+    let mut args = Vec::new();
+    if let Some(v) = o.fmad {
+        args.push(format!("--fmad={v}"));
+    }
+    if let Some(a) = o.arch {
+        args.push(format!("--gpu-architecture={a}"));
+    }
+    args.extend(o.options);
+    args
+}
+
+/// Compile kernel source `module` for `arch` with NVRTC (no cache): PTX and CUBIN.
+pub fn compile_module(module: &str, arch: &'static str) -> Result<Compiled> {
+    use cudarc::nvrtc::{result as nr, sys as ns};
     if !nvrtc_present() {
         return Err(GdnError::Device(
             "NVRTC (libnvrtc.so.13) was not found".into(),
         ));
     }
     let src = kernels::source(module)?;
-    let mut opts = nvrtc_options(arch);
-    opts.name = Some(format!("{module}.cu"));
-    cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map_err(|e| match e {
-        cudarc::nvrtc::CompileError::CompileError { log, .. } => GdnError::Device(format!(
-            "NVRTC failed on {module}.cu for {arch}:\n{}",
-            log.to_string_lossy()
-        )),
-        e => dev_err(&format!("NVRTC on {module}.cu"), e),
-    })
+    let c_src = std::ffi::CString::new(src)
+        .map_err(|_| GdnError::Device(format!("kernel source {module} holds a NUL byte")))?;
+    let c_name = std::ffi::CString::new(format!("{module}.cu"))
+        .map_err(|_| GdnError::Device(format!("kernel name {module:?} holds a NUL byte")))?;
+    let nv = |what: &str, e: cudarc::nvrtc::result::NvrtcError| {
+        GdnError::Device(format!("NVRTC {what} on {module}.cu for {arch}: {e:?}"))
+    };
+    let prog = nr::create_program(&c_src, Some(&c_name)).map_err(|e| nv("create", e))?;
+    // Destroys the program on every path out.
+    struct Prog(ns::nvrtcProgram);
+    impl Drop for Prog {
+        fn drop(&mut self) {
+            // SAFETY: made by create_program above, destroyed once.
+            let _ = unsafe { nr::destroy_program(self.0) };
+        }
+    }
+    let prog = Prog(prog);
+    // SAFETY: a live program; the options are plain strings.
+    if let Err(e) = unsafe { nr::compile_program(prog.0, &nvrtc_args(arch)) } {
+        // SAFETY: a live, compiled (or failed) program.
+        let log = unsafe { nr::get_program_log(prog.0) }
+            .map(|l| {
+                let bytes: Vec<u8> = l
+                    .iter()
+                    .take_while(|c| **c != 0)
+                    .map(|c| *c as u8)
+                    .collect();
+                String::from_utf8_lossy(&bytes).into_owned()
+            })
+            .unwrap_or_default();
+        return Err(GdnError::Device(format!(
+            "NVRTC failed on {module}.cu for {arch} ({e:?}):\n{log}"
+        )));
+    }
+    // SAFETY: a compiled program.
+    let ptx = unsafe { nr::get_ptx(prog.0) }.map_err(|e| nv("PTX", e))?;
+    let ptx_bytes: Vec<u8> = ptx
+        .iter()
+        .take_while(|c| **c != 0)
+        .map(|c| *c as u8)
+        .collect();
+    let ptx = String::from_utf8(ptx_bytes)
+        .map_err(|_| GdnError::Device(format!("NVRTC gave non-UTF-8 PTX for {module}")))?;
+    // The CUBIN exists only for a real architecture; its absence is not an error (PTX works).
+    let mut size = 0usize;
+    // SAFETY: a compiled program; size is written by the call.
+    let cubin = match unsafe { ns::nvrtcGetCUBINSize(prog.0, &mut size) } {
+        ns::nvrtcResult::NVRTC_SUCCESS if size > 0 => {
+            let mut buf = vec![0u8; size];
+            // SAFETY: buf holds the size NVRTC reported.
+            let r = unsafe { ns::nvrtcGetCUBIN(prog.0, buf.as_mut_ptr() as *mut _) };
+            (r == ns::nvrtcResult::NVRTC_SUCCESS).then_some(buf)
+        }
+        _ => None,
+    };
+    Ok(Compiled { ptx, cubin })
 }
 
 /// NVRTC's version as "major.minor" (empty when unavailable).
@@ -990,67 +1086,94 @@ pub fn module_names() -> Vec<&'static str> {
 #[derive(Clone, Debug)]
 pub struct Precompiled {
     pub module: &'static str,
-    /// The cache file (present afterwards unless the cache directory cannot be written).
+    /// The PTX cache file (present afterwards unless the cache directory cannot be written).
     pub path: PathBuf,
-    /// Whether the file was already there (nothing compiled).
+    /// The CUBIN beside it (`path` with the extension `cubin`), when NVRTC made one.
+    pub cubin: Option<PathBuf>,
+    /// Whether the files were already there (nothing compiled).
     pub cached: bool,
     /// Seconds spent compiling (0 when cached).
     pub secs: f64,
 }
 
-/// Compile kernel module `module` for `arch` (one of [`ARCHS`]) into the on-disk kernel cache,
-/// which GPU runs on any machine with the same NVRTC version then read instead of compiling. No
-/// GPU is needed. Unlike the compile at first use, a cache file that cannot be written is an
-/// error here.
+/// The CUBIN file beside a PTX cache file.
+fn cubin_path(ptx: &std::path::Path) -> PathBuf {
+    ptx.with_extension("cubin")
+}
+
+/// Compile kernel module `module` for `arch` (one of [`ARCHS`]) into the on-disk kernel cache
+/// (its PTX and its CUBIN), which GPU runs on any machine with the same NVRTC version then read
+/// instead of compiling. No GPU is needed. Unlike the compile at first use, a cache file that
+/// cannot be written is an error here.
 pub fn precompile(module: &str, arch: &str) -> Result<Precompiled> {
     let arch = arch_static(arch)?;
     let (module, _) = kernels::module(module)?;
     let path = cache_path(module, arch)?;
-    if path.is_file() {
+    let cpath = cubin_path(&path);
+    if path.is_file() && cpath.is_file() {
         return Ok(Precompiled {
             module,
             path,
+            cubin: Some(cpath),
             cached: true,
             secs: 0.0,
         });
     }
     let t0 = std::time::Instant::now();
-    let ptx = compile(module, arch)?;
+    let c = compile_module(module, arch)?;
     let secs = t0.elapsed().as_secs_f64();
-    write_cache(&path, &ptx.to_src()).map_err(|source| GdnError::Io {
-        path: path.display().to_string(),
+    let io = |p: &std::path::Path, source| GdnError::Io {
+        path: p.display().to_string(),
         source,
-    })?;
+    };
+    // The CUBIN first: a reader that finds the PTX may look for the CUBIN beside it.
+    let cubin = match &c.cubin {
+        Some(bin) => {
+            write_cache(&cpath, bin).map_err(|e| io(&cpath, e))?;
+            Some(cpath)
+        }
+        None => None,
+    };
+    write_cache(&path, c.ptx.as_bytes()).map_err(|e| io(&path, e))?;
     Ok(Precompiled {
         module,
         path,
+        cubin,
         cached: false,
         secs,
     })
 }
 
-/// Write `text` to `path` through a temporary file and a rename (a reader never sees a partial
+/// Write `bytes` to `path` through a temporary file and a rename (a reader never sees a partial
 /// file), creating the directory.
-fn write_cache(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+fn write_cache(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
     let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    std::fs::write(&tmp, text)?;
+    std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, path).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
     })
 }
 
-fn compile_cached(module: &'static str, arch: &'static str) -> Result<Ptx> {
+/// A module's code as the kernel cache (or NVRTC) gives it: the CUBIN when there is one (loaded
+/// first), always the PTX (the fallback when the driver refuses the CUBIN).
+fn compile_cached(module: &'static str, arch: &'static str) -> Result<Compiled> {
     let path = cache_path(module, arch)?;
-    if let Ok(text) = std::fs::read_to_string(&path) {
-        return Ok(Ptx::from_src(text));
+    if let Ok(ptx) = std::fs::read_to_string(&path) {
+        let cubin = std::fs::read(cubin_path(&path))
+            .ok()
+            .filter(|b| !b.is_empty());
+        return Ok(Compiled { ptx, cubin });
     }
-    let ptx = compile(module, arch)?;
+    let c = compile_module(module, arch)?;
     // Best effort: a cache we cannot write only costs a recompile next time.
-    let _ = write_cache(&path, &ptx.to_src());
-    Ok(ptx)
+    if let Some(bin) = &c.cubin {
+        let _ = write_cache(&cubin_path(&path), bin);
+    }
+    let _ = write_cache(&path, c.ptx.as_bytes());
+    Ok(c)
 }
 
 #[cfg(test)]
