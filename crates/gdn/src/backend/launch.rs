@@ -421,7 +421,7 @@ pub(crate) fn launch_pdl(
     // SAFETY: `params` point at values of the kernel's parameter types in its order (the callers
     // pass the argument list of the named kernel, buffers sized for what it touches); the config
     // and its attribute live across the call, which copies them.
-    unsafe {
+    let r = unsafe {
         sys::cuLaunchKernelEx(
             &cfg,
             f.cu_function(),
@@ -429,13 +429,20 @@ pub(crate) fn launch_pdl(
             std::ptr::null_mut(),
         )
     }
-    .result()
-    .map_err(|e| {
-        dev_err(
-            &format!("launching {name} (programmatic dependent launch)"),
-            e,
-        )
-    })
+    .result();
+    match r {
+        Ok(()) => Ok(()),
+        // A stream or driver that refuses the attribute (a launch-configuration error, which is
+        // not sticky): the same kernel as an ordinary launch (its wait then returns at once).
+        // Inside a capture the refusal has already invalidated it, and the capture reports it.
+        Err(_) => {
+            launch_in_threads(gpu, module, name, blocks, threads, smem_bytes, args).map_err(|e| {
+                GdnError::Device(format!(
+                    "{e} (after a refused programmatic dependent launch of {name})"
+                ))
+            })
+        }
+    }
 }
 
 #[cfg(test)]
