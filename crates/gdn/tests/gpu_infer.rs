@@ -721,6 +721,11 @@ fn gpu_decode_pdl_matches_step_bitwise() {
                 ];
                 for (i, sl) in steps.iter().enumerate() {
                     let xv = unif(&mut rng, sl.len() * h, -1.0, 1.0);
+                    // The chain's work buffers NaN before every step (after the first: made
+                    // by it): each kernel must write all of what the next reads.
+                    for p in pools.iter_mut() {
+                        p.poison_decode_work().unwrap();
+                    }
                     let ys: Vec<Vec<f32>> = pools
                         .iter_mut()
                         .map(|p| {
@@ -812,6 +817,9 @@ fn gpu_decode_pdl_qwen_shape_b64_bitwise() {
             p.set_graphs(true);
         }
         for step in 0..3 {
+            for p in pools.iter_mut() {
+                p.poison_decode_work().unwrap();
+            }
             let xv = unif(&mut rng, 64 * h, -1.0, 1.0);
             let ys: Vec<Vec<f32>> = pools
                 .iter_mut()

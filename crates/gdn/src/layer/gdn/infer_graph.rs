@@ -69,6 +69,10 @@ impl DecodeGraph {
     pub(super) fn is_pdl(&self) -> bool {
         self.work.is_some()
     }
+    /// The opt-in chain's work buffers, if this graph is the chain's.
+    pub(super) fn work_mut(&mut self) -> Option<&mut DecodeWork> {
+        self.work.as_mut()
+    }
     /// Device bytes of the opt-in chain's work buffers (0 for the default graph).
     pub(super) fn work_bytes(&self) -> usize {
         self.work.as_ref().map_or(0, DecodeWork::bytes)

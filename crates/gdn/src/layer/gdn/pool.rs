@@ -202,6 +202,18 @@ impl CachePool {
         self.graph.as_ref().map_or(0, DecodeGraph::work_bytes)
             + self.work.as_ref().map_or(0, DecodeWork::bytes)
     }
+    /// Tests: fill the opt-in chain's work buffers (the graph's and the op-by-op path's) with
+    /// NaN, so a kernel that leaves part of its output unwritten shows in the results.
+    #[doc(hidden)]
+    pub fn poison_decode_work(&mut self) -> Result<()> {
+        if let Some(w) = self.graph.as_mut().and_then(DecodeGraph::work_mut) {
+            w.poison()?;
+        }
+        match self.work.as_mut() {
+            Some(w) => w.poison(),
+            None => Ok(()),
+        }
+    }
     /// Why capturing the decode graph failed, if it did (graphs are then off for this pool).
     pub fn graph_error(&self) -> Option<&str> {
         self.graph_error.as_deref()

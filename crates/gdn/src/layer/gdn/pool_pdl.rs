@@ -71,6 +71,52 @@ impl DecodeWork {
     }
 }
 
+impl DecodeWork {
+    /// Fill every buffer with `0xff` bytes (NaN in f32 and bf16) on the GPU's stream: tests
+    /// (every kernel of the step must write all of its output before the next reads it).
+    pub(super) fn poison(&mut self) -> Result<()> {
+        use cudarc::driver::{DevicePtrMut, DeviceRepr};
+        fn fill<T: DeviceRepr>(g: &mut GBuf<T>) -> Result<()> {
+            let bytes = g.bytes();
+            let s = g.gpu().stream().clone();
+            let (p, _rec) = g.slice.device_ptr_mut(&s);
+            // SAFETY: `p` is this live buffer's, `bytes` its size; allocated on this stream
+            // (the default one: work buffers are never made inside a capture). NaN bits are
+            // valid f32 / u16 values.
+            unsafe { cudarc::driver::result::memset_d8_async(p, 0xff, bytes, s.cu_stream()) }
+                .map_err(|e| GdnError::Device(format!("poisoning decode work buffers: {e:?}")))
+        }
+        fn fill_d(d: &mut DBuf) -> Result<()> {
+            match d {
+                DBuf::F32(g) => fill(g),
+                DBuf::Bf16(g) => fill(g),
+            }
+        }
+        fn fill_s(s: &mut GpuNormStats) -> Result<()> {
+            fill(&mut s.rstd)?;
+            match &mut s.mean {
+                Some(m) => fill(m),
+                None => Ok(()),
+            }
+        }
+        fill_d(&mut self.xn)?;
+        fill_s(&mut self.in_stats)?;
+        fill_d(&mut self.proj)?;
+        let pre = &mut self.pre;
+        for x in [&mut pre.q, &mut pre.k, &mut pre.v, &mut pre.g, &mut pre.b]
+            .into_iter()
+            .chain(pre.w.as_mut())
+        {
+            if let F32s::Dev(g) = x {
+                fill(g)?;
+            }
+        }
+        fill_d(&mut self.o)?;
+        fill_d(&mut self.gn)?;
+        fill_s(&mut self.gn_stats)
+    }
+}
+
 /// The device weight `name` (an error on a host view).
 fn dev_w<'a>(p: &'a ParamView, name: &str) -> Result<&'a GBuf<f32>> {
     match p.get(name) {
