@@ -266,12 +266,30 @@ fn layer_step_full(
     gemv: bool,
     fold: bool,
 ) {
+    layer_step_chain(gpu, l, b, graph, sd, split, gemv, fold, false)
+}
+
+/// [`layer_step_full`], with `pdl` the opt-in chain (`CachePool::set_pdl`: preallocated work
+/// buffers, programmatic dependent launches); its rows' mode ends in `+pdl`.
+#[allow(clippy::too_many_arguments)]
+fn layer_step_chain(
+    gpu: &Arc<Gpu>,
+    l: &GatedDeltaNet,
+    b: usize,
+    graph: bool,
+    sd: DType,
+    split: bool,
+    gemv: bool,
+    fold: bool,
+    pdl: bool,
+) {
     let cfg = l.config();
     let h = cfg.hidden_size;
     let mut pool = l.cache_pool_with(b, sd).unwrap();
     pool.set_graphs(graph);
     pool.set_gemv(gemv);
     pool.set_fold_norm(fold);
+    pool.set_pdl(pdl);
     let slots: Vec<i32> = (0..b as i32).collect();
     let x = DBuf::upload(gpu, &unif(b * h, 7, -1.0, 1.0), DType::Bf16).unwrap();
     // Fill the states with a prefill of 16 tokens per slot first (realistic values).
@@ -294,6 +312,11 @@ fn layer_step_full(
         (true, true, false) => "graph+gemv",
         (false, true, false) => "op+gemv",
     };
+    let mode = if pdl {
+        format!("{mode}+pdl")
+    } else {
+        mode.to_string()
+    };
     let used = match (graph, pool.graph_batch(), pool.graph_error()) {
         (false, _, _) => String::new(),
         (true, Some(n), _) => format!(" (graph of batch {n})"),
@@ -306,8 +329,14 @@ fn layer_step_full(
         ms / floor_ms
     );
     println!(
-        "json: {{\"what\":\"layer_decode\",\"B\":{b},\"graph\":{graph},\"gemv\":{gemv},\"fold\":{fold},\"state\":\"{sd:?}\",\"ms\":{ms:.5},\"floor_ms\":{floor_ms:.5}}}"
+        "json: {{\"what\":\"layer_decode\",\"B\":{b},\"graph\":{graph},\"gemv\":{gemv},\"fold\":{fold},\"pdl\":{pdl},\"state\":\"{sd:?}\",\"ms\":{ms:.5},\"floor_ms\":{floor_ms:.5}}}"
     );
+    if pdl && graph && pool.graph_is_pdl() != Some(true) {
+        println!(
+            "  (the chain's graph was NOT used: {:?})",
+            pool.graph_error()
+        );
+    }
     if split {
         profile_start();
         let xi = x.try_clone().unwrap();
@@ -383,6 +412,34 @@ fn main() {
         layer_step_full(&gpu, &l, b, true, DType::F32, false, true, false);
         layer_step_full(&gpu, &l, b, false, DType::F32, true, true, true);
         layer_step_full(&gpu, &l, b, true, DType::F32, false, true, true);
+        return;
+    }
+    // `bench_decode pdl [B ..]`: the layer's decode step, default against the opt-in chain
+    // (GDN_DECODE_PDL: kernels-only graph, programmatic dependent launches), as graphs, with
+    // cuBLASLt and with the skinny GEMM + fold (the default up to 8 rows), at B 1, 8, 64, 256
+    // unless given; then the chain op by op at B 64 with the per-kernel split.
+    if args.get(1).map(String::as_str) == Some("pdl") {
+        let bs: Vec<usize> = args[2..].iter().filter_map(|b| b.parse().ok()).collect();
+        let bs = if bs.is_empty() {
+            vec![1, 8, 64, 256]
+        } else {
+            bs
+        };
+        let l = GatedDeltaNet::new(&qwen3_next(), 1)
+            .unwrap()
+            .to_device(Device::Cuda(0), DType::Bf16)
+            .unwrap();
+        for &b in &bs {
+            for pdl in [false, true] {
+                layer_step_chain(&gpu, &l, b, true, DType::F32, false, false, false, pdl);
+            }
+            if b <= 64 {
+                for pdl in [false, true] {
+                    layer_step_chain(&gpu, &l, b, true, DType::F32, false, true, true, pdl);
+                }
+            }
+        }
+        layer_step_chain(&gpu, &l, 64, false, DType::F32, true, false, false, true);
         return;
     }
     // `bench_decode gemm`: the decode projections alone, cuBLASLt against the skinny GEMM.

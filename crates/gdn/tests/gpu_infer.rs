@@ -673,6 +673,210 @@ fn gpu_decode_graph_matches_op_by_op_bitwise() {
     }
 }
 
+/// The opt-in decode chain (`CachePool::set_pdl`: work buffers preallocated, so the graph is
+/// kernels only; pre, rule and gated norm as programmatic dependent launches, the rule's state
+/// loads before its wait) against the default step, bit for bit: as a graph and op by op, GDN and
+/// GDN2, f32 / bf16 storage, fp32 / bf16 states, cuBLASLt and skinny projections (with the fold);
+/// 8 steps (repeated, permuted, padded slots, batch 4 -> 2 -> 4, all padding): y's live rows,
+/// states and conv rows after every step; slot 6, never named, stays zero (bitwise) in every pool.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_decode_pdl_matches_step_bitwise() {
+    let gpu = cuda::gpu(0).unwrap();
+    for variant in [Variant::Gdn, Variant::Gdn2] {
+        for (dt, sd) in [
+            (DType::F32, DType::F32),
+            (DType::Bf16, DType::F32),
+            (DType::Bf16, DType::Bf16),
+        ] {
+            for gemv in [false, true] {
+                let what = format!("{variant:?} {dt:?} storage, {sd:?} states, gemv {gemv}");
+                let l = GatedDeltaNet::new(&cfg(variant), 13)
+                    .unwrap()
+                    .to_device(Device::Cuda(0), dt)
+                    .unwrap();
+                let h = l.config().hidden_size;
+                let mut rng = ChaCha8Rng::seed_from_u64(14);
+                // reference (default step, op by op), chain as a graph, chain op by op
+                let mut pools: Vec<_> = (0..3).map(|_| l.cache_pool_with(7, sd).unwrap()).collect();
+                for (i, p) in pools.iter_mut().enumerate() {
+                    p.set_gemv(gemv);
+                    p.set_pdl(i > 0);
+                    p.set_graphs(i == 1);
+                }
+                let x = randt(&mut rng, &[4 * 9, h]);
+                let seqs = Seqs::uniform(4, 9);
+                for p in pools.iter_mut() {
+                    l.prefill_slots(&x, &seqs, &[0, 2, 3, 5], p).unwrap();
+                }
+                let steps: Vec<Vec<i32>> = vec![
+                    vec![0, 2, 3, 5],
+                    vec![0, 2, 3, 5],
+                    vec![5, 3, 2, 0],
+                    vec![1, -1, 3, 4],
+                    vec![2, 0],
+                    vec![2, 0],
+                    vec![0, 2, 3, 5],
+                    vec![-1, -1, -1, -1],
+                ];
+                for (i, sl) in steps.iter().enumerate() {
+                    let xv = unif(&mut rng, sl.len() * h, -1.0, 1.0);
+                    // The chain's work buffers NaN before every step (after the first: made
+                    // by it): each kernel must write all of what the next reads.
+                    for p in pools.iter_mut() {
+                        p.poison_decode_work().unwrap();
+                    }
+                    let ys: Vec<Vec<f32>> = pools
+                        .iter_mut()
+                        .map(|p| {
+                            let xd = cuda::DBuf::upload(&gpu, &xv, dt).unwrap();
+                            l.decode_slots_dev(xd, sl, p).unwrap().download().unwrap()
+                        })
+                        .collect();
+                    assert_eq!(
+                        pools[1].graph_is_pdl(),
+                        Some(true),
+                        "{what}: step {i} ran without the chain's graph ({:?})",
+                        pools[1].graph_error()
+                    );
+                    assert_eq!(pools[1].graph_batch(), Some(sl.len()), "{what}: step {i}");
+                    assert_eq!(pools[2].graph_batch(), None, "{what}: graphs off");
+                    assert!(pools[1].decode_work_bytes() > 0 && pools[2].decode_work_bytes() > 0);
+                    let (st0, cv0) = (
+                        bits(pools[0].state_host().unwrap().data()),
+                        bits(pools[0].conv_host().unwrap().data()),
+                    );
+                    for (k, name) in [(1usize, "graph"), (2, "op by op")] {
+                        for (r, &s) in sl.iter().enumerate() {
+                            if s >= 0 {
+                                assert_eq!(
+                                    bits(&ys[k][r * h..(r + 1) * h]),
+                                    bits(&ys[0][r * h..(r + 1) * h]),
+                                    "{what}: chain {name}, step {i} row {r} y"
+                                );
+                            }
+                        }
+                        assert_eq!(
+                            bits(pools[k].state_host().unwrap().data()),
+                            st0,
+                            "{what}: chain {name}, step {i} states"
+                        );
+                        assert_eq!(
+                            bits(pools[k].conv_host().unwrap().data()),
+                            cv0,
+                            "{what}: chain {name}, step {i} conv rows"
+                        );
+                    }
+                }
+                for p in &pools {
+                    let (st, cv) = (p.state_host().unwrap(), p.conv_host().unwrap());
+                    let (sl, cl) = (st.numel() / 7, cv.numel() / 7);
+                    assert!(
+                        st.data()[6 * sl..].iter().all(|v| v.to_bits() == 0)
+                            && cv.data()[6 * cl..].iter().all(|v| v.to_bits() == 0),
+                        "{what}: slot 6 was never named but changed"
+                    );
+                }
+                eprintln!(
+                    "{what}: chain (graph, op by op) == default step over {} steps",
+                    steps.len()
+                );
+            }
+        }
+    }
+}
+
+/// The opt-in chain at the Qwen3-Next shape (hidden 2048, 16 / 32 heads, K = V = 128, bf16,
+/// fp32 states; the kernels the benchmarks time: rule r8 c4, the streaming gated norm, the
+/// cuBLASLt plans of 64 rows; and the skinny GEMM with out_proj's split-K partials) at 64 rows
+/// (row 5 padding): 3 steps as a graph against the default graph, bit for bit; slot 5 untouched.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_decode_pdl_qwen_shape_b64_bitwise() {
+    let gpu = cuda::gpu(0).unwrap();
+    let c = GdnConfig {
+        hidden_size: 2048,
+        linear_num_key_heads: 16,
+        linear_num_value_heads: 32,
+        linear_key_head_dim: 128,
+        linear_value_head_dim: 128,
+        ..GdnConfig::default()
+    };
+    let l = GatedDeltaNet::new(&c, 3)
+        .unwrap()
+        .to_device(Device::Cuda(0), DType::Bf16)
+        .unwrap();
+    let h = c.hidden_size;
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let slots: Vec<i32> = (0..64).map(|i| if i == 5 { -1 } else { i }).collect();
+    for gemv in [false, true] {
+        let mut pools: Vec<_> = (0..2).map(|_| l.cache_pool(65).unwrap()).collect();
+        for (i, p) in pools.iter_mut().enumerate() {
+            p.set_gemv(gemv);
+            p.set_pdl(i == 1);
+            p.set_graphs(true);
+        }
+        for step in 0..3 {
+            for p in pools.iter_mut() {
+                p.poison_decode_work().unwrap();
+            }
+            let xv = unif(&mut rng, 64 * h, -1.0, 1.0);
+            let ys: Vec<Vec<f32>> = pools
+                .iter_mut()
+                .map(|p| {
+                    let xd = cuda::DBuf::upload(&gpu, &xv, DType::Bf16).unwrap();
+                    l.decode_slots_dev(xd, &slots, p)
+                        .unwrap()
+                        .download()
+                        .unwrap()
+                })
+                .collect();
+            assert_eq!(
+                pools[1].graph_is_pdl(),
+                Some(true),
+                "{:?}",
+                pools[1].graph_error()
+            );
+            assert_eq!(
+                pools[0].graph_is_pdl(),
+                Some(false),
+                "{:?}",
+                pools[0].graph_error()
+            );
+            for r in (0..64).filter(|&r| r != 5) {
+                assert_eq!(
+                    bits(&ys[1][r * h..(r + 1) * h]),
+                    bits(&ys[0][r * h..(r + 1) * h]),
+                    "gemv {gemv}: step {step} row {r} y"
+                );
+            }
+            let (s0, s1) = (
+                pools[0].state_host().unwrap(),
+                pools[1].state_host().unwrap(),
+            );
+            assert_eq!(
+                bits(s1.data()),
+                bits(s0.data()),
+                "gemv {gemv}: step {step} states"
+            );
+            let sl = s1.numel() / 65;
+            assert!(
+                s1.data()[5 * sl..6 * sl].iter().all(|v| v.to_bits() == 0),
+                "slot 5 (padding) changed"
+            );
+            assert_eq!(
+                bits(pools[1].conv_host().unwrap().data()),
+                bits(pools[0].conv_host().unwrap().data()),
+                "gemv {gemv}: step {step} conv rows"
+            );
+        }
+        eprintln!(
+            "Qwen shape B64, gemv {gemv}: chain graph == default graph over 3 steps ({} MB of work buffers)",
+            pools[1].decode_work_bytes() / 1000000
+        );
+    }
+}
+
 /// Prefill(prompt) then decode(n) equals the training forward over prompt + n tokens: 3
 /// sequences of 40 + 12 tokens, the decode outputs against the forward's last 12 positions and
 /// the prefill outputs against its first 40. f32 storage within 1e-4 (max relative: the chunked

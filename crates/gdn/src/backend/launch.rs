@@ -334,3 +334,128 @@ pub fn profile_take() -> Vec<(String, f64, usize)> {
 pub(crate) fn profiling() -> bool {
     PROFILING.load(Ordering::Relaxed)
 }
+
+/// Whether `gpu` takes programmatic dependent launches (`griddepcontrol`, sm_90 and up).
+pub(crate) fn pdl_supported(gpu: &Gpu) -> bool {
+    arch_takes_pdl(gpu.arch())
+}
+
+/// Whether an NVRTC architecture (`sm_90a`, `sm_80`, `compute_100`, ..) is sm_90 or newer.
+fn arch_takes_pdl(arch: &str) -> bool {
+    let digits: String = arch
+        .trim_start_matches("sm_")
+        .trim_start_matches("compute_")
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    digits.parse::<u32>().is_ok_and(|cc| cc >= 90)
+}
+
+/// [`launch_in_threads`] with programmatic stream serialization
+/// (`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION` through `cuLaunchKernelEx`): the
+/// kernel may start before the kernel queued before it on the stream has finished, so it must
+/// run `griddepcontrol.wait` before it touches memory that kernel (or any earlier work) writes
+/// or reads (the `*_pdl` kernels of `decode.cu` and `gated_norm.cu`). Inside a stream capture the
+/// edge becomes a programmatic graph edge. Below sm_90, or while profiling (which times each
+/// launch on its own), an ordinary launch (the kernels' waits then return at once).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_pdl(
+    gpu: &Gpu,
+    module: &'static str,
+    name: &str,
+    blocks: usize,
+    threads: u32,
+    smem_bytes: usize,
+    args: &[Arg],
+) -> Result<()> {
+    if profiling() || !pdl_supported(gpu) || blocks == 0 {
+        return launch_in_threads(gpu, module, name, blocks, threads, smem_bytes, args);
+    }
+    use cudarc::driver::sys;
+    if blocks > i32::MAX as usize {
+        return Err(GdnError::Invalid(format!(
+            "{name} needs {blocks} blocks, more than a grid holds"
+        )));
+    }
+    if smem_bytes > 48 * 1024 {
+        return Err(GdnError::Invalid(format!(
+            "{name}: a programmatic launch with {smem_bytes} bytes of dynamic shared memory (at most 48 KiB here)"
+        )));
+    }
+    let f = gpu.function(module, name)?;
+    let stream = gpu.stream();
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| dev_err("binding the CUDA context", e))?;
+    // The kernel's parameters: pointers to the values, which live in `args` for the call.
+    let mut params: Vec<*mut std::ffi::c_void> = args
+        .iter()
+        .map(|a| match a {
+            Arg::Ptr(p) => p as *const u64 as *mut std::ffi::c_void,
+            Arg::I32(x) => x as *const i32 as *mut std::ffi::c_void,
+            Arg::I64(x) => x as *const i64 as *mut std::ffi::c_void,
+            Arg::F32(x) => x as *const f32 as *mut std::ffi::c_void,
+        })
+        .collect();
+    // SAFETY: a plain-old-data union; the attribute reads its `int` member only.
+    let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+    value.programmaticStreamSerializationAllowed = 1;
+    let mut attr = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        pad: [0; 4],
+        value,
+    };
+    let cfg = sys::CUlaunchConfig {
+        gridDimX: blocks as u32,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: threads,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: smem_bytes as u32,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: `params` point at values of the kernel's parameter types in its order (the callers
+    // pass the argument list of the named kernel, buffers sized for what it touches); the config
+    // and its attribute live across the call, which copies them.
+    let r = unsafe {
+        sys::cuLaunchKernelEx(
+            &cfg,
+            f.cu_function(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result();
+    match r {
+        Ok(()) => Ok(()),
+        // A stream or driver that refuses the attribute (a launch-configuration error, which is
+        // not sticky): the same kernel as an ordinary launch (its wait then returns at once).
+        // Inside a capture the refusal has already invalidated it, and the capture reports it.
+        Err(_) => {
+            launch_in_threads(gpu, module, name, blocks, threads, smem_bytes, args).map_err(|e| {
+                GdnError::Device(format!(
+                    "{e} (after a refused programmatic dependent launch of {name})"
+                ))
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod pdl_tests {
+    use super::arch_takes_pdl;
+
+    #[test]
+    fn programmatic_launches_from_sm90() {
+        for a in ["sm_90a", "sm_90", "sm_100a", "sm_120", "compute_90"] {
+            assert!(arch_takes_pdl(a), "{a}");
+        }
+        for a in ["sm_80", "sm_86", "sm_89", "sm_75", "", "sm_", "gfx90a"] {
+            assert!(!arch_takes_pdl(a), "{a}");
+        }
+    }
+}

@@ -57,11 +57,25 @@ pub(super) struct DecodeGraph {
     /// `[n, hidden]` output rows.
     y: DBuf,
     exec: Exec,
+    /// The opt-in chain's intermediates (`pool_pdl.rs`), which the graph reads and writes.
+    work: Option<DecodeWork>,
 }
 
 impl DecodeGraph {
     pub(super) fn batch(&self) -> usize {
         self.n
+    }
+    /// Whether the graph is the opt-in chain's (kernels only, programmatic launches).
+    pub(super) fn is_pdl(&self) -> bool {
+        self.work.is_some()
+    }
+    /// The opt-in chain's work buffers, if this graph is the chain's.
+    pub(super) fn work_mut(&mut self) -> Option<&mut DecodeWork> {
+        self.work.as_mut()
+    }
+    /// Device bytes of the opt-in chain's work buffers (0 for the default graph).
+    pub(super) fn work_bytes(&self) -> usize {
+        self.work.as_ref().map_or(0, DecodeWork::bytes)
     }
 }
 
@@ -154,6 +168,27 @@ impl GatedDeltaNet {
         let last = vec![-1i32; n];
         let slots = gpu.upload(&last)?;
         let mut y = DBuf::zeros(gpu, n * h, self.dtype)?;
+        if pool.pdl {
+            // The opt-in chain: the step writes the graph's own y; no allocation inside.
+            let Act::Dev(xd) = &x else {
+                return Err(mixed("decode graph"));
+            };
+            let mut work = self.decode_work(gpu, n, pool)?;
+            self.decode_step_pdl(p, xd, &slots, pool, &mut work, &mut y)?;
+            let captured =
+                gpu.capture(|| self.decode_step_pdl(p, xd, &slots, pool, &mut work, &mut y));
+            let ((), graph) = captured.map_err(|e| GdnError::Device(format!("{CAPTURE}: {e}")))?;
+            return Ok(DecodeGraph {
+                n,
+                params: dp.clone(),
+                x,
+                slots,
+                last,
+                y,
+                exec: Exec(graph),
+                work: Some(work),
+            });
+        }
         drop(self.decode_step(p, &x, Ids::Dev(&slots), pool, &mut prof_off())?);
         let captured = gpu.capture(|| {
             let out = self.decode_step(p, &x, Ids::Dev(&slots), pool, &mut prof_off())?;
@@ -171,6 +206,7 @@ impl GatedDeltaNet {
             last,
             y,
             exec: Exec(graph),
+            work: None,
         })
     }
 }

@@ -29,6 +29,10 @@ use crate::ops::decode::{self, DecodeShape, PreCols, PreParams};
 mod graph;
 use graph::DecodeGraph;
 
+#[path = "pool_pdl.rs"]
+mod pdl;
+use pdl::DecodeWork;
+
 /// The cache pool of one layer (see the module doc). Made by [`GatedDeltaNet::cache_pool`].
 pub struct CachePool {
     shape: DecodeShape,
@@ -56,6 +60,12 @@ pub struct CachePool {
     fold: bool,
     /// The folded in_proj weight, for the device weights it was made from.
     folded: Option<Folded>,
+    /// GPU decode steps on the opt-in chain (`pool_pdl.rs`): the step's intermediates kept in
+    /// [`DecodeWork`] buffers (the graph is kernels only) and our kernels launched as
+    /// programmatic dependent launches (`GDN_DECODE_PDL=1`, [`CachePool::set_pdl`]).
+    pdl: bool,
+    /// The op-by-op chain's work buffers (a captured graph owns its own).
+    work: Option<DecodeWork>,
 }
 
 /// in_proj.weight with the input norm's scale folded in, and its row constants
@@ -140,6 +150,25 @@ impl CachePool {
         self.gemv_rows = rows;
         self.fold = on;
     }
+    /// Run GPU decode steps on the opt-in chain (`GDN_DECODE_PDL=1`; off by default): the step's
+    /// intermediates (normalized input, in_proj output, the pre step's outputs, the rule's `o`,
+    /// the gated norm's output and statistics) in buffers allocated once per pool and batch size
+    /// instead of per step (so the captured graph holds kernels and no allocation nodes), and the
+    /// pre step, the rule and the gated norm launched as programmatic dependent launches (each
+    /// starts while the kernel before it finishes; the rule's blocks load their state tiles
+    /// before they wait). The same kernels' arithmetic on the same inputs: the same bits as the
+    /// step without it (in every projection mode, [`set_gemv`](Self::set_gemv)).
+    pub fn set_pdl(&mut self, on: bool) {
+        if on != self.pdl {
+            self.graph = None;
+            self.work = None;
+        }
+        self.pdl = on;
+    }
+    /// Whether decode steps run the opt-in chain ([`set_pdl`](Self::set_pdl)).
+    pub fn pdl(&self) -> bool {
+        self.pdl
+    }
     /// Whether the decode projections run the skinny GEMM at some batch sizes
     /// ([`set_gemv`](Self::set_gemv)).
     pub fn gemv(&self) -> bool {
@@ -161,6 +190,29 @@ impl CachePool {
     /// The batch size of the captured decode graph, if one is held (tests, benchmarks).
     pub fn graph_batch(&self) -> Option<usize> {
         self.graph.as_ref().map(DecodeGraph::batch)
+    }
+    /// Whether the captured decode graph, if one is held, is the opt-in chain's
+    /// ([`set_pdl`](Self::set_pdl): kernels only, programmatic launches).
+    pub fn graph_is_pdl(&self) -> Option<bool> {
+        self.graph.as_ref().map(DecodeGraph::is_pdl)
+    }
+    /// Device bytes of the opt-in chain's work buffers held (the graph's and the op-by-op
+    /// path's; 0 without [`set_pdl`](Self::set_pdl)).
+    pub fn decode_work_bytes(&self) -> usize {
+        self.graph.as_ref().map_or(0, DecodeGraph::work_bytes)
+            + self.work.as_ref().map_or(0, DecodeWork::bytes)
+    }
+    /// Tests: fill the opt-in chain's work buffers (the graph's and the op-by-op path's) with
+    /// NaN, so a kernel that leaves part of its output unwritten shows in the results.
+    #[doc(hidden)]
+    pub fn poison_decode_work(&mut self) -> Result<()> {
+        if let Some(w) = self.graph.as_mut().and_then(DecodeGraph::work_mut) {
+            w.poison()?;
+        }
+        match self.work.as_mut() {
+            Some(w) => w.poison(),
+            None => Ok(()),
+        }
     }
     /// Why capturing the decode graph failed, if it did (graphs are then off for this pool).
     pub fn graph_error(&self) -> Option<&str> {
@@ -268,6 +320,8 @@ impl GatedDeltaNet {
             gemv_rows,
             fold,
             folded: None,
+            pdl: pdl::enabled_by_env(),
+            work: None,
         })
     }
 
@@ -582,6 +636,9 @@ impl GatedDeltaNet {
                 Err(e) => return Err(e),
             }
         }
+        if let (Act::Dev(xd), true) = (x, pool.pdl) {
+            return Ok(Act::Dev(self.decode_pdl_op_by_op(xd, slots, pool)?));
+        }
         let p = self.view()?;
         let mut prof = Prof::new(self.gpu()?);
         let dev_slots = match self.gpu()? {
@@ -605,28 +662,73 @@ impl GatedDeltaNet {
         skinny: bool,
         pool: &mut CachePool,
     ) -> Result<Option<Act>> {
-        use crate::ops::linear::cuda::{fold_norm, forward_skinny, skinny_plan_with, SkinnyNorm};
-        let (ParamView::Dev(dp), Act::Dev(xd), true, true) = (p, x, skinny, pool.fold) else {
+        let Act::Dev(xd) = x else {
             return Ok(None);
         };
-        if xd.dtype() != DType::Bf16 {
+        if !self.folds_in_proj(p, xd, n, skinny, pool)? {
             return Ok(None);
         }
+        let pd = self.cfg.in_proj_dim();
+        let mut y = DBuf::uninit(xd.gpu(), n * pd, DType::Bf16)?;
+        self.in_proj_folded_into(p, xd, n, pool, &mut y)?;
+        Ok(Some(Act::Dev(y)))
+    }
+
+    /// Whether [`in_proj_folded`](Self::in_proj_folded) takes this step (see there).
+    fn folds_in_proj(
+        &self,
+        p: &ParamView,
+        xd: &DBuf,
+        n: usize,
+        skinny: bool,
+        pool: &CachePool,
+    ) -> Result<bool> {
+        use crate::ops::linear::cuda::skinny_plan_with;
+        if !(matches!(p, ParamView::Dev(_)) && skinny && pool.fold && xd.dtype() == DType::Bf16) {
+            return Ok(false);
+        }
+        let c = &self.cfg;
+        let sms = xd.gpu().sm_count()?;
+        let plan = skinny_plan_with(n, c.in_proj_dim(), c.hidden_size, sms, true);
+        let dev = |n: &str| matches!(p.get(n), P::Dev(_));
+        let bias_ok = !matches!(p.opt("in_proj.layer_norm_bias"), Some(P::Host(_)));
+        Ok(plan.is_some_and(|q| q.takes_norm())
+            && dev("in_proj.weight")
+            && dev("in_proj.layer_norm_weight")
+            && bias_ok)
+    }
+
+    /// The folded in_proj (where [`folds_in_proj`](Self::folds_in_proj) said yes) into `y`
+    /// `[n, in_proj_dim]` bf16.
+    fn in_proj_folded_into(
+        &self,
+        p: &ParamView,
+        xd: &DBuf,
+        n: usize,
+        pool: &mut CachePool,
+        y: &mut DBuf,
+    ) -> Result<()> {
+        use crate::ops::linear::cuda::{fold_norm, forward_skinny, skinny_plan_with, SkinnyNorm};
+        let not_taken =
+            || GdnError::Invalid("decode: the folded in_proj does not take this step".into());
+        let ParamView::Dev(dp) = p else {
+            return Err(not_taken());
+        };
         let c = &self.cfg;
         let (h, pd) = (c.hidden_size, c.in_proj_dim());
         let gpu = xd.gpu().clone();
         let Some(plan) =
             skinny_plan_with(n, pd, h, gpu.sm_count()?, true).filter(|q| q.takes_norm())
         else {
-            return Ok(None);
+            return Err(not_taken());
         };
         let (P::Dev(w), P::Dev(g)) = (p.get("in_proj.weight"), p.get("in_proj.layer_norm_weight"))
         else {
-            return Ok(None);
+            return Err(not_taken());
         };
         let b = match p.opt("in_proj.layer_norm_bias") {
             Some(P::Dev(b)) => Some(b),
-            Some(P::Host(_)) => return Ok(None),
+            Some(P::Host(_)) => return Err(not_taken()),
             None => None,
         };
         if pool
@@ -647,15 +749,13 @@ impl GatedDeltaNet {
             .folded
             .as_ref()
             .ok_or_else(|| GdnError::Device("folded in_proj weight missing".into()))?;
-        let mut y = DBuf::uninit(&gpu, n * pd, DType::Bf16)?;
         let norm = SkinnyNorm {
             layer: c.normalization == Normalization::LayerNorm,
             eps: c.layernorm_epsilon,
             c1: &f.c1,
             c2: f.c2.as_ref(),
         };
-        forward_skinny(xd, n, h, &f.w, pd, &mut y, plan, Some(norm))?;
-        Ok(Some(Act::Dev(y)))
+        forward_skinny(xd, n, h, &f.w, pd, y, plan, Some(norm))
     }
 
     /// One decode step, every op of it in order (the graph captures exactly this): norm +

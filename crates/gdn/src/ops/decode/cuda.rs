@@ -5,7 +5,8 @@
 
 use crate::backend::cuda::{DBuf, DType, GBuf};
 use crate::backend::launch::{
-    check_d, check_g, check_gpu, dptr, i32_arg, int, launch_in_threads, ptr, suffix, Arg,
+    check_d, check_g, check_gpu, dptr, i32_arg, int, launch_in_threads, launch_pdl, ptr, suffix,
+    Arg,
 };
 use crate::backend::Cols;
 use crate::error::{GdnError, Result};
@@ -123,6 +124,32 @@ pub fn pre(
     dt_bias: &GBuf<f32>,
 ) -> Result<PreOut> {
     let gpu = proj.gpu().clone();
+    let mut out = PreOut::uninit_dev(&gpu, slots.len(), s)?;
+    pre_into(
+        proj, cols, conv, slots, nslots, s, conv_w, conv_b, a_log, dt_bias, &mut out, false,
+    )?;
+    Ok(out)
+}
+
+/// [`pre`] into caller-provided outputs `out` (made by [`PreOut::uninit_dev`] for `slots.len()`
+/// rows, checked); `pdl`: the kernel `decode_pre_pdl_*` as a programmatic dependent launch
+/// (`backend::launch::launch_pdl`; the same bits).
+#[allow(clippy::too_many_arguments)]
+pub fn pre_into(
+    proj: &DBuf,
+    cols: &PreCols,
+    conv: &mut DBuf,
+    slots: &GBuf<i32>,
+    nslots: usize,
+    s: DecodeShape,
+    conv_w: &GBuf<f32>,
+    conv_b: Option<&GBuf<f32>>,
+    a_log: &GBuf<f32>,
+    dt_bias: &GBuf<f32>,
+    out: &mut PreOut,
+    pdl: bool,
+) -> Result<()> {
+    let gpu = proj.gpu().clone();
     let n = slots.len();
     let (qk, vd, cd, w) = (s.qk(), s.vd(), s.conv_dim(), s.width);
     let ngates = if s.gdn2 { 3 } else { 2 };
@@ -160,17 +187,23 @@ pub fn pre(
     int("decode pre: in_proj columns", cols.qkv.ld)?;
     int("decode pre: slots", nslots)?;
     let (gl0, gl1, gl2) = s.gate_lens();
-    let (q, k, v) = (
-        gpu.uninit(n * qk)?,
-        gpu.uninit(n * qk)?,
-        gpu.uninit(n * vd)?,
-    );
-    let (g, b) = (gpu.uninit(n * gl0)?, gpu.uninit(n * gl1)?);
-    let wg: Option<GBuf<f32>> = if s.gdn2 {
-        Some(gpu.uninit(n * gl2)?)
-    } else {
-        None
+    let q = dev(&out.q, "decode pre: q", n * qk)?;
+    let k = dev(&out.k, "decode pre: k", n * qk)?;
+    let v = dev(&out.v, "decode pre: v", n * vd)?;
+    let g = dev(&out.g, "decode pre: g", n * gl0)?;
+    let b = dev(&out.b, "decode pre: b", n * gl1)?;
+    let wg = match (&out.w, s.gdn2) {
+        (Some(w), true) => Some(dev(w, "decode pre: w", n * gl2)?),
+        (None, false) => None,
+        _ => {
+            return Err(GdnError::Invalid(
+                "decode pre: the write gate w is GDN2's (and only GDN2's)".into(),
+            ))
+        }
     };
+    for gg in [q, k, v, g, b].into_iter().chain(wg) {
+        check_gpu("decode pre: outputs", &gpu, gg.gpu())?;
+    }
     let gw = if s.gdn2 { 2 * qk + vd } else { 2 * s.hv };
     let chunks = (cd + gw).div_ceil(256);
     let st = gpu.stream();
@@ -190,12 +223,12 @@ pub fn pre(
         i32_arg(conv_b.is_some() as usize),
         ptr(a_log, st),
         ptr(dt_bias, st),
-        ptr(&q, st),
-        ptr(&k, st),
-        ptr(&v, st),
-        ptr(&g, st),
-        ptr(&b, st),
-        wg.as_ref().map_or(Arg::Ptr(0), |w| ptr(w, st)),
+        ptr(q, st),
+        ptr(k, st),
+        ptr(v, st),
+        ptr(g, st),
+        ptr(b, st),
+        wg.map_or(Arg::Ptr(0), |w| ptr(w, st)),
         i32_arg(s.hk),
         i32_arg(s.hv),
         i32_arg(s.dk),
@@ -204,24 +237,14 @@ pub fn pre(
         i32_arg(s.gdn2 as usize),
         Arg::I64(chunks as i64),
     ];
-    launch_in_threads(
-        &gpu,
-        MODULE,
-        &format!("decode_pre_{}", suffix(proj.dtype())),
-        n * chunks,
-        256,
-        0,
-        &args,
-    )?;
-    use crate::backend::F32s::Dev;
-    Ok(PreOut {
-        q: Dev(q),
-        k: Dev(k),
-        v: Dev(v),
-        g: Dev(g),
-        b: Dev(b),
-        w: wg.map(Dev),
-    })
+    let sfx = suffix(proj.dtype());
+    if pdl {
+        let name = format!("decode_pre_pdl_{sfx}");
+        launch_pdl(&gpu, MODULE, &name, n * chunks, 256, 0, &args)
+    } else {
+        let name = format!("decode_pre_{sfx}");
+        launch_in_threads(&gpu, MODULE, &name, n * chunks, 256, 0, &args)
+    }
 }
 
 /// Rows of the state each thread of the rule holds: `ceil(Dk / 16)` rounded up to a power of two,
@@ -297,6 +320,39 @@ pub fn rule_with(
     scale: f32,
     o: &mut DBuf,
     kernel: RuleKernel,
+) -> Result<()> {
+    rule_impl(x, state, slots, nslots, s, scale, o, kernel, false)
+}
+
+/// [`rule`] (the kernel of [`default_kernel`]) as a programmatic dependent launch: the tile
+/// kernels' `decode_rule_pdl_*` twins (each block's state tile loaded before its
+/// `griddepcontrol.wait`; per item the same code: the same bits as [`rule`]). The pipelined
+/// kernel has no twin: when `GDN_DECODE_KERNEL=pipe` picks it, it runs as an ordinary launch.
+#[allow(clippy::too_many_arguments)]
+pub fn rule_pdl(
+    x: &PreOut,
+    state: &mut DBuf,
+    slots: &GBuf<i32>,
+    nslots: usize,
+    s: DecodeShape,
+    scale: f32,
+    o: &mut DBuf,
+) -> Result<()> {
+    let k = default_kernel(&s, state.dtype());
+    rule_impl(x, state, slots, nslots, s, scale, o, k, true)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rule_impl(
+    x: &PreOut,
+    state: &mut DBuf,
+    slots: &GBuf<i32>,
+    nslots: usize,
+    s: DecodeShape,
+    scale: f32,
+    o: &mut DBuf,
+    kernel: RuleKernel,
+    pdl: bool,
 ) -> Result<()> {
     let sd = state.dtype();
     let rows = rule_rows(s.dk)?;
@@ -387,6 +443,15 @@ pub fn rule_with(
     ];
     let (os, ss) = (suffix(o.dtype()), suffix(sd));
     match kernel {
+        RuleKernel::Tile { cols } if pdl => launch_pdl(
+            &gpu,
+            MODULE,
+            &format!("decode_rule_pdl_r{rows}_c{cols}_{os}_{ss}"),
+            items,
+            RULE_THREADS,
+            0,
+            &args,
+        ),
         RuleKernel::Tile { cols } => launch_in_threads(
             &gpu,
             MODULE,

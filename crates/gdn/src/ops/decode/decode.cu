@@ -472,3 +472,94 @@ DECODE_RULE_PIPE(4, f32, float, f32, float, 5)
 DECODE_RULE_PIPE(4, bf16, bf16_t, f32, float, 5)
 DECODE_RULE_PIPE(8, f32, float, f32, float, 4)
 DECODE_RULE_PIPE(8, bf16, bf16_t, f32, float, 4)
+
+// ---- Programmatic dependent launch (issue 14, opt-in: GDN_DECODE_PDL=1 / CachePool::set_pdl).
+// The same kernels, launched with cudaLaunchAttributeProgrammaticStreamSerialization
+// (backend::launch::launch_pdl): a kernel may start while the one before it on the stream is
+// still running, and `griddepcontrol.wait` blocks until that one has finished and its writes are
+// visible. Every kernel here waits before it touches anything the step's earlier kernels write
+// (or read), then lets its own dependents launch (`launch_dependents`, after the wait: so a kernel
+// two places later in the chain never starts before this one's predecessor finished, whatever
+// the predecessor's own trigger). decode_rule_pdl issues its state tile's loads before the wait:
+// within a step nothing but this kernel touches the states, and the kernel before its predecessor
+// (decode_pre_pdl's predecessor, the in_proj GEMM) has finished by then (decode_pre_pdl triggers
+// only after its own wait), as has everything queued before the step (the step's first kernel is
+// an ordinary launch, or waits first). The slot indices are written by the host before the step.
+// Without PDL (an ordinary launch, or an architecture below sm_90) the waits return at once and
+// the triggers do nothing. Per item the arithmetic is the plain kernels' code: the same bits.
+__device__ __forceinline__ void dec_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void dec_pdl_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+#define DECODE_PRE_PDL(SFX, T)                                                                                   \
+    extern "C" __global__ void decode_pre_pdl_##SFX(                                                             \
+        const T* proj, long long pd, int qkv_off, int g0, int g1, int g2, T* conv, const int* slots, int nslots,   \
+        const float* conv_w, const float* conv_b, int has_bias, const float* a_log, const float* dt_bias,          \
+        float* q, float* k, float* v, float* g, float* b, float* w, int hk, int hv, int dk, int dv, int width,     \
+        int gdn2, long long chunks) {                                                                              \
+        dec_pdl_wait();                                                                                            \
+        dec_pdl_launch();                                                                                          \
+        decode_pre(proj, pd, qkv_off, g0, g1, g2, conv, slots, nslots, conv_w, conv_b, has_bias, a_log, dt_bias, \
+                   q, k, v, g, b, w, hk, hv, dk, dv, width, gdn2, chunks);                                       \
+    }
+DECODE_PRE_PDL(f32, float)
+DECODE_PRE_PDL(bf16, bf16_t)
+
+// decode_rule (one block per item) with the state tile loaded before the wait.
+template <int R, int C, typename TS, typename TO>
+__device__ void decode_rule_pdl(const float* __restrict__ q, const float* __restrict__ k,
+                                const float* __restrict__ v, const float* __restrict__ g,
+                                const float* __restrict__ bb, const float* __restrict__ w, TS* __restrict__ state,
+                                const int* __restrict__ slots, int nslots, TO* __restrict__ o, int hk, int hv,
+                                int dk, int dv, float scale, int l2norm, int gdn2) {
+    __shared__ DecSmem<C> sm;
+    const int vtiles = (dv + 8 * C - 1) / (8 * C);
+    const DecItem it = dec_item(blockIdx.x, vtiles, hv, slots);
+    const bool live = it.slot >= 0 && it.slot < nslots;
+    TS* S = state + ((long long)(live ? it.slot : 0) * hv + it.h) * dk * dv;
+    const int tid = threadIdx.x;
+    const int c0 = it.tile * 8 * C + (tid & 7) * C;
+    float s[R][C];
+    if (live) dec_load<R, C>(s, S, tid >> 3, c0, dk, dv);
+    dec_pdl_wait();
+    dec_pdl_launch();
+    if (!live) {
+        dec_pad<C>(it, o, hv, dv);
+        return;
+    }
+    dec_body<R, C>(s, S, it, q, k, v, g, bb, w, o, hk, hv, dk, dv, scale, l2norm, gdn2, sm);
+}
+
+#define DECODE_RULE_PDL(R, C, OS, TO, SS, TS, MINB)                                                              \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_rule_pdl_r##R##_c##C##_##OS##_##SS( \
+        const float* q, const float* k, const float* v, const float* g, const float* bb, const float* w,          \
+        TS* state, const int* slots, int nslots, TO* o, int hk, int hv, int dk, int dv, float scale, int l2norm,  \
+        int gdn2) {                                                                                                \
+        decode_rule_pdl<R, C, TS, TO>(q, k, v, g, bb, w, state, slots, nslots, o, hk, hv, dk, dv, scale, l2norm, \
+                                      gdn2);                                                                       \
+    }
+#define DECODE_RULE_PDL_TYPES(R, C, MINB)                   \
+    DECODE_RULE_PDL(R, C, f32, float, f32, float, MINB)     \
+    DECODE_RULE_PDL(R, C, bf16, bf16_t, f32, float, MINB)
+#define DECODE_RULE_PDL_TYPES_BF16S(R, MINB)                \
+    DECODE_RULE_PDL(R, 8, f32, float, bf16, bf16_t, MINB)   \
+    DECODE_RULE_PDL(R, 8, bf16, bf16_t, bf16, bf16_t, MINB)
+DECODE_RULE_PDL_TYPES(2, 4, 8)
+DECODE_RULE_PDL_TYPES(4, 4, 8)
+DECODE_RULE_PDL_TYPES(8, 4, 6)
+DECODE_RULE_PDL_TYPES(16, 4, 3)
+DECODE_RULE_PDL_TYPES(2, 8, 8)
+DECODE_RULE_PDL_TYPES(4, 8, 6)
+DECODE_RULE_PDL_TYPES(8, 8, 4)
+DECODE_RULE_PDL_TYPES(16, 8, 2)
+DECODE_RULE_PDL_TYPES_BF16S(2, 8)
+DECODE_RULE_PDL_TYPES_BF16S(4, 6)
+DECODE_RULE_PDL_TYPES_BF16S(8, 4)
+DECODE_RULE_PDL_TYPES_BF16S(16, 2)

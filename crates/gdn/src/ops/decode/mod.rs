@@ -115,6 +115,31 @@ pub struct PreOut {
     pub w: Option<F32s>,
 }
 
+impl PreOut {
+    /// Uninitialized device outputs for `n` rows of shape `s` (the decode step's preallocated
+    /// work buffers, `cuda::pre_into`).
+    pub fn uninit_dev(
+        gpu: &std::sync::Arc<crate::backend::cuda::Gpu>,
+        n: usize,
+        s: DecodeShape,
+    ) -> Result<PreOut> {
+        let (qk, vd) = (s.qk(), s.vd());
+        let (gl0, gl1, gl2) = s.gate_lens();
+        Ok(PreOut {
+            q: F32s::Dev(gpu.uninit(n * qk)?),
+            k: F32s::Dev(gpu.uninit(n * qk)?),
+            v: F32s::Dev(gpu.uninit(n * vd)?),
+            g: F32s::Dev(gpu.uninit(n * gl0)?),
+            b: F32s::Dev(gpu.uninit(n * gl1)?),
+            w: if s.gdn2 {
+                Some(F32s::Dev(gpu.uninit(n * gl2)?))
+            } else {
+                None
+            },
+        })
+    }
+}
+
 /// Error unless every slot is `-1` (padding) or in `[0, nslots)`, and no slot appears twice.
 pub fn check_slots(slots: &[i32], nslots: usize) -> Result<()> {
     let mut seen = vec![false; nslots];

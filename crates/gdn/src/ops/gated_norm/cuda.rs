@@ -294,3 +294,86 @@ pub fn backward(
     };
     launch(&mut l, cfg, "gated_norm_sum_parts")
 }
+
+/// [`forward`] launched as a programmatic dependent launch (`gated_norm_fwd_pdl_v{NC}`: the
+/// streaming kernel behind a `griddepcontrol.wait`), for the decode step's opt-in chain
+/// (`GDN_DECODE_PDL=1`); the same bits as [`forward`]. Shapes the streaming kernels do not take
+/// run [`forward`] (an ordinary launch).
+#[allow(clippy::too_many_arguments)]
+pub fn forward_pdl(
+    o: &DBuf,
+    z: &DBuf,
+    zcols: Cols,
+    rows: usize,
+    dv: usize,
+    w: &GBuf<f32>,
+    b: Option<&GBuf<f32>>,
+    kind: Normalization,
+    eps: f32,
+    zero_centered: bool,
+    y: &mut DBuf,
+    stats: &mut GpuNormStats,
+) -> Result<()> {
+    use crate::backend::launch::{dptr, launch_pdl, optr, ptr, suffix, Arg};
+    let gpu = o.gpu().clone();
+    check_params("gated_norm", &gpu, dv, w, b, kind)?;
+    crate::ops::common::norm::check_eps("gated_norm", eps)?;
+    let n = rows.saturating_mul(dv);
+    let dt = o.dtype();
+    check_d("gated_norm o", o, n, dt)?;
+    check_d("gated_norm z", z, z.len(), dt)?;
+    let (zld, zoff, hpt) = check_z("gated_norm z", z, zcols, rows, dv)?;
+    check_d("gated_norm y", y, n, dt)?;
+    check_gpu("gated_norm z", &gpu, z.gpu())?;
+    check_gpu("gated_norm y", &gpu, y.gpu())?;
+    check_gpu("gated_norm stats", &gpu, stats.rstd.gpu())?;
+    stats.check("gated_norm stats", rows, kind)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let Some(nc) = streaming(rows, dv, zld, zoff) else {
+        return forward(
+            o,
+            z,
+            zcols,
+            rows,
+            dv,
+            w,
+            b,
+            kind,
+            eps,
+            zero_centered,
+            y,
+            stats,
+        );
+    };
+    let s = gpu.stream();
+    let args = [
+        dptr(o, s),
+        dptr(z, s),
+        ptr(w, s),
+        optr(b, s),
+        Arg::I32(b.is_some() as i32),
+        dptr(y, s),
+        ptr(&stats.rstd, s),
+        optr(stats.mean.as_ref(), s),
+        Arg::I64(rows as i64),
+        Arg::I32(dv as i32),
+        Arg::I32((kind == Normalization::LayerNorm) as i32),
+        Arg::F32(eps),
+        Arg::I32(zero_centered as i32),
+        Arg::I64(zld),
+        Arg::I32(zoff),
+        Arg::I32(hpt),
+    ];
+    let warps = (THREADS / 32) as usize;
+    launch_pdl(
+        &gpu,
+        MODULE,
+        &format!("gated_norm_fwd_pdl_v{nc}_{}", suffix(dt)),
+        rows.div_ceil(warps),
+        THREADS,
+        0,
+        &args,
+    )
+}

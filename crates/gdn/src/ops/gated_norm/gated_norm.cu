@@ -436,3 +436,28 @@ extern "C" __global__ void __launch_bounds__(256) gated_norm_sum_parts(const flo
         if (has_out1) out1[c] = b;
     }
 }
+
+// ---- The streaming forward for a programmatic dependent launch (issue 14, the decode step's
+// opt-in GDN_DECODE_PDL=1): wait for the kernel before it on the stream (the decode rule that
+// writes o) before touching memory, then let the next kernel launch. Otherwise gated_norm_fwd_v*:
+// the same bits. Without PDL (an ordinary launch, below sm_90) the wait and the trigger do nothing.
+__device__ __forceinline__ void gn_pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+#define GN_VEC_PDL_KERNELS(S, T, NC)                                                                       \
+    extern "C" __global__ void __launch_bounds__(256)                                                      \
+        gated_norm_fwd_pdl_v##NC##_##S(const T* o, const T* z, const float* w, const float* b, int has_b,  \
+                                       T* y, float* rstd, float* mean, long long rows, int dim, int layer,  \
+                                       float eps, int zc, long long zld, int zoff, int hpt) {              \
+        gn_pdl_enter();                                                                                    \
+        gn_fwd_vec_impl<T, NC>(o, z, w, b, has_b, y, rstd, mean, rows, dim, layer, eps, zc, zld, zoff, hpt); \
+    }
+
+GN_VEC_PDL_KERNELS(f32, float, 1)
+GN_VEC_PDL_KERNELS(bf16, bf16_t, 1)
+GN_VEC_PDL_KERNELS(f32, float, 2)
+GN_VEC_PDL_KERNELS(bf16, bf16_t, 2)
