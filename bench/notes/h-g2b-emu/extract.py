@@ -14,7 +14,9 @@ scan = src[src.index('// Issues the cp.async copies of chunk'):src.index('// O =
 v2a = src[src.index('// Backward v2 (opt-in'):src.index('#define G2B_DSCANP(')]
 v2b = src[src.index('// g2b_mm_tc with the epilogue delivered'):src.index('#define G2B_GRAD2(')]
 v2b = v2b.replace('asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));', 'r = std::exp2(x);')
-body = prep + scan + body + v2a + v2b
+# Backward v3's gradient kernel (h-g2g3): g2b_grad3.
+v3 = src[src.index("// Backward v3's gradient kernel"):src.index('#define G2B_GRAD3(')]
+body = prep + scan + body + v2a + v2b + v3
 pre = r'''
 #include <barrier>
 #include <thread>

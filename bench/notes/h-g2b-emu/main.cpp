@@ -39,7 +39,8 @@ int main() {
     });
     std::vector<float> ws_g(ch * 4 * 64 * dk, NaN), dqs(tokens * hv * dk, NaN), dks(tokens * hv * dk, NaN), dvo(tokens * hv * dv, NaN), dwo(tokens * hv * dv, NaN), dg(tokens * hv * dk, NaN), db(tokens * hv * dk, NaN);
     launch(ch, [&] {
-        if (std::getenv("EMU_V2")) g2b_grad2<float, float>(q.data(), k.data(), v.data(), g.data(), b.data(), w.data(), d_o.data(), t0.data(), len.data(), hk, hv, dk, dv, scale, hh_c.data(), dd_c.data(), ws_dh.data(), ws_dd.data(), tt_c.data(), ws_g.data(), dqs.data(), dks.data(), dvo.data(), dwo.data(), dg.data(), db.data());
+        if (std::getenv("EMU_V3")) g2b_grad3<float, float>(q.data(), k.data(), v.data(), g.data(), b.data(), w.data(), d_o.data(), t0.data(), len.data(), hk, hv, dk, dv, scale, hh_c.data(), dd_c.data(), ws_dh.data(), ws_dd.data(), tt_c.data(), ws_g.data(), dqs.data(), dks.data(), dvo.data(), dwo.data(), dg.data(), db.data());
+        else if (std::getenv("EMU_V2")) g2b_grad2<float, float>(q.data(), k.data(), v.data(), g.data(), b.data(), w.data(), d_o.data(), t0.data(), len.data(), hk, hv, dk, dv, scale, hh_c.data(), dd_c.data(), ws_dh.data(), ws_dd.data(), tt_c.data(), ws_g.data(), dqs.data(), dks.data(), dvo.data(), dwo.data(), dg.data(), db.data());
         else if (std::getenv("EMU_TC")) g2b_grad<true, float, float>(q.data(), k.data(), v.data(), g.data(), b.data(), w.data(), d_o.data(), t0.data(), len.data(), hk, hv, dk, dv, scale, hh_c.data(), dd_c.data(), ws_dh.data(), ws_dd.data(), tt_c.data(), ws_g.data(), dqs.data(), dks.data(), dvo.data(), dwo.data(), dg.data(), db.data());
         else g2b_grad<false, float, float>(q.data(), k.data(), v.data(), g.data(), b.data(), w.data(), d_o.data(), t0.data(), len.data(), hk, hv, dk, dv, scale, hh_c.data(), dd_c.data(), ws_dh.data(), ws_dd.data(), tt_c.data(), ws_g.data(), dqs.data(), dks.data(), dvo.data(), dwo.data(), dg.data(), db.data());
     });

@@ -12,7 +12,11 @@
 //! ([`Bwd::V2`], opt-in `GDN_RULE2_BWD=v2`: the pipelined reverse scan and `g2b_grad2`) against
 //! the chunked and tc backwards, fwd + bwd, its dq, dk, dg, dv, db against the tc kernels' and
 //! dq, dk, dg against the fp32 chunked kernels' (RMS rel), and the per-kernel times of v2 and tc.
-//! `BENCH_RULE2_V2=1` runs only that part (well under a minute).
+//! `BENCH_RULE2_V2=1` runs only that part (well under a minute). Then (`bench-rule2-bwd-v3`)
+//! backward v3 ([`Bwd::V3`], opt-in `GDN_RULE2_BWD=v3`: v2 with `g2b_grad3`, the Gram step on
+//! tensor cores) against v2, fwd + bwd (chunked forward; and both with prep8), its gradients
+//! against v2's and the fp32 chunked kernels' (RMS rel), and the per-kernel times of v3;
+//! `BENCH_RULE2_V3=1` runs only that part (well under a minute).
 //! First (`bench-rule2-prep8`), the chunked forward and forward + chunked backward with the
 //! tensor-core chunk prep g2c_prep8 against g2c_prep, and its per-kernel times;
 //! `GDN_BENCH_RULE2=prep8` prints only those rows.
@@ -80,6 +84,7 @@ fn main() {
         "bench-rule2 | case | chunked fwd ms | recurrent fwd ms | FLA fwd ms | chunked/FLA | chunked fwd + bwd ms | FLA fwd+bwd ms | o chunked vs recurrent (RMS rel)"
     );
     let v2_only = std::env::var_os("BENCH_RULE2_V2").is_some();
+    let v3_only = std::env::var_os("BENCH_RULE2_V3").is_some();
     for &(b, t, hk, hv, fla_f, fla_fb) in CASES {
         let tokens = b * t;
         let seqs = Seqs::uniform(b, t);
@@ -115,6 +120,10 @@ fn main() {
         };
         let rel =
             |a: &DBuf, b: &DBuf| rms_rel_err(&a.download().unwrap(), &f64s(&b.download().unwrap()));
+        if v3_only {
+            bench_v3(&gpu, &format!("B{b} T{t} {hk}/{hv}"), &run, &bwd, &rel);
+            continue;
+        }
         if v2_only {
             bench_v2(
                 &gpu,
@@ -290,7 +299,47 @@ fn main() {
             &rel,
             fla_fb,
         );
+        bench_v3(&gpu, &format!("B{b} T{t} {hk}/{hv}"), &run, &bwd, &rel);
     }
+}
+
+/// The `bench-rule2-bwd-v3*` rows: backward v3 (`g2b_grad3`) against v2.
+fn bench_v3(
+    gpu: &Arc<Gpu>,
+    case: &str,
+    run: &dyn Fn(Fwd) -> DBuf,
+    bwd: &dyn Fn(Bwd) -> cuda_rule2::Grads,
+    rel: &dyn Fn(&DBuf, &DBuf) -> f64,
+) {
+    let tb_3 = time_ms(gpu, 2, 5, || drop(bwd(Bwd::V3)));
+    let tb_2 = time_ms(gpu, 2, 5, || drop(bwd(Bwd::V2)));
+    let tfb_3 = time_ms(gpu, 2, 5, || drop((run(Fwd::Chunked), bwd(Bwd::V3))));
+    let tfb_3p = with_prep(Prep::V8, || {
+        time_ms(gpu, 2, 5, || drop((run(Fwd::Chunked), bwd(Bwd::V3))))
+    });
+    let tfb_2p = with_prep(Prep::V8, || {
+        time_ms(gpu, 2, 5, || drop((run(Fwd::Chunked), bwd(Bwd::V2))))
+    });
+    let (g3, g2, gc) = (bwd(Bwd::V3), bwd(Bwd::V2), bwd(Bwd::Chunked));
+    let dg_3 = gpu.download(&g3.dg).unwrap();
+    let dg_2 = f64s(&gpu.download(&g2.dg).unwrap());
+    let dg_c = f64s(&gpu.download(&gc.dg).unwrap());
+    println!(
+        "bench-rule2-bwd-v3 | {case} | v3 bwd {tb_3:.2} ms | v2 bwd {tb_2:.2} ms | chunked fwd + v3 bwd {tfb_3:.2} ms | with prep8: fwd + v3 bwd {tfb_3p:.2} ms, fwd + v2 bwd {tfb_2p:.2} ms | RMS rel vs v2: dq {:.2e} dk {:.2e} dg {:.2e} dv {:.2e} dw {:.2e} db {:.2e} | vs fp32 chunked: dq {:.2e} dk {:.2e} dg {:.2e} db {:.2e}",
+        rel(&g3.dq, &g2.dq),
+        rel(&g3.dk, &g2.dk),
+        rms_rel_err(&dg_3, &dg_2),
+        rel(&g3.dv, &g2.dv),
+        rel(&g3.dw, &g2.dw),
+        rel(&g3.db, &g2.db),
+        rel(&g3.dq, &gc.dq),
+        rel(&g3.dk, &gc.dk),
+        rms_rel_err(&dg_3, &dg_c),
+        rel(&g3.db, &gc.db),
+    );
+    drop((g3, g2, gc));
+    let line = kernel_times(gpu, || drop(bwd(Bwd::V3)));
+    println!("bench-rule2-bwd-v3-kernels | {case} | {line}");
 }
 
 /// The `bench-rule2-bwd-v2*` rows: backward v2 against the chunked and tc backwards.

@@ -1371,9 +1371,14 @@ fn gdn2_chunked_bwd_v2_matches_existing_kernels() {
 
 /// `bwd` (a chunked one) on bf16 storage against the f64 reference, next to the recurrence.
 fn check_chunked_bwd_bf16(bwd: Bwd, what: &str) {
+    check_bwd_bf16_cases(bwd, what, &chunked_cases(true));
+}
+
+/// [`check_chunked_bwd_bf16`] on the given cases.
+fn check_bwd_bf16_cases(bwd: Bwd, what: &str, cases: &[Case]) {
     let gpu = gpu();
     let mut fails = Vec::new();
-    for c in &chunked_cases(true) {
+    for c in cases {
         let ch = bwd_gpu(&gpu, c, DType::Bf16, bwd);
         let re = bwd_gpu(&gpu, c, DType::Bf16, Bwd::Recurrent);
         check_bwd_written(c, &ch, what, &mut fails);
@@ -1473,4 +1478,110 @@ fn gdn2_chunked_bwd_two_runs_are_bitwise_identical() {
             ),
         }
     }
+}
+
+/// [`chunked_cases`] plus the head sizes and groupings the v3 gradient kernel (`g2b_grad3`,
+/// one warp per 8-channel column tile) meets nowhere else: GVA 4, Dk 96 / 48 / 112 / 80, Dv 80 /
+/// 112 / 16, strong gates over several 16-row blocks.
+fn v3_cases(bf16: bool) -> Vec<Case> {
+    let s = if bf16 { 300 } else { 400 };
+    let mut v = chunked_cases(bf16);
+    v.push(case(
+        "packed 1/4 d96x80 norm",
+        packed(),
+        sh(1, 4, 96, 80),
+        true,
+        true,
+        s + 1,
+        bf16,
+    ));
+    v.push(strong(case(
+        "T130 1/1 d48x112",
+        Seqs::uniform(1, 130),
+        sh(1, 1, 48, 112),
+        false,
+        true,
+        s + 2,
+        bf16,
+    )));
+    v.push(case(
+        "T129x2 2/2 d112x16",
+        Seqs::uniform(2, 129),
+        sh(2, 2, 112, 16),
+        true,
+        false,
+        s + 3,
+        bf16,
+    ));
+    v.push(strong(case(
+        "packed 2/4 d80x64 norm",
+        packed(),
+        sh(2, 4, 80, 64),
+        true,
+        true,
+        s + 4,
+        bf16,
+    )));
+    v
+}
+
+/// Backward v3 (`GDN_RULE2_BWD=v3`: v2 with `g2b_grad3`, the Gram step on 3xTF32 tensor cores
+/// by 16-row blocks): the chunked backward's bf16 tolerances against f64 on [`v3_cases`],
+/// poisoned outputs, padding rows zero, the Dk 256 case on the fallback.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gdn2_chunked_bwd_v3_bf16_matches_f64() {
+    check_bwd_bf16_cases(Bwd::V3, "chunked-bwd-v3-bf16", &v3_cases(true));
+}
+
+/// Backward v3 against v2, every [`v3_cases`] case, both storage types: on f32 storage v3 is
+/// v2 (bitwise every output); on bf16, dh0 (the same reverse scan) and dv, dw (steps 1-3 are
+/// g2b_grad2's) are bitwise v2's, dq, dk, dg, db (the Gram step by blocks on 3xTF32, the Gam
+/// per 16-row block) within 1e-4 RMS of v2's and not all of them bitwise (else v3 did not run).
+/// Every output finite, padding rows zero; two v3 runs bitwise.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gdn2_chunked_bwd_v3_matches_v2() {
+    let gpu = gpu();
+    let mut fails = Vec::new();
+    for bf in [false, true] {
+        let dt = if bf { DType::Bf16 } else { DType::F32 };
+        for c in &v3_cases(bf) {
+            let v3 = bwd_gpu(&gpu, c, dt, Bwd::V3);
+            let v3b = bwd_gpu(&gpu, c, dt, Bwd::V3);
+            let v2 = bwd_gpu(&gpu, c, dt, Bwd::V2);
+            check_bwd_written(c, &v3, "v3 bwd", &mut fails);
+            let mut line = format!("gdn2-check chunked-bwd-v3-vs-v2 {dt:?} {:<29}", c.name);
+            let mut any_diff = false;
+            for (((name, x), (_, y)), (_, o)) in v3.iter().zip(&v3b).zip(&v2) {
+                let rerun = x.iter().zip(y).all(|(a, b)| a.to_bits() == b.to_bits());
+                let same = x.iter().zip(o).all(|(a, b)| a.to_bits() == b.to_bits());
+                any_diff |= !same;
+                let e = rms_rel(x, &o.iter().map(|&a| a as f64).collect::<Vec<f64>>());
+                line += &format!(" {name}: =v2 {same} vs-v2 {e:.1e}");
+                if !rerun {
+                    fails.push(format!("{}: v3 {dt:?} {name}: two runs differ", c.name));
+                }
+                let ok = match (bf, *name) {
+                    (false, _) | (true, "dh0" | "dv" | "dw") => same,
+                    // Where the exact value is all zero (dg at T = 1) the RMS is 0/0.
+                    (true, _) => same || e <= 1e-4,
+                };
+                if !ok {
+                    fails.push(format!(
+                        "{}: v3 {dt:?} {name}: bitwise v2 {same}, RMS vs v2 {e:.2e}",
+                        c.name
+                    ));
+                }
+            }
+            if bf && chunked_supports(c.shape) && c.seqs.used() > 1 && !any_diff {
+                fails.push(format!(
+                    "{}: v3 bf16 equals v2's bits (g2b_grad3 did not run?)",
+                    c.name
+                ));
+            }
+            println!("{line}");
+        }
+    }
+    finish(fails);
 }

@@ -949,6 +949,12 @@ pub enum Bwd {
     /// coalesced scratch stores and dg row dots, ex2.approx in the Gram step); f32 storage keeps
     /// the fp32 `g2b_grad_f32`.
     V2,
+    /// [`Bwd::V2`] with, for bf16 storage, `g2b_grad3_*` (bench/notes/h-g2g3.md): `g2b_grad2`
+    /// with the Gram step by 16-row blocks (the 6 blocks below the diagonal as 3xTF32 tensor-core
+    /// products with per-channel scale vectors, only the diagonal blocks elementwise). Opt-in:
+    /// `GDN_RULE2_BWD=v3`, or `GDN_RULE2_GRAD=v3` with v2 (the default); f32 storage is exactly
+    /// [`Bwd::V2`].
+    V3,
 }
 
 /// The backward [`Bwd::from_env`] picks when `GDN_RULE2_BWD` is unset: [`Bwd::V2`] (since
@@ -959,16 +965,19 @@ pub const DEFAULT_BWD: Bwd = Bwd::V2;
 
 impl Bwd {
     /// `GDN_RULE2_BWD=chunked` or `=recurrent` picks the kernels; unset (or anything else),
-    /// [`DEFAULT_BWD`]. A chunked choice becomes [`Bwd::ChunkedTc`] with `GDN_RULE2_GRAD=tc`.
+    /// [`DEFAULT_BWD`]. A chunked choice becomes [`Bwd::ChunkedTc`] with `GDN_RULE2_GRAD=tc`;
+    /// `GDN_RULE2_BWD=v3`, or v2 with `GDN_RULE2_GRAD=v3`, is [`Bwd::V3`].
     pub fn from_env() -> Bwd {
         let bwd = match std::env::var("GDN_RULE2_BWD").as_deref() {
             Ok("chunked") => Bwd::Chunked,
             Ok("recurrent") => Bwd::Recurrent,
             Ok("v2") => Bwd::V2,
+            Ok("v3") => Bwd::V3,
             _ => DEFAULT_BWD,
         };
         match (bwd, std::env::var("GDN_RULE2_GRAD").as_deref()) {
             (Bwd::Chunked, Ok("tc")) => Bwd::ChunkedTc,
+            (Bwd::V2, Ok("v3")) => Bwd::V3,
             _ => bwd,
         }
     }
@@ -1226,11 +1235,13 @@ fn chunked_backward(
     bwd: Bwd,
 ) -> Result<Grads> {
     let bf = dt == DType::Bf16;
-    let v2 = bwd == Bwd::V2;
+    // v2 and v3 share the pipelined reverse scan.
+    let v2 = matches!(bwd, Bwd::V2 | Bwd::V3);
     // (module, name prefix) of g2b_grad.
     let grad = match (bwd, bf) {
         (Bwd::ChunkedTc, true) => (TC_MODULE, "g2b_grad_tc_"),
         (Bwd::V2, true) => (TC_MODULE, "g2b_grad2_"),
+        (Bwd::V3, true) => (TC_MODULE, "g2b_grad3_"),
         _ => (MODULE, "g2b_grad_"),
     };
     let tc = grad.0 == TC_MODULE;

@@ -2880,3 +2880,434 @@ __device__ void g2b_grad2(const TQ* __restrict__ q, const TQ* __restrict__ k, co
 G2B_GRAD2(bf16_t, bf16_t, bf16)
 G2B_GRAD2(float, bf16_t, bf16n)
 #endif  // G2B_TC_MODULE (backward v2)
+
+#ifdef G2B_TC_MODULE
+// =============================================================================================
+// Backward v3's gradient kernel (opt-in GDN_RULE2_BWD=v3, or GDN_RULE2_GRAD=v3 with v2; module
+// gdn2_rule_tc only; bench/notes/h-g2g3.md). g2b_grad2 with the Gram step (step 6) by 16-row
+// blocks, the factorisation g2c_prep8 uses for A and M:
+//
+//   Gam is kept per 16-row block I relative to the row before the block, in base 2 (Gr_i =
+//   log2(e) (Gam_i - P_I), the block's own f64 cumsum rounded to f32), with per-channel f64
+//   constants P_I (= Gam of row 16 I - 1), Gam_63 - P_I and c_IJ = e^(P_I - P_{J+1}) (J < I,
+//   1 for J = I - 1), instead of g2b_grad2's hi + lo Gam. For i in block I > J >= j's block:
+//     e^(Gam_i - Gam_j) = Eup_i c_IJ Edn_j,  Eup_i = 2^Gr_i,  Edn_j = 2^(Gr_{16J+15} - Gr_j),
+//   every factor <= 1 (no exponent is positive, as before). So
+//     dQa_I  = Eup_I (.) sum_{J<I} c_IJ (.) (dA_IJ Kdn_J)      Kdn_J = K_J (.) Edn_J
+//     dKbm_I = Eup_I (.) sum_{J<I} c_IJ (.) (dM_IJ Kdn_J)
+//     dKg_J  = Edn_J (.) sum_{I>J} c_IJ (.) (dA_IJ^T Qup_I + dM_IJ^T Kbup_I),  Qup = Q (.) Eup
+//   ((.) per channel: c_IJ scales the product's columns, Eup / Edn its rows), the 6 block pairs
+//   as 3xTF32 mma.sync m16n8k8 (operands split into a TF32 hi and lo; hi hi + lo hi + hi lo,
+//   fp32 accumulation: ~2^-21 relative per product, near the fp32 elementwise sums it replaces),
+//   Kdn / Qup / Kbup formed as the B fragments are loaded (one ex2 per operand element). Only the
+//   diagonal 16x16 blocks stay elementwise (e^(Gr_i - Gr_j), one ex2 per (i, j, channel) pair
+//   of a block: 16 per element instead of ~63). Warp w owns the 8-channel column tiles w, w + 8
+//   (of Dk / 8) and for each the C fragments of all 64 rows: the diagonal sums, the combination
+//   and the epilogue (dq, dk, db, dGam) run in the mma layout, each lane on its own 16 elements
+//   (rows 16 I + g, + 8; channels 8 nt + 2 t, + 1), stored as pairs. The other exponentials
+//   (Kbg in step 4, e^Gam, e^(Gam_63 - Gam), e^Gam_63) are exp2f of a (P_I + Gr) difference as
+//   in g2c_prep8. Steps 1-5 and 7 are g2b_grad2's. Fixed orders, no atomics.
+// Shared memory: as g2b_grad2 (the hi + lo slot holds the per-channel constants, 15 dk floats).
+
+// The 3xTF32 split (hi = TF32 of x, lo = TF32 of the rest).
+__device__ __forceinline__ void g2g3_split(float x, unsigned& hi, unsigned& lo) {
+    const float h = to_tf32(x);
+    hi = __float_as_uint(h);
+    lo = __float_as_uint(to_tf32(x - h));
+}
+struct G2g3F {
+    unsigned h[4], l[4];
+};
+// A fragment (16 x 8) of the row-major matrix at p (row stride ld): (g, t), (g + 8, t), (g, t + 4),
+// (g + 8, t + 4); with TR the transposed matrix's fragment (element (r, k) read at p[k * ld + r]).
+template <bool TR>
+__device__ __forceinline__ void g2g3_fa(G2g3F& f, const float* p, int ld) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    float v[4];
+    if (TR) {
+        v[0] = p[t * ld + g];
+        v[1] = p[t * ld + g + 8];
+        v[2] = p[(t + 4) * ld + g];
+        v[3] = p[(t + 4) * ld + g + 8];
+    } else {
+        v[0] = p[g * ld + t];
+        v[1] = p[(g + 8) * ld + t];
+        v[2] = p[g * ld + t + 4];
+        v[3] = p[(g + 8) * ld + t + 4];
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) g2g3_split(v[r], f.h[r], f.l[r]);
+}
+// c += a b in 3xTF32 (B fragment pre-split: bh, bl = {b0, b1}); small terms first.
+__device__ __forceinline__ void g2g3_mma3(float (&c)[4], const G2g3F& a, const unsigned (&bh)[2],
+                                          const unsigned (&bl)[2]) {
+    mma_tf32(c, a.h[0], a.h[1], a.h[2], a.h[3], bl[0], bl[1]);
+    mma_tf32(c, a.l[0], a.l[1], a.l[2], a.l[3], bh[0], bh[1]);
+    mma_tf32(c, a.h[0], a.h[1], a.h[2], a.h[3], bh[0], bh[1]);
+}
+__device__ __forceinline__ float2 g2g3_ld2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+__device__ __forceinline__ void g2g3_st2(float* p, float a0, float a1) {
+    *reinterpret_cast<float2*>(p) = make_float2(a0, a1);
+}
+#define G2G3_L2E 1.4426950408889634
+
+template <typename TQ, typename T>
+__device__ void g2b_grad3(const TQ* __restrict__ q, const TQ* __restrict__ k, const T* __restrict__ v,
+                          const float* __restrict__ g, const T* __restrict__ b, const T* __restrict__ w,
+                          const T* __restrict__ d_o, const i64* __restrict__ ch_t0, const int* __restrict__ ch_len,
+                          int hk_n, int hv_n, int dk, int dv, float scale, const float* __restrict__ ws_h,
+                          const float* __restrict__ ws_d, const float* __restrict__ ws_dh,
+                          const float* __restrict__ ws_dd, const float* __restrict__ ws_t, float* ws_g,
+                          float* __restrict__ dq_s, float* __restrict__ dk_s, T* __restrict__ dv_out,
+                          T* __restrict__ dw_out, float* __restrict__ dg_out, T* __restrict__ db_out) {
+    extern __shared__ __align__(16) float g2c_sm[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g8 = lane >> 2, t4 = lane & 3;
+    const i64 cj = blockIdx.x;
+    const i64 c = cj / hv_n;
+    const int j = (int)(cj % hv_n);
+    const int kh = j / (hv_n / hk_n);
+    const i64 t0 = ch_t0[c];
+    const int l = ch_len[c];
+    const int ck = G2C_C * dk;
+    float* sQ = g2c_sm;
+    float* sK = sQ + ck;
+    float* sKb = sK + ck;
+    float* sG = sKb + ck;  // Gr (base 2, per 16-row block) [64][dk]; rows >= l repeat row l - 1
+    float* sCo = sG + ck;  // per-channel constants (below) in g2b_grad2's Gam lo slot
+    float* sT = sCo + ck;
+    float* sDA = sT + G2C_C * G2B_LM;
+    float* sX = sDA + G2C_C * G2B_LM;
+    float* stage = sX + G2C_C * G2B_LM;  // G2B_STAGE_TC; after the products <S0_c, dS1_c> [dk]
+    float* sP = sCo;                     // [4][dk] P_I (base 2)
+    float* sDl = sP + 4 * dk;            // [4][dk] Gam_63 - P_I (base 2)
+    float* sCc = sDl + 4 * dk;           // [6][dk] c_IJ, pair p = I (I - 1) / 2 + J
+    float* sEl = sCc + 6 * dk;           // [dk] e^Gam_63
+    float* gKd = ws_g + cj * 4 * (i64)ck;
+    float* gQg = gKd + ck;
+    float* gWm = gQg + ck;
+    float* gKbg = gWm + ck;
+    const i64 sn = (i64)dk * dv;
+    const float* S0 = ws_h + cj * sn;
+    const float* dS1 = ws_dh + cj * sn;
+    const float* Dm = ws_d + cj * G2C_C * (i64)dv;
+    const float* dDm = ws_dd + cj * G2C_C * (i64)dv;
+    const i64 vrow = (t0 * hv_n + j) * (i64)dv;
+    const i64 vstride = (i64)hv_n * dv;
+
+    for (int idx = tid; idx < ck; idx += G2C_NT) {
+        const int i = idx / dk, x = idx - i * dk;
+        float qv = 0.f, kv = 0.f, bv = 0.f;
+        if (i < l) {
+            const i64 t = t0 + i;
+            const i64 kr = (t * hk_n + kh) * dk + x;
+            qv = ld(q, kr);
+            kv = ld(k, kr);
+            bv = ld(b, (t * hv_n + j) * dk + x);
+        }
+        sQ[idx] = qv;
+        sK[idx] = kv;
+        sKb[idx] = bv * kv;
+    }
+    // Gam per 16-row block (f64 sums, as g2c_prep8), the per-channel constants.
+    if (tid < dk) {
+        const int x = tid;
+        double P[5];
+        P[0] = 0.0;
+#pragma unroll
+        for (int I = 0; I < 4; ++I) {
+            double acc = 0.0;
+            for (int il = 0; il < 16; ++il) {
+                const int i = 16 * I + il;
+                if (i < l) acc += (double)g[((t0 + i) * hv_n + j) * dk + x];
+                sG[i * dk + x] = (float)(acc * G2G3_L2E);
+            }
+            P[I + 1] = P[I] + acc;
+        }
+#pragma unroll
+        for (int I = 0; I < 4; ++I) {
+            sP[I * dk + x] = (float)(P[I] * G2G3_L2E);
+            sDl[I * dk + x] = (float)((P[4] - P[I]) * G2G3_L2E);
+        }
+#pragma unroll
+        for (int I = 1; I < 4; ++I)
+#pragma unroll
+            for (int J = 0; J < I; ++J)
+                sCc[(I * (I - 1) / 2 + J) * dk + x] =
+                    (J == I - 1) ? 1.f : exp2f((float)((P[I] - P[J + 1]) * G2G3_L2E));
+        sEl[x] = exp2f((float)(P[4] * G2G3_L2E));
+    }
+    {
+        const float* tg = ws_t + cj * G2C_C * G2C_C;
+        for (int idx = tid; idx < G2C_C * G2C_C; idx += G2C_NT) sT[(idx >> 6) * G2B_LM + (idx & 63)] = tg[idx];
+    }
+    __syncthreads();
+    auto dO = [&](int i, int y) -> float { return i < l ? ld(d_o, vrow + i * vstride + y) : 0.f; };
+    auto st2 = [](float* p, float a0, float a1) { *reinterpret_cast<float2*>(p) = make_float2(a0, a1); };
+
+    // 1. dKd = D dS1^T, dQg = scale dO S0^T, dWm = -dD S0^T.
+    g2b_mm_tc2<true, true>(
+        dk, dv, [&](int i, int y) { return Dm[(i64)i * dv + y]; },
+        [&](int y, int x) { return dS1[(i64)x * dv + y]; },
+        [&](int i, int x, float a0, float a1) { st2(gKd + i * dk + x, a0, a1); }, stage);
+    g2b_mm_tc2<true, true>(
+        dk, dv, dO, [&](int y, int x) { return S0[(i64)x * dv + y]; },
+        [&](int i, int x, float a0, float a1) { st2(gQg + i * dk + x, scale * a0, scale * a1); }, stage);
+    g2b_mm_tc2<true, true>(
+        dk, dv, [&](int i, int y) { return dDm[(i64)i * dv + y]; },
+        [&](int y, int x) { return S0[(i64)x * dv + y]; },
+        [&](int i, int x, float a0, float a1) { st2(gWm + i * dk + x, -a0, -a1); }, stage);
+    // 2. dA = scale dO D^T, dT = dD Wv^T.
+    g2b_mm_tc<true, true>(
+        G2C_C, dv, dO, [&](int y, int jj) { return Dm[(i64)jj * dv + y]; },
+        [&](int i, int jj, float a) { sDA[i * G2B_LM + jj] = scale * a; }, stage);
+    g2b_mm_tc<true, true>(
+        G2C_C, dv, [&](int i, int y) { return dDm[(i64)i * dv + y]; },
+        [&](int y, int jj) {
+            if (jj >= l) return 0.f;
+            const i64 o = vrow + jj * vstride + y;
+            return ld(w, o) * ld(v, o);
+        },
+        [&](int i, int jj, float a) { sX[i * G2B_LM + jj] = a; }, stage);
+    // 3. dWv = T^T dD: dw = dWv * v, dv = dWv * w (valid rows).
+    g2b_mm_tc<false, false>(
+        dv, G2C_C, [&](int i, int r) { return sT[r * G2B_LM + i]; },
+        [&](int r, int y) { return dDm[(i64)r * dv + y]; },
+        [&](int i, int y, float a) {
+            if (i < l) {
+                const i64 o = vrow + i * vstride + y;
+                st(dw_out, o, a * ld(v, o));
+                st(dv_out, o, a * ld(w, o));
+            }
+        },
+        stage);
+    // 4. dT += dWm Kbg^T (Kbg = Kb e^Gam = Kb 2^(P_I + Gr)), dKbg = T^T dWm.
+    g2b_mm_tc<true, true>(
+        G2C_C, dk, [&](int i, int x) { return gWm[i * dk + x]; },
+        [&](int x, int jj) { return sKb[jj * dk + x] * exp2f(sP[(jj >> 4) * dk + x] + sG[jj * dk + x]); },
+        [&](int i, int jj, float a) { sX[i * G2B_LM + jj] += a; }, stage);
+    g2b_mm_tc2<false, false>(
+        dk, G2C_C, [&](int i, int r) { return sT[r * G2B_LM + i]; }, [&](int r, int x) { return gWm[r * dk + x]; },
+        [&](int i, int x, float a0, float a1) { st2(gKbg + i * dk + x, a0, a1); }, stage);
+    // 5. dM = -T^T dT T^T, in place in sX.
+    g2b_mm_tc<false, false>(
+        G2C_C, G2C_C, [&](int i, int r) { return sT[r * G2B_LM + i]; },
+        [&](int r, int jj) { return sX[r * G2B_LM + jj]; }, [&](int i, int jj, float a) { sX[i * G2B_LM + jj] = a; },
+        stage);
+    g2b_mm_tc<true, true>(
+        G2C_C, G2C_C, [&](int i, int r) { return sX[i * G2B_LM + r]; },
+        [&](int r, int jj) { return sT[jj * G2B_LM + r]; }, [&](int i, int jj, float a) { sX[i * G2B_LM + jj] = -a; },
+        stage);
+    // <S0_c, dS1_c> per channel (g2b_grad2's).
+    float* sSD = stage;
+    for (int x = warp; x < dk; x += G2C_NT / 32) {
+        float sd = 0.f;
+        for (int y = lane; y < dv; y += 32) sd += S0[(i64)x * dv + y] * dS1[(i64)x * dv + y];
+        sd = warp_sum(sd);
+        if (lane == 0) sSD[x] = sd;
+    }
+
+    // 6. The Gram step by 16-row blocks (header): warp w, column tiles nt = w, w + 8, ...
+    for (int nt = warp; nt < dk / 8; nt += G2C_NT / 32) {
+        const int xn = 8 * nt + g8;      // this lane's B-fragment channel
+        const int xa = 8 * nt + 2 * t4;  // this lane's C-fragment channels xa, xa + 1
+        float aq[3][4], am[3][4], ag[3][4];
+#pragma unroll
+        for (int u = 0; u < 3; ++u)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) aq[u][e] = am[u][e] = ag[u][e] = 0.f;
+        // (a) dQa_I, dKbm_I (I = 1..3) below the diagonal blocks: B = Kdn_J (k = row j of block J).
+#pragma unroll
+        for (int J = 0; J < 3; ++J) {
+            unsigned bh[2][2], bl[2][2];
+            const float gend = sG[(16 * J + 15) * dk + xn];
+#pragma unroll
+            for (int ks = 0; ks < 2; ++ks)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const int o = (16 * J + 8 * ks + t4 + 4 * hh) * dk + xn;
+                    g2g3_split(sK[o] * g2b_ex2(gend - sG[o]), bh[ks][hh], bl[ks][hh]);
+                }
+#pragma unroll
+            for (int I = J + 1; I < 4; ++I) {
+                float tq[4] = {0.f, 0.f, 0.f, 0.f}, tm[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int ks = 0; ks < 2; ++ks) {
+                    G2g3F fa;
+                    g2g3_fa<false>(fa, sDA + 16 * I * G2B_LM + 16 * J + 8 * ks, G2B_LM);
+                    g2g3_mma3(tq, fa, bh[ks], bl[ks]);
+                    g2g3_fa<false>(fa, sX + 16 * I * G2B_LM + 16 * J + 8 * ks, G2B_LM);
+                    g2g3_mma3(tm, fa, bh[ks], bl[ks]);
+                }
+                if (J == I - 1) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        aq[I - 1][e] += tq[e];
+                        am[I - 1][e] += tm[e];
+                    }
+                } else {
+                    const float* cc = sCc + (I * (I - 1) / 2 + J) * dk + xa;
+                    const float c0 = cc[0], c1 = cc[1];
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const float ce = (e & 1) ? c1 : c0;
+                        aq[I - 1][e] = fmaf(ce, tq[e], aq[I - 1][e]);
+                        am[I - 1][e] = fmaf(ce, tm[e], am[I - 1][e]);
+                    }
+                }
+            }
+        }
+        // (b) dKg_J (J = 0..2): B = Qup_I, Kbup_I (k = row r of block I), A = dA_IJ^T, dM_IJ^T.
+#pragma unroll
+        for (int I = 1; I < 4; ++I) {
+            unsigned qh[2][2], ql[2][2], kh_[2][2], kl_[2][2];
+#pragma unroll
+            for (int ks = 0; ks < 2; ++ks)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const int o = (16 * I + 8 * ks + t4 + 4 * hh) * dk + xn;
+                    const float e = g2b_ex2(sG[o]);
+                    g2g3_split(sQ[o] * e, qh[ks][hh], ql[ks][hh]);
+                    g2g3_split(sKb[o] * e, kh_[ks][hh], kl_[ks][hh]);
+                }
+#pragma unroll
+            for (int J = 0; J < I; ++J) {
+                float tg[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int ks = 0; ks < 2; ++ks) {
+                    G2g3F fa;
+                    g2g3_fa<true>(fa, sDA + (16 * I + 8 * ks) * G2B_LM + 16 * J, G2B_LM);
+                    g2g3_mma3(tg, fa, qh[ks], ql[ks]);
+                    g2g3_fa<true>(fa, sX + (16 * I + 8 * ks) * G2B_LM + 16 * J, G2B_LM);
+                    g2g3_mma3(tg, fa, kh_[ks], kl_[ks]);
+                }
+                if (J == I - 1) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) ag[J][e] += tg[e];
+                } else {
+                    const float* cc = sCc + (I * (I - 1) / 2 + J) * dk + xa;
+                    const float c0 = cc[0], c1 = cc[1];
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) ag[J][e] = fmaf((e & 1) ? c1 : c0, tg[e], ag[J][e]);
+                }
+            }
+        }
+        // (c) Per block I: the diagonal block's sums elementwise (rows ia = 16 I + g, ib = ia + 8,
+        //     channels xa, xa + 1; one ex2 per (row, row of the block, channel)), then the
+        //     combination with the off-diagonal sums and the epilogue.
+#pragma unroll
+        for (int I = 0; I < 4; ++I) {
+            float gi[2][2];
+            {
+                const float2 ga = g2g3_ld2(sG + (16 * I + g8) * dk + xa);
+                const float2 gb = g2g3_ld2(sG + (16 * I + g8 + 8) * dk + xa);
+                gi[0][0] = ga.x;
+                gi[0][1] = ga.y;
+                gi[1][0] = gb.x;
+                gi[1][1] = gb.y;
+            }
+            float dqa[2][2], dkbm[2][2], dkg[2][2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) dqa[h][e] = dkbm[h][e] = dkg[h][e] = 0.f;
+#pragma unroll 4
+            for (int jl = 0; jl < 16; ++jl) {
+                const int r = 16 * I + jl;
+                const float2 gr = g2g3_ld2(sG + r * dk + xa), kr = g2g3_ld2(sK + r * dk + xa);
+                const float2 qr = g2g3_ld2(sQ + r * dk + xa), br = g2g3_ld2(sKb + r * dk + xa);
+                const float grv[2] = {gr.x, gr.y}, krv[2] = {kr.x, kr.y}, qrv[2] = {qr.x, qr.y},
+                            brv[2] = {br.x, br.y};
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int il = g8 + 8 * h, i = 16 * I + il;
+                    const bool below = jl < il, above = jl > il;
+                    const float da_ij = sDA[i * G2B_LM + r], dm_ij = sX[i * G2B_LM + r];
+                    const float da_ri = sDA[r * G2B_LM + i], dm_ri = sX[r * G2B_LM + i];
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float ex = g2b_ex2(below ? gi[h][e] - grv[e] : grv[e] - gi[h][e]);
+                        const float ek = below ? ex * krv[e] : 0.f;
+                        const float eq = above ? ex : 0.f;
+                        dqa[h][e] = fmaf(da_ij, ek, dqa[h][e]);
+                        dkbm[h][e] = fmaf(dm_ij, ek, dkbm[h][e]);
+                        dkg[h][e] = fmaf(eq, da_ri * qrv[e] + dm_ri * brv[e], dkg[h][e]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int i = 16 * I + g8 + 8 * h;
+                float* gw = gWm + i * dk + xa;
+                if (i >= l) {
+                    g2g3_st2(gw, 0.f, 0.f);
+                    continue;
+                }
+                const float2 gend = g2g3_ld2(sG + (16 * I + 15) * dk + xa);
+                const float2 pI = g2g3_ld2(sP + I * dk + xa), dI = g2g3_ld2(sDl + I * dk + xa);
+                const float2 q2 = g2g3_ld2(sQ + i * dk + xa), k2 = g2g3_ld2(sK + i * dk + xa);
+                const float2 b2 = g2g3_ld2(sKb + i * dk + xa);
+                const float2 kd2 = g2g3_ld2(gKd + i * dk + xa), qg2 = g2g3_ld2(gQg + i * dk + xa);
+                const float2 kbg2 = g2g3_ld2(gKbg + i * dk + xa);
+                const float daii = sDA[i * G2B_LM + i];
+                const i64 orow = ((t0 + i) * hv_n + j) * (i64)dk + xa;
+                float dgam[2], dqo[2], dko[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float gie = gi[h][e];
+                    const float qi = e ? q2.y : q2.x, ki = e ? k2.y : k2.x, kbi = e ? b2.y : b2.x;
+                    const float ge = e ? gend.y : gend.x, pe = e ? pI.y : pI.x, de = e ? dI.y : dI.x;
+                    const float dkd = e ? kd2.y : kd2.x, dqg = e ? qg2.y : qg2.x, dkbg = e ? kbg2.y : kbg2.x;
+                    float sq = dqa[h][e], sm = dkbm[h][e], sg = dkg[h][e];
+                    if (I > 0) {
+                        const float eu = g2b_ex2(gie);
+                        sq = fmaf(eu, aq[I > 0 ? I - 1 : 0][2 * h + e], sq);
+                        sm = fmaf(eu, am[I > 0 ? I - 1 : 0][2 * h + e], sm);
+                    }
+                    if (I < 3) sg = fmaf(g2b_ex2(ge - gie), ag[I < 3 ? I : 0][2 * h + e], sg);
+                    const float eg = exp2f(pe + gie);
+                    const float ed = exp2f(de - gie);
+                    const float kd = ki * ed;
+                    dgam[e] = dqg * (qi * eg) + dkbg * (kbi * eg) + qi * sq + kbi * sm - ki * sg - dkd * kd;
+                    const float dkb = eg * dkbg + sm;
+                    dqo[e] = eg * dqg + sq + daii * ki;
+                    dko[e] = ed * dkd + sg + daii * qi + dkb * ld(b, orow + e);
+                    st(db_out, orow + e, dkb * ki);
+                }
+                g2g3_st2(gw, dgam[0], dgam[1]);
+                g2g3_st2(dq_s + orow, dqo[0], dqo[1]);
+                g2g3_st2(dk_s + orow, dko[0], dko[1]);
+            }
+        }
+    }
+    __syncthreads();
+    // 7. dg (g2b_grad2's, with the block-relative Gam).
+    if (tid < dk) {
+        const int x = tid;
+        float ex = 0.f;
+        for (int i = 0; i < l; ++i) {
+            const int o = i * dk + x;
+            const float ed = exp2f(sDl[(i >> 4) * dk + x] - sG[o]);
+            ex += gKd[o] * (sK[o] * ed);
+        }
+        float acc = sEl[x] * sSD[x] + ex;
+        for (int i = l - 1; i >= 0; --i) {
+            acc += gWm[i * dk + x];
+            dg_out[((t0 + i) * hv_n + j) * (i64)dk + x] = acc;
+        }
+    }
+}
+
+#define G2B_GRAD3(TQ, T, S)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(G2C_NT, 1)                                                   \
+        g2b_grad3_##S(const TQ* q, const TQ* k, const T* v, const float* g, const T* b, const T* w,           \
+                      const T* d_o, const i64* ch_t0, const int* ch_len, int hk, int hv, int dk, int dv,      \
+                      float scale, const float* ws_h, const float* ws_d, const float* ws_dh,                  \
+                      const float* ws_dd, const float* ws_t, float* ws_g, float* dq_s, float* dk_s,           \
+                      T* dv_out, T* dw_out, float* dg_out, T* db_out) {                                       \
+        g2b_grad3<TQ, T>(q, k, v, g, b, w, d_o, ch_t0, ch_len, hk, hv, dk, dv, scale, ws_h, ws_d, ws_dh,      \
+                         ws_dd, ws_t, ws_g, dq_s, dk_s, dv_out, dw_out, dg_out, db_out);                      \
+    }
+
+G2B_GRAD3(bf16_t, bf16_t, bf16)
+G2B_GRAD3(float, bf16_t, bf16n)
+#endif  // G2B_TC_MODULE (backward v3's gradient kernel)
