@@ -560,7 +560,11 @@ fn v9(gpu: &Arc<Gpu>) {
             println!(
                 "bench-v9 | B{b} T{t} {hk}/{hv} | {kernel:?}{}{} | {ms:.3} | {} | {cmp}",
                 if two { " 2 stages" } else { "" },
-                if producer == 1 { " producer 1 warp" } else { "" },
+                if producer == 1 {
+                    " producer 1 warp"
+                } else {
+                    ""
+                },
                 fmt_times(&p),
             );
             set_v9_producer(0);

@@ -1211,7 +1211,7 @@ pub fn v9_bytes(dk: usize, warps: usize, stages: usize) -> usize {
 static V9_PRODUCER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Benchmarks and tests: the producer of `gdr_fwd9` at 8 compute warps, 1 (one warp, 288
-/// threads, at most 224 registers each) or 4 (a warpgroup, 384 threads, setmaxnreg: 40 for the
+/// threads: ptxas budgets whole warpgroups, so 168 registers each, small spills) or 4 (a warpgroup, 384 threads, setmaxnreg: 40 for the
 /// producer, 232 for the compute warps); 0 restores the default (4 on sm_90a, else 1). Widths
 /// 2 and 4 always take one producer warp. Process-wide.
 pub fn set_v9_producer(warps: usize) {
@@ -1219,7 +1219,7 @@ pub fn set_v9_producer(warps: usize) {
 }
 
 /// Producer warps of `gdr_fwd9` at `nw` compute warps: a whole warpgroup (setmaxnreg) only at 8
-/// compute warps on sm_90a, where one producer warp would cap every thread at 224 registers.
+/// compute warps on sm_90a, where one producer warp would cap every thread at 168 registers.
 fn v9_producer_warps(gpu: &Gpu, nw: usize) -> usize {
     if nw != 8 {
         return 1;
@@ -2605,7 +2605,10 @@ mod tests {
             FwdKernel::named(Some("v9"), Some("4")),
             FwdKernel::V9 { warps: 4 }
         );
-        assert_eq!(FwdKernel::named(Some("v9"), None), FwdKernel::V9 { warps: 0 });
+        assert_eq!(
+            FwdKernel::named(Some("v9"), None),
+            FwdKernel::V9 { warps: 0 }
+        );
         assert_eq!(v9_bytes(128, 4, 3), 229_168);
         assert_eq!(v9_bytes(128, 2, 3), 208_688);
         assert_eq!(v9_bytes(128, 8, 2), 191_008);

@@ -4690,7 +4690,8 @@ GDR_BWD8_ENTRY(128, 8)
 // i + NS before chunk i's release; chunk i + NS's release needs chunk i + NS's fill), so one
 // parity bit names the phase (checked by bench/notes/h-ld8-emu's interleavings).
 // Registers: with PW = 1 the CTA has 32 (NW + 1) threads: the register file holds 255 per
-// thread at NW <= 4 (160 x 255 < 64 K), and at NW = 8 (288 threads) ptxas gets 224. setmaxnreg
+// thread at NW <= 4 (160 x 255 < 64 K), but at NW = 8 (288 threads) ptxas budgets whole
+// warpgroups (384 x 168) and spills. setmaxnreg
 // needs whole warpgroups, so the PW = 4 variant (NW = 8: 384 threads, 168 registers at launch)
 // gives the producer warpgroup 40 and the two compute warpgroups 232 (128 x 40 + 256 x 232 =
 // 64,512 of 65,536). sm_90 only (try_wait; setmaxnreg sm_90a): below sm_90 the body is empty and
