@@ -1609,7 +1609,8 @@ fn v9_bitwise_matches_v8() {
                 if let Some(i) = a.0[..used].iter().position(|v| !v.is_finite()) {
                     fails.push(format!("{} w{warps}: v8 o[{i}] = {}", c.name, a.0[i]));
                 }
-                for producer in if warps == 8 { vec![1, 4] } else { vec![0] } {
+                let producers: &[usize] = if warps == 8 { &[1, 4] } else { &[0] };
+                for &producer in producers {
                     set_v9_producer(producer);
                     let b = run_fwd(&gpu, c, DType::Bf16, FwdKernel::V9 { warps });
                     set_v9_producer(0);

@@ -1211,9 +1211,10 @@ pub fn v9_bytes(dk: usize, warps: usize, stages: usize) -> usize {
 static V9_PRODUCER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Benchmarks and tests: the producer of `gdr_fwd9` at 8 compute warps, 1 (one warp, 288
-/// threads: ptxas budgets whole warpgroups, so 168 registers each, small spills) or 4 (a warpgroup, 384 threads, setmaxnreg: 40 for the
-/// producer, 232 for the compute warps); 0 restores the default (4 on sm_90a, else 1). Widths
-/// 2 and 4 always take one producer warp. Process-wide.
+/// threads: ptxas budgets whole warpgroups, so 168 registers each, small spills) or 4 (a
+/// warpgroup, 384 threads, setmaxnreg: 40 for the producer, 232 for the compute warps); 0
+/// restores the default (4 on sm_90a, else 1). Widths 2 and 4 always take one producer warp.
+/// Process-wide.
 pub fn set_v9_producer(warps: usize) {
     V9_PRODUCER.store(warps, Ordering::Relaxed);
 }
