@@ -29,6 +29,10 @@
 //!   backward with `gdr_hrec6` against `gdr_hrec8` (`GDN_RULE_HREC=v8`) there, then the
 //!   backward with `gdr_bwd6` against `gdr_bwd8` (`GDN_RULE_BWD_SCAN=v8`; with hrec6 and hrec8,
 //!   the overlap on and off); `chain` and `variants` include the V8 rows too;
+//! - `v9`: the fused forward with a producer warp (`FwdKernel::V9`, `gdr_fwd9*`) against v8
+//!   (`gdr_fwd8*`) in the same run: v8's chain kernel rows (the floor), one CTA of each on one
+//!   32768-token head, then B1 T32768 16/32 and B8 T4096 16/16 (auto widths, every width, two
+//!   stages, both producers at 8 warps) with per-kernel times and o against v8's bit for bit;
 //! - `bwd`: v5 against the v6 backward pieces (`BwdKernel::V6`: both, each alone, every CTA
 //!   width) at the same two cases: backward alone (after one default forward), CUDA events,
 //!   medians, per-kernel times, peak device memory, and each gradient against v5's; also
@@ -50,7 +54,8 @@ use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_with, backward_with_prep, chain6, chain8,
     forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_backward_overlap,
-    set_bwd8, set_hrec8, set_v6_stages, BwdKernel, ChainInputs, FwdKernel, PrepKernel,
+    set_bwd8, set_hrec8, set_v6_stages, set_v9_producer, BwdKernel, ChainInputs, FwdKernel,
+    PrepKernel,
 };
 use gdn::ops::gated_delta_rule::{RuleOpts, RuleShape, CHUNK};
 use gdn::Seqs;
@@ -126,6 +131,7 @@ fn main() {
         Some("chain") => return chain(&gpu),
         Some("variants") => return variants(&gpu),
         Some("v8") => return v8(&gpu),
+        Some("v9") => return v9(&gpu),
         Some("bwd") => return bwd_variants(&gpu),
         Some("prep") => return prep_variants(&gpu),
         _ => {}
@@ -471,6 +477,100 @@ fn chain8_rows(gpu: &Arc<Gpu>, w: &[f32], k: &[f32], a: &[f32], gam: &[f32]) {
                 ms * 1e3 / STEPS as f64
             );
         }
+    }
+}
+
+/// v9 against v8 (see the module doc).
+fn v9(gpu: &Arc<Gpu>) {
+    let bits = |x: &[f32]| -> Vec<u16> {
+        x.iter()
+            .map(|&v| half::bf16::from_f32(v).to_bits())
+            .collect()
+    };
+    let (c, dk) = (CHUNK, 128usize);
+    let w: Vec<f32> = normals(c * dk, 11).iter().map(|x| 0.05 * x).collect();
+    let k: Vec<f32> = normals(c * dk, 12)
+        .iter()
+        .map(|x| x / (dk as f32).sqrt())
+        .collect();
+    let a: Vec<f32> = normals(c * c, 13).iter().map(|x| 0.1 * x).collect();
+    let gam: Vec<f32> = (0..c).map(|i| -0.02 * (i + 1) as f32).collect();
+    println!("bench-chain | kernel | warps | output | us per chunk step (median of 10, {STEPS} steps, one CTA)");
+    chain8_rows(gpu, &w, &k, &a, &gam);
+    // One CTA of each fused kernel on one 32768-token head (Dv 32: 4 compute warps).
+    let x = inputs(gpu, 1, 32768, 1, 1, 128, 32);
+    for (kernel, stages) in [
+        (FwdKernel::V8 { warps: 4 }, 3),
+        (FwdKernel::V9 { warps: 4 }, 3),
+        (FwdKernel::V9 { warps: 4 }, 2),
+        (FwdKernel::V8 { warps: 2 }, 3),
+        (FwdKernel::V9 { warps: 2 }, 3),
+    ] {
+        set_v6_stages(stages);
+        drop(fwd(gpu, &x, kernel));
+        let pre = if matches!(kernel, FwdKernel::V9 { .. }) {
+            "gdr_fwd9"
+        } else {
+            "gdr_fwd8"
+        };
+        let mut ms = Vec::new();
+        for _ in 0..5 {
+            let p = kernel_times(gpu, &x, kernel);
+            ms.push(kernel_ms(&p, pre) as f32);
+        }
+        println!(
+            "bench-chain | one CTA of the scan, Dv 32, {kernel:?} stages {stages} | {:.3} us per chunk step",
+            median(ms) * 1e3 / STEPS as f64
+        );
+        set_v6_stages(0);
+    }
+    println!(
+        "bench-v9 | case | kernel | fwd ms (median of 10) | per kernel | o vs V8 (same width): bf16 elements that differ"
+    );
+    for &(b, t, hk, hv) in &[(1usize, 32768usize, 16usize, 32usize), (8, 4096, 16, 16)] {
+        let x = inputs(gpu, b, t, hk, hv, 128, 128);
+        // (kernel, two stages, producer warps at 8 compute warps: 0 default)
+        let mut runs = Vec::new();
+        for warps in [0, 2, 4, 8] {
+            runs.push((FwdKernel::V8 { warps }, false, 0));
+            runs.push((FwdKernel::V9 { warps }, false, 0));
+        }
+        runs.push((FwdKernel::V9 { warps: 8 }, false, 1));
+        runs.push((FwdKernel::V8 { warps: 4 }, true, 0));
+        runs.push((FwdKernel::V9 { warps: 4 }, true, 0));
+        let mut base: Vec<(usize, Vec<u16>)> = Vec::new();
+        for (kernel, two, producer) in runs {
+            set_v6_stages(if two { 2 } else { 0 });
+            set_v9_producer(producer);
+            let ms = time_ms(gpu, 2, 10, || drop(fwd(gpu, &x, kernel)));
+            let p = kernel_times(gpu, &x, kernel);
+            let o = bits(&fwd(gpu, &x, kernel).download().unwrap());
+            let cmp = match kernel {
+                FwdKernel::V8 { warps } => {
+                    base.push((warps, o));
+                    String::from("(reference)")
+                }
+                FwdKernel::V9 { warps } => {
+                    let r = &base.iter().find(|(w, _)| *w == warps).unwrap().1;
+                    let diff = r.iter().zip(&o).filter(|(a, b)| a != b).count();
+                    format!("{diff} of {}", o.len())
+                }
+                _ => unreachable!(),
+            };
+            println!(
+                "bench-v9 | B{b} T{t} {hk}/{hv} | {kernel:?}{}{} | {ms:.3} | {} | {cmp}",
+                if two { " 2 stages" } else { "" },
+                if producer == 1 {
+                    " producer 1 warp"
+                } else {
+                    ""
+                },
+                fmt_times(&p),
+            );
+            set_v9_producer(0);
+            set_v6_stages(0);
+        }
+        gpu.reset_peak();
     }
 }
 

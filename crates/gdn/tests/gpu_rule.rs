@@ -15,7 +15,8 @@ use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_with, backward_with_prep, chain6, chain8,
     forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_backward_overlap,
-    set_bwd8, set_hrec8, set_poison, v6_supports, BwdKernel, ChainInputs, FwdKernel, PrepKernel,
+    set_bwd8, set_hrec8, set_poison, set_v6_stages, set_v9_producer, v6_supports, BwdKernel,
+    ChainInputs, FwdKernel, PrepKernel,
 };
 use gdn::ops::gated_delta_rule::reference::{self, RefInputs};
 use gdn::ops::gated_delta_rule::{self as gdr, RuleOpts, RuleShape};
@@ -1513,6 +1514,150 @@ fn v8_bitwise_and_fallback() {
         let a = run_fwd(&gpu, &c, dt, FwdKernel::V8 { warps: 0 });
         assert!(a == b, "{dt:?} {shape:?}: V8 did not fall back to v5");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// v9 forward (opt-in `FwdKernel::V9`, GDN_RULE_FWD=v9): gdr_fwd8 with a producer warp filling a
+// ring of stages (mbarriers). Promised: the same bits as v8 at every width, stage count and
+// producer.
+
+/// v9 against v8 bit for bit (o and final state), on v8's cases: long B1 (512 chunks: the ring's
+/// parities wrap many times), packed with empty and 1-token sequences and padding, GVA 2 / 4,
+/// Dk 64 / 128, Dv 48 / 64 / 128, states in and out; every width (0 = by shape), two and three
+/// stages, both producers at 8 warps. Outputs are poisoned (NaN) before each run: an unwritten
+/// element fails (NaN bits are compared too, and v8's o is checked finite on the used rows).
+/// Plus one f64 check of V9 (FLA's metric, as v8's) and the f32 / Dk 256 fallbacks to v5.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn v9_bitwise_matches_v8() {
+    let gpu = gpu();
+    let mut fails = Vec::new();
+    let bits = |x: &(Vec<f32>, Vec<f32>)| {
+        x.0.iter()
+            .chain(&x.1)
+            .map(|v| v.to_bits())
+            .collect::<Vec<u32>>()
+    };
+    let cases = [
+        case(
+            "B1 T32768 1/2 d128 states",
+            Seqs::uniform(1, 32768),
+            sh(1, 2, 128, 128),
+            true,
+            true,
+            Decay::LogSigmoid,
+            990,
+            true,
+        ),
+        case(
+            "packed+pad 1/2 d128 states",
+            Seqs::packed(&[0u64, 0, 1, 64, 128, 193, 193, 700], 705).unwrap(),
+            sh(1, 2, 128, 128),
+            true,
+            true,
+            Decay::LogSigmoid,
+            991,
+            true,
+        ),
+        case(
+            "T1000 1/4 d128 norm",
+            Seqs::uniform(1, 1000),
+            sh(1, 4, 128, 128),
+            true,
+            false,
+            Decay::LogSigmoid,
+            992,
+            true,
+        ),
+        case(
+            "B2 T130 2/4 dk64 dv128 states",
+            Seqs::uniform(2, 130),
+            sh(2, 4, 64, 128),
+            true,
+            true,
+            Decay::Uniform(0.5),
+            993,
+            true,
+        ),
+        case(
+            "T200 1/2 dk64 dv48 caller states",
+            Seqs::uniform(1, 200),
+            sh(1, 2, 64, 48),
+            false,
+            true,
+            Decay::LogSigmoid,
+            994,
+            true,
+        ),
+        case(
+            "B3 T300 2/2 d128 dv64 states",
+            Seqs::uniform(3, 300),
+            sh(2, 2, 128, 64),
+            true,
+            true,
+            Decay::Uniform(0.05),
+            995,
+            true,
+        ),
+    ];
+    for c in &cases {
+        let used = c.seqs.used() * c.shape.hv * c.shape.dv;
+        for stages in [0, 2] {
+            set_v6_stages(stages);
+            for warps in [0, 2, 4, 8] {
+                let a = run_fwd(&gpu, c, DType::Bf16, FwdKernel::V8 { warps });
+                if let Some(i) = a.0[..used].iter().position(|v| !v.is_finite()) {
+                    fails.push(format!("{} w{warps}: v8 o[{i}] = {}", c.name, a.0[i]));
+                }
+                let producers: &[usize] = if warps == 8 { &[1, 4] } else { &[0] };
+                for &producer in producers {
+                    set_v9_producer(producer);
+                    let b = run_fwd(&gpu, c, DType::Bf16, FwdKernel::V9 { warps });
+                    set_v9_producer(0);
+                    let (ba, bb) = (bits(&a), bits(&b));
+                    let diff = ba.iter().zip(&bb).filter(|(x, y)| x != y).count();
+                    println!(
+                        "gdr-check v9 vs v8 {:<34} w{warps} stages {} producer {producer}: {diff} of {} differ",
+                        c.name,
+                        if stages == 2 { "2" } else { "auto" },
+                        ba.len()
+                    );
+                    if diff != 0 || ba.len() != bb.len() {
+                        fails.push(format!(
+                            "{} w{warps} stages {stages} producer {producer}: v9 differs from v8 in {diff} elements",
+                            c.name
+                        ));
+                    }
+                }
+            }
+        }
+        set_v6_stages(0);
+    }
+    check_v6_with(&gpu, &cases[1], FwdKernel::V9 { warps: 0 }, &mut fails);
+    check_v6_with(&gpu, &cases[4], FwdKernel::V9 { warps: 0 }, &mut fails);
+    // Shapes and storage v9 does not take run v5: the same bits as asking for v5.
+    for (dt, shape, bf) in [
+        (DType::F32, sh(2, 4, 128, 128), false),
+        (DType::Bf16, sh(1, 2, 256, 128), true),
+    ] {
+        assert!(!v6_supports(dt, shape));
+        let c = case(
+            "fallback",
+            Seqs::uniform(1, 150),
+            shape,
+            true,
+            true,
+            Decay::LogSigmoid,
+            996,
+            bf,
+        );
+        let b = run_fwd(&gpu, &c, dt, FwdKernel::V5);
+        let a = run_fwd(&gpu, &c, dt, FwdKernel::V9 { warps: 0 });
+        if a != b {
+            fails.push(format!("{dt:?} {shape:?}: V9 did not fall back to v5"));
+        }
+    }
+    finish(fails);
 }
 
 /// v8's chain kernel (the split chunk step, Dk = 128) against the same steps on the CPU

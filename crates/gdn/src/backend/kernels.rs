@@ -5,7 +5,8 @@
 //! `ops/common/conv.cuh`, the conv helpers, for `conv1d` and `prep`; `ops/common/mma_tf32.cuh`,
 //! the TF32 tensor-core primitives, for `gdn2_rule_tc`, which is `gdn2_rule.cu` compiled with
 //! `G2B_TC_MODULE` defined: the opt-in tensor-core kernels, kept out of `gdn2_rule` so that the
-//! default module's code is unchanged).
+//! default module's code is unchanged; `ops/common/async_copy.cuh`, mbarrier and async-copy
+//! primitives, for `gated_delta_rule`).
 
 use crate::error::{GdnError, Result};
 
@@ -21,13 +22,19 @@ pub const CONV: &str = include_str!("../ops/common/conv.cuh");
 /// TF32 mma.sync primitives (`ops/common/mma_tf32.cuh`).
 pub const MMA_TF32: &str = include_str!("../ops/common/mma_tf32.cuh");
 
+/// mbarrier, cp.async / bulk-copy and setmaxnreg primitives for warp-specialized pipelines
+/// (`ops/common/async_copy.cuh`).
+pub const ASYNC_COPY: &str = include_str!("../ops/common/async_copy.cuh");
+
 /// The shared headers (name, source) prepended to `module` after [`COMMON`], in order.
 pub fn headers(module: &str) -> &'static [(&'static str, &'static str)] {
     match module {
         "conv1d" | "prep" => &[("conv_vec.cuh", CONV_VEC), ("conv.cuh", CONV)],
         "gated_norm" => &[("conv_vec.cuh", CONV_VEC)],
-        // gated_delta_rule keeps its own copy of these primitives for now: prepending the header
-        // there reorders its PTX (same source otherwise), see bench/notes/h-g2tc.md.
+        // gated_delta_rule keeps its own copy of the TF32 primitives for now: prepending that
+        // header there reorders its PTX (same source otherwise), see bench/notes/h-g2tc.md.
+        // async_copy.cuh only adds new (acp_) names, used by the v9 section alone.
+        "gated_delta_rule" => &[("async_copy.cuh", ASYNC_COPY)],
         "gdn2_rule_tc" => &[
             ("g2b_tc_module.cuh", "#define G2B_TC_MODULE 1\n"),
             ("mma_tf32.cuh", MMA_TF32),

@@ -466,6 +466,8 @@ pub fn forward_with_prep(
         FwdKernel::V6NoReload { warps } => Some((warps, V6Loads::NoReload)),
         FwdKernel::V6Lean { warps } => Some((warps, V6Loads::Lean)),
         FwdKernel::V8 { warps } => Some((warps, V6Loads::Split)),
+        FwdKernel::V9 { warps } if gpu_has_bulk_copies(gpu) => Some((warps, V6Loads::Ring)),
+        FwdKernel::V9 { warps } => Some((warps, V6Loads::Split)),
         FwdKernel::Auto => {
             let sms = gpu.sm_count().unwrap_or(132);
             if auto_picks_v8(seqs.count(), s.hv, s.dv, sms) {
@@ -864,6 +866,13 @@ pub enum FwdKernel {
     /// (0 picks by shape; `GDN_RULE_V8_WARPS` from the environment). The same inputs (v6's prep)
     /// and outputs; not the same bits as v6 (another summation order).
     V8 { warps: usize },
+    /// v9 (opt-in, `GDN_RULE_FWD=v9`): v8 with its loads warp-specialized (`gdr_fwd9*`: one
+    /// producer warp, or a producer warpgroup at 8 compute warps, fills a ring of stages by
+    /// cp.async completing on mbarriers; the compute warps wait per stage and release it, no
+    /// CTA-wide barrier per chunk). The same arithmetic on the same stage bytes: the same bits
+    /// as [`FwdKernel::V8`] at every width. sm_90 and newer; `V8` below. `warps` as `V8`'s
+    /// (`GDN_RULE_V8_WARPS` from the environment).
+    V9 { warps: usize },
     /// The default (since 2026-12-02, session 8): [`FwdKernel::V8`] where v6's grid would
     /// leave schedulers idle (at most two 16-column state tiles per SM, [`auto_picks_v8`]: few
     /// sequences x value heads over long sequences, e.g. B1 T32768 16/32, 2.49 -> 1.66 ms on the
@@ -888,6 +897,8 @@ enum V6Loads {
     Lean,
     /// Not a v6 load path: the v8 kernel (`gdr_fwd8*`, the lean loads, Dk split per warp pair).
     Split,
+    /// Not a v6 load path: the v9 kernel (`gdr_fwd9*`, v8 with a producer warp and mbarriers).
+    Ring,
 }
 
 /// Whether the GPU has the bulk-copy engine (sm_90 and newer).
@@ -902,11 +913,12 @@ impl FwdKernel {
     /// / 128. `GDN_RULE_FWD=v6` selects v6's first cp.async loads (`gdr_fwd6*`), `v5` keeps v5
     /// everywhere, `v6b` picks the bulk-copy loads (`v6l` names the default);
     /// `GDN_RULE_V6_WARPS=1|2|4|8` forces the CTA width of v6.
-    /// `GDN_RULE_FWD=v8` selects [`FwdKernel::V8`] (`GDN_RULE_V8_WARPS=2|4|8` its width),
+    /// `GDN_RULE_FWD=v8` selects [`FwdKernel::V8`] (`GDN_RULE_V8_WARPS=2|4|8` its width), `v9`
+    /// [`FwdKernel::V9`] (the same width switch),
     /// `v6l` [`FwdKernel::V6Lean`] everywhere; unset (or `auto`), [`FwdKernel::Auto`].
     pub fn from_env() -> FwdKernel {
         let fwd = std::env::var("GDN_RULE_FWD").ok();
-        let warps = if fwd.as_deref() == Some("v8") {
+        let warps = if matches!(fwd.as_deref(), Some("v8" | "v9")) {
             "GDN_RULE_V8_WARPS"
         } else {
             "GDN_RULE_V6_WARPS"
@@ -922,6 +934,7 @@ impl FwdKernel {
             Some("v6") => FwdKernel::V6 { warps },
             Some("v6b") => FwdKernel::V6Bulk { warps },
             Some("v8") => FwdKernel::V8 { warps },
+            Some("v9") => FwdKernel::V9 { warps },
             Some("v6l") => FwdKernel::V6Lean { warps },
             _ if warps != 0 => FwdKernel::V6Lean { warps },
             _ => FwdKernel::Auto,
@@ -1052,7 +1065,7 @@ fn forward_v6(
         None
     };
     let mut o = out_d(gpu, seqs.tokens() * s.hv * s.dv, dt)?;
-    if loads == V6Loads::Split {
+    if loads == V6Loads::Split || loads == V6Loads::Ring {
         launch_fwd8(
             gpu,
             qb,
@@ -1067,6 +1080,7 @@ fn forward_v6(
             fin.as_ref(),
             &o,
             warps,
+            loads == V6Loads::Ring,
         )?;
         zero_tail(
             "gated delta rule",
@@ -1094,7 +1108,7 @@ fn forward_v6(
         (V6Loads::NoReload, _) => ("gdr_fwd6n", 0),
         (V6Loads::Lean, 3) => ("gdr_fwd6ls3", 0),
         (V6Loads::Lean, _) => ("gdr_fwd6l", 0),
-        (V6Loads::Split, _) => unreachable!("launched by launch_fwd8"),
+        (V6Loads::Split | V6Loads::Ring, _) => unreachable!("launched by launch_fwd8"),
     };
     launch_in_threads(
         gpu,
@@ -1187,7 +1201,39 @@ fn v8_stages(gpu: &Gpu, dk: usize, warps: usize) -> usize {
     }
 }
 
-/// The v8 fused scan + output on v6's prep outputs.
+/// Shared-memory bytes of `gdr_fwd9` (the .cu file's `NS * STAGE + NW * XB + 16 NS`): v8's
+/// plus a full and an empty mbarrier per stage.
+pub fn v9_bytes(dk: usize, warps: usize, stages: usize) -> usize {
+    v8_bytes(dk, warps, stages) + 16 * stages
+}
+
+/// 0: by width and arch ([`v9_producer_warps`]); 1 or 4: forced (see [`set_v9_producer`]).
+static V9_PRODUCER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Benchmarks and tests: the producer of `gdr_fwd9` at 8 compute warps, 1 (one warp, 288
+/// threads: ptxas budgets whole warpgroups, so 168 registers each, small spills) or 4 (a
+/// warpgroup, 384 threads, setmaxnreg: 40 for the producer, 232 for the compute warps); 0
+/// restores the default (4 on sm_90a, else 1). Widths 2 and 4 always take one producer warp.
+/// Process-wide.
+pub fn set_v9_producer(warps: usize) {
+    V9_PRODUCER.store(warps, Ordering::Relaxed);
+}
+
+/// Producer warps of `gdr_fwd9` at `nw` compute warps: a whole warpgroup (setmaxnreg) only at 8
+/// compute warps on sm_90a, where one producer warp would cap every thread at 168 registers.
+fn v9_producer_warps(gpu: &Gpu, nw: usize) -> usize {
+    if nw != 8 {
+        return 1;
+    }
+    match V9_PRODUCER.load(Ordering::Relaxed) {
+        1 => 1,
+        4 => 4,
+        _ if gpu.arch() == "sm_90a" => 4,
+        _ => 1,
+    }
+}
+
+/// The v8 fused scan + output on v6's prep outputs (`ring`: v9's, `gdr_fwd9*`, sm_90+).
 #[allow(clippy::too_many_arguments)]
 fn launch_fwd8(
     gpu: &Arc<Gpu>,
@@ -1203,17 +1249,37 @@ fn launch_fwd8(
     fin: Option<&GBuf<f32>>,
     o: &DBuf,
     warps: usize,
+    ring: bool,
 ) -> Result<()> {
     let st = gpu.stream();
     let nw = v8_warps(gpu, seqs.count(), s, warps);
-    let ns = v8_stages(gpu, s.dk, nw);
+    let mut ns = v8_stages(gpu, s.dk, nw);
+    let (name, threads, bytes) = if ring {
+        // v9's 16 NS bytes of mbarriers fit wherever v8's stages do (w4 s3 at Dk 128: 229,168
+        // of 232,448); two stages if a device says otherwise.
+        if v9_bytes(s.dk, nw, ns) > smem_optin(gpu) {
+            ns = 2;
+        }
+        let pw = v9_producer_warps(gpu, nw);
+        (
+            format!("gdr_fwd9_d{}_w{nw}_s{ns}_p{pw}", s.dk),
+            32 * (nw + pw),
+            v9_bytes(s.dk, nw, ns),
+        )
+    } else {
+        (
+            format!("gdr_fwd8_d{}_w{nw}_s{ns}", s.dk),
+            32 * nw,
+            v8_bytes(s.dk, nw, ns),
+        )
+    };
     launch_in_threads(
         gpu,
         MODULE,
-        &format!("gdr_fwd8_d{}_w{nw}_s{ns}", s.dk),
+        &name,
         seqs.count() * s.hv * (s.dv / (8 * nw)),
-        32 * nw as u32,
-        v8_bytes(s.dk, nw, ns),
+        threads as u32,
+        bytes,
         &[
             dptr(qb, st),
             dptr(kb, st),
@@ -2536,6 +2602,17 @@ mod tests {
         assert_eq!(v8_bytes(128, 4, 3), 229_120);
         assert_eq!(v8_bytes(128, 2, 3), 208_640);
         assert_eq!(v8_bytes(128, 8, 2), 190_976);
+        assert_eq!(
+            FwdKernel::named(Some("v9"), Some("4")),
+            FwdKernel::V9 { warps: 4 }
+        );
+        assert_eq!(
+            FwdKernel::named(Some("v9"), None),
+            FwdKernel::V9 { warps: 0 }
+        );
+        assert_eq!(v9_bytes(128, 4, 3), 229_168);
+        assert_eq!(v9_bytes(128, 2, 3), 208_688);
+        assert_eq!(v9_bytes(128, 8, 2), 191_008);
         // gdr_bwd8 (the .cu file's table), and w4 beside gdr_hrec6 w2 within an SM's 233,472
         // bytes less 1 KB reserved per CTA.
         assert_eq!(bwd8_bytes(128, 2), 133_632);

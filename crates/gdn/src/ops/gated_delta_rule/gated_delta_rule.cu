@@ -4671,3 +4671,256 @@ GDR_BWD8_ENTRY(64, 8)
 GDR_BWD8_ENTRY(128, 2)
 GDR_BWD8_ENTRY(128, 4)
 GDR_BWD8_ENTRY(128, 8)
+
+// =============================================================================================
+// v9 forward (issue 13; opt-in `FwdKernel::V9`, GDN_RULE_FWD=v9): gdr_fwd8 with its loads taken
+// off the compute warps. NW compute warps run exactly gdr_fwd8's chunk step (v8_chain_step,
+// v8_output: the same code on the same stage bytes, so the same bits of o and of the final
+// state); PW producer warps (1, or 4 = one warpgroup) after them issue every chunk's operand
+// loads (W, K, Q, A, the U tile, gam: v8_load_stage's bytes at v8_load_stage's places, by
+// cp.async) NS - 1 chunks ahead into a ring of NS stages. No CTA-wide barrier per chunk:
+//   full[s]  (count 32 PW): each producer thread's `cp.async.mbarrier.arrive.noinc` after its
+//            copies of a chunk; the phase completes when every copy of the stage has landed.
+//   empty[s] (count NW): lane 0 of each compute warp arrives (after __syncwarp: the warp's
+//            reads of the stage are done) when it has finished the chunk's output.
+// Chunk i of the CTA's sequence (i = c - c_beg) uses stage i % NS, phase k = i / NS of both of
+// its barriers: the compute warps wait for full parity k & 1; the producer, before refilling
+// the stage with chunk i (i >= NS), waits for empty parity (k - 1) & 1 (the release of chunk
+// i - NS). Neither barrier can run a phase ahead of its waiter (the producer cannot fill chunk
+// i + NS before chunk i's release; chunk i + NS's release needs chunk i + NS's fill), so one
+// parity bit names the phase (checked by bench/notes/h-ld8-emu's interleavings).
+// Registers: with PW = 1 the CTA has 32 (NW + 1) threads: the register file holds 255 per
+// thread at NW <= 4 (160 x 255 < 64 K), but at NW = 8 (288 threads) ptxas budgets whole
+// warpgroups (384 x 168) and spills. setmaxnreg
+// needs whole warpgroups, so the PW = 4 variant (NW = 8: 384 threads, 168 registers at launch)
+// gives the producer warpgroup 40 and the two compute warpgroups 232 (128 x 40 + 256 x 232 =
+// 64,512 of 65,536). sm_90 only (try_wait; setmaxnreg sm_90a): below sm_90 the body is empty and
+// the Rust side runs gdr_fwd8 instead. Shared memory: gdr_fwd8's NS * STAGE + NW * XB, then the
+// NS full and NS empty mbarriers (16 NS bytes).
+
+// v8_load_stage's copies for a producer of PT threads, `ptid` 0 .. PT - 1 (the same bytes to
+// the same places of a V6<DK, BV / 16> stage: thread ptid copies the pieces thread ptid of a
+// PT-thread v8_load_stage copies), without the commit (the caller arrives on the stage's
+// mbarrier instead).
+template <int DK, int BV, int PT>
+__device__ __forceinline__ void v9_load_stage(char* st, int ptid, const bf16_t* wc, const bf16_t* kc,
+                                              const bf16_t* qc, i64 krow, int l, const bf16_t* ac,
+                                              const float* uc, i64 urow, const float* gc) {
+    typedef V6<DK, BV / 16> L;
+    const int tid = ptid;
+    const unsigned sb = smem_addr(st);
+    constexpr int CPR = DK / 8;    // 16-byte pieces per row of W, K, Q
+    constexpr int RPP = PT / CPR;  // rows per pass
+    static_assert(PT % CPR == 0 && GDR_C % RPP == 0, "whole rows per pass");
+    {
+        const int i0 = tid / CPR, x = (tid % CPR) * 8;
+        const unsigned so = sb + (unsigned)((i0 * L::LK + x) * 2);
+        const bf16_t* gw = wc + i0 * DK + x;
+        const bf16_t* gk = kc + i0 * krow + x;
+        const bf16_t* gq = qc + i0 * krow + x;
+        const i64 step = RPP * krow;
+#pragma unroll
+        for (int m = 0; m < GDR_C / RPP; ++m) {
+            const bool ok = i0 + RPP * m < l;
+            const unsigned n = ok ? 16u : 0u;
+            const unsigned sr = so + (unsigned)(RPP * m * L::LK * 2);
+            cp_async16_s(sr + L::W_OFF, gw + RPP * m * DK, 16u);
+            cp_async16_s(sr + L::K_OFF, ok ? gk : kc, n);
+            cp_async16_s(sr + L::Q_OFF, ok ? gq : qc, n);
+            gk += step;
+            gq += step;
+        }
+    }
+    {
+        constexpr int RPA = PT / 8;  // A: 8 pieces per row
+        static_assert(GDR_C % RPA == 0, "whole rows of A per pass");
+        const int i0 = tid >> 3, x = (tid & 7) * 8;
+        const unsigned so = sb + L::A_OFF + (unsigned)((i0 * L::LA + x) * 2);
+        const bf16_t* ga = ac + i0 * GDR_C + x;
+#pragma unroll
+        for (int m = 0; m < GDR_C / RPA; ++m)
+            cp_async16_s(so + (unsigned)(RPA * m * L::LA * 2), ga + RPA * m * GDR_C, 16u);
+    }
+    {
+        constexpr int UPR = BV / 4;    // U: 16-byte pieces per row of the tile
+        constexpr int RPU = PT / UPR;  // rows per pass
+        static_assert(PT % UPR == 0 && GDR_C % RPU == 0, "whole rows of U per pass");
+        const int i0 = tid / UPR, x = (tid % UPR) * 4;
+        const unsigned so = sb + L::U_OFF + (unsigned)((i0 * L::LU + x) * 4);
+        const float* gu = uc + i0 * urow + x;
+        const i64 step = RPU * urow;
+#pragma unroll
+        for (int m = 0; m < GDR_C / RPU; ++m) {
+            cp_async16_s(so + (unsigned)(RPU * m * L::LU * 4), gu, 16u);
+            gu += step;
+        }
+    }
+    if (tid < GDR_C / 4) cp_async16_s(sb + L::G_OFF + tid * 16, gc + tid * 4, 16u);
+}
+
+// Registers per thread after setmaxnreg (PW = 4 only): producer warpgroup, compute warpgroups.
+#define GDR_V9_PREG 40
+#define GDR_V9_CREG 232
+
+// gdr_fwd8 with a producer (see the v9 header). Grid as gdr_fwd8; 32 (NW + PW) threads; dynamic
+// shared memory NS * STAGE + NW * XB + 16 NS.
+template <int DK, int NW, int NS, int PW>
+__device__ void gdr_fwd9(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+                         const float* __restrict__ gam_ws, const bf16_t* __restrict__ w_ws,
+                         const float* __restrict__ u_ws, const bf16_t* __restrict__ a_ws,
+                         const i64* __restrict__ seq_ch, const i64* __restrict__ ch_t0,
+                         const int* __restrict__ ch_len, int hk_n, int hv_n, int dv, float scale,
+                         const float* __restrict__ h0, bf16_t* __restrict__ o, float* __restrict__ fin) {
+#if __CUDA_ARCH__ >= 900
+    typedef V8<DK, NW> P;
+    typedef typename P::L L;
+    constexpr int DH = P::DH;
+    constexpr int PT = 32 * PW;
+    constexpr unsigned BAR_OFF = NS * P::STAGE + NW * P::XB;
+    static_assert(NS == 2 || NS == 3, "2 or 3 stages");
+    static_assert(NW == 2 || NW == 4 || NW == 8, "1, 2 or 4 warp pairs");
+    static_assert(PW == 1 || (PW == 4 && NW % 4 == 0), "one producer warp or one producer warpgroup");
+    static_assert(BAR_OFF % 8 == 0, "mbarriers 8-byte aligned");
+    // A launch with too little shared memory writes nothing (tests see the poisoned output).
+    if (dyn_smem_bytes() < BAR_OFF + 16u * NS) return;
+    char* sm = reinterpret_cast<char*>(gdr_smem);
+    const unsigned full0 = smem_addr(sm + BAR_OFF), empty0 = full0 + 8u * NS;
+    const int nvt = dv / P::BV;
+    const i64 b = blockIdx.x;
+    const int vt = (int)(b % nvt);
+    const int hv = (int)((b / nvt) % hv_n);
+    const i64 n = b / ((i64)nvt * hv_n);
+    const int kh = hv / (hv_n / hk_n);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const i64 col0 = (i64)vt * P::BV;  // the CTA's first state column
+    const i64 krow = (i64)hk_n * DK, vrow = (i64)hv_n * dv;
+    const i64 c_beg = seq_ch[n], c_end = seq_ch[n + 1];
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < NS; ++s) {
+            acp_mbar_init(full0 + 8u * s, PT);
+            acp_mbar_init(empty0 + 8u * s, NW);
+        }
+        acp_fence_mbar_init();
+    }
+    // The only CTA-wide barrier: the mbarriers are initialized before anyone uses them.
+    __syncthreads();
+
+    if (warp >= NW) {
+        // The producer: chunk i into stage i % NS once the stage's previous chunk is released.
+        if (PW == 4 && NW == 8) acp_setmaxnreg_dec<GDR_V9_PREG>();
+        const int ptid = threadIdx.x - 32 * NW;
+        int stg = 0;
+        unsigned eph = 1;  // parity of the empty phase to wait for (the previous round's)
+        for (i64 c = c_beg; c < c_end; ++c) {
+            if (c - c_beg >= NS) acp_mbar_wait(empty0 + 8u * stg, eph);
+            const i64 cb = c * hv_n + hv;
+            const i64 t0 = ch_t0[c];
+            v9_load_stage<DK, P::BV, PT>(sm + stg * P::STAGE, ptid, w_ws + cb * GDR_C * DK,
+                                         k + t0 * krow + (i64)kh * DK, q + t0 * krow + (i64)kh * DK, krow,
+                                         ch_len[c], a_ws + cb * GDR_C * GDR_C, u_ws + cb * GDR_C * dv + col0,
+                                         (i64)dv, gam_ws + cb * GDR_C);
+            acp_cp_async_arrive_noinc(full0 + 8u * stg);
+            if (++stg == NS) {
+                stg = 0;
+                eph ^= 1u;
+            }
+        }
+        // Leave no copy in flight behind an exiting thread.
+        cp_async_wait_all();
+        return;
+    }
+    if (PW == 4 && NW == 8) acp_setmaxnreg_inc<GDR_V9_CREG>();
+
+    const int cg = warp >> 1, hh = warp & 1;
+    const int bar = 1 + cg;
+    float4* xme = reinterpret_cast<float4*>(sm + NS * P::STAGE + warp * P::XB);
+    float4* xot = reinterpret_cast<float4*>(sm + NS * P::STAGE + (warp ^ 1) * P::XB);
+    const int wc0 = 16 * cg;  // the pair's first column inside the tile
+    const int r0 = DH * hh;   // this warp's first state row
+    const i64 st_base = (n * hv_n + hv) * (i64)DK * dv;
+
+    // s[nt][c] = S[r0 + 8 nt + 2t + (c & 1)][col0 + wc0 + g + 8 (c >> 1)]
+    float s[DH / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < DH / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            s[nt][c] = h0 ? h0[st_base + (i64)(r0 + 8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)]
+                          : 0.f;
+
+    // The next chunk's length and first token, read one chunk ahead (off the chain's path).
+    int l_next = c_beg < c_end ? ch_len[c_beg] : 0;
+    i64 t0_next = c_beg < c_end ? ch_t0[c_beg] : 0;
+    int stg = 0;
+    unsigned fph = 0;  // parity of the full phase to wait for
+    for (i64 c = c_beg; c < c_end; ++c) {
+        const int l = l_next;
+        const i64 t0 = t0_next;
+        if (c + 1 < c_end) {
+            l_next = ch_len[c + 1];
+            t0_next = ch_t0[c + 1];
+        }
+        acp_mbar_wait(full0 + 8u * stg, fph);  // chunk c's copies have landed
+        const char* sp = sm + stg * P::STAGE;
+        const bf16_t* sW = reinterpret_cast<const bf16_t*>(sp + L::W_OFF) + r0;
+        const bf16_t* sK = reinterpret_cast<const bf16_t*>(sp + L::K_OFF) + r0;
+        const bf16_t* sQ = reinterpret_cast<const bf16_t*>(sp + L::Q_OFF) + r0;
+        const bf16_t* sA = reinterpret_cast<const bf16_t*>(sp + L::A_OFF);
+        const float* sU = reinterpret_cast<const float*>(sp + L::U_OFF);
+        const float* sG = reinterpret_cast<const float*>(sp + L::G_OFF);
+
+        unsigned sa[DH / 16][4], da[4][4];
+        v8_chain_step<DK>(s, sa, da, sW, sK, L::LK, sU + wc0, L::LU, sG, l, xme, xot, bar);
+        bf16_t* oc = o + t0 * vrow + (i64)hv * dv + col0 + wc0 + g;
+        auto store = [&](int j, int cc, float val) {
+            const int i = 8 * j + 2 * t + (cc & 1);
+            if (i < l) st(oc, (i64)i * vrow + 8 * (cc >> 1), scale * val);
+        };
+        if (hh)
+            v8_output<DK, 1>(sa, da, sQ, L::LK, sA, L::LA, sG, l, xme, xot, bar, store);
+        else
+            v8_output<DK, 0>(sa, da, sQ, L::LK, sA, L::LA, sG, l, xme, xot, bar, store);
+        // This warp is done with the stage (every lane's reads of it have returned: their
+        // values were used above); release it to the producer.
+        __syncwarp();
+        if (lane == 0) acp_mbar_arrive(empty0 + 8u * stg);
+        if (++stg == NS) {
+            stg = 0;
+            fph ^= 1u;
+        }
+    }
+    if (fin) {
+#pragma unroll
+        for (int nt = 0; nt < DH / 8; ++nt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                fin[st_base + (i64)(r0 + 8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)] = s[nt][c];
+    }
+#endif
+}
+
+#define GDR_FWD9_ENTRY(DK, NW, NS, PW)                                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * (NW + PW), 1) gdr_fwd9_d##DK##_w##NW##_s##NS##_p##PW( \
+        const bf16_t* q, const bf16_t* k, const float* gam_ws, const bf16_t* w_ws, const float* u_ws,   \
+        const bf16_t* a_ws, const i64* seq_ch, const i64* ch_t0, const int* ch_len, int hk, int hv,     \
+        int dv, float scale, const float* h0, bf16_t* o, float* fin) {                                  \
+        gdr_fwd9<DK, NW, NS, PW>(q, k, gam_ws, w_ws, u_ws, a_ws, seq_ch, ch_t0, ch_len, hk, hv, dv,      \
+                                 scale, h0, o, fin);                                                    \
+    }
+
+// Shared memory: gdr_fwd8's + 16 NS bytes (Dk 128: w2 s3 208,688; w4 s3 229,168; w8 s2 191,008).
+GDR_FWD9_ENTRY(64, 2, 2, 1)
+GDR_FWD9_ENTRY(64, 2, 3, 1)
+GDR_FWD9_ENTRY(64, 4, 2, 1)
+GDR_FWD9_ENTRY(64, 4, 3, 1)
+GDR_FWD9_ENTRY(64, 8, 2, 1)
+GDR_FWD9_ENTRY(64, 8, 3, 1)
+GDR_FWD9_ENTRY(64, 8, 2, 4)
+GDR_FWD9_ENTRY(64, 8, 3, 4)
+GDR_FWD9_ENTRY(128, 2, 2, 1)
+GDR_FWD9_ENTRY(128, 2, 3, 1)
+GDR_FWD9_ENTRY(128, 4, 2, 1)
+GDR_FWD9_ENTRY(128, 4, 3, 1)
+GDR_FWD9_ENTRY(128, 8, 2, 1)
+GDR_FWD9_ENTRY(128, 8, 2, 4)
