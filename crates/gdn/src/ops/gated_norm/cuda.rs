@@ -9,7 +9,9 @@ use cudarc::driver::PushKernelArg;
 
 use cudarc::driver::LaunchConfig;
 
-use crate::backend::cuda::{DBuf, GBuf};
+use std::sync::Arc;
+
+use crate::backend::cuda::{DBuf, DType, GBuf, Gpu};
 use crate::backend::launch::{
     arg_d, arg_dm, check_d, check_g, check_gpu, check_part_dims, chunks, int, kernel, launch,
     part_cfg, rows_cfg, NULL_PTR, THREADS,
@@ -60,6 +62,38 @@ fn check_z(name: &str, z: &DBuf, zc: Cols, rows: usize, dv: usize) -> Result<(i6
     ))
 }
 
+/// The checks [`forward`] and [`forward_pdl`] make of their arguments: `(dtype, z row stride,
+/// z offset, heads per token)`.
+#[allow(clippy::too_many_arguments)]
+fn check_forward(
+    gpu: &Arc<Gpu>,
+    o: &DBuf,
+    z: &DBuf,
+    zcols: Cols,
+    rows: usize,
+    dv: usize,
+    w: &GBuf<f32>,
+    b: Option<&GBuf<f32>>,
+    kind: Normalization,
+    eps: f32,
+    y: &DBuf,
+    stats: &GpuNormStats,
+) -> Result<(DType, i64, i32, i32)> {
+    check_params("gated_norm", gpu, dv, w, b, kind)?;
+    crate::ops::common::norm::check_eps("gated_norm", eps)?;
+    let n = rows.saturating_mul(dv);
+    let dt = o.dtype();
+    check_d("gated_norm o", o, n, dt)?;
+    check_d("gated_norm z", z, z.len(), dt)?;
+    let (zld, zoff, hpt) = check_z("gated_norm z", z, zcols, rows, dv)?;
+    check_d("gated_norm y", y, n, dt)?;
+    check_gpu("gated_norm z", gpu, z.gpu())?;
+    check_gpu("gated_norm y", gpu, y.gpu())?;
+    check_gpu("gated_norm stats", gpu, stats.rstd.gpu())?;
+    stats.check("gated_norm stats", rows, kind)?;
+    Ok((dt, zld, zoff, hpt))
+}
+
 /// [`gated_norm_forward`] into caller-provided `y` and `stats`; `z` is read at `zcols`.
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
@@ -77,18 +111,8 @@ pub fn forward(
     stats: &mut GpuNormStats,
 ) -> Result<()> {
     let gpu = o.gpu().clone();
-    check_params("gated_norm", &gpu, dv, w, b, kind)?;
-    crate::ops::common::norm::check_eps("gated_norm", eps)?;
-    let n = rows.saturating_mul(dv);
-    let dt = o.dtype();
-    check_d("gated_norm o", o, n, dt)?;
-    check_d("gated_norm z", z, z.len(), dt)?;
-    let (zld, zoff, hpt) = check_z("gated_norm z", z, zcols, rows, dv)?;
-    check_d("gated_norm y", y, n, dt)?;
-    check_gpu("gated_norm z", &gpu, z.gpu())?;
-    check_gpu("gated_norm y", &gpu, y.gpu())?;
-    check_gpu("gated_norm stats", &gpu, stats.rstd.gpu())?;
-    stats.check("gated_norm stats", rows, kind)?;
+    let (dt, zld, zoff, hpt) =
+        check_forward(&gpu, o, z, zcols, rows, dv, w, b, kind, eps, y, stats)?;
     if rows == 0 {
         return Ok(());
     }
@@ -316,18 +340,8 @@ pub fn forward_pdl(
 ) -> Result<()> {
     use crate::backend::launch::{dptr, launch_pdl, optr, ptr, suffix, Arg};
     let gpu = o.gpu().clone();
-    check_params("gated_norm", &gpu, dv, w, b, kind)?;
-    crate::ops::common::norm::check_eps("gated_norm", eps)?;
-    let n = rows.saturating_mul(dv);
-    let dt = o.dtype();
-    check_d("gated_norm o", o, n, dt)?;
-    check_d("gated_norm z", z, z.len(), dt)?;
-    let (zld, zoff, hpt) = check_z("gated_norm z", z, zcols, rows, dv)?;
-    check_d("gated_norm y", y, n, dt)?;
-    check_gpu("gated_norm z", &gpu, z.gpu())?;
-    check_gpu("gated_norm y", &gpu, y.gpu())?;
-    check_gpu("gated_norm stats", &gpu, stats.rstd.gpu())?;
-    stats.check("gated_norm stats", rows, kind)?;
+    let (dt, zld, zoff, hpt) =
+        check_forward(&gpu, o, z, zcols, rows, dv, w, b, kind, eps, y, stats)?;
     if rows == 0 {
         return Ok(());
     }
