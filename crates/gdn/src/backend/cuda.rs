@@ -968,6 +968,14 @@ fn nvrtc_args(arch: &'static str) -> Vec<String> {
     args
 }
 
+/// The bytes of an NVRTC text buffer up to its terminating NUL.
+fn c_bytes(buf: &[std::ffi::c_char]) -> Vec<u8> {
+    buf.iter()
+        .take_while(|c| **c != 0)
+        .map(|c| *c as u8)
+        .collect()
+}
+
 /// Compile kernel source `module` for `arch` with NVRTC (no cache): PTX and CUBIN.
 pub fn compile_module(module: &str, arch: &'static str) -> Result<Compiled> {
     use cudarc::nvrtc::{result as nr, sys as ns};
@@ -998,14 +1006,7 @@ pub fn compile_module(module: &str, arch: &'static str) -> Result<Compiled> {
     if let Err(e) = unsafe { nr::compile_program(prog.0, &nvrtc_args(arch)) } {
         // SAFETY: a live, compiled (or failed) program.
         let log = unsafe { nr::get_program_log(prog.0) }
-            .map(|l| {
-                let bytes: Vec<u8> = l
-                    .iter()
-                    .take_while(|c| **c != 0)
-                    .map(|c| *c as u8)
-                    .collect();
-                String::from_utf8_lossy(&bytes).into_owned()
-            })
+            .map(|l| String::from_utf8_lossy(&c_bytes(&l)).into_owned())
             .unwrap_or_default();
         return Err(GdnError::Device(format!(
             "NVRTC failed on {module}.cu for {arch} ({e:?}):\n{log}"
@@ -1013,12 +1014,7 @@ pub fn compile_module(module: &str, arch: &'static str) -> Result<Compiled> {
     }
     // SAFETY: a compiled program.
     let ptx = unsafe { nr::get_ptx(prog.0) }.map_err(|e| nv("PTX", e))?;
-    let ptx_bytes: Vec<u8> = ptx
-        .iter()
-        .take_while(|c| **c != 0)
-        .map(|c| *c as u8)
-        .collect();
-    let ptx = String::from_utf8(ptx_bytes)
+    let ptx = String::from_utf8(c_bytes(&ptx))
         .map_err(|_| GdnError::Device(format!("NVRTC gave non-UTF-8 PTX for {module}")))?;
     // The CUBIN exists only for a real architecture; its absence is not an error (PTX works).
     let mut size = 0usize;
