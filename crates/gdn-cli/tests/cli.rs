@@ -540,8 +540,23 @@ fn kernels_fills_the_cache_once_and_reports_an_unwritable_one() {
         &["--module", "smoke", "--arch", "sm_80"],
     ));
     assert!(first.contains("1 compiled"), "{first}");
-    let files: Vec<_> = std::fs::read_dir(&cache).unwrap().collect();
-    assert_eq!(files.len(), 1, "{first}");
+    // one module: its PTX and the CUBIN NVRTC built beside it, nothing else
+    let mut exts: Vec<String> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| {
+            let p = e.unwrap().path();
+            assert!(
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("smoke-sm_80-"),
+                "unexpected cache file {p:?}"
+            );
+            p.extension().unwrap().to_string_lossy().into_owned()
+        })
+        .collect();
+    exts.sort();
+    assert_eq!(exts, ["cubin", "ptx"], "{first}");
     let second = ok(&gdn_kernels(
         &cache,
         &["--module", "smoke", "--arch", "sm_80"],
