@@ -4675,7 +4675,7 @@ GDR_BWD8_ENTRY(128, 8)
 // =============================================================================================
 // gdr_grad8 (issue 13, opt-in `set_grad8` / GDN_RULE_GRAD=v8): gdr_grad7's per-chunk gradients
 // (same inputs, outputs and grid: one CTA of 8 warps per (chunk, key head) walking the GVA
-// group's value heads in order) in 111.5 KB of shared memory and <= 128 registers, so two CTAs
+// group's value heads in order) in 110.5 KB of shared memory and <= 128 registers, so two CTAs
 // run on an SM and one CTA's global round trips and serial steps hide behind the other's mma.
 // What changes against gdr_grad7 (see bench/notes/h-grad8.md):
 //   - six bf16 slots reused between the phases instead of every operand at once (gdr_grad7:
