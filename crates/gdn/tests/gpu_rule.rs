@@ -15,8 +15,8 @@ use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_with, backward_with_prep, chain6, chain8,
     forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_backward_overlap,
-    set_bwd8, set_hrec8, set_poison, set_v6_stages, set_v9_producer, v6_supports, BwdKernel,
-    ChainInputs, FwdKernel, PrepKernel,
+    set_bwd8, set_grad8, set_hrec8, set_poison, set_v6_stages, set_v9_producer, v6_supports,
+    BwdKernel, ChainInputs, FwdKernel, PrepKernel,
 };
 use gdn::ops::gated_delta_rule::reference::{self, RefInputs};
 use gdn::ops::gated_delta_rule::{self as gdr, RuleOpts, RuleShape};
@@ -3096,4 +3096,139 @@ fn v7_grad_bitwise_and_fallback() {
             "{dt:?} {shape:?}: v7 did not fall back as v6 does"
         );
     }
+}
+
+// gdr_grad8 (issue 13, opt-in `GDN_RULE_GRAD=v8`, here `set_grad8` on the test's thread):
+// gdr_grad7's per-chunk gradients in 110.5 KB of shared memory and 128 registers (two CTAs per
+// SM), the products' operands staged in reused slots and the 64 x 64 intermediates kept in the
+// mma fragments.
+
+/// Every gradient of the v6 backward with gdr_grad8 against the f64 recurrence (check_v6_bwd:
+/// check_bf16's tolerances, every element of the poisoned outputs written, padding rows zero;
+/// v5's error printed beside; the line says g7, the kernel is gdr_grad8): every case of the v6
+/// backward's test (Dk 64 / 128, Dv 48 / 64 / 128, GVA 1 / 2 / 4, T 1 .. 4096, states, packed
+/// with empty and length-1 sequences and padding, both norms; Dv 48 runs v5's gradient kernel),
+/// every scan width on one case.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn grad8_matches_f64() {
+    let gpu = gpu();
+    let mut fails = Vec::new();
+    set_grad8(Some(true));
+    for c in &v6_bwd_cases() {
+        let b = base(&gpu, c);
+        println!("gdr-check grad8 (the g7 line below runs gdr_grad8)");
+        check_v6_bwd(&gpu, c, &b, v7b(0), &mut fails);
+    }
+    let c = case(
+        "T300 1/2 d128 norm states",
+        Seqs::uniform(1, 300),
+        sh(1, 2, 128, 128),
+        true,
+        true,
+        Decay::LogSigmoid,
+        1011,
+        true,
+    );
+    let b = base(&gpu, &c);
+    for warps in [1, 2, 4, 8] {
+        check_v6_bwd(&gpu, &c, &b, v7b(warps), &mut fails);
+    }
+    set_grad8(None);
+    finish(fails);
+}
+
+/// gdr_grad8 against gdr_grad7 on ragged and packed chunk lengths, GVA 1 / 2 / 4, every head
+/// size it takes, both norms: dq, dk, dv, dh0 (and the forward) bitwise gdr_grad7's (the same
+/// products from the same bf16 operands, accumulated in the same order); dg, dbeta within 1e-4
+/// RMS rel (the same terms, row / column sums and dg's reverse cumsum in another order); two
+/// runs identical; where gdr_grad7 does not run (Dv 48, f32 storage, Dk 256) set_grad8 changes
+/// nothing.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn grad8_bitwise_vs_grad7() {
+    let gpu = gpu();
+    let bits = |x: &Vec<f32>| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let cu = [0u64, 0, 1, 63, 64, 130, 300, 1000];
+    let mut fails = Vec::new();
+    let mut n = 0u64;
+    for (hk, hv) in [(2, 2), (2, 4), (1, 4)] {
+        for (dk, dv) in [(64, 64), (64, 128), (128, 64), (128, 128)] {
+            for norm in [true, false] {
+                n += 1;
+                let c = case(
+                    &format!("grad8 vs grad7 {hk}/{hv} d{dk}x{dv} norm={norm}"),
+                    Seqs::packed(&cu, 1003).unwrap(),
+                    sh(hk, hv, dk, dv),
+                    norm,
+                    n.is_multiple_of(2),
+                    Decay::LogSigmoid,
+                    1100 + n,
+                    true,
+                );
+                set_grad8(Some(false));
+                let g7 = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
+                set_grad8(Some(true));
+                let a = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
+                let a2 = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
+                check_written(&c, &a, &mut fails);
+                let mut line = format!("gdr-check {:<40}", c.name);
+                for (name, x, y) in [
+                    ("o", &a.o, &g7.o),
+                    ("final_state", &a.fin, &g7.fin),
+                    ("dq", &a.dq, &g7.dq),
+                    ("dk", &a.dk, &g7.dk),
+                    ("dv", &a.dv, &g7.dv),
+                ] {
+                    let same = bits(x) == bits(y);
+                    line += &format!(" {name}={same}");
+                    if !same {
+                        fails.push(format!("{}: {name} differs from grad7's", c.name));
+                    }
+                }
+                if a.dh0.as_ref().map(bits) != g7.dh0.as_ref().map(bits) {
+                    fails.push(format!("{}: dh0 differs from grad7's", c.name));
+                }
+                for (name, x, y) in [("dg", &a.dg, &g7.dg), ("dbeta", &a.dbeta, &g7.dbeta)] {
+                    let r: Vec<f64> = y.iter().map(|&v| v as f64).collect();
+                    let e = rms_rel(x, &r);
+                    line += &format!(" {name}={e:.2e}");
+                    if !(e.is_finite() && e < 1e-4) {
+                        fails.push(format!("{}: {name} vs grad7 {e:.3e}", c.name));
+                    }
+                }
+                if a.bits() != a2.bits() {
+                    fails.push(format!("{}: two grad8 runs differ", c.name));
+                }
+                println!("{line}");
+            }
+        }
+    }
+    for (dt, shape, bf) in [
+        (DType::Bf16, sh(1, 2, 128, 48), true),
+        (DType::F32, sh(2, 4, 128, 128), false),
+        (DType::Bf16, sh(1, 2, 256, 128), true),
+    ] {
+        let c = case(
+            "fallback grad8",
+            Seqs::uniform(1, 150),
+            shape,
+            true,
+            true,
+            Decay::LogSigmoid,
+            1033,
+            bf,
+        );
+        set_grad8(Some(true));
+        let a = run_gpu_with(&gpu, &c, dt, Some(v7b(0)));
+        set_grad8(Some(false));
+        let b = run_gpu_with(&gpu, &c, dt, Some(v7b(0)));
+        if a.bits() != b.bits() {
+            fails.push(format!(
+                "{dt:?} {shape:?}: set_grad8 changed a backward without grad7"
+            ));
+        }
+    }
+    set_grad8(None);
+    finish(fails);
 }

@@ -1584,6 +1584,35 @@ pub fn g7_bytes(dk: usize, dv: usize) -> usize {
     g6_bytes(dk, dv) + 8 * C * 4
 }
 
+/// Dynamic shared memory of `gdr_grad8` (`G8<DK, DV>::BYTES`): six bf16 slots reused between
+/// the phases (dO | dD | h, dh, then Q and K | D | dW: 3 x 64 rows of Dv + 8, max(Dk rows of
+/// Dv + 8, 128 rows of Dk + 8), 64 rows of Dk + 8) and 23 x 64 + 32 fp32 (vectors, row and
+/// column partials): 110,464 bytes at Dk = Dv = 128, so two CTAs fit on an SM.
+pub fn g8_bytes(dk: usize, dv: usize) -> usize {
+    let (lk, lv) = (dk + 8, dv + 8);
+    let hq = (dk * lv).max(2 * C * lk);
+    (3 * C * lv + hq + C * lk) * 2 + (23 * C + 32) * 4
+}
+
+thread_local! {
+    static GRAD8: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Tests and benchmarks: on the calling thread, `Some(true)` makes the backward's per-chunk
+/// gradients (where `gdr_grad7` runs) run `gdr_grad8` (the same outputs; dq, dk, dv the same
+/// bits, dg, dbeta summed in another order; two CTAs per SM), `Some(false)` `gdr_grad7`;
+/// `None` (the default) follows `GDN_RULE_GRAD` (`v8` selects `gdr_grad8`; else `gdr_grad7`).
+#[doc(hidden)]
+pub fn set_grad8(on: Option<bool>) {
+    GRAD8.with(|c| c.set(on));
+}
+
+fn grad8_on() -> bool {
+    GRAD8
+        .with(|c| c.get())
+        .unwrap_or_else(|| std::env::var("GDN_RULE_GRAD").as_deref() == Ok("v8"))
+}
+
 /// Element-wise copy of `n` values between an fp32 and a bf16 buffer (`name`: gdr_cvt_f32_bf16
 /// or gdr_cvt_bf16_f32).
 fn cvt(gpu: &Arc<Gpu>, name: &str, x: Arg, y: Arg, n: usize) -> Result<()> {
@@ -2496,11 +2525,31 @@ fn grad7(
     let mut dv = out_d(gpu, tokens * s.hv * s.dv, dt)?;
     let dg = out_f32(gpu, tokens * s.hv)?;
     let mut dbeta = out_d(gpu, tokens * s.hv, dt)?;
+    let v8 = grad8_on();
+    let name = format!(
+        "gdr_grad{}_{ks}_d{}_v{}",
+        if v8 { 8 } else { 7 },
+        s.dk,
+        s.dv
+    );
+    if v8 {
+        // Two CTAs of 110.5 KB per SM need the largest shared-memory carveout.
+        gpu.function(MODULE, &name)?
+            .set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                100,
+            )
+            .map_err(|e| GdnError::Device(format!("carveout of {name}: {e:?}")))?;
+    }
     launch(
         gpu,
-        &format!("gdr_grad7_{ks}_d{}_v{}", s.dk, s.dv),
+        &name,
         ch.count * s.hk,
-        g7_bytes(s.dk, s.dv),
+        if v8 {
+            g8_bytes(s.dk, s.dv)
+        } else {
+            g7_bytes(s.dk, s.dv)
+        },
         &[
             dptr(q, st),
             dptr(k, st),
@@ -2636,5 +2685,19 @@ mod tests {
             }
         }
         assert_eq!(prep7_bytes(128, 256), 124_672);
+    }
+
+    /// gdr_grad8's shared memory (the .cu file's `G8<DK, DV>::BYTES`) at every size it takes:
+    /// two CTAs (and the 1 KB the driver reserves per CTA) fit the H200's 228 KB per SM.
+    #[test]
+    fn grad8_fits_two_ctas_per_sm() {
+        assert_eq!(g8_bytes(128, 128), 110_464);
+        assert_eq!(g8_bytes(64, 64), 61_312);
+        for dk in [64, 128] {
+            for dv in [64, 128] {
+                assert!(2 * (g8_bytes(dk, dv) + 1024) <= 233_472, "Dk {dk} Dv {dv}");
+                assert!(g8_bytes(dk, dv) < g7_bytes(dk, dv));
+            }
+        }
     }
 }

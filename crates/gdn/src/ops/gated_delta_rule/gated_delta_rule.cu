@@ -4924,3 +4924,679 @@ GDR_FWD9_ENTRY(128, 4, 2, 1)
 GDR_FWD9_ENTRY(128, 4, 3, 1)
 GDR_FWD9_ENTRY(128, 8, 2, 1)
 GDR_FWD9_ENTRY(128, 8, 2, 4)
+
+// =============================================================================================
+// gdr_grad8 (issue 13, opt-in `set_grad8` / GDN_RULE_GRAD=v8): gdr_grad7's per-chunk gradients
+// (same inputs, outputs and grid: one CTA of 8 warps per (chunk, key head) walking the GVA
+// group's value heads in order) in 110.5 KB of shared memory and <= 128 registers, so two CTAs
+// run on an SM and one CTA's global round trips and serial steps hide behind the other's mma.
+// What changes against gdr_grad7 (see bench/notes/h-grad8.md):
+//   - six bf16 slots reused between the phases instead of every operand at once (gdr_grad7:
+//     204.7 KB). Per value head: [dO, dD, h, D] -> dq, dW (dW into the free slot); dh over h
+//     (through registers, <h, dh> from the same positions) -> dk; Q, K over dh (cp.async, in
+//     flight during dA = dO D^T) -> A = Q K^T; G over dO, V over D, T over Q (its loads in
+//     flight during G K, G^T Q);
+//   - no fp32 64 x 64 matrices in shared memory: A, dA, E = dA * A, K K^T and dM stay in the
+//     mma fragments (the same products and formulas as gdr_grad7, element by element), and the
+//     row / column sums of E and of the dM terms are reduced from the fragments (quad / column
+//     shuffles and 2 or 4 partials per row or column) instead of 64-step loops by 64 threads;
+//     the symmetric dP is written to both triangles by the owner of its lower element;
+//   - dgam, dbeta live in registers of threads 0 .. 63; dg's reverse cumsum is a warp scan.
+// Products, their operands, k order and fragment mapping are gdr_grad7's, and dq, dk, dv are
+// accumulated in its order: dq, dk, dv are bitwise gdr_grad7's. dg, dbeta: the same terms
+// summed in another order. No atomics; every sum has a fixed order.
+
+template <int DK, int DV>
+struct G8 {
+    static constexpr int LK = DK + 8, LV = DV + 8, LC = GDR_C + 8;
+    static constexpr int S0 = 0;                           // dO, then G, then dT, then dP
+    static constexpr int S1 = S0 + GDR_C * LV * 2;         // dD, then T^T dT
+    static constexpr int HQ = S1 + GDR_C * LV * 2;         // h, then dh, then Q | K; T over Q
+    static constexpr int HQ_N = DK * LV > 2 * GDR_C * LK ? DK * LV : 2 * GDR_C * LK;
+    static constexpr int K_OFF = HQ + GDR_C * LK * 2;
+    static constexpr int S4 = HQ + HQ_N * 2;               // D, then V
+    static constexpr int S5 = S4 + GDR_C * LV * 2;         // dW
+    static constexpr int VEC = S5 + GDR_C * LK * 2;        // fp32 vectors and row / column partials
+    static constexpr int NVEC = 7 * GDR_C + 32 + 16 * GDR_C;
+    static constexpr int BYTES = VEC + NVEC * 4;
+};
+
+// threadIdx.x through a volatile asm: address arithmetic derived from it is recomputed where it
+// is used instead of being shared between products and kept live (128 registers).
+// O false: plain threadIdx.x (the choice per instantiation that ptxas spills least with).
+template <bool O>
+__device__ __forceinline__ int g8_tid() {
+    if (!O) return threadIdx.x;
+    int t;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+    return t;
+}
+
+// Column sums of a 64 x 64 product held as NT8 = 4 fragments: the lane's two rows, then the
+// 8 lanes of a column (xor 4, 8, 16); lanes 0 .. 3 write part[64 (warp & 3) + column]. The
+// column's sum is then part[c] + part[64 + c] + part[128 + c] + part[192 + c].
+template <bool O>
+__device__ __forceinline__ void g8_colsum(const float (&v)[4][4], float* part) {
+    const int tq = g8_tid<O>(), warp = tq >> 5, g = (tq & 31) >> 2, t = tq & 3;
+    const int c0 = (warp >> 2) * 32 + 2 * t;
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            float s = v[n][e] + v[n][2 + e];
+            s += __shfl_xor_sync(0xffffffffu, s, 4);
+            s += __shfl_xor_sync(0xffffffffu, s, 8);
+            s += __shfl_xor_sync(0xffffffffu, s, 16);
+            if (g == 0) part[GDR_C * (warp & 3) + c0 + 8 * n + e] = s;
+        }
+}
+
+// p through an empty asm: the compiler cannot share address arithmetic derived from p between
+// two uses (it would keep it live, in registers it does not have, across the whole value head).
+template <typename T>
+__device__ __forceinline__ T* g8_opq(T* p) {
+    asm volatile("" : "+l"(p));
+    return p;
+}
+
+// g6_rows16 with compile-time counts (unrolled: its index math folds into constants).
+template <int ROWS, int N>
+__device__ __forceinline__ void g8_rows16(bf16_t* dst, int ls, const bf16_t* src, i64 gs, int l) {
+    constexpr int PER = N / 8, IT = ROWS * PER / GDR_NT;
+    static_assert(ROWS * PER % GDR_NT == 0, "g8_rows16: whole iterations");
+#pragma unroll
+    for (int u = 0; u < IT; ++u) {
+        const int e = threadIdx.x + u * GDR_NT, i = e / PER, x = (e - i * PER) * 8;
+        const bool ok = i < l;
+        cp_async16(dst + i * ls + x, src + (ok ? (i64)i : 0) * gs + x, ok);
+    }
+}
+
+// g7_rowdot with the loads in two halves of the columns (register pressure); the same
+// products summed in the same order (the same bits).
+template <bool O, int NT8, typename TX>
+__device__ __forceinline__ void g8_rowdot(const float (&acc)[NT8][4], float* part, const TX* x, i64 rs, int l) {
+    const int tid = g8_tid<O>(), lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int r0 = 16 * (warp & 3) + g, c0 = (warp >> 2) * (8 * NT8) + 2 * t;
+    constexpr int H = NT8 > 4 ? NT8 / 2 : NT8;
+    float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+    for (int n0 = 0; n0 < NT8; n0 += H) {
+        float2 u0[H], u1[H];
+#pragma unroll
+        for (int n = 0; n < H; ++n) {
+            u0[n] = r0 < l ? g7_ld2(x, r0 * rs + c0 + 8 * (n0 + n)) : make_float2(0.f, 0.f);
+            u1[n] = r0 + 8 < l ? g7_ld2(x, (r0 + 8) * rs + c0 + 8 * (n0 + n)) : make_float2(0.f, 0.f);
+        }
+#pragma unroll
+        for (int n = 0; n < H; ++n) {
+            if (r0 < l) {
+                s0 += acc[n0 + n][0] * u0[n].x;
+                s0 += acc[n0 + n][1] * u0[n].y;
+            }
+            if (r0 + 8 < l) {
+                s1 += acc[n0 + n][2] * u1[n].x;
+                s1 += acc[n0 + n][3] * u1[n].y;
+            }
+        }
+    }
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+    if (t == 0) {
+        part[GDR_C * (warp >> 2) + r0] = s0;
+        part[GDR_C * (warp >> 2) + r0 + 8] = s1;
+    }
+}
+
+// g6_mma (the same ldmatrix fragments and mma order: the same bits) with its lane offsets from
+// g8_tid().
+template <int NT8, bool AT, bool BT, bool O>
+__device__ __forceinline__ void g8_mma(float (&acc)[NT8][4], const bf16_t* a, int lda, const bf16_t* b, int ldb,
+                                       int kdim) {
+    const int tid = g8_tid<O>(), lane = tid & 31, warp = tid >> 5, mi = lane >> 3, r = lane & 7;
+    const int rt = 16 * (warp & 3), col0 = (warp >> 2) * (8 * NT8);
+    for (int k0 = 0; k0 < kdim; k0 += 16) {
+        unsigned af[4];
+        if (AT) ldsm_x4_t(af, a + (k0 + 8 * (mi >> 1) + r) * lda + rt + 8 * (mi & 1));
+        else ldsm_x4(af, a + (rt + 8 * (mi & 1) + r) * lda + k0 + 8 * (mi >> 1));
+#pragma unroll
+        for (int np = 0; np < NT8 / 2; ++np) {
+            const int n0 = col0 + 16 * np;
+            unsigned bb[4];
+            if (BT) ldsm_x4(bb, b + (n0 + 8 * (mi >> 1) + r) * ldb + k0 + 8 * (mi & 1));
+            else ldsm_x4_t(bb, b + (k0 + 8 * (mi & 1) + r) * ldb + n0 + 8 * (mi >> 1));
+            mma_bf16(acc[2 * np], af, bb[0], bb[1]);
+            mma_bf16(acc[2 * np + 1], af, bb[2], bb[3]);
+        }
+    }
+}
+
+// g7_accum (the same sums in the same order: the same bits) with its offsets from g8_tid<O>().
+template <bool O, int NT8>
+__device__ __forceinline__ void g8_accum(const float (&acc)[NT8][4], float* mem, i64 rs, int l, bool first) {
+    const int tid = g8_tid<O>(), lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int r0 = 16 * (warp & 3) + g, c0 = (warp >> 2) * (8 * NT8) + 2 * t;
+#pragma unroll
+    for (int n0 = 0; n0 < NT8; n0 += NT8 / 2) {
+        float2 old[NT8 / 2][2];
+#pragma unroll
+        for (int n = 0; n < NT8 / 2; ++n)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int i = r0 + 8 * h;
+                old[n][h] = make_float2(0.f, 0.f);
+                if (!first && i < l) old[n][h] = *reinterpret_cast<const float2*>(mem + i * rs + c0 + 8 * (n0 + n));
+            }
+#pragma unroll
+        for (int n = 0; n < NT8 / 2; ++n)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int i = r0 + 8 * h;
+                if (i < l)
+                    *reinterpret_cast<float2*>(mem + i * rs + c0 + 8 * (n0 + n)) =
+                        make_float2(old[n][h].x + acc[n0 + n][2 * h], old[n][h].y + acc[n0 + n][2 * h + 1]);
+            }
+    }
+}
+
+// g7_map, g6_epi, g7_rowsum (the same elements, values and sums) with offsets from g8_tid<O>().
+template <bool O, int NT8, class F>
+__device__ __forceinline__ void g8_map(float (&acc)[NT8][4], F f) {
+    const int tq = g8_tid<O>(), g = (tq & 31) >> 2, t = tq & 3;
+    const int r0 = 16 * ((tq >> 5) & 3) + g, c0 = (tq >> 7) * (8 * NT8) + 2 * t;
+#pragma unroll
+    for (int n = 0; n < NT8; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) f(r0 + 8 * (c >> 1), c0 + 8 * n + (c & 1), acc[n][c]);
+}
+template <bool O, int NT8, class F>
+__device__ __forceinline__ void g8_epi(const float (&acc)[NT8][4], F f) {
+    const int tq = g8_tid<O>(), g = (tq & 31) >> 2, t = tq & 3;
+    const int r0 = 16 * ((tq >> 5) & 3) + g, c0 = (tq >> 7) * (8 * NT8) + 2 * t;
+#pragma unroll
+    for (int n = 0; n < NT8; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) f(r0 + 8 * (c >> 1), c0 + 8 * n + (c & 1), acc[n][c]);
+}
+template <bool O, int NT8, class F>
+__device__ __forceinline__ void g8_rowsum(const float (&acc)[NT8][4], float* part, F f) {
+    const int tq = g8_tid<O>(), g = (tq & 31) >> 2, t = tq & 3, warp = tq >> 5;
+    const int r0 = 16 * (warp & 3) + g, c0 = (warp >> 2) * (8 * NT8) + 2 * t;
+    float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+    for (int n = 0; n < NT8; ++n) {
+        s0 += f(r0, c0 + 8 * n, acc[n][0]);
+        s0 += f(r0, c0 + 8 * n + 1, acc[n][1]);
+        s1 += f(r0 + 8, c0 + 8 * n, acc[n][2]);
+        s1 += f(r0 + 8, c0 + 8 * n + 1, acc[n][3]);
+    }
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+    s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+    if (t == 0) {
+        part[GDR_C * (warp >> 2) + r0] = s0;
+        part[GDR_C * (warp >> 2) + r0 + 8] = s1;
+    }
+}
+
+// g7_rows32 in two halves: the loads into registers, later the bf16 stores.
+template <int N>
+struct G8Rows32 {
+    static constexpr int PER = N / 4, IT = GDR_C * PER / GDR_NT;
+    float4 v[IT];
+    __device__ __forceinline__ void load(const float* src, i64 gs) {
+#pragma unroll
+        for (int u = 0; u < IT; ++u) {
+            const int e = threadIdx.x + u * GDR_NT, i = e / PER, x = (e - i * PER) * 4;
+            v[u] = *reinterpret_cast<const float4*>(src + (i64)i * gs + x);
+        }
+    }
+    __device__ __forceinline__ void store(bf16_t* dst, int ls) const {
+#pragma unroll
+        for (int u = 0; u < IT; ++u) {
+            const int e = threadIdx.x + u * GDR_NT, i = e / PER, x = (e - i * PER) * 4;
+            *reinterpret_cast<uint2*>(dst + i * ls + x) = make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
+        }
+    }
+};
+
+__device__ __forceinline__ float g8_dot2(unsigned a, unsigned b) {
+    return __uint_as_float(a << 16) * __uint_as_float(b << 16) +
+           __uint_as_float(a & 0xffff0000u) * __uint_as_float(b & 0xffff0000u);
+}
+
+// dh (DK x DV bf16, row stride DV in memory) over h (shared, row stride ls): every load of the
+// thread is issued first; the thread then reads h at the positions it overwrites (no other
+// thread reads h any more) and returns the block's <h, dh> (block_sum: synchronizes, so dh is
+// visible to every thread on return).
+template <int DK, int DV>
+__device__ __forceinline__ float g8_swap_dh(bf16_t* sh, int ls, const bf16_t* src, float* red) {
+    constexpr int PER = DV / 8, IT = DK * PER / GDR_NT;
+    static_assert(DK * PER % GDR_NT == 0, "g8_swap_dh: whole iterations");
+    uint4 u[IT];
+#pragma unroll
+    for (int it = 0; it < IT; ++it) {
+        const int e = threadIdx.x + it * GDR_NT, i = e / PER, x = (e - i * PER) * 8;
+        u[it] = *reinterpret_cast<const uint4*>(src + (i64)i * DV + x);
+    }
+    float p = 0.f;
+#pragma unroll
+    for (int it = 0; it < IT; ++it) {
+        const int e = threadIdx.x + it * GDR_NT, i = e / PER, x = (e - i * PER) * 8;
+        uint4* d = reinterpret_cast<uint4*>(sh + i * ls + x);
+        const uint4 h = *d;
+        p += g8_dot2(h.x, u[it].x) + g8_dot2(h.y, u[it].y) + g8_dot2(h.z, u[it].z) + g8_dot2(h.w, u[it].w);
+        *d = u[it];
+    }
+    return block_sum(p, red);
+}
+
+template <typename TQ, int DK, int DV>
+__device__ void gdr_grad8(const bf16_t* __restrict__ q_raw, const bf16_t* __restrict__ k_raw,
+                          const TQ* __restrict__ q, const TQ* __restrict__ k, const bf16_t* __restrict__ qb,
+                          const bf16_t* __restrict__ kb, const bf16_t* __restrict__ v,
+                          const bf16_t* __restrict__ beta, const bf16_t* __restrict__ d_o,
+                          const float* __restrict__ gam_ws, const float* __restrict__ t_ws,
+                          const bf16_t* __restrict__ h_ws, const bf16_t* __restrict__ dh_ws,
+                          const float* __restrict__ d_ws, const float* __restrict__ dd_ws,
+                          const i64* __restrict__ ch_t0, const int* __restrict__ ch_len, int hk_n, int hv_n,
+                          float scale, int l2norm, float* __restrict__ dqa, float* __restrict__ dka,
+                          bf16_t* __restrict__ dq_out, bf16_t* __restrict__ dk_out, bf16_t* __restrict__ dv_out,
+                          float* __restrict__ dg, bf16_t* __restrict__ dbeta) {
+    typedef G8<DK, DV> L;
+    constexpr int dk = DK, dv = DV;
+    constexpr bool OPQ = DK == 128 && DV == 128;  // g8_tid's choice: the fewest spills (ptxas 13.0)
+    // A launch with too little shared memory writes nothing (tests see the poisoned outputs).
+    if (dyn_smem_bytes() < (unsigned)L::BYTES) return;
+    constexpr int LK = L::LK, LV = L::LV, LC = L::LC;
+    constexpr int NK = DK / 16, NV = DV / 16;  // NT8 of 64 x DK and 64 x DV products
+
+    const i64 b = blockIdx.x;
+    const int kh = (int)(b % hk_n);
+    const i64 c = b / hk_n;
+    const i64 t0 = ch_t0[c];
+    const int l = ch_len[c];
+    const int ratio = hv_n / hk_n;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const i64 krow = (i64)hk_n * dk, vrow = (i64)hv_n * dv;
+    const TQ* qc = q + t0 * krow + (i64)kh * dk;
+    const TQ* kc = k + t0 * krow + (i64)kh * dk;
+    float* dqc = dqa + t0 * krow + (i64)kh * dk;  // the group's fp32 sums, row stride krow
+    float* dkc = dka + t0 * krow + (i64)kh * dk;
+
+#pragma unroll 1
+    for (int r = 0; r < ratio; ++r) {
+        const int hv = kh * ratio + r;
+        const i64 cb = c * hv_n + hv;
+        const bool first = r == 0;
+        const bf16_t* vc = v + t0 * vrow + (i64)hv * dv;
+        char* sm = reinterpret_cast<char*>(gdr_smem);
+        bf16_t* sO = reinterpret_cast<bf16_t*>(sm + L::S0);  // dO; G; dT; dP
+        bf16_t* sG = sO;
+        bf16_t* sX = sO;
+        bf16_t* sDD = reinterpret_cast<bf16_t*>(sm + L::S1);  // dD; T^T dT
+        bf16_t* sY = sDD;
+        bf16_t* sH = reinterpret_cast<bf16_t*>(sm + L::HQ);  // h; dh; Q; T
+        bf16_t* sQ = sH;
+        bf16_t* sT = sH;
+        bf16_t* sK = reinterpret_cast<bf16_t*>(sm + L::K_OFF);
+        bf16_t* sD = reinterpret_cast<bf16_t*>(sm + L::S4);  // D; V
+        bf16_t* sV = sD;
+        bf16_t* sW = reinterpret_cast<bf16_t*>(sm + L::S5);
+        float* s_gam = reinterpret_cast<float*>(sm + L::VEC);
+        float* s_eg = s_gam + GDR_C;
+        float* s_ed = s_eg + GDR_C;
+        float* s_beta = s_ed + GDR_C;
+        float* s_dgam = s_beta + GDR_C;
+        float* s_db = s_dgam + GDR_C;
+        float* s_tsum = s_db + GDR_C;  // 3 floats: sum t (2 halves), <S0, dS>
+        float* s_red = s_tsum + GDR_C;  // 32 floats for block_sum
+        float* p_q = s_red + 32;         // [2][64] each
+        float* p_k = p_q + 2 * GDR_C;
+        float* p_v = p_k + 2 * GDR_C;
+        float* p_kb = p_v + 2 * GDR_C;
+        float* p_r1 = p_kb + 2 * GDR_C;  // [2][64]: row sums of E, then of the dbeta terms of dM
+        float* p_r2 = p_r1 + 2 * GDR_C;  // [2][64]: row sums of the dgam terms of dM
+        float* p_c = p_r2 + 2 * GDR_C;   // [4][64]: column sums of E, then of the dgam terms of dM
+        __syncthreads();  // the previous value head is done with every slot
+        // Stage A: dO, h (cp.async); dD, D (bf16 from registers); gam, beta.
+        g8_rows16<GDR_C, DV>(sO, LV, d_o + t0 * vrow + (i64)hv * dv, vrow, l);
+        g8_rows16<DK, DV>(sH, LV, h_ws + cb * (i64)dk * dv, dv, DK);
+        cp_async_commit();
+        g7_rows32<DV>(sDD, LV, dd_ws + cb * GDR_C * (i64)dv, dv);
+        g7_rows32<DV>(sD, LV, d_ws + cb * GDR_C * (i64)dv, dv);
+        load_gam(gam_ws, cb * GDR_C, l, s_gam, s_eg, s_ed);  // synchronizes
+        if (tid < GDR_C) s_beta[tid] = tid < l ? ld(beta, (t0 + tid) * hv_n + hv) : 0.f;
+        cp_async_wait_all();
+        __syncthreads();
+        if (r + 1 < ratio) {  // the next value head's operands into L2 while this one computes
+            const i64 cn = cb + 1;
+            g7_prefetch(h_ws + cn * (i64)dk * dv, (i64)dk * dv * 2);
+            g7_prefetch(dh_ws + cn * (i64)dk * dv, (i64)dk * dv * 2);
+            g7_prefetch(d_ws + cn * GDR_C * (i64)dv, (i64)GDR_C * dv * 4);
+            g7_prefetch(dd_ws + cn * GDR_C * (i64)dv, (i64)GDR_C * dv * 4);
+            g7_prefetch(t_ws + cn * (GDR_C * GDR_C), (i64)GDR_C * GDR_C * 4);
+            for (int i = warp; i < l; i += GDR_NT / 32) {
+                if (lane < dv / 64) {  // dv * 2 bytes per row: dv / 64 lines
+                    const i64 o = (t0 + i) * vrow + (i64)(hv + 1) * dv + 64 * lane;
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(v + o));
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(d_o + o));
+                }
+            }
+        }
+        auto gamma = [&](int i, int j) { return expf(s_gam[i] - s_gam[j]); };
+        // Thread i < 64 alone updates dgam_i, dbeta_i (s_dgam, s_db).
+
+        // dq += e^gam (scale dO S0^T), its row dot with q; dW = -dD S0^T into the free slot.
+        {
+            float acc[NK][4];
+            g6_zero(acc);
+            g8_mma<NK, false, true, OPQ>(acc, sO, LV, sH, LV, dv);
+            g7_map(acc, [&](int i, int x, float& a) { a = s_eg[i] * (scale * a); });
+            g8_rowdot<OPQ>(acc, p_q, g8_opq(qc), krow, l);
+            g8_accum<OPQ>(acc, g8_opq(dqc), krow, l, first);
+            g6_zero(acc);
+            g8_mma<NK, false, true, OPQ>(acc, sDD, LV, sH, LV, dv);
+            g6_epi(acc, [&](int i, int x, float a) { sW[i * LK + x] = f32_to_bf16(-a); });
+        }
+        __syncthreads();  // h no longer read (but for <h, dh> by the thread overwriting it)
+        {
+            const float sds = g8_swap_dh<DK, DV>(sH, LV, dh_ws + cb * (i64)dk * dv, s_red);  // synchronizes
+            if (tid == 0) s_tsum[2] = sds;
+        }
+        // dk += e^(gam_L - gam) (D dS^T), its row dot with k.
+        {
+            float acc[NK][4];
+            g6_zero(acc);
+            g8_mma<NK, false, true, OPQ>(acc, sD, LV, sH, LV, dv);
+            g7_map(acc, [&](int i, int x, float& a) { a = s_ed[i] * a; });
+            g8_rowdot<OPQ>(acc, p_k, g8_opq(kc), krow, l);
+            g8_accum<OPQ>(acc, g8_opq(dkc), krow, l, first);
+        }
+        __syncthreads();  // dh no longer read; p_q, p_k complete
+        // Q, K over dh (cp.async; in flight during dA's product).
+        g8_rows16<GDR_C, DK>(sQ, LK, qb + t0 * krow + (i64)kh * dk, krow, l);
+        g8_rows16<GDR_C, DK>(sK, LK, kb + t0 * krow + (i64)kh * dk, krow, l);
+        cp_async_commit();
+        // dgam_i = <dq_i, q_i> - t_i, t_i = <dk_i, k_i>; dgam_L += sum t + e^gam_L <S0, dS> (below).
+        if (tid < GDR_C) {
+            const int i = tid;
+            const float ti = i < l ? p_k[i] + p_k[GDR_C + i] : 0.f;
+            s_dgam[i] = (i < l ? p_q[i] + p_q[GDR_C + i] : 0.f) - ti;
+            s_db[i] = 0.f;
+            const float ts = warp_sum(ti);
+            if (lane == 0) s_tsum[warp] = ts;
+        }
+        // dA = scale dO D^T (j <= i): E = dA * A (for dgam), G = dA * Gamma (bf16 operand).
+        {
+            float ad[4][4], aa[4][4];
+            g6_zero(ad);
+            g8_mma<4, false, true, OPQ>(ad, sO, LV, sD, LV, dv);
+            cp_async_wait_all();
+            __syncthreads();  // Q, K (and s_tsum) visible
+            g6_zero(aa);
+            g8_mma<4, false, true, OPQ>(aa, sQ, LK, sK, LK, dk);
+            unsigned gp[4][2];
+            {
+                const int tq = g8_tid<OPQ>(), g = (tq & 31) >> 2, t = tq & 3;
+                const int r0 = 16 * ((tq >> 5) & 3) + g, c0 = (tq >> 7) * 32 + 2 * t;
+#pragma unroll
+                for (int n = 0; n < 4; ++n)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int i = r0 + 8 * h;
+                        unsigned bits = 0;
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int j = c0 + 8 * n + e, cc = 2 * h + e;
+                            const bool in = j <= i && i < l;
+                            const float a = (j <= i && i < l) ? aa[n][cc] * gamma(i, j) : 0.f;
+                            const float x = scale * ad[n][cc];
+                            ad[n][cc] = in ? x * a : 0.f;
+                            bits |= (unsigned)f32_to_bf16(in ? x * gamma(i, j) : 0.f) << (16 * e);
+                        }
+                        gp[n][h] = bits;
+                    }
+            }
+            g7_rowsum(ad, p_r1, [&](int, int, float a) { return a; });
+            g8_colsum<OPQ>(ad, p_c);
+            __syncthreads();  // dO, D no longer read; the E partials complete
+            const int tq = g8_tid<OPQ>(), g = (tq & 31) >> 2, t = tq & 3;
+            const int r0 = 16 * ((tq >> 5) & 3) + g, c0 = (tq >> 7) * 32 + 2 * t;
+#pragma unroll
+            for (int n = 0; n < 4; ++n)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    *reinterpret_cast<unsigned*>(sG + (r0 + 8 * h) * LC + c0 + 8 * n) = gp[n][h];
+        }
+        // V over D (cp.async; waited for before dT).
+        g8_rows16<GDR_C, DV>(sV, LV, vc, vrow, l);
+        cp_async_commit();
+        // T's loads (stored over Q once G K, G^T Q are done).
+        if (tid < GDR_C) {
+            const int i = tid;
+            float dgam = s_dgam[i];
+            if (i == l - 1) dgam += expf(s_gam[l - 1]) * s_tsum[2] + (s_tsum[0] + s_tsum[1]);
+            const float rs = p_r1[i] + p_r1[GDR_C + i];
+            const float cs = (p_c[i] + p_c[GDR_C + i]) + (p_c[2 * GDR_C + i] + p_c[3 * GDR_C + i]);
+            s_dgam[i] = dgam + (rs - cs);
+        }
+        __syncthreads();  // G visible
+        // dq += G K ; dk += G^T Q.
+        {
+            float acc[NK][4];
+            g6_zero(acc);
+            g8_mma<NK, false, false, OPQ>(acc, sG, LC, sK, LK, GDR_C);
+            g8_accum<OPQ>(acc, g8_opq(dqc), krow, l, false);
+            g6_zero(acc);
+            g8_mma<NK, true, false, OPQ>(acc, sG, LC, sQ, LK, GDR_C);
+            g8_accum<OPQ>(acc, g8_opq(dkc), krow, l, false);
+        }
+        __syncthreads();  // Q, G no longer read
+        {
+            G8Rows32<GDR_C> tl;
+            tl.load(t_ws + cb * (GDR_C * GDR_C), GDR_C);
+            tl.store(sT, LC);
+        }
+        cp_async_wait_all();
+        __syncthreads();  // T, V visible
+        // dT = dD Vb^T + dW Kb^T, Vb = diag(beta) V, Kb = diag(beta e^gam) K (column scales of dT).
+        {
+            float a1[4][4], a2[4][4];
+            g6_zero(a1);
+            g6_zero(a2);
+            g8_mma<4, false, true, OPQ>(a1, sDD, LV, sV, LV, dv);
+            g8_mma<4, false, true, OPQ>(a2, sW, LK, sK, LK, dk);
+            const int tq = g8_tid<OPQ>(), g = (tq & 31) >> 2, t = tq & 3;
+            const int r0 = 16 * ((tq >> 5) & 3) + g, c0 = (tq >> 7) * 32 + 2 * t;
+#pragma unroll
+            for (int n = 0; n < 4; ++n)
+#pragma unroll
+                for (int cc = 0; cc < 4; ++cc) {
+                    const int i = r0 + 8 * (cc >> 1), j = c0 + 8 * n + (cc & 1);
+                    const float x = s_beta[j] * a1[n][cc] + (s_beta[j] * s_eg[j]) * a2[n][cc];
+                    sX[i * LC + j] = f32_to_bf16(x);
+                }
+        }
+        // dVb = T^T dD: dv = beta dVb (packed bf16 pairs), <dVb_i, v_i>.
+        {
+            float acc[NV][4];
+            g6_zero(acc);
+            g8_mma<NV, true, false, OPQ>(acc, sT, LC, sDD, LV, GDR_C);
+            g7_rowsum(acc, p_v, [&](int i, int x, float a) { return a * bf16_to_f32(sV[i * LV + x]); });
+            const int tq = g8_tid<OPQ>(), g = (tq & 31) >> 2, t = tq & 3;
+            const int r0 = 16 * ((tq >> 5) & 3) + g, c0 = (tq >> 7) * (8 * NV) + 2 * t;
+#pragma unroll
+            for (int n = 0; n < NV; ++n)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int i = r0 + 8 * h;
+                    if (i < l) {
+                        const float bb = s_beta[i];
+                        *reinterpret_cast<unsigned*>(dv_out + (t0 + i) * vrow + (i64)hv * dv + c0 + 8 * n) =
+                            pack_bf16(bb * acc[n][2 * h], bb * acc[n][2 * h + 1]);
+                    }
+                }
+        }
+        // dKb = T^T dW: dk += beta e^gam dKb, <dKb_i, k_i>.
+        {
+            float acc[NK][4];
+            g6_zero(acc);
+            g8_mma<NK, true, false, OPQ>(acc, sT, LC, sW, LK, GDR_C);
+            g8_rowdot<OPQ>(acc, p_kb, g8_opq(kc), krow, l);
+            g7_map(acc, [&](int i, int x, float& a) { a = (s_beta[i] * s_eg[i]) * a; });
+            g8_accum<OPQ>(acc, g8_opq(dkc), krow, l, false);
+        }
+        __syncthreads();  // dT visible; dD, V no longer read; p_v, p_kb complete
+        // dbeta += <dVb, v> + e^gam <dKb, k>; dgam += beta e^gam <dKb, k>.
+        if (tid < l) {
+            const int i = tid;
+            const float sv = p_v[i] + p_v[GDR_C + i], sk = p_kb[i] + p_kb[GDR_C + i];
+            s_db[i] += sv + s_eg[i] * sk;
+            s_dgam[i] += (s_beta[i] * s_eg[i]) * sk;
+        }
+        // dM = -T^T dT T^T: Y = T^T dT (bf16, over dD), then dM = -(Y T^T) in the fragments.
+        {
+            float acc[4][4];
+            g6_zero(acc);
+            g8_mma<4, true, false, OPQ>(acc, sT, LC, sX, LC, GDR_C);
+            g6_epi(acc, [&](int m, int n, float a) { sY[m * LC + n] = f32_to_bf16(a); });
+        }
+        __syncthreads();  // Y visible; dT no longer read
+        // M_ij = beta_i P_ij Gamma_ij (j < i), P = K K^T: dbeta_i += sum_j dM_ij P_ij Gamma_ij;
+        // f = dM_ij beta_i P_ij Gamma_ij: dgam_i += f, dgam_j -= f; dP_ij = dP_ji = dM_ij beta_i
+        // Gamma_ij (bf16, both triangles written by the owner of the lower element; 0 elsewhere).
+        {
+            float am[4][4], ap[4][4];
+            g6_zero(am);
+            g6_zero(ap);
+            g8_mma<4, false, true, OPQ>(am, sY, LC, sT, LC, GDR_C);
+            g8_mma<4, false, true, OPQ>(ap, sK, LK, sK, LK, dk);
+            const int tq = g8_tid<OPQ>(), g = (tq & 31) >> 2, t = tq & 3;
+            const int r0 = 16 * ((tq >> 5) & 3) + g, c0 = (tq >> 7) * 32 + 2 * t;
+#pragma unroll
+            for (int n = 0; n < 4; ++n)
+#pragma unroll
+                for (int cc = 0; cc < 4; ++cc) {
+                    const int i = r0 + 8 * (cc >> 1), j = c0 + 8 * n + (cc & 1);
+                    float dbv = 0.f, f = 0.f, d = 0.f;
+                    if (j < i && i < l) {
+                        const float x = -am[n][cc], gm = gamma(i, j);
+                        const float pg = ap[n][cc] * gm;
+                        dbv = x * pg;
+                        f = x * s_beta[i] * pg;
+                        d = x * s_beta[i] * gm;
+                    }
+                    if (j <= i) {
+                        const bf16_t db16 = f32_to_bf16(d);
+                        sX[i * LC + j] = db16;
+                        if (j < i) sX[j * LC + i] = db16;
+                    }
+                    am[n][cc] = dbv;
+                    ap[n][cc] = f;
+                }
+            g7_rowsum(am, p_r1, [&](int, int, float a) { return a; });
+            g7_rowsum(ap, p_r2, [&](int, int, float a) { return a; });
+            g8_colsum<OPQ>(ap, p_c);
+        }
+        __syncthreads();  // dP visible; the dM partials complete
+        if (tid < GDR_C) {
+            const int i = tid;
+            s_db[i] += p_r1[i] + p_r1[GDR_C + i];
+            const float fr = p_r2[i] + p_r2[GDR_C + i];
+            const float fc = (p_c[i] + p_c[GDR_C + i]) + (p_c[2 * GDR_C + i] + p_c[3 * GDR_C + i]);
+            s_dgam[i] += fr - fc;
+        }
+        // dk += dP_sym K.
+        {
+            float acc[NK][4];
+            g6_zero(acc);
+            g8_mma<NK, false, false, OPQ>(acc, sX, LC, sK, LK, GDR_C);
+            g8_accum<OPQ>(acc, g8_opq(dkc), krow, l, false);
+        }
+        __syncthreads();  // s_dgam complete
+        // gam = cumsum(g): dg_j = sum_{i >= j} dgam_i (a reverse scan over lanes, two per lane).
+        if (warp == 0) {
+            const int i0 = 2 * lane;
+            const float a0 = i0 < l ? s_dgam[i0] : 0.f, a1 = i0 + 1 < l ? s_dgam[i0 + 1] : 0.f;
+            float s = a0 + a1;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const float y = __shfl_down_sync(0xffffffffu, s, o);
+                if (lane + o < 32) s += y;
+            }
+            float ex = __shfl_down_sync(0xffffffffu, s, 1);
+            if (lane == 31) ex = 0.f;
+            if (i0 + 1 < l) dg[(t0 + i0 + 1) * hv_n + hv] = ex + a1;
+            if (i0 < l) dg[(t0 + i0) * hv_n + hv] = (ex + a1) + a0;
+        }
+        if (tid < l) st(dbeta, (t0 + tid) * hv_n + hv, s_db[tid]);
+    }
+    __syncthreads();  // the group's dq, dk sums are complete (written by other threads)
+
+    // dq, dk through the l2 norm: gdr_grad7's pass (the same bits).
+    constexpr int NU = DK / 32, NR = GDR_C / (GDR_NT / 32) / 2;
+    for (int which = 0; which < 4; ++which) {
+        const int i0 = (GDR_NT / 32) * NR * (which & 1);
+        const float* acc = which < 2 ? dqc : dkc;
+        const bf16_t* xr = (which < 2 ? q_raw : k_raw) + t0 * krow + (i64)kh * dk;
+        bf16_t* out = (which < 2 ? dq_out : dk_out) + t0 * krow + (i64)kh * dk;
+        float dy[NR][NU], xv[NR][NU];
+#pragma unroll
+        for (int j = 0; j < NR; ++j) {
+            const int i = i0 + warp + (GDR_NT / 32) * j;
+#pragma unroll
+            for (int u = 0; u < NU; ++u) {
+                const int x = lane + 32 * u;
+                dy[j][u] = i < l ? acc[i * krow + x] : 0.f;
+                xv[j][u] = (l2norm && i < l) ? ld(xr, i * krow + x) : 0.f;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NR; ++j) {
+            const int i = i0 + warp + (GDR_NT / 32) * j;
+            if (l2norm) {
+                float ss = 0.f;
+#pragma unroll
+                for (int u = 0; u < NU; ++u) ss += xv[j][u] * xv[j][u];
+                const float rstd = 1.f / sqrtf(warp_sum(ss) + 1e-6f);
+                float d = 0.f;
+#pragma unroll
+                for (int u = 0; u < NU; ++u) d += dy[j][u] * (xv[j][u] * rstd);
+                d = warp_sum(d);
+#pragma unroll
+                for (int u = 0; u < NU; ++u) dy[j][u] = rstd * (dy[j][u] - (xv[j][u] * rstd) * d);
+            }
+            if (i < l) {
+#pragma unroll
+                for (int u = 0; u < NU; ++u) st(out, i * krow + lane + 32 * u, dy[j][u]);
+            }
+        }
+    }
+}
+
+// gdr_grad8 (bf16 states; TQ: the q, k the row dots read, as gdr_grad7). Two CTAs per SM.
+#define GDR_GRAD8_ENTRY(TQ, S, DK, DV)                                                                  \
+    extern "C" __global__ void __launch_bounds__(GDR_NT, 2) gdr_grad8_##S##_d##DK##_v##DV(              \
+        const bf16_t* q_raw, const bf16_t* k_raw, const TQ* q, const TQ* k, const bf16_t* qb,           \
+        const bf16_t* kb, const bf16_t* v, const bf16_t* beta, const bf16_t* d_o, const float* gam_ws,  \
+        const float* t_ws, const bf16_t* h_ws, const bf16_t* dh_ws, const float* d_ws,                  \
+        const float* dd_ws, const i64* ch_t0, const int* ch_len, int hk, int hv, float scale,           \
+        int l2norm, float* dqa, float* dka, bf16_t* dq_out, bf16_t* dk_out, bf16_t* dv_out, float* dg,  \
+        bf16_t* dbeta) {                                                                                \
+        gdr_grad8<TQ, DK, DV>(q_raw, k_raw, q, k, qb, kb, v, beta, d_o, gam_ws, t_ws, h_ws, dh_ws, d_ws, \
+                              dd_ws, ch_t0, ch_len, hk, hv, scale, l2norm, dqa, dka, dq_out, dk_out,    \
+                              dv_out, dg, dbeta);                                                       \
+    }
+
+GDR_GRAD8_ENTRY(bf16_t, bf16, 64, 64)
+GDR_GRAD8_ENTRY(bf16_t, bf16, 64, 128)
+GDR_GRAD8_ENTRY(bf16_t, bf16, 128, 64)
+GDR_GRAD8_ENTRY(bf16_t, bf16, 128, 128)
+GDR_GRAD8_ENTRY(float, bf16n, 64, 64)
+GDR_GRAD8_ENTRY(float, bf16n, 64, 128)
+GDR_GRAD8_ENTRY(float, bf16n, 128, 64)
+GDR_GRAD8_ENTRY(float, bf16n, 128, 128)
