@@ -60,9 +60,9 @@ pub struct CachePool {
     fold: bool,
     /// The folded in_proj weight, for the device weights it was made from.
     folded: Option<Folded>,
-    /// GPU decode steps on the opt-in chain (`pool_pdl.rs`): the step's intermediates kept in
-    /// [`DecodeWork`] buffers (the graph is kernels only) and our kernels launched as
-    /// programmatic dependent launches (`GDN_DECODE_PDL=1`, [`CachePool::set_pdl`]).
+    /// GPU decode steps on the chain of `pool_pdl.rs` (the default): the step's intermediates
+    /// kept in [`DecodeWork`] buffers (the graph is kernels only) and our kernels launched as
+    /// programmatic dependent launches (`GDN_DECODE_PDL=0` or [`CachePool::set_pdl`] turn it off).
     pdl: bool,
     /// The op-by-op chain's work buffers (a captured graph owns its own).
     work: Option<DecodeWork>,
@@ -150,7 +150,8 @@ impl CachePool {
         self.gemv_rows = rows;
         self.fold = on;
     }
-    /// Run GPU decode steps on the opt-in chain (`GDN_DECODE_PDL=1`; off by default): the step's
+    /// Run GPU decode steps on the chain (on by default since 2026-12-02; `GDN_DECODE_PDL=0`
+    /// makes new pools start without it): the step's
     /// intermediates (normalized input, in_proj output, the pre step's outputs, the rule's `o`,
     /// the gated norm's output and statistics) in buffers allocated once per pool and batch size
     /// instead of per step (so the captured graph holds kernels and no allocation nodes), and the
@@ -165,7 +166,7 @@ impl CachePool {
         }
         self.pdl = on;
     }
-    /// Whether decode steps run the opt-in chain ([`set_pdl`](Self::set_pdl)).
+    /// Whether decode steps run the chain ([`set_pdl`](Self::set_pdl)).
     pub fn pdl(&self) -> bool {
         self.pdl
     }
@@ -191,13 +192,13 @@ impl CachePool {
     pub fn graph_batch(&self) -> Option<usize> {
         self.graph.as_ref().map(DecodeGraph::batch)
     }
-    /// Whether the captured decode graph, if one is held, is the opt-in chain's
+    /// Whether the captured decode graph, if one is held, is the chain's
     /// ([`set_pdl`](Self::set_pdl): kernels only, programmatic launches).
     pub fn graph_is_pdl(&self) -> Option<bool> {
         self.graph.as_ref().map(DecodeGraph::is_pdl)
     }
-    /// Device bytes of the opt-in chain's work buffers held (the graph's and the op-by-op
-    /// path's; 0 without [`set_pdl`](Self::set_pdl)).
+    /// Device bytes of the chain's work buffers held (the graph's and the op-by-op path's; 0 with
+    /// [`set_pdl`](Self::set_pdl)`(false)`).
     pub fn decode_work_bytes(&self) -> usize {
         self.graph.as_ref().map_or(0, DecodeGraph::work_bytes)
             + self.work.as_ref().map_or(0, DecodeWork::bytes)

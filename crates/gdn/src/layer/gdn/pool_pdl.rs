@@ -1,4 +1,5 @@
-//! The decode step's opt-in chain (issue 14; `GDN_DECODE_PDL=1` or [`CachePool::set_pdl`]):
+//! The decode step's chain (issue 14; the default since 2026-12-02, session 10; `GDN_DECODE_PDL=0`
+//! or [`CachePool::set_pdl`]`(false)` turns it off):
 //! the same ops as `decode_step` (norm + in_proj, pre, rule, gated norm, out_proj) with
 //!
 //! - every intermediate in a [`DecodeWork`] buffer allocated once per pool and batch size (a
@@ -21,11 +22,14 @@ use super::*;
 use crate::ops::common::norm::GpuNormStats;
 use crate::ops::decode::PreOut;
 
-/// The chain is on when `GDN_DECODE_PDL` is `1`, `on` or `true` (off by default).
+/// The chain is on unless `GDN_DECODE_PDL` is `0`, `off` or `false`. On by default since
+/// 2026-12-02 (session 10): on the H200 its graph steps are the same bits and faster at every
+/// batch measured (`bench_decode pdl 1 8 64 256`: B 1 60.1 -> 55.2 us with the skinny GEMM and
+/// the folded norm, B 8 70.2 -> 62.5, B 64 154.7 -> 151.1 with cuBLASLt, B 256 382 -> 373).
 pub(super) fn enabled_by_env() -> bool {
-    matches!(
+    !matches!(
         std::env::var("GDN_DECODE_PDL").as_deref(),
-        Ok("1") | Ok("on") | Ok("true")
+        Ok("0") | Ok("off") | Ok("false")
     )
 }
 

@@ -471,7 +471,15 @@ pub fn forward_with_prep(
         FwdKernel::Auto => {
             let sms = gpu.sm_count().unwrap_or(132);
             if auto_picks_v8(seqs.count(), s.hv, s.dv, sms) {
-                Some((0, V6Loads::Split))
+                // v9 where the GPU has mbarrier-completed copies (the same bits as v8)
+                Some((
+                    0,
+                    if gpu_has_bulk_copies(gpu) {
+                        V6Loads::Ring
+                    } else {
+                        V6Loads::Split
+                    },
+                ))
             } else {
                 Some((0, V6Loads::Lean))
             }
@@ -866,18 +874,20 @@ pub enum FwdKernel {
     /// (0 picks by shape; `GDN_RULE_V8_WARPS` from the environment). The same inputs (v6's prep)
     /// and outputs; not the same bits as v6 (another summation order).
     V8 { warps: usize },
-    /// v9 (opt-in, `GDN_RULE_FWD=v9`): v8 with its loads warp-specialized (`gdr_fwd9*`: one
-    /// producer warp, or a producer warpgroup at 8 compute warps, fills a ring of stages by
+    /// v9 (`GDN_RULE_FWD=v9`; [`FwdKernel::Auto`]'s pick at few heads): v8 with its loads
+    /// warp-specialized (`gdr_fwd9*`: one producer warp, or a producer warpgroup at 8 compute
+    /// warps, fills a ring of stages by
     /// cp.async completing on mbarriers; the compute warps wait per stage and release it, no
     /// CTA-wide barrier per chunk). The same arithmetic on the same stage bytes: the same bits
     /// as [`FwdKernel::V8`] at every width. sm_90 and newer; `V8` below. `warps` as `V8`'s
     /// (`GDN_RULE_V8_WARPS` from the environment).
     V9 { warps: usize },
-    /// The default (since 2026-12-02, session 8): [`FwdKernel::V8`] where v6's grid would
-    /// leave schedulers idle (at most two 16-column state tiles per SM, [`auto_picks_v8`]: few
-    /// sequences x value heads over long sequences, e.g. B1 T32768 16/32, 2.49 -> 1.66 ms on the
-    /// H200), else [`FwdKernel::V6Lean`] (B8 T4096 16/16: 0.42 ms against v8's 0.55); widths by
-    /// shape.
+    /// The default: [`FwdKernel::V9`] (since 2026-12-02, session 10; [`FwdKernel::V8`], the
+    /// same bits, before it and on GPUs older than sm_90) where v6's grid would leave schedulers
+    /// idle (at most two 16-column state tiles per SM, [`auto_picks_v8`]: few sequences x value
+    /// heads over long sequences, e.g. B1 T32768 16/32 on the H200: v6 2.49, v8 1.66, v9 1.45
+    /// ms), else [`FwdKernel::V6Lean`] (B8 T4096 16/16: 0.42 ms against v8's 0.55 and v9's 0.48);
+    /// widths by shape.
     Auto,
 }
 

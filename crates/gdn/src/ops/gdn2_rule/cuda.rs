@@ -943,7 +943,7 @@ pub enum Bwd {
     /// (`g2b_grad_tc_*`: operands rounded to 10 mantissa bits, fp32 accumulation) for bf16
     /// storage; f32 storage runs exactly [`Bwd::Chunked`]. Opt-in: `GDN_RULE2_GRAD=tc`.
     ChunkedTc,
-    /// Backward v2 (opt-in `GDN_RULE2_BWD=v2`, bench/notes/h-g2bw.md): [`Bwd::ChunkedTc`]'s
+    /// Backward v2 (`GDN_RULE2_BWD=v2`; the default in sessions 8-9, bench/notes/h-g2bw.md): [`Bwd::ChunkedTc`]'s
     /// kernels with `g2b_dscan*p` (the reverse scan with its operand loads overlapped with the
     /// math: the same bits as `g2b_dscan*`) and, for bf16 storage, `g2b_grad2_*` (the tc products,
     /// coalesced scratch stores and dg row dots, ex2.approx in the Gram step); f32 storage keeps
@@ -951,17 +951,18 @@ pub enum Bwd {
     V2,
     /// [`Bwd::V2`] with, for bf16 storage, `g2b_grad3_*` (bench/notes/h-g2g3.md): `g2b_grad2`
     /// with the Gram step by 16-row blocks (the 6 blocks below the diagonal as 3xTF32 tensor-core
-    /// products with per-channel scale vectors, only the diagonal blocks elementwise). Opt-in:
-    /// `GDN_RULE2_BWD=v3`, or `GDN_RULE2_GRAD=v3` with v2 (the default); f32 storage is exactly
-    /// [`Bwd::V2`].
+    /// products with per-channel scale vectors, only the diagonal blocks elementwise). The
+    /// default ([`DEFAULT_BWD`]); `GDN_RULE2_GRAD=v3` with `GDN_RULE2_BWD=v2` picks it too; f32
+    /// storage is exactly [`Bwd::V2`].
     V3,
 }
 
-/// The backward [`Bwd::from_env`] picks when `GDN_RULE2_BWD` is unset: [`Bwd::V2`] (since
-/// 2026-12-02, session 8: its GPU tests passed on the H200; B1 T32768 16/32 backward 66.9 ms
-/// (chunked) / 63.4 (tc) -> 54.6, B8 T4096 16/16 34.2 / 32.4 -> 28.0). `GDN_RULE2_BWD=chunked`
-/// keeps the fp32 gradient kernel (`GDN_RULE2_GRAD=tc` with it: the TF32 one).
-pub const DEFAULT_BWD: Bwd = Bwd::V2;
+/// The backward [`Bwd::from_env`] picks when `GDN_RULE2_BWD` is unset: [`Bwd::V3`] (since
+/// 2026-12-02, session 10: its GPU tests passed on the H200; B1 T32768 16/32 backward 55.3 ms
+/// (v2) -> 49.8, g2b_grad2 ~36.7 -> g2b_grad3 31.8; B8 T4096 16/16 28.5 -> 25.6; before it
+/// [`Bwd::V2`], since session 8). `GDN_RULE2_BWD=v2` keeps v2, `GDN_RULE2_BWD=chunked` the fp32
+/// gradient kernel (`GDN_RULE2_GRAD=tc` with it: the TF32 one).
+pub const DEFAULT_BWD: Bwd = Bwd::V3;
 
 impl Bwd {
     /// `GDN_RULE2_BWD=chunked` or `=recurrent` picks the kernels; unset (or anything else),
