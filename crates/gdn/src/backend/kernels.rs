@@ -6,7 +6,8 @@
 //! the TF32 tensor-core primitives, for `gdn2_rule_tc`, which is `gdn2_rule.cu` compiled with
 //! `G2B_TC_MODULE` defined: the opt-in tensor-core kernels, kept out of `gdn2_rule` so that the
 //! default module's code is unchanged; `ops/common/async_copy.cuh`, mbarrier and async-copy
-//! primitives, for `gated_delta_rule`).
+//! primitives, for `gated_delta_rule`; `ops/common/wgmma.cuh`, the warpgroup-MMA (sm_90a)
+//! primitives, for `wgmma_probe`, their GPU test's module).
 
 use crate::error::{GdnError, Result};
 
@@ -26,6 +27,10 @@ pub const MMA_TF32: &str = include_str!("../ops/common/mma_tf32.cuh");
 /// (`ops/common/async_copy.cuh`).
 pub const ASYNC_COPY: &str = include_str!("../ops/common/async_copy.cuh");
 
+/// Warpgroup matrix-multiply (wgmma, sm_90a) primitives: the SW128 shared-memory layout, its
+/// descriptors, the m64nNk16 bf16 instructions (`ops/common/wgmma.cuh`).
+pub const WGMMA: &str = include_str!("../ops/common/wgmma.cuh");
+
 /// The shared headers (name, source) prepended to `module` after [`COMMON`], in order.
 pub fn headers(module: &str) -> &'static [(&'static str, &'static str)] {
     match module {
@@ -35,6 +40,7 @@ pub fn headers(module: &str) -> &'static [(&'static str, &'static str)] {
         // header there reorders its PTX (same source otherwise), see bench/notes/h-g2tc.md.
         // async_copy.cuh only adds new (acp_) names, used by the v9 section alone.
         "gated_delta_rule" => &[("async_copy.cuh", ASYNC_COPY)],
+        "wgmma_probe" => &[("async_copy.cuh", ASYNC_COPY), ("wgmma.cuh", WGMMA)],
         "gdn2_rule_tc" => &[
             ("g2b_tc_module.cuh", "#define G2B_TC_MODULE 1\n"),
             ("mma_tf32.cuh", MMA_TF32),
@@ -46,6 +52,8 @@ pub fn headers(module: &str) -> &'static [(&'static str, &'static str)] {
 /// (module name, source) of every kernel file.
 pub const MODULES: &[(&str, &str)] = &[
     ("smoke", include_str!("kernels/smoke.cu")),
+    // The wgmma primitives' probes (tests/gpu_wgmma.rs).
+    ("wgmma_probe", include_str!("kernels/wgmma_probe.cu")),
     ("layout", include_str!("../ops/layout/layout.cu")),
     (
         "gated_delta_rule",
