@@ -45,7 +45,9 @@
 //! - `grad8`: the default backward with `gdr_grad7` against `gdr_grad8` (`GDN_RULE_GRAD=v8`, two
 //!   CTAs per SM) at B1 T32768 16/32 and B8 T4096 16/16: backward alone, medians of 10,
 //!   per-kernel times, each gradient against grad7's. `GDN_RULE_GRAD=v8` also makes the default
-//!   table (no argument) run gdr_grad8.
+//!   table (no argument) run gdr_grad8;
+//! - `grad9`: the same with `gdr_grad9` (`GDN_RULE_GRAD=v9`: the products on warpgroup MMA,
+//!   sm_90a) against `gdr_grad7`; `GDN_RULE_GRAD=v9` also makes the default table run gdr_grad9.
 
 #[path = "common/bench.rs"]
 mod bench;
@@ -58,8 +60,8 @@ use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_with, backward_with_prep, chain6, chain8,
     forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_backward_overlap,
-    set_bwd8, set_grad8, set_hrec8, set_v6_stages, set_v9_producer, BwdKernel, ChainInputs,
-    FwdKernel, PrepKernel,
+    set_bwd8, set_grad8, set_grad9, set_hrec8, set_v6_stages, set_v9_producer, BwdKernel,
+    ChainInputs, FwdKernel, PrepKernel,
 };
 use gdn::ops::gated_delta_rule::{RuleOpts, RuleShape, CHUNK};
 use gdn::Seqs;
@@ -137,7 +139,8 @@ fn main() {
         Some("v8") => return v8(&gpu),
         Some("v9") => return v9(&gpu),
         Some("bwd") => return bwd_variants(&gpu),
-        Some("grad8") => return grad8_variants(&gpu),
+        Some("grad8") => return grad_variants(&gpu, 8),
+        Some("grad9") => return grad_variants(&gpu, 9),
         Some("prep") => return prep_variants(&gpu),
         _ => {}
     }
@@ -1008,25 +1011,37 @@ fn prep_variants(gpu: &Arc<Gpu>) {
     }
 }
 
-/// The default backward with gdr_grad7 against gdr_grad8 (see the module doc).
-fn grad8_variants(gpu: &Arc<Gpu>) {
-    println!("bench-grad8 | case | per-chunk gradients | bwd ms (median of 10) | per kernel | grads vs grad7");
+/// The default backward with gdr_grad7 against gdr_grad8 or gdr_grad9 (`v`; see the module doc).
+fn grad_variants(gpu: &Arc<Gpu>, v: u32) {
+    let set = |on: bool| {
+        if v == 9 {
+            set_grad9(Some(on));
+        } else {
+            set_grad8(Some(on));
+        }
+    };
+    println!("bench-grad{v} | case | per-chunk gradients | bwd ms (median of 10) | per kernel | grads vs grad7");
     let kernel = BwdKernel::from_env();
     for &(b, t, hk, hv) in &[(1usize, 32768usize, 16usize, 32usize), (8, 4096, 16, 16)] {
         let x = inputs(gpu, b, t, hk, hv, 128, 128);
         let d_o = DBuf::upload(gpu, &normals(b * t * hv * 128, 6), DType::Bf16).unwrap();
-        set_grad8(Some(false));
+        set(false);
         let g7 = bwd(gpu, &x, &d_o, kernel);
         for on in [false, true, false, true] {
-            set_grad8(Some(on));
+            set(on);
             let (ms, p, diff) = bwd_row(gpu, &x, &d_o, kernel, &g7);
             println!(
-                "bench-grad8 | B{b} T{t} {hk}/{hv} | {} | {ms:.3} | {} | {diff}",
-                if on { "gdr_grad8" } else { "gdr_grad7" },
+                "bench-grad{v} | B{b} T{t} {hk}/{hv} | {} | {ms:.3} | {} | {diff}",
+                if on {
+                    format!("gdr_grad{v}")
+                } else {
+                    "gdr_grad7".to_string()
+                },
                 fmt_times(&p)
             );
         }
         set_grad8(None);
+        set_grad9(None);
         gpu.reset_peak();
     }
 }

@@ -15,8 +15,8 @@ use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_with, backward_with_prep, chain6, chain8,
     forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_backward_overlap,
-    set_bwd8, set_grad8, set_hrec8, set_poison, set_v6_stages, set_v9_producer, v6_supports,
-    BwdKernel, ChainInputs, FwdKernel, PrepKernel,
+    set_bwd8, set_grad8, set_grad9, set_hrec8, set_poison, set_v6_stages, set_v9_producer,
+    v6_supports, BwdKernel, ChainInputs, FwdKernel, PrepKernel,
 };
 use gdn::ops::gated_delta_rule::reference::{self, RefInputs};
 use gdn::ops::gated_delta_rule::{self as gdr, RuleOpts, RuleShape};
@@ -3230,5 +3230,144 @@ fn grad8_bitwise_vs_grad7() {
         }
     }
     set_grad8(None);
+    finish(fails);
+}
+
+// gdr_grad9 (issue 13, opt-in `GDN_RULE_GRAD=v9`, here `set_grad9` on the test's thread; sm_90a
+// only): gdr_grad7's per-chunk gradients with every product on warpgroup MMA (wgmma) from
+// unpadded SW128 shared-memory tiles.
+
+/// Every gradient of the v6 backward with gdr_grad9 against the f64 recurrence (check_v6_bwd, as
+/// grad8_matches_f64; the line says g7, the kernel is gdr_grad9): every case of the v6
+/// backward's test, every scan width on one case. Skipped before sm_90a (no wgmma).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn grad9_matches_f64() {
+    let gpu = gpu();
+    if gpu.arch() != "sm_90a" {
+        eprintln!("skipped: gdr_grad9 needs sm_90a ({})", gpu.arch());
+        return;
+    }
+    let mut fails = Vec::new();
+    set_grad9(Some(true));
+    for c in &v6_bwd_cases() {
+        let b = base(&gpu, c);
+        println!("gdr-check grad9 (the g7 line below runs gdr_grad9)");
+        check_v6_bwd(&gpu, c, &b, v7b(0), &mut fails);
+    }
+    let c = case(
+        "T300 1/2 d128 norm states",
+        Seqs::uniform(1, 300),
+        sh(1, 2, 128, 128),
+        true,
+        true,
+        Decay::LogSigmoid,
+        1011,
+        true,
+    );
+    let b = base(&gpu, &c);
+    for warps in [1, 2, 4, 8] {
+        check_v6_bwd(&gpu, &c, &b, v7b(warps), &mut fails);
+    }
+    set_grad9(None);
+    finish(fails);
+}
+
+/// gdr_grad9 against gdr_grad7 on ragged and packed chunk lengths, GVA 1 / 2 / 4, every head
+/// size it takes, both norms: the forward and dh0 bitwise (gdr_grad9 changes neither); dq, dk,
+/// dv, dg, dbeta within 2e-3 RMS rel of gdr_grad7's (the same products of the same bf16
+/// operands, summed by the tensor cores in another order, so some bf16 roundings of the
+/// intermediates flip); two runs identical; where gdr_grad7 does not run (Dv 48, f32 storage,
+/// Dk 256) set_grad9 changes nothing. Skipped before sm_90a.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn grad9_vs_grad7() {
+    let gpu = gpu();
+    if gpu.arch() != "sm_90a" {
+        eprintln!("skipped: gdr_grad9 needs sm_90a ({})", gpu.arch());
+        return;
+    }
+    let bits = |x: &Vec<f32>| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let cu = [0u64, 0, 1, 63, 64, 130, 300, 1000];
+    let mut fails = Vec::new();
+    let mut n = 0u64;
+    for (hk, hv) in [(2, 2), (2, 4), (1, 4)] {
+        for (dk, dv) in [(64, 64), (64, 128), (128, 64), (128, 128)] {
+            for norm in [true, false] {
+                n += 1;
+                let c = case(
+                    &format!("grad9 vs grad7 {hk}/{hv} d{dk}x{dv} norm={norm}"),
+                    Seqs::packed(&cu, 1003).unwrap(),
+                    sh(hk, hv, dk, dv),
+                    norm,
+                    n.is_multiple_of(2),
+                    Decay::LogSigmoid,
+                    1200 + n,
+                    true,
+                );
+                set_grad9(Some(false));
+                let g7 = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
+                set_grad9(Some(true));
+                let a = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
+                let a2 = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
+                check_written(&c, &a, &mut fails);
+                let mut line = format!("gdr-check {:<40}", c.name);
+                for (name, x, y) in [("o", &a.o, &g7.o), ("final_state", &a.fin, &g7.fin)] {
+                    let same = bits(x) == bits(y);
+                    line += &format!(" {name}={same}");
+                    if !same {
+                        fails.push(format!("{}: {name} differs from grad7's", c.name));
+                    }
+                }
+                if a.dh0.as_ref().map(bits) != g7.dh0.as_ref().map(bits) {
+                    fails.push(format!("{}: dh0 differs from grad7's", c.name));
+                }
+                for (name, x, y) in [
+                    ("dq", &a.dq, &g7.dq),
+                    ("dk", &a.dk, &g7.dk),
+                    ("dv", &a.dv, &g7.dv),
+                    ("dg", &a.dg, &g7.dg),
+                    ("dbeta", &a.dbeta, &g7.dbeta),
+                ] {
+                    let r: Vec<f64> = y.iter().map(|&v| v as f64).collect();
+                    let e = rms_rel(x, &r);
+                    line += &format!(" {name}={e:.2e}");
+                    if !(e.is_finite() && e < 2e-3) {
+                        fails.push(format!("{}: {name} vs grad7 {e:.3e}", c.name));
+                    }
+                }
+                if a.bits() != a2.bits() {
+                    fails.push(format!("{}: two grad9 runs differ", c.name));
+                }
+                println!("{line}");
+            }
+        }
+    }
+    for (dt, shape, bf) in [
+        (DType::Bf16, sh(1, 2, 128, 48), true),
+        (DType::F32, sh(2, 4, 128, 128), false),
+        (DType::Bf16, sh(1, 2, 256, 128), true),
+    ] {
+        let c = case(
+            "fallback grad9",
+            Seqs::uniform(1, 150),
+            shape,
+            true,
+            true,
+            Decay::LogSigmoid,
+            1034,
+            bf,
+        );
+        set_grad9(Some(true));
+        let a = run_gpu_with(&gpu, &c, dt, Some(v7b(0)));
+        set_grad9(Some(false));
+        let b = run_gpu_with(&gpu, &c, dt, Some(v7b(0)));
+        if a.bits() != b.bits() {
+            fails.push(format!(
+                "{dt:?} {shape:?}: set_grad9 changed a backward without grad7"
+            ));
+        }
+    }
+    set_grad9(None);
     finish(fails);
 }

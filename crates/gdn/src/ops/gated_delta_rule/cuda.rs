@@ -1604,8 +1604,39 @@ pub fn g8_bytes(dk: usize, dv: usize) -> usize {
     (3 * C * lv + hq + C * lk) * 2 + (23 * C + 32) * 4
 }
 
+/// Dynamic shared memory of `gdr_grad9` (`G9<DK, DV>::BYTES`): unpadded SW128 bf16 tiles (Q, K,
+/// dW: 64 x Dk; V, dO, D, dD: 64 x Dv; T: 64 x 64), h and dh (Dk x Dv) sharing their space with
+/// the 64 x 64 intermediates (G, X bf16; A, P, E fp32 rows of 65), gdr_grad7's vectors and row
+/// partials, and 1 KB to round the base up to the panels' 1024-byte alignment: 194,176 bytes
+/// at Dk = Dv = 128.
+pub fn g9_bytes(dk: usize, dv: usize) -> usize {
+    let tiles = 3 * C * dk * 2 + 4 * C * dv * 2 + C * C * 2;
+    let u1 = 2 * dk * dv * 2;
+    let u2 = 2 * C * C * 2 + 3 * C * (C + 1) * 4;
+    tiles + u1.max(u2) + (7 * C + 32) * 4 + 8 * C * 4 + 1024
+}
+
 thread_local! {
     static GRAD8: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    static GRAD9: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Tests and benchmarks: on the calling thread, `Some(true)` makes the backward's per-chunk
+/// gradients (where `gdr_grad7` runs) run `gdr_grad9` on GPUs with wgmma (sm_90a; elsewhere
+/// gdr_grad7 runs): the same outputs from the same bf16 operands, the products on warpgroup MMA,
+/// so sums in another order (results agree with gdr_grad7's to rounding, not bitwise);
+/// `Some(false)` gdr_grad7 (or gdr_grad8 by [`set_grad8`]); `None` (the default) follows
+/// `GDN_RULE_GRAD` (`v9` selects `gdr_grad9`). Takes precedence over [`set_grad8`].
+#[doc(hidden)]
+pub fn set_grad9(on: Option<bool>) {
+    GRAD9.with(|c| c.set(on));
+}
+
+fn grad9_on(gpu: &Gpu) -> bool {
+    gpu.arch() == "sm_90a"
+        && GRAD9
+            .with(|c| c.get())
+            .unwrap_or_else(|| std::env::var("GDN_RULE_GRAD").as_deref() == Ok("v9"))
 }
 
 /// Tests and benchmarks: on the calling thread, `Some(true)` makes the backward's per-chunk
@@ -2535,10 +2566,17 @@ fn grad7(
     let mut dv = out_d(gpu, tokens * s.hv * s.dv, dt)?;
     let dg = out_f32(gpu, tokens * s.hv)?;
     let mut dbeta = out_d(gpu, tokens * s.hv, dt)?;
-    let v8 = grad8_on();
+    let v9 = grad9_on(gpu);
+    let v8 = !v9 && grad8_on();
     let name = format!(
         "gdr_grad{}_{ks}_d{}_v{}",
-        if v8 { 8 } else { 7 },
+        if v9 {
+            9
+        } else if v8 {
+            8
+        } else {
+            7
+        },
         s.dk,
         s.dv
     );
@@ -2555,7 +2593,9 @@ fn grad7(
         gpu,
         &name,
         ch.count * s.hk,
-        if v8 {
+        if v9 {
+            g9_bytes(s.dk, s.dv)
+        } else if v8 {
             g8_bytes(s.dk, s.dv)
         } else {
             g7_bytes(s.dk, s.dv)
@@ -2695,6 +2735,24 @@ mod tests {
             }
         }
         assert_eq!(prep7_bytes(128, 256), 124_672);
+    }
+
+    /// gdr_grad9's shared memory (the .cu file's `G9<DK, DV>::BYTES`): one CTA per SM on the
+    /// H200 (227 KB) at every size it takes.
+    #[test]
+    fn grad9_fits_an_sm() {
+        assert_eq!(g9_bytes(128, 128), 194_176);
+        for dk in [64, 128] {
+            for dv in [64, 128] {
+                assert!(g9_bytes(dk, dv) <= 227 * 1024, "Dk {dk} Dv {dv}");
+            }
+        }
+        // the G9 layout's union: h, dh at Dk = Dv = 128 (65,536) are smaller than the 64 x 64
+        // intermediates (66,304)
+        assert_eq!(
+            g9_bytes(64, 64),
+            3 * 64 * 64 * 2 + 4 * 64 * 64 * 2 + 64 * 64 * 2 + 66_304 + 1920 + 2048 + 1024
+        );
     }
 
     /// gdr_grad8's shared memory (the .cu file's `G8<DK, DV>::BYTES`) at every size it takes:

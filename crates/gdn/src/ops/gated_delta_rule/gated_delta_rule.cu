@@ -5600,3 +5600,481 @@ GDR_GRAD8_ENTRY(float, bf16n, 64, 64)
 GDR_GRAD8_ENTRY(float, bf16n, 64, 128)
 GDR_GRAD8_ENTRY(float, bf16n, 128, 64)
 GDR_GRAD8_ENTRY(float, bf16n, 128, 128)
+
+// =============================================================================================
+// grad9 (issue 13; opt-in `GDN_RULE_GRAD=v9`, sm_90a only): gdr_grad7's per-chunk gradients
+// (same inputs, outputs, phases, barriers, epilogues and fragment ownership) with every product
+// on warpgroup MMA (ops/common/wgmma.cuh: wgmma m64nNk16, bf16 operands read by the tensor cores
+// straight from shared memory, fp32 accumulators) instead of mma.sync m16n8k16 fed by ldmatrix.
+// A 64 x N product of the CTA is one wgmma chain per warpgroup: warpgroup g (warps 4 g .. 4 g + 3)
+// computes columns g N / 2 .. + N / 2, so warp w owns rows 16 (w & 3) .. + 16 and columns
+// (w >> 2) N / 2 .. + N / 2 in mma.sync's C fragment layout: exactly gdr_grad7's ownership, so
+// every epilogue (row dots, fp32 accumulator, dv stores) is gdr_grad7's code. Per value head
+// and warp, ~70 wgmma replace ~545 mma.sync + ~550 ldmatrix (gdr_grad7 issues ~8.1 K
+// instructions per warp at ~8.3 cycles each: issue- and latency-bound).
+// The bf16 tiles are unpadded SW128 panels (wgmma.cuh's layout; 1024-byte aligned, the
+// dynamic shared memory base rounded up at run time), the fp32 64 x 64 intermediates keep
+// gdr_grad6's padded rows. Operand majorness per product as wgmma's transpose flags: A stored
+// [m][k] K-major, [k][m] M-major; B stored [n][k] K-major, [k][n] N-major. Results: the same
+// products of the same bf16 operands, summed by the tensor cores in another order than
+// mma.sync's k16 steps, so dq, dk, dv, dg, dbeta agree with gdr_grad7's to rounding (tested),
+// not bitwise; runs are deterministic (no atomics, fixed orders).
+
+template <int DK, int DV>
+struct G9 {
+    static constexpr int LF = GDR_C + 1;                     // fp32 row stride of A, P, E
+    static constexpr int Q_OFF = 0;                          // bf16 SW128 [64][DK]
+    static constexpr int K_OFF = Q_OFF + GDR_C * DK * 2;
+    static constexpr int W_OFF = K_OFF + GDR_C * DK * 2;     // dW [64][DK]
+    static constexpr int V_OFF = W_OFF + GDR_C * DK * 2;     // [64][DV]
+    static constexpr int O_OFF = V_OFF + GDR_C * DV * 2;
+    static constexpr int D_OFF = O_OFF + GDR_C * DV * 2;
+    static constexpr int DD_OFF = D_OFF + GDR_C * DV * 2;
+    static constexpr int T_OFF = DD_OFF + GDR_C * DV * 2;    // [64][64]
+    static constexpr int U_OFF = T_OFF + GDR_C * GDR_C * 2;
+    static constexpr int H_OFF = U_OFF;                      // phase 1: h, dh [DK][DV]
+    static constexpr int DH_OFF = H_OFF + DK * DV * 2;
+    static constexpr int G_OFF = U_OFF;                      // phase 2: G, X [64][64] bf16,
+    static constexpr int X_OFF = G_OFF + GDR_C * GDR_C * 2;  // then A, P, E fp32 [64][LF]
+    static constexpr int A_OFF = X_OFF + GDR_C * GDR_C * 2;
+    static constexpr int P_OFF = A_OFF + GDR_C * LF * 4;
+    static constexpr int E_OFF = P_OFF + GDR_C * LF * 4;
+    static constexpr int U1 = 2 * DK * DV * 2;
+    static constexpr int U2 = 2 * GDR_C * GDR_C * 2 + 3 * GDR_C * LF * 4;
+    static constexpr int VEC_OFF = U_OFF + (U1 > U2 ? U1 : U2);
+    static constexpr int PART_OFF = VEC_OFF + (7 * GDR_C + 32) * 4;
+    // + 1024: the base is rounded up to the panels' 1024-byte alignment
+    static constexpr int BYTES = PART_OFF + 8 * GDR_C * 4 + 1024;
+};
+
+// bf16 element (r, c) of an SW128 tile of `rows` rows.
+__device__ __forceinline__ bf16_t& g9_at(char* tile, int rows, int r, int c) {
+    return *reinterpret_cast<bf16_t*>(tile + wg_tile(rows, r, c));
+}
+
+// rows x n bf16 (n % 8 == 0) global -> SW128 tile of R rows by cp.async; rows >= l zero-filled.
+__device__ __forceinline__ void g9_rows16(char* dst, int R, const bf16_t* src, i64 gs, int n, int rows, int l) {
+    const int per = n / 8;
+    for (int e = threadIdx.x; e < rows * per; e += GDR_NT) {
+        const int i = e / per, x = (e - i * per) * 8;
+        const bool ok = i < l;
+        cp_async16(dst + wg_tile(R, i, x), src + (ok ? (i64)i : 0) * gs + x, ok);
+    }
+}
+
+// 64 x N fp32 (row stride gs) -> bf16 SW128 tile [64][N], rounded to nearest even; every load of
+// the thread issued before the first store (g7_rows32's order).
+template <int N>
+__device__ __forceinline__ void g9_rows32(char* dst, const float* src, i64 gs) {
+    constexpr int PER = N / 4, IT = GDR_C * PER / GDR_NT;
+    static_assert(GDR_C * PER % GDR_NT == 0, "g9_rows32: whole iterations");
+    float4 v[IT];
+#pragma unroll
+    for (int u = 0; u < IT; ++u) {
+        const int e = threadIdx.x + u * GDR_NT, i = e / PER, x = (e - i * PER) * 4;
+        v[u] = *reinterpret_cast<const float4*>(src + (i64)i * gs + x);
+    }
+#pragma unroll
+    for (int u = 0; u < IT; ++u) {
+        const int e = threadIdx.x + u * GDR_NT, i = e / PER, x = (e - i * PER) * 4;
+        *reinterpret_cast<uint2*>(dst + wg_tile(GDR_C, i, x)) =
+            make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
+    }
+}
+
+// acc = the 64 x N product A B over k < KD (N = 16 NT8: this warpgroup's 8 NT8 columns), from
+// SW128 tiles at shared addresses a (ra rows) and b (rb rows). AT false: A stored [i][k]; true:
+// [k][i]. BT true: B stored [n][k]; false: [k][n] (g6_mma's conventions). The chain starts from
+// zero (the first step's scale-d is 0) and is complete when this returns.
+template <int NT8, bool AT, bool BT, int KD>
+__device__ __forceinline__ void g9_mma(float (&acc)[NT8][4], unsigned a, int ra, unsigned b, int rb) {
+    float(&d)[4 * NT8] = *reinterpret_cast<float(*)[4 * NT8]>(&acc[0][0]);
+    const int n0 = (int)(threadIdx.x >> 7) * 8 * NT8;
+    const unsigned bn = BT ? b + (unsigned)n0 * 128u : b + (unsigned)(n0 & 63) * 2u;
+    wg_fence();
+#pragma unroll
+    for (int k0 = 0; k0 < KD; k0 += 16) {
+        const unsigned long long da = AT ? wg_desc_mn(a, ra, k0, 0) : wg_desc_k(a, ra, k0);
+        const unsigned long long db = BT ? wg_desc_k(bn, rb, k0) : wg_desc_mn(bn, rb, k0, n0 & ~63);
+        wg_mma<AT ? 1 : 0, BT ? 0 : 1>(d, da, db, k0 > 0);
+    }
+    wg_commit();
+    wg_wait<0>();
+    wg_hold(d);
+}
+
+template <typename TQ, int DK, int DV>
+__device__ void gdr_grad9(const bf16_t* __restrict__ q_raw, const bf16_t* __restrict__ k_raw,
+                          const TQ* __restrict__ q, const TQ* __restrict__ k, const bf16_t* __restrict__ qb,
+                          const bf16_t* __restrict__ kb, const bf16_t* __restrict__ v,
+                          const bf16_t* __restrict__ beta, const bf16_t* __restrict__ d_o,
+                          const float* __restrict__ gam_ws, const float* __restrict__ t_ws,
+                          const bf16_t* __restrict__ h_ws, const bf16_t* __restrict__ dh_ws,
+                          const float* __restrict__ d_ws, const float* __restrict__ dd_ws,
+                          const i64* __restrict__ ch_t0, const int* __restrict__ ch_len, int hk_n, int hv_n,
+                          float scale, int l2norm, float* __restrict__ dqa, float* __restrict__ dka,
+                          bf16_t* __restrict__ dq_out, bf16_t* __restrict__ dk_out, bf16_t* __restrict__ dv_out,
+                          float* __restrict__ dg, bf16_t* __restrict__ dbeta) {
+    typedef G9<DK, DV> L;
+    constexpr int dk = DK, dv = DV;
+    // A launch with too little shared memory writes nothing (tests see the poisoned outputs).
+    if (dyn_smem_bytes() < (unsigned)L::BYTES) return;
+    char* sm0 = reinterpret_cast<char*>(gdr_smem);
+    const unsigned a0 = smem_addr(sm0);
+    char* sm = sm0 + (((a0 + 1023u) & ~1023u) - a0);
+    const unsigned sb = smem_addr(sm);
+    char* tQ = sm + L::Q_OFF;
+    char* tK = sm + L::K_OFF;
+    char* tW = sm + L::W_OFF;
+    char* tV = sm + L::V_OFF;
+    char* tO = sm + L::O_OFF;
+    char* tD = sm + L::D_OFF;
+    char* tDD = sm + L::DD_OFF;
+    char* tT = sm + L::T_OFF;
+    char* tH = sm + L::H_OFF;
+    char* tDH = sm + L::DH_OFF;
+    char* tG = sm + L::G_OFF;
+    char* tX = sm + L::X_OFF;
+    const unsigned uQ = sb + L::Q_OFF, uK = sb + L::K_OFF, uW = sb + L::W_OFF, uV = sb + L::V_OFF;
+    const unsigned uO = sb + L::O_OFF, uD = sb + L::D_OFF, uDD = sb + L::DD_OFF, uT = sb + L::T_OFF;
+    const unsigned uH = sb + L::H_OFF, uDH = sb + L::DH_OFF, uG = sb + L::G_OFF, uX = sb + L::X_OFF;
+    float* sA = reinterpret_cast<float*>(sm + L::A_OFF);
+    float* sP = reinterpret_cast<float*>(sm + L::P_OFF);
+    float* sE = reinterpret_cast<float*>(sm + L::E_OFF);
+    float* s_gam = reinterpret_cast<float*>(sm + L::VEC_OFF);
+    float* s_eg = s_gam + GDR_C;
+    float* s_ed = s_eg + GDR_C;
+    float* s_beta = s_ed + GDR_C;
+    float* s_dgam = s_beta + GDR_C;
+    float* s_db = s_dgam + GDR_C;
+    float* s_tmp = s_db + GDR_C;
+    float* s_red = s_tmp + GDR_C;  // 32 floats for block_sum
+    float* p_q = reinterpret_cast<float*>(sm + L::PART_OFF);  // [2][64] each
+    float* p_k = p_q + 2 * GDR_C;
+    float* p_v = p_k + 2 * GDR_C;
+    float* p_kb = p_v + 2 * GDR_C;
+    constexpr int LF = L::LF;
+    constexpr int NK = DK / 16, NV = DV / 16;  // NT8 of 64 x DK and 64 x DV products
+
+    const i64 b = blockIdx.x;
+    const int kh = (int)(b % hk_n);
+    const i64 c = b / hk_n;
+    const i64 t0 = ch_t0[c];
+    const int l = ch_len[c];
+    const int ratio = hv_n / hk_n;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const i64 krow = (i64)hk_n * dk, vrow = (i64)hv_n * dv;
+    const TQ* qc = q + t0 * krow + (i64)kh * dk;
+    const TQ* kc = k + t0 * krow + (i64)kh * dk;
+    float* dqc = dqa + t0 * krow + (i64)kh * dk;  // the group's fp32 sums, row stride krow
+    float* dkc = dka + t0 * krow + (i64)kh * dk;
+
+    // Q, K once (their cp.async group completes with the first value head's wait below).
+    g9_rows16(tQ, GDR_C, qb + t0 * krow + (i64)kh * dk, krow, dk, GDR_C, l);
+    g9_rows16(tK, GDR_C, kb + t0 * krow + (i64)kh * dk, krow, dk, GDR_C, l);
+    cp_async_commit();
+
+    for (int r = 0; r < ratio; ++r) {
+        const int hv = kh * ratio + r;
+        const i64 cb = c * hv_n + hv;
+        const bool first = r == 0;
+        const bf16_t* vc = v + t0 * vrow + (i64)hv * dv;
+        __syncthreads();  // the previous value head is done with the per-head buffers
+        g9_rows16(tV, GDR_C, vc, vrow, dv, GDR_C, l);
+        g9_rows16(tO, GDR_C, d_o + t0 * vrow + (i64)hv * dv, vrow, dv, GDR_C, l);
+        g9_rows16(tH, dk, h_ws + cb * (i64)dk * dv, dv, dv, dk, dk);
+        g9_rows16(tDH, dk, dh_ws + cb * (i64)dk * dv, dv, dv, dk, dk);
+        cp_async_commit();
+        g9_rows32<DV>(tD, d_ws + cb * GDR_C * (i64)dv, dv);
+        g9_rows32<DV>(tDD, dd_ws + cb * GDR_C * (i64)dv, dv);
+        g9_rows32<GDR_C>(tT, t_ws + cb * (GDR_C * GDR_C), GDR_C);
+        load_gam(gam_ws, cb * GDR_C, l, s_gam, s_eg, s_ed);  // synchronizes
+        if (tid < GDR_C) {
+            s_beta[tid] = tid < l ? ld(beta, (t0 + tid) * hv_n + hv) : 0.f;
+            s_dgam[tid] = 0.f;
+            s_db[tid] = 0.f;
+        }
+        cp_async_wait_all();
+        wg_fence_proxy();  // the staged tiles, for the tensor cores
+        __syncthreads();
+        if (r + 1 < ratio) {  // the next value head's operands into L2 while this one computes
+            const i64 cn = cb + 1;
+            g7_prefetch(h_ws + cn * (i64)dk * dv, (i64)dk * dv * 2);
+            g7_prefetch(dh_ws + cn * (i64)dk * dv, (i64)dk * dv * 2);
+            g7_prefetch(d_ws + cn * GDR_C * (i64)dv, (i64)GDR_C * dv * 4);
+            g7_prefetch(dd_ws + cn * GDR_C * (i64)dv, (i64)GDR_C * dv * 4);
+            g7_prefetch(t_ws + cn * (GDR_C * GDR_C), (i64)GDR_C * GDR_C * 4);
+            for (int i = warp; i < l; i += GDR_NT / 32) {
+                if (lane < dv / 64) {  // dv * 2 bytes per row: dv / 64 lines
+                    const i64 o = (t0 + i) * vrow + (i64)(hv + 1) * dv + 64 * lane;
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(v + o));
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(d_o + o));
+                }
+            }
+        }
+        const float gl = s_gam[l - 1];
+        const float egl = expf(gl);
+        auto gamma = [&](int i, int j) { return expf(s_gam[i] - s_gam[j]); };
+
+        // Phase 1. dq += e^gam (scale dO S0^T), its row dot with q; dk += e^(gam_L - gam)
+        // (D dS^T), its row dot with k; dW = -dD S0^T.
+        {
+            float acc[NK][4];
+            g9_mma<NK, false, true, DV>(acc, uO, GDR_C, uH, dk);
+            g7_map(acc, [&](int i, int x, float& a) { a = s_eg[i] * (scale * a); });
+            g7_rowdot(acc, p_q, qc, krow, l);
+            g7_accum(acc, dqc, krow, l, first);
+            g9_mma<NK, false, true, DV>(acc, uD, GDR_C, uDH, dk);
+            g7_map(acc, [&](int i, int x, float& a) { a = s_ed[i] * a; });
+            g7_rowdot(acc, p_k, kc, krow, l);
+            g7_accum(acc, dkc, krow, l, first);
+            g9_mma<NK, false, true, DV>(acc, uDD, GDR_C, uH, dk);
+            g6_epi(acc, [&](int i, int x, float a) { g9_at(tW, GDR_C, i, x) = f32_to_bf16(-a); });
+            wg_fence_proxy();  // dW, for the tensor cores (after the barrier in block_sum)
+        }
+        float sds;
+        {
+            // <S0, dS>: h and dh share the layout, so corresponding elements pair up
+            float p = 0.f;
+            for (int e = tid; e < dk * dv / 8; e += GDR_NT) {
+                const uint4 x = reinterpret_cast<const uint4*>(tH)[e];
+                const uint4 y = reinterpret_cast<const uint4*>(tDH)[e];
+                const unsigned xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    p += __uint_as_float(xs[u] << 16) * __uint_as_float(ys[u] << 16);
+                    p += __uint_as_float(xs[u] & 0xffff0000u) * __uint_as_float(ys[u] & 0xffff0000u);
+                }
+            }
+            sds = block_sum(p, s_red);  // synchronizes: dW, p_q, p_k written; h, dh no longer read
+        }
+        // dgam_i = <dq_i, q_i> - t_i, t_i = <dk_i, k_i>; dgam_L += sum t + e^gam_L <S0, dS>.
+        if (tid < GDR_C) {
+            const int i = tid;
+            s_dgam[i] = i < l ? p_q[i] + p_q[GDR_C + i] : 0.f;
+            s_tmp[i] = i < l ? p_k[i] + p_k[GDR_C + i] : 0.f;
+        }
+        __syncthreads();
+        if (tid < GDR_C) {
+            float d = s_dgam[tid] - s_tmp[tid];
+            if (tid == l - 1) {
+                float t = 0.f;
+                for (int i = 0; i < GDR_C; ++i) t += s_tmp[i];
+                d += egl * sds + t;
+            }
+            s_dgam[tid] = d;
+        }
+
+        // Phase 2 (h, dh's space reused). A = lower_incl(Q K^T * Gamma), P = K K^T (fp32).
+        {
+            float acc[4][4];
+            g9_mma<4, false, true, DK>(acc, uQ, GDR_C, uK, GDR_C);
+            g6_epi(acc, [&](int i, int j, float a) { sA[i * LF + j] = (j <= i && i < l) ? a * gamma(i, j) : 0.f; });
+            g9_mma<4, false, true, DK>(acc, uK, GDR_C, uK, GDR_C);
+            g6_epi(acc, [&](int i, int j, float a) { sP[i * LF + j] = a; });
+        }
+        __syncthreads();
+        // dA = scale dO D^T (j <= i): E = dA * A (for dgam), G = dA * Gamma (bf16 operand).
+        {
+            float acc[4][4];
+            g9_mma<4, false, true, DV>(acc, uO, GDR_C, uD, GDR_C);
+            g6_epi(acc, [&](int i, int j, float a) {
+                const bool in = j <= i && i < l;
+                const float x = scale * a;
+                sE[i * LF + j] = in ? x * sA[i * LF + j] : 0.f;
+                g9_at(tG, GDR_C, i, j) = f32_to_bf16(in ? x * gamma(i, j) : 0.f);
+            });
+            wg_fence_proxy();
+        }
+        __syncthreads();
+        if (tid < GDR_C) {
+            float rs = 0.f, cs = 0.f;
+            for (int j = 0; j < GDR_C; ++j) rs += sE[tid * LF + j];
+            for (int i = 0; i < GDR_C; ++i) cs += sE[i * LF + tid];
+            s_dgam[tid] += rs - cs;
+        }
+        // dq += G K ; dk += G^T Q.
+        {
+            float acc[NK][4];
+            g9_mma<NK, false, false, GDR_C>(acc, uG, GDR_C, uK, GDR_C);
+            g7_accum(acc, dqc, krow, l, false);
+            g9_mma<NK, true, false, GDR_C>(acc, uG, GDR_C, uQ, GDR_C);
+            g7_accum(acc, dkc, krow, l, false);
+        }
+        // dT = dD Vb^T + dW Kb^T, Vb = diag(beta) V, Kb = diag(beta e^gam) K (column scales of dT).
+        {
+            float a1[4][4], a2[4][4];
+            g9_mma<4, false, true, DV>(a1, uDD, GDR_C, uV, GDR_C);
+            g9_mma<4, false, true, DK>(a2, uW, GDR_C, uK, GDR_C);
+            const int g = lane >> 2, t = lane & 3;
+            const int r0 = 16 * (warp & 3) + g, c0 = (warp >> 2) * 32 + 2 * t;
+#pragma unroll
+            for (int n = 0; n < 4; ++n)
+#pragma unroll
+                for (int cc = 0; cc < 4; ++cc) {
+                    const int i = r0 + 8 * (cc >> 1), j = c0 + 8 * n + (cc & 1);
+                    const float x = s_beta[j] * a1[n][cc] + (s_beta[j] * s_eg[j]) * a2[n][cc];
+                    g9_at(tX, GDR_C, i, j) = f32_to_bf16(x);
+                }
+            wg_fence_proxy();  // dT, for the tensor cores (after the barrier before dM)
+        }
+        // dVb = T^T dD: dv = beta dVb (packed bf16 pairs), <dVb_i, v_i>.
+        {
+            float acc[NV][4];
+            g9_mma<NV, true, false, GDR_C>(acc, uT, GDR_C, uDD, GDR_C);
+            g7_rowsum(acc, p_v, [&](int i, int x, float a) { return a * bf16_to_f32(g9_at(tV, GDR_C, i, x)); });
+            const int g = lane >> 2, t = lane & 3;
+            const int r0 = 16 * (warp & 3) + g, c0 = (warp >> 2) * (8 * NV) + 2 * t;
+#pragma unroll
+            for (int n = 0; n < NV; ++n)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int i = r0 + 8 * h;
+                    if (i < l) {
+                        const float bb = s_beta[i];
+                        *reinterpret_cast<unsigned*>(dv_out + (t0 + i) * vrow + (i64)hv * dv + c0 + 8 * n) =
+                            pack_bf16(bb * acc[n][2 * h], bb * acc[n][2 * h + 1]);
+                    }
+                }
+        }
+        // dKb = T^T dW: dk += beta e^gam dKb, <dKb_i, k_i>.
+        {
+            float acc[NK][4];
+            g9_mma<NK, true, false, GDR_C>(acc, uT, GDR_C, uW, GDR_C);
+            g7_rowdot(acc, p_kb, kc, krow, l);
+            g7_map(acc, [&](int i, int x, float& a) { a = (s_beta[i] * s_eg[i]) * a; });
+            g7_accum(acc, dkc, krow, l, false);
+        }
+        __syncthreads();
+        // dbeta += <dVb, v> + e^gam <dKb, k>; dgam += beta e^gam <dKb, k>.
+        if (tid < l) {
+            const int i = tid;
+            const float sv = p_v[i] + p_v[GDR_C + i], sk = p_kb[i] + p_kb[GDR_C + i];
+            s_db[i] += sv + s_eg[i] * sk;
+            s_dgam[i] += (s_beta[i] * s_eg[i]) * sk;
+        }
+        // dM = -T^T dT T^T: tmp = T^T dT (bf16, into G's space), dM = -(tmp T^T) (fp32, into A's).
+        {
+            float acc[4][4];
+            g9_mma<4, true, false, GDR_C>(acc, uT, GDR_C, uX, GDR_C);
+            g6_epi(acc, [&](int m, int n, float a) { g9_at(tG, GDR_C, m, n) = f32_to_bf16(a); });
+            wg_fence_proxy();
+        }
+        __syncthreads();
+        {
+            float acc[4][4];
+            g9_mma<4, false, true, GDR_C>(acc, uG, GDR_C, uT, GDR_C);
+            g6_epi(acc, [&](int m, int n, float a) { sA[m * LF + n] = -a; });
+        }
+        __syncthreads();
+        // M_ij = beta_i P_ij Gamma_ij (j < i): dbeta_i += sum_j dM_ij P_ij Gamma_ij ;
+        // f = dM_ij beta_i P_ij Gamma_ij: dgam_i += f, dgam_j -= f ; dP_ij = dM_ij beta_i Gamma_ij.
+        if (tid < GDR_C) {
+            const int i = tid;
+            float db = 0.f, fr = 0.f, fc = 0.f;
+            if (i < l) {
+                for (int j = 0; j < i; ++j) {
+                    float x = sA[i * LF + j];
+                    float pg = sP[i * LF + j] * gamma(i, j);
+                    db += x * pg;
+                    fr += x * s_beta[i] * pg;
+                }
+                for (int m = i + 1; m < l; ++m) {
+                    fc += sA[m * LF + i] * s_beta[m] * (sP[m * LF + i] * gamma(m, i));
+                }
+            }
+            s_db[i] += db;
+            s_dgam[i] += fr - fc;
+        }
+        for (int e = tid; e < GDR_C * GDR_C; e += GDR_NT) {
+            int i = e >> 6, j = e & 63;
+            float d = 0.f;
+            if (j < i && i < l) d = sA[i * LF + j] * s_beta[i] * gamma(i, j);
+            else if (i < j && j < l) d = sA[j * LF + i] * s_beta[j] * gamma(j, i);
+            g9_at(tX, GDR_C, i, j) = f32_to_bf16(d);
+        }
+        wg_fence_proxy();
+        __syncthreads();
+        // dk += dP_sym K.
+        {
+            float acc[NK][4];
+            g9_mma<NK, false, false, GDR_C>(acc, uX, GDR_C, uK, GDR_C);
+            g7_accum(acc, dkc, krow, l, false);
+        }
+        __syncthreads();
+        // gam = cumsum(g): dg_j = sum_{i >= j} dgam_i.
+        if (tid == 0) {
+            float acc = 0.f;
+            for (int i = l - 1; i >= 0; --i) {
+                acc += s_dgam[i];
+                dg[(t0 + i) * hv_n + hv] = acc;
+            }
+        }
+        if (tid < l) st(dbeta, (t0 + tid) * hv_n + hv, s_db[tid]);
+        wg_fence_proxy();  // this head's last tensor-core reads before the next head's stores
+    }
+    __syncthreads();  // the group's dq, dk sums are complete (written by other threads)
+
+    // dq, dk through the l2 norm (gdr_grad7's pass).
+    constexpr int NU = DK / 32, NR = GDR_C / (GDR_NT / 32) / 2;
+    for (int which = 0; which < 4; ++which) {
+        const int i0 = (GDR_NT / 32) * NR * (which & 1);
+        const float* acc = which < 2 ? dqc : dkc;
+        const bf16_t* xr = (which < 2 ? q_raw : k_raw) + t0 * krow + (i64)kh * dk;
+        bf16_t* out = (which < 2 ? dq_out : dk_out) + t0 * krow + (i64)kh * dk;
+        float dy[NR][NU], xv[NR][NU];
+#pragma unroll
+        for (int j = 0; j < NR; ++j) {
+            const int i = i0 + warp + (GDR_NT / 32) * j;
+#pragma unroll
+            for (int u = 0; u < NU; ++u) {
+                const int x = lane + 32 * u;
+                dy[j][u] = i < l ? acc[i * krow + x] : 0.f;
+                xv[j][u] = (l2norm && i < l) ? ld(xr, i * krow + x) : 0.f;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NR; ++j) {
+            const int i = i0 + warp + (GDR_NT / 32) * j;
+            if (l2norm) {
+                float ss = 0.f;
+#pragma unroll
+                for (int u = 0; u < NU; ++u) ss += xv[j][u] * xv[j][u];
+                const float rstd = 1.f / sqrtf(warp_sum(ss) + 1e-6f);
+                float d = 0.f;
+#pragma unroll
+                for (int u = 0; u < NU; ++u) d += dy[j][u] * (xv[j][u] * rstd);
+                d = warp_sum(d);
+#pragma unroll
+                for (int u = 0; u < NU; ++u) dy[j][u] = rstd * (dy[j][u] - (xv[j][u] * rstd) * d);
+            }
+            if (i < l) {
+#pragma unroll
+                for (int u = 0; u < NU; ++u) st(out, i * krow + lane + 32 * u, dy[j][u]);
+            }
+        }
+    }
+}
+
+// gdr_grad9 (bf16 states; TQ: the q, k the row dots read, as gdr_grad7).
+#define GDR_GRAD9_ENTRY(TQ, S, DK, DV)                                                                  \
+    extern "C" __global__ void __launch_bounds__(GDR_NT, 1) gdr_grad9_##S##_d##DK##_v##DV(              \
+        const bf16_t* q_raw, const bf16_t* k_raw, const TQ* q, const TQ* k, const bf16_t* qb,           \
+        const bf16_t* kb, const bf16_t* v, const bf16_t* beta, const bf16_t* d_o, const float* gam_ws,  \
+        const float* t_ws, const bf16_t* h_ws, const bf16_t* dh_ws, const float* d_ws,                  \
+        const float* dd_ws, const i64* ch_t0, const int* ch_len, int hk, int hv, float scale,           \
+        int l2norm, float* dqa, float* dka, bf16_t* dq_out, bf16_t* dk_out, bf16_t* dv_out, float* dg,  \
+        bf16_t* dbeta) {                                                                                \
+        gdr_grad9<TQ, DK, DV>(q_raw, k_raw, q, k, qb, kb, v, beta, d_o, gam_ws, t_ws, h_ws, dh_ws, d_ws, \
+                              dd_ws, ch_t0, ch_len, hk, hv, scale, l2norm, dqa, dka, dq_out, dk_out,    \
+                              dv_out, dg, dbeta);                                                       \
+    }
+
+GDR_GRAD9_ENTRY(bf16_t, bf16, 64, 64)
+GDR_GRAD9_ENTRY(bf16_t, bf16, 64, 128)
+GDR_GRAD9_ENTRY(bf16_t, bf16, 128, 64)
+GDR_GRAD9_ENTRY(bf16_t, bf16, 128, 128)
+GDR_GRAD9_ENTRY(float, bf16n, 64, 64)
+GDR_GRAD9_ENTRY(float, bf16n, 64, 128)
+GDR_GRAD9_ENTRY(float, bf16n, 128, 64)
+GDR_GRAD9_ENTRY(float, bf16n, 128, 128)
