@@ -47,7 +47,9 @@
 //!   per-kernel times, each gradient against grad7's. `GDN_RULE_GRAD=v8` also makes the default
 //!   table (no argument) run gdr_grad8;
 //! - `grad9`: the same with `gdr_grad9` (`GDN_RULE_GRAD=v9`: the products on warpgroup MMA,
-//!   sm_90a) against `gdr_grad7`; `GDN_RULE_GRAD=v9` also makes the default table run gdr_grad9.
+//!   sm_90a) against `gdr_grad7`; `GDN_RULE_GRAD=v9` also makes the default table run gdr_grad9;
+//! - `bwd9`: the same with the reverse scan `gdr_bwd9` (`GDN_RULE_BWD_SCAN=v9`: gdr_bwd8 with a
+//!   producer warp) against the default's; its outputs must equal bwd8's bitwise (diff 0).
 
 #[path = "common/bench.rs"]
 mod bench;
@@ -60,7 +62,7 @@ use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_with, backward_with_prep, chain6, chain8,
     forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_backward_overlap,
-    set_bwd8, set_grad8, set_grad9, set_hrec8, set_v6_stages, set_v9_producer, BwdKernel,
+    set_bwd8, set_bwd9, set_grad8, set_grad9, set_hrec8, set_v6_stages, set_v9_producer, BwdKernel,
     ChainInputs, FwdKernel, PrepKernel,
 };
 use gdn::ops::gated_delta_rule::{RuleOpts, RuleShape, CHUNK};
@@ -141,6 +143,7 @@ fn main() {
         Some("bwd") => return bwd_variants(&gpu),
         Some("grad8") => return grad_variants(&gpu, 8),
         Some("grad9") => return grad_variants(&gpu, 9),
+        Some("bwd9") => return grad_variants(&gpu, 90),
         Some("prep") => return prep_variants(&gpu),
         _ => {}
     }
@@ -1011,16 +1014,23 @@ fn prep_variants(gpu: &Arc<Gpu>) {
     }
 }
 
-/// The default backward with gdr_grad7 against gdr_grad8 or gdr_grad9 (`v`; see the module doc).
+/// The default backward with gdr_grad7 against gdr_grad8 or gdr_grad9 (`v` 8 / 9), or with the
+/// default reverse scan against gdr_bwd9 (`v` 90); see the module doc.
 fn grad_variants(gpu: &Arc<Gpu>, v: u32) {
-    let set = |on: bool| {
-        if v == 9 {
-            set_grad9(Some(on));
-        } else {
-            set_grad8(Some(on));
-        }
+    let set = |on: bool| match v {
+        9 => set_grad9(Some(on)),
+        90 => set_bwd9(Some(on)),
+        _ => set_grad8(Some(on)),
     };
-    println!("bench-grad{v} | case | per-chunk gradients | bwd ms (median of 10) | per kernel | grads vs grad7");
+    let (what, new) = if v == 90 {
+        ("reverse scan", "gdr_bwd9".to_string())
+    } else {
+        ("per-chunk gradients", format!("gdr_grad{v}"))
+    };
+    println!(
+        "bench-{} | case | {what} | bwd ms (median of 10) | per kernel | grads vs the default's",
+        &new[4..]
+    );
     let kernel = BwdKernel::from_env();
     for &(b, t, hk, hv) in &[(1usize, 32768usize, 16usize, 32usize), (8, 4096, 16, 16)] {
         let x = inputs(gpu, b, t, hk, hv, 128, 128);
@@ -1042,6 +1052,7 @@ fn grad_variants(gpu: &Arc<Gpu>, v: u32) {
         }
         set_grad8(None);
         set_grad9(None);
+        set_bwd9(None);
         gpu.reset_peak();
     }
 }

@@ -15,8 +15,8 @@ use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_with, backward_with_prep, chain6, chain8,
     forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_backward_overlap,
-    set_bwd8, set_grad8, set_grad9, set_hrec8, set_poison, set_v6_stages, set_v9_producer,
-    v6_supports, BwdKernel, ChainInputs, FwdKernel, PrepKernel,
+    set_bwd8, set_bwd9, set_grad8, set_grad9, set_hrec8, set_poison, set_v6_stages,
+    set_v9_producer, v6_supports, BwdKernel, ChainInputs, FwdKernel, PrepKernel,
 };
 use gdn::ops::gated_delta_rule::reference::{self, RefInputs};
 use gdn::ops::gated_delta_rule::{self as gdr, RuleOpts, RuleShape};
@@ -3369,5 +3369,88 @@ fn grad9_vs_grad7() {
         }
     }
     set_grad9(None);
+    finish(fails);
+}
+
+/// gdr_bwd9 (opt-in `GDN_RULE_BWD_SCAN=v9`, here `set_bwd9` on this test's thread): gdr_bwd8's
+/// chunk step with its operand loads issued by a producer warp into a two-stage mbarrier ring.
+/// The same code on the same stage bytes, so every output bitwise gdr_bwd8's: on the v6
+/// backward's cases (Dk 64 / 128, Dv 48 / 64 / 128, GVA 1 / 2 / 4, T 1 .. 4096, states, packed
+/// with empty and length-1 sequences and padding, both norms) with gdr_hrec6 and gdr_hrec8 as
+/// the recompute, bf16 and fp32 states, every width on one case, and a long case where the scan
+/// runs beside the recompute on the second stream (sequential and overlapped identical); two
+/// runs identical. Before sm_90 set_bwd9 changes nothing (checked there instead).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bwd9_bitwise_vs_bwd8() {
+    let gpu = gpu();
+    let mut fails = Vec::new();
+    let mut n = 0;
+    let mut check = |c: &Case, kernel: BwdKernel, fails: &mut Vec<String>| {
+        set_bwd8(Some(true));
+        set_bwd9(Some(false));
+        let r8 = run_gpu_with(&gpu, c, DType::Bf16, Some(kernel));
+        set_bwd9(Some(true));
+        let r9 = run_gpu_with(&gpu, c, DType::Bf16, Some(kernel));
+        let r9b = run_gpu_with(&gpu, c, DType::Bf16, Some(kernel));
+        let (same, again) = (r9.bits() == r8.bits(), r9.bits() == r9b.bits());
+        n += 1;
+        println!(
+            "gdr-check bwd9 {:<36} {kernel:?}: bitwise bwd8's={same}, two runs equal={again}",
+            c.name
+        );
+        if !same || !again {
+            fails.push(format!(
+                "{} {kernel:?}: bwd9 vs bwd8 {same}, rerun {again}",
+                c.name
+            ));
+        }
+        check_written(c, &r9, fails);
+    };
+    for c in &v6_bwd_cases() {
+        for hrec8 in [false, true] {
+            set_hrec8(Some(hrec8));
+            for kernel in [v7b(0), v6b(true, true, false, false, 0)] {
+                check(c, kernel, &mut fails);
+            }
+        }
+        set_hrec8(None);
+    }
+    let c = case(
+        "T300 1/2 d128 norm states",
+        Seqs::uniform(1, 300),
+        sh(1, 2, 128, 128),
+        true,
+        true,
+        Decay::LogSigmoid,
+        1011,
+        true,
+    );
+    for warps in [2, 4, 8] {
+        check(&c, v7b(warps), &mut fails);
+    }
+    let long = case(
+        "bwd9 overlap long states",
+        Seqs::uniform(1, 8192),
+        sh(4, 8, 128, 128),
+        true,
+        true,
+        Decay::LogSigmoid,
+        1032,
+        true,
+    );
+    check(&long, v7b(0), &mut fails);
+    set_bwd8(Some(true));
+    set_bwd9(Some(true));
+    set_backward_overlap(false);
+    let seq = run_gpu_with(&gpu, &long, DType::Bf16, Some(v7b(0)));
+    set_backward_overlap(true);
+    let ovl = run_gpu_with(&gpu, &long, DType::Bf16, Some(v7b(0)));
+    if seq.bits() != ovl.bits() {
+        fails.push("bwd9: overlapped and sequential backward differ".into());
+    }
+    set_bwd8(None);
+    set_bwd9(None);
+    println!("gdr-check bwd9: {n} comparisons");
     finish(fails);
 }

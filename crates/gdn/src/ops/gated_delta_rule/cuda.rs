@@ -1526,6 +1526,25 @@ fn hrec8_on() -> bool {
 
 thread_local! {
     static BWD8: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    static BWD9: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Tests and benchmarks: on the calling thread, `Some(true)` makes the v6 backward's reverse scan
+/// run `gdr_bwd9` on GPUs with mbarrier waits (sm_90 and newer; elsewhere this changes nothing):
+/// `gdr_bwd8`'s chunk step, the same bits, with its operand loads issued by a producer warp into
+/// a two-stage mbarrier ring (no CTA-wide barrier per chunk), at `gdr_bwd8`'s width, whatever
+/// [`set_bwd8`] says. `Some(false)` leaves the choice to [`set_bwd8`]; `None` (the default)
+/// follows `GDN_RULE_BWD_SCAN` (`v9` selects `gdr_bwd9`).
+#[doc(hidden)]
+pub fn set_bwd9(on: Option<bool>) {
+    BWD9.with(|c| c.set(on));
+}
+
+fn bwd9_on(gpu: &Gpu) -> bool {
+    gpu_has_bulk_copies(gpu)
+        && BWD9
+            .with(|c| c.get())
+            .unwrap_or_else(|| std::env::var("GDN_RULE_BWD_SCAN").as_deref() == Ok("v9"))
 }
 
 /// Tests and benchmarks: on the calling thread, `Some(true)` makes the v6 backward's reverse scan
@@ -1870,13 +1889,20 @@ fn backward_v6(
             }
         };
         // gdr_bwd8 (opt-in): the same outputs from v8's split of dS, width by v8's model.
-        let (bwd6, bgrid, bthreads, bsmem) = if bwd8_on(gpu, n_seq, s) {
+        // gdr_bwd9 (opt-in): gdr_bwd8 with a producer warp, one more warp per CTA and the ring's
+        // four mbarriers (32 bytes).
+        let v9 = bwd9_on(gpu);
+        let (bwd6, bgrid, bthreads, bsmem) = if v9 || bwd8_on(gpu, n_seq, s) {
             let nw8 = v8_warps(gpu, n_seq, s, pieces.warps);
             (
-                format!("gdr_bwd8_d{}_w{nw8}", s.dk),
+                if v9 {
+                    format!("gdr_bwd9_d{}_w{nw8}_s2", s.dk)
+                } else {
+                    format!("gdr_bwd8_d{}_w{nw8}", s.dk)
+                },
                 n_seq * s.hv * (s.dv / (8 * nw8)),
-                32 * nw8 as u32,
-                bwd8_bytes(s.dk, nw8),
+                32 * (nw8 + v9 as usize) as u32,
+                bwd8_bytes(s.dk, nw8) + if v9 { 32 } else { 0 },
             )
         } else {
             (
@@ -2719,6 +2745,8 @@ mod tests {
         assert_eq!(bwd8_bytes(128, 8), 158_208);
         assert_eq!(bwd8_bytes(64, 8), 109_056);
         assert!(bwd8_bytes(128, 4) + 2 * v6r_stage_bytes(128, 2) <= 233_472 - 2 * 1024);
+        // gdr_bwd9 (bwd8's bytes and 4 mbarriers) still fits beside gdr_hrec6 w2
+        assert!(bwd8_bytes(128, 4) + 32 + 2 * v6r_stage_bytes(128, 2) <= 233_472 - 2 * 1024);
         // prep7's shared memory fits the H200's 227 KB at every shape the v6 pipeline takes.
         for dk in [64, 128] {
             for dv in (16..=256).step_by(16) {

@@ -4926,6 +4926,277 @@ GDR_FWD9_ENTRY(128, 8, 2, 1)
 GDR_FWD9_ENTRY(128, 8, 2, 4)
 
 // =============================================================================================
+// gdr_bwd9 (issue 13; opt-in GDN_RULE_BWD_SCAN=v9 / set_bwd9, sm_90): gdr_bwd8 with its loads
+// taken off the compute warps, as gdr_fwd9 does for gdr_fwd8. NW compute warps run exactly
+// gdr_bwd8's chunk step (the same code on the same stage bytes: the same bits of dh, dD, dh0);
+// one producer warp after them issues each chunk's operand copies (K, Q, W, A, the dO tile, gam:
+// v8g_load_stage's bytes at v8g_load_stage's places, by cp.async), chunks in reverse order, NS
+// - 1 chunks ahead, into a ring of NS stages, with gdr_fwd9's full / empty mbarriers (full[s]:
+// 32 producer arrivals by cp.async.mbarrier.arrive.noinc; empty[s]: lane 0 of each compute warp
+// after __syncwarp, once its step's last reads of the stage are done). Chunk i of the CTA's
+// walk (i = c_end - 1 - c) uses stage i % NS, phase i / NS. No CTA-wide barrier per chunk: the
+// pair exchange of v8g_dd is ordered by its two pair barriers alone (a warp's next write of its
+// partner's buffer follows the partner's reads of it, which precede the partner's second pair
+// barrier of the step). sm_90 only (try_wait); below it the body is empty and the Rust side
+// runs gdr_bwd8. Shared memory: gdr_bwd8's NS * STAGE + NW * XB (NS = 2: gdr_bwd8's bytes), then
+// the 2 NS mbarriers: at NS = 2 it still fits beside gdr_hrec6 w2 on an SM.
+
+// v8g_load_stage's copies for the producer warp (lane `ptid` copies what thread ptid of a
+// 32-thread v8g_load_stage copies), without the commit.
+template <int DK, int BV>
+__device__ __forceinline__ void v9b_load_stage(char* st, int ptid, const bf16_t* kc, const bf16_t* qc, i64 krow,
+                                               int l, const bf16_t* wc, const bf16_t* ac, const bf16_t* oc,
+                                               i64 vrow, const float* gc) {
+    typedef V6G<DK, BV / 16> L;
+    constexpr int NT = 32;
+    const int tid = ptid;
+    const unsigned sb = smem_addr(st);
+    constexpr int CPR = DK / 8;
+    constexpr int RPP = NT / CPR;
+    static_assert(NT % CPR == 0 && GDR_C % RPP == 0, "whole rows per pass");
+    {
+        const int i0 = tid / CPR, x = (tid % CPR) * 8;
+        const unsigned so = sb + (unsigned)((i0 * L::LK + x) * 2);
+        const bf16_t* gw = wc + i0 * DK + x;
+        const bf16_t* gk = kc + i0 * krow + x;
+        const bf16_t* gq = qc + i0 * krow + x;
+        const i64 step = RPP * krow;
+#pragma unroll 4
+        for (int m = 0; m < GDR_C / RPP; ++m) {
+            const bool ok = i0 + RPP * m < l;
+            const unsigned n = ok ? 16u : 0u;
+            const unsigned sr = so + (unsigned)(RPP * m * L::LK * 2);
+            cp_async16_s(sr + L::K_OFF, ok ? gk : kc, n);
+            cp_async16_s(sr + L::Q_OFF, ok ? gq : qc, n);
+            cp_async16_s(sr + L::W_OFF, gw + RPP * m * DK, 16u);
+            gk += step;
+            gq += step;
+        }
+    }
+    {
+        constexpr int RPA = NT / 8;
+        static_assert(GDR_C % RPA == 0, "whole rows of A per pass");
+        const int i0 = tid >> 3, x = (tid & 7) * 8;
+        const unsigned so = sb + L::A_OFF + (unsigned)((i0 * L::LA + x) * 2);
+        const bf16_t* ga = ac + i0 * GDR_C + x;
+#pragma unroll
+        for (int m = 0; m < GDR_C / RPA; ++m)
+            cp_async16_s(so + (unsigned)(RPA * m * L::LA * 2), ga + RPA * m * GDR_C, 16u);
+    }
+    {
+        constexpr int OPR = BV / 8;    // dO: 16-byte pieces per row of the tile
+        constexpr int RPO = NT / OPR;  // rows per pass
+        static_assert(NT % OPR == 0 && GDR_C % RPO == 0, "whole rows of dO per pass");
+        const int i0 = tid / OPR, x = (tid % OPR) * 8;
+        const unsigned so = sb + L::O_OFF + (unsigned)((i0 * L::LO + x) * 2);
+        const bf16_t* go = oc + i0 * vrow + x;
+        const i64 step = RPO * vrow;
+#pragma unroll
+        for (int m = 0; m < GDR_C / RPO; ++m) {
+            const bool ok = i0 + RPO * m < l;
+            cp_async16_s(so + (unsigned)(RPO * m * L::LO * 2), ok ? go : oc, ok ? 16u : 0u);
+            go += step;
+        }
+    }
+    if (tid < GDR_C / 4) cp_async16_s(sb + L::G_OFF + tid * 16, gc + tid * 4, 16u);
+}
+
+// gdr_bwd8 with a producer warp (see above). Grid as gdr_bwd8; 32 (NW + 1) threads; dynamic
+// shared memory NS * V6G<DK, NW / 2>::STAGE + NW * 2048 + 16 NS.
+template <int DK, int NW, int NS>
+__device__ void gdr_bwd9(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+                         const bf16_t* __restrict__ d_o, const float* __restrict__ gam_ws,
+                         const bf16_t* __restrict__ w_ws, const bf16_t* __restrict__ a_ws,
+                         const i64* __restrict__ seq_ch, const i64* __restrict__ ch_t0,
+                         const int* __restrict__ ch_len, int hk_n, int hv_n, int dv, float scale,
+                         const float* __restrict__ dht, float* __restrict__ dh_ws, bf16_t* __restrict__ dh16_ws,
+                         float* __restrict__ dd_ws, float* __restrict__ dh0) {
+#if __CUDA_ARCH__ >= 900
+    typedef V6G<DK, NW / 2> L;
+    constexpr int BV = 8 * NW, DH = DK / 2, XB = 4 * 32 * 16;
+    constexpr unsigned BAR_OFF = NS * L::STAGE + NW * XB;
+    static_assert(NW == 2 || NW == 4 || NW == 8, "1, 2 or 4 warp pairs");
+    static_assert(NS == 2 || NS == 3, "2 or 3 stages");
+    static_assert(BAR_OFF % 8 == 0, "mbarriers 8-byte aligned");
+    if (dyn_smem_bytes() < BAR_OFF + 16u * NS) return;
+    char* sm = reinterpret_cast<char*>(gdr_smem);
+    const unsigned full0 = smem_addr(sm + BAR_OFF), empty0 = full0 + 8u * NS;
+    const int nvt = dv / BV;
+    const i64 b = blockIdx.x;
+    const int vt = (int)(b % nvt);
+    const int hv = (int)((b / nvt) % hv_n);
+    const i64 n = b / ((i64)nvt * hv_n);
+    const int kh = hv / (hv_n / hk_n);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int mi = lane >> 3, r = lane & 7;
+    const i64 col0 = (i64)vt * BV;
+    const i64 krow = (i64)hk_n * DK, vrow = (i64)hv_n * dv;
+    const i64 c_beg = seq_ch[n], c_end = seq_ch[n + 1];
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < NS; ++s) {
+            acp_mbar_init(full0 + 8u * s, 32);
+            acp_mbar_init(empty0 + 8u * s, NW);
+        }
+        acp_fence_mbar_init();
+    }
+    // The only CTA-wide barrier: the mbarriers are initialized before anyone uses them.
+    __syncthreads();
+
+    if (warp >= NW) {
+        // The producer: chunk i of the reverse walk into stage i % NS once the stage's previous
+        // chunk is released.
+        int stg = 0;
+        unsigned eph = 1;  // parity of the empty phase to wait for (the previous round's)
+        for (i64 c = c_end - 1; c >= c_beg; --c) {
+            if (c_end - 1 - c >= NS) acp_mbar_wait(empty0 + 8u * stg, eph);
+            const i64 cb = c * hv_n + hv;
+            const i64 t0 = ch_t0[c];
+            v9b_load_stage<DK, BV>(sm + stg * L::STAGE, lane, k + t0 * krow + (i64)kh * DK,
+                                   q + t0 * krow + (i64)kh * DK, krow, ch_len[c], w_ws + cb * GDR_C * DK,
+                                   a_ws + cb * GDR_C * GDR_C, d_o + t0 * vrow + (i64)hv * dv + col0, vrow,
+                                   gam_ws + cb * GDR_C);
+            acp_cp_async_arrive_noinc(full0 + 8u * stg);
+            if (++stg == NS) {
+                stg = 0;
+                eph ^= 1u;
+            }
+        }
+        // Leave no copy in flight behind an exiting thread.
+        cp_async_wait_all();
+        return;
+    }
+
+    const int cg = warp >> 1, hh = warp & 1, bar = 1 + cg;
+    float4* xme = reinterpret_cast<float4*>(sm + NS * L::STAGE + warp * XB);
+    float4* xot = reinterpret_cast<float4*>(sm + NS * L::STAGE + (warp ^ 1) * XB);
+    const int wc0 = 16 * cg, r0 = DH * hh;
+    const i64 st_base = (n * hv_n + hv) * (i64)DK * dv;
+
+    // s[nt][c] = dS[r0 + 8 nt + 2t + (c & 1)][col0 + wc0 + g + 8 (c >> 1)]
+    float s[DH / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < DH / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            s[nt][c] = dht ? dht[st_base + (i64)(r0 + 8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)]
+                           : 0.f;
+
+    const float inv_scale = 1.f / scale;
+    int stg = 0;
+    unsigned fph = 0;  // parity of the full phase to wait for
+    int l_next = c_end > c_beg ? ch_len[c_end - 1] : 0;
+    for (i64 c = c_end - 1; c >= c_beg; --c) {
+        const int l = l_next;
+        if (c > c_beg) l_next = ch_len[c - 1];
+        acp_mbar_wait(full0 + 8u * stg, fph);  // chunk c's copies have landed
+        const char* sp = sm + stg * L::STAGE;
+        const bf16_t* sK = reinterpret_cast<const bf16_t*>(sp + L::K_OFF) + r0;
+        const bf16_t* sQ = reinterpret_cast<const bf16_t*>(sp + L::Q_OFF) + r0;
+        const bf16_t* sW = reinterpret_cast<const bf16_t*>(sp + L::W_OFF) + r0;
+        const bf16_t* sA = reinterpret_cast<const bf16_t*>(sp + L::A_OFF);
+        const bf16_t* sO = reinterpret_cast<const bf16_t*>(sp + L::O_OFF);
+        const float* sG = reinterpret_cast<const float*>(sp + L::G_OFF);
+        const i64 cb = c * hv_n + hv;
+
+        // dh[c] = dS (this warp's rows).
+        v6_store_state<DH>(s, dh_ws, dh16_ws, cb * (i64)DK * dv + (i64)r0 * dv + col0 + wc0 + g, dv);
+
+        float x[8][4];
+        {
+            unsigned sa[DH / 16][4];
+            v6_s_frags<DH>(s, sa);
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int cc = 0; cc < 4; ++cc) x[j][cc] = 0.f;
+            v6_mul_rows_t<DH>(x, sa, sK, L::LK);
+        }
+        const float gl = sG[l - 1];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int i0 = 8 * j + 2 * t;
+            const float e0 = i0 < l ? __expf(gl - sG[i0]) * inv_scale : 0.f;
+            const float e1 = i0 + 1 < l ? __expf(gl - sG[i0 + 1]) * inv_scale : 0.f;
+            x[j][0] *= e0;
+            x[j][1] *= e1;
+            x[j][2] *= e0;
+            x[j][3] *= e1;
+        }
+        unsigned of[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) ldsm_x4_t(of[kk], sO + (16 * kk + 8 * (mi >> 1) + r) * L::LO + wc0 + 8 * (mi & 1));
+        unsigned nd[4][4];
+        float* ddc = dd_ws + cb * GDR_C * (i64)dv + col0 + wc0 + g;
+        if (hh) v8g_dd<1>(x, of, sA, L::LA, scale, ddc, dv, xme, xot, bar, nd);
+        else v8g_dd<0>(x, of, sA, L::LA, scale, ddc, dv, xme, xot, bar, nd);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            const int ia = 16 * kk + 2 * t, ib = ia + 8;
+            const float ea0 = ia < l ? scale * __expf(sG[ia]) : 0.f;
+            const float ea1 = ia + 1 < l ? scale * __expf(sG[ia + 1]) : 0.f;
+            const float eb0 = ib < l ? scale * __expf(sG[ib]) : 0.f;
+            const float eb1 = ib + 1 < l ? scale * __expf(sG[ib + 1]) : 0.f;
+            of[kk][0] = scale_bf16x2(of[kk][0], ea0, ea1);
+            of[kk][1] = scale_bf16x2(of[kk][1], ea0, ea1);
+            of[kk][2] = scale_bf16x2(of[kk][2], eb0, eb1);
+            of[kk][3] = scale_bf16x2(of[kk][3], eb0, eb1);
+        }
+        const float egl = __expf(gl);
+#pragma unroll
+        for (int nt = 0; nt < DH / 8; ++nt)
+#pragma unroll
+            for (int cc = 0; cc < 4; ++cc) s[nt][cc] *= egl;
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int np = 0; np < DH / 16; ++np) {
+                unsigned bq[4], bw[4];
+                ldsm_x4_t(bq, sQ + (16 * kk + 8 * (mi & 1) + r) * L::LK + 16 * np + 8 * (mi >> 1));
+                ldsm_x4_t(bw, sW + (16 * kk + 8 * (mi & 1) + r) * L::LK + 16 * np + 8 * (mi >> 1));
+                mma_bf16(s[2 * np], of[kk], bq[0], bq[1]);
+                mma_bf16(s[2 * np + 1], of[kk], bq[2], bq[3]);
+                mma_bf16(s[2 * np], nd[kk], bw[0], bw[1]);
+                mma_bf16(s[2 * np + 1], nd[kk], bw[2], bw[3]);
+            }
+        // This warp is done with the stage; release it to the producer.
+        __syncwarp();
+        if (lane == 0) acp_mbar_arrive(empty0 + 8u * stg);
+        if (++stg == NS) {
+            stg = 0;
+            fph ^= 1u;
+        }
+    }
+    if (dh0) {
+#pragma unroll
+        for (int nt = 0; nt < DH / 8; ++nt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                dh0[st_base + (i64)(r0 + 8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)] = s[nt][c];
+    }
+#endif
+}
+
+#define GDR_BWD9_ENTRY(DK, NW, NS)                                                                      \
+    extern "C" __global__ void __launch_bounds__(32 * (NW + 1), 1) gdr_bwd9_d##DK##_w##NW##_s##NS(       \
+        const bf16_t* q, const bf16_t* k, const bf16_t* d_o, const float* gam_ws, const bf16_t* w_ws,   \
+        const bf16_t* a_ws, const i64* seq_ch, const i64* ch_t0, const int* ch_len, int hk, int hv,     \
+        int dv, float scale, const float* dht, float* dh_ws, bf16_t* dh16_ws, float* dd_ws,             \
+        float* dh0) {                                                                                   \
+        gdr_bwd9<DK, NW, NS>(q, k, d_o, gam_ws, w_ws, a_ws, seq_ch, ch_t0, ch_len, hk, hv, dv, scale,   \
+                             dht, dh_ws, dh16_ws, dd_ws, dh0);                                          \
+    }
+
+// Shared memory: gdr_bwd8's + 16 NS bytes (Dk 128, NS 2: w2 133,664; w4 141,856; w8 158,240).
+GDR_BWD9_ENTRY(64, 2, 2)
+GDR_BWD9_ENTRY(64, 4, 2)
+GDR_BWD9_ENTRY(64, 8, 2)
+GDR_BWD9_ENTRY(128, 2, 2)
+GDR_BWD9_ENTRY(128, 4, 2)
+GDR_BWD9_ENTRY(128, 8, 2)
+GDR_BWD9_ENTRY(128, 4, 3)
+
+// =============================================================================================
 // gdr_grad8 (issue 13, opt-in `set_grad8` / GDN_RULE_GRAD=v8): gdr_grad7's per-chunk gradients
 // (same inputs, outputs and grid: one CTA of 8 warps per (chunk, key head) walking the GVA
 // group's value heads in order) in 110.5 KB of shared memory and <= 128 registers, so two CTAs
