@@ -5953,14 +5953,12 @@ __device__ __forceinline__ void g9_rows32(char* dst, const float* src, i64 gs) {
     }
 }
 
-// Issues acc = the 64 x N product A B over k < KD (N = 16 NT8: this warpgroup's 8 NT8 columns)
-// as one committed wgmma group, from SW128 tiles at shared addresses a (ra rows) and b (rb
-// rows). AT false: A stored [i][k]; true: [k][i]. BT true: B stored [n][k]; false: [k][n]
-// (g6_mma's conventions). The chain starts from zero (the first step's scale-d is 0). acc may be
-// read only after g9_done (the group's wg_wait and wg_hold): independent products are issued
-// back to back and each one's epilogue runs while the next one's chain is on the tensor cores.
+// acc = the 64 x N product A B over k < KD (N = 16 NT8: this warpgroup's 8 NT8 columns), from
+// SW128 tiles at shared addresses a (ra rows) and b (rb rows). AT false: A stored [i][k]; true:
+// [k][i]. BT true: B stored [n][k]; false: [k][n] (g6_mma's conventions). The chain starts from
+// zero (the first step's scale-d is 0) and is complete when this returns.
 template <int NT8, bool AT, bool BT, int KD>
-__device__ __forceinline__ void g9_issue(float (&acc)[NT8][4], unsigned a, int ra, unsigned b, int rb) {
+__device__ __forceinline__ void g9_mma(float (&acc)[NT8][4], unsigned a, int ra, unsigned b, int rb) {
     float(&d)[4 * NT8] = *reinterpret_cast<float(*)[4 * NT8]>(&acc[0][0]);
     const int n0 = (int)(threadIdx.x >> 7) * 8 * NT8;
     const unsigned bn = BT ? b + (unsigned)n0 * 128u : b + (unsigned)(n0 & 63) * 2u;
@@ -5972,21 +5970,8 @@ __device__ __forceinline__ void g9_issue(float (&acc)[NT8][4], unsigned a, int r
         wg_mma<AT ? 1 : 0, BT ? 0 : 1>(d, da, db, k0 > 0);
     }
     wg_commit();
-}
-
-// Waits until at most N of this warp's issued groups are pending (the oldest ones complete in
-// order), then makes acc (from one of the completed groups) readable.
-template <int N, int NT8>
-__device__ __forceinline__ void g9_done(float (&acc)[NT8][4]) {
-    wg_wait<N>();
-    wg_hold(*reinterpret_cast<float(*)[4 * NT8]>(&acc[0][0]));
-}
-
-// g9_issue, then wait for it (a product whose result the next step needs at once).
-template <int NT8, bool AT, bool BT, int KD>
-__device__ __forceinline__ void g9_mma(float (&acc)[NT8][4], unsigned a, int ra, unsigned b, int rb) {
-    g9_issue<NT8, AT, BT, KD>(acc, a, ra, b, rb);
-    g9_done<0>(acc);
+    wg_wait<0>();
+    wg_hold(d);
 }
 
 template <typename TQ, int DK, int DV>
@@ -6105,20 +6090,16 @@ __device__ void gdr_grad9(const bf16_t* __restrict__ q_raw, const bf16_t* __rest
         // Phase 1. dq += e^gam (scale dO S0^T), its row dot with q; dk += e^(gam_L - gam)
         // (D dS^T), its row dot with k; dW = -dD S0^T.
         {
-            // the three products are independent: each one's epilogue overlaps the next's chain
-            float acc[NK][4], ac2[NK][4];
-            g9_issue<NK, false, true, DV>(acc, uO, GDR_C, uH, dk);
-            g9_issue<NK, false, true, DV>(ac2, uD, GDR_C, uDH, dk);
-            g9_done<1>(acc);
+            float acc[NK][4];
+            g9_mma<NK, false, true, DV>(acc, uO, GDR_C, uH, dk);
             g7_map(acc, [&](int i, int x, float& a) { a = s_eg[i] * (scale * a); });
             g7_rowdot(acc, p_q, qc, krow, l);
             g7_accum(acc, dqc, krow, l, first);
-            g9_issue<NK, false, true, DV>(acc, uDD, GDR_C, uH, dk);
-            g9_done<1>(ac2);
-            g7_map(ac2, [&](int i, int x, float& a) { a = s_ed[i] * a; });
-            g7_rowdot(ac2, p_k, kc, krow, l);
-            g7_accum(ac2, dkc, krow, l, first);
-            g9_done<0>(acc);
+            g9_mma<NK, false, true, DV>(acc, uD, GDR_C, uDH, dk);
+            g7_map(acc, [&](int i, int x, float& a) { a = s_ed[i] * a; });
+            g7_rowdot(acc, p_k, kc, krow, l);
+            g7_accum(acc, dkc, krow, l, first);
+            g9_mma<NK, false, true, DV>(acc, uDD, GDR_C, uH, dk);
             g6_epi(acc, [&](int i, int x, float a) { g9_at(tW, GDR_C, i, x) = f32_to_bf16(-a); });
             wg_fence_proxy();  // dW, for the tensor cores (after the barrier in block_sum)
         }
@@ -6157,13 +6138,11 @@ __device__ void gdr_grad9(const bf16_t* __restrict__ q_raw, const bf16_t* __rest
 
         // Phase 2 (h, dh's space reused). A = lower_incl(Q K^T * Gamma), P = K K^T (fp32).
         {
-            float acc[4][4], ac2[4][4];
-            g9_issue<4, false, true, DK>(acc, uQ, GDR_C, uK, GDR_C);
-            g9_issue<4, false, true, DK>(ac2, uK, GDR_C, uK, GDR_C);
-            g9_done<1>(acc);
+            float acc[4][4];
+            g9_mma<4, false, true, DK>(acc, uQ, GDR_C, uK, GDR_C);
             g6_epi(acc, [&](int i, int j, float a) { sA[i * LF + j] = (j <= i && i < l) ? a * gamma(i, j) : 0.f; });
-            g9_done<0>(ac2);
-            g6_epi(ac2, [&](int i, int j, float a) { sP[i * LF + j] = a; });
+            g9_mma<4, false, true, DK>(acc, uK, GDR_C, uK, GDR_C);
+            g6_epi(acc, [&](int i, int j, float a) { sP[i * LF + j] = a; });
         }
         __syncthreads();
         // dA = scale dO D^T (j <= i): E = dA * A (for dgam), G = dA * Gamma (bf16 operand).
@@ -6187,21 +6166,17 @@ __device__ void gdr_grad9(const bf16_t* __restrict__ q_raw, const bf16_t* __rest
         }
         // dq += G K ; dk += G^T Q.
         {
-            float acc[NK][4], ac2[NK][4];
-            g9_issue<NK, false, false, GDR_C>(acc, uG, GDR_C, uK, GDR_C);
-            g9_issue<NK, true, false, GDR_C>(ac2, uG, GDR_C, uQ, GDR_C);
-            g9_done<1>(acc);
+            float acc[NK][4];
+            g9_mma<NK, false, false, GDR_C>(acc, uG, GDR_C, uK, GDR_C);
             g7_accum(acc, dqc, krow, l, false);
-            g9_done<0>(ac2);
-            g7_accum(ac2, dkc, krow, l, false);
+            g9_mma<NK, true, false, GDR_C>(acc, uG, GDR_C, uQ, GDR_C);
+            g7_accum(acc, dkc, krow, l, false);
         }
         // dT = dD Vb^T + dW Kb^T, Vb = diag(beta) V, Kb = diag(beta e^gam) K (column scales of dT).
         {
             float a1[4][4], a2[4][4];
-            g9_issue<4, false, true, DV>(a1, uDD, GDR_C, uV, GDR_C);
-            g9_issue<4, false, true, DK>(a2, uW, GDR_C, uK, GDR_C);
-            g9_done<1>(a1);
-            g9_done<0>(a2);
+            g9_mma<4, false, true, DV>(a1, uDD, GDR_C, uV, GDR_C);
+            g9_mma<4, false, true, DK>(a2, uW, GDR_C, uK, GDR_C);
             const int g = lane >> 2, t = lane & 3;
             const int r0 = 16 * (warp & 3) + g, c0 = (warp >> 2) * 32 + 2 * t;
 #pragma unroll
@@ -6214,14 +6189,10 @@ __device__ void gdr_grad9(const bf16_t* __restrict__ q_raw, const bf16_t* __rest
                 }
             wg_fence_proxy();  // dT, for the tensor cores (after the barrier before dM)
         }
-        // dVb = T^T dD: dv = beta dVb (packed bf16 pairs), <dVb_i, v_i>; dKb = T^T dW issued
-        // behind it (its chain runs during dVb's epilogue).
-        float akb[NK][4];
+        // dVb = T^T dD: dv = beta dVb (packed bf16 pairs), <dVb_i, v_i>.
         {
             float acc[NV][4];
-            g9_issue<NV, true, false, GDR_C>(acc, uT, GDR_C, uDD, GDR_C);
-            g9_issue<NK, true, false, GDR_C>(akb, uT, GDR_C, uW, GDR_C);
-            g9_done<1>(acc);
+            g9_mma<NV, true, false, GDR_C>(acc, uT, GDR_C, uDD, GDR_C);
             g7_rowsum(acc, p_v, [&](int i, int x, float a) { return a * bf16_to_f32(g9_at(tV, GDR_C, i, x)); });
             const int g = lane >> 2, t = lane & 3;
             const int r0 = 16 * (warp & 3) + g, c0 = (warp >> 2) * (8 * NV) + 2 * t;
@@ -6239,10 +6210,11 @@ __device__ void gdr_grad9(const bf16_t* __restrict__ q_raw, const bf16_t* __rest
         }
         // dKb = T^T dW: dk += beta e^gam dKb, <dKb_i, k_i>.
         {
-            g9_done<0>(akb);
-            g7_rowdot(akb, p_kb, kc, krow, l);
-            g7_map(akb, [&](int i, int x, float& a) { a = (s_beta[i] * s_eg[i]) * a; });
-            g7_accum(akb, dkc, krow, l, false);
+            float acc[NK][4];
+            g9_mma<NK, true, false, GDR_C>(acc, uT, GDR_C, uW, GDR_C);
+            g7_rowdot(acc, p_kb, kc, krow, l);
+            g7_map(acc, [&](int i, int x, float& a) { a = (s_beta[i] * s_eg[i]) * a; });
+            g7_accum(acc, dkc, krow, l, false);
         }
         __syncthreads();
         // dbeta += <dVb, v> + e^gam <dKb, k>; dgam += beta e^gam <dKb, k>.
