@@ -57,6 +57,14 @@ __device__ __forceinline__ unsigned long long wg_desc_mn(unsigned base, int krow
     return wg_desc(base + (unsigned)((mn0 >> 6) * krows * 128 + k0 * 128), (unsigned)(krows * 128), 1024);
 }
 
+// desc with its start address moved by `bytes` (a multiple of 16): the address field holds
+// shared-window bytes / 16 in 14 bits, and every shared address is below 2^18, so the field never
+// carries into the next one. Descriptors for the k steps of a product are one descriptor plus
+// constants (a 64-bit add each instead of rebuilding the fields).
+__device__ __forceinline__ unsigned long long wg_desc_add(unsigned long long desc, unsigned bytes) {
+    return desc + (unsigned long long)(bytes >> 4);
+}
+
 __device__ __forceinline__ void wg_fence() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
