@@ -141,9 +141,33 @@ fn main() {
         Some("v8") => return v8(&gpu),
         Some("v9") => return v9(&gpu),
         Some("bwd") => return bwd_variants(&gpu),
-        Some("grad8") => return grad_variants(&gpu, 8),
-        Some("grad9") => return grad_variants(&gpu, 9),
-        Some("bwd9") => return grad_variants(&gpu, 90),
+        Some("grad8") => {
+            return bwd_piece_variants(
+                &gpu,
+                "per-chunk gradients",
+                "gdr_grad7",
+                "gdr_grad8",
+                set_grad8,
+            )
+        }
+        Some("grad9") => {
+            return bwd_piece_variants(
+                &gpu,
+                "per-chunk gradients",
+                "gdr_grad7",
+                "gdr_grad9",
+                set_grad9,
+            )
+        }
+        Some("bwd9") => {
+            return bwd_piece_variants(
+                &gpu,
+                "reverse scan",
+                "the default scan",
+                "gdr_bwd9",
+                set_bwd9,
+            )
+        }
         Some("prep") => return prep_variants(&gpu),
         _ => {}
     }
@@ -1014,45 +1038,30 @@ fn prep_variants(gpu: &Arc<Gpu>) {
     }
 }
 
-/// The default backward with gdr_grad7 against gdr_grad8 or gdr_grad9 (`v` 8 / 9), or with the
-/// default reverse scan against gdr_bwd9 (`v` 90); see the module doc.
-fn grad_variants(gpu: &Arc<Gpu>, v: u32) {
-    let set = |on: bool| match v {
-        9 => set_grad9(Some(on)),
-        90 => set_bwd9(Some(on)),
-        _ => set_grad8(Some(on)),
-    };
-    let (what, new) = if v == 90 {
-        ("reverse scan", "gdr_bwd9".to_string())
-    } else {
-        ("per-chunk gradients", format!("gdr_grad{v}"))
-    };
+/// The default backward against itself with one piece replaced (see the module doc): `new` (the
+/// kernel's name) where `set(Some(true))` puts it, `base` (what runs there by default) where
+/// `set(Some(false))` leaves it; `what` names the piece.
+fn bwd_piece_variants(gpu: &Arc<Gpu>, what: &str, base: &str, new: &str, set: fn(Option<bool>)) {
+    let tag = new.trim_start_matches("gdr_");
     println!(
-        "bench-{} | case | {what} | bwd ms (median of 10) | per kernel | grads vs the default's",
-        &new[4..]
+        "bench-{tag} | case | {what} | bwd ms (median of 10) | per kernel | grads vs {base}'s"
     );
     let kernel = BwdKernel::from_env();
     for &(b, t, hk, hv) in &[(1usize, 32768usize, 16usize, 32usize), (8, 4096, 16, 16)] {
         let x = inputs(gpu, b, t, hk, hv, 128, 128);
         let d_o = DBuf::upload(gpu, &normals(b * t * hv * 128, 6), DType::Bf16).unwrap();
-        set(false);
+        set(Some(false));
         let g7 = bwd(gpu, &x, &d_o, kernel);
         for on in [false, true, false, true] {
-            set(on);
+            set(Some(on));
             let (ms, p, diff) = bwd_row(gpu, &x, &d_o, kernel, &g7);
             println!(
-                "bench-grad{v} | B{b} T{t} {hk}/{hv} | {} | {ms:.3} | {} | {diff}",
-                if on {
-                    format!("gdr_grad{v}")
-                } else {
-                    "gdr_grad7".to_string()
-                },
+                "bench-{tag} | B{b} T{t} {hk}/{hv} | {} | {ms:.3} | {} | {diff}",
+                if on { new } else { base },
                 fmt_times(&p)
             );
         }
-        set_grad8(None);
-        set_grad9(None);
-        set_bwd9(None);
+        set(None);
         gpu.reset_peak();
     }
 }
