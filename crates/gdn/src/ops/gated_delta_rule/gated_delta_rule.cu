@@ -4393,12 +4393,14 @@ GDR_CHAIN8_ENTRY(8, 1)
 // reads), barrier 2, a reads b's buffer slots 0..1. The next step's first write of b's buffer
 // follows the step's __syncthreads, after which b has done its reads of it: no third barrier.
 // Stage: V6G<DK, NW / 2> (two stages, loaded with v6's lean addressing for NT = 32 NW threads).
-template <int DK, int BV, int NT>
-__device__ __forceinline__ void v8g_load_stage(char* st, const bf16_t* kc, const bf16_t* qc, i64 krow, int l,
-                                               const bf16_t* wc, const bf16_t* ac, const bf16_t* oc, i64 vrow,
-                                               const float* gc) {
+// The copies of one V6G stage by thread `tid` of NT (without the commit): K, Q, W rows (UNROLL:
+// that loop's unroll count, GDR_C unrolls it fully), A, the dO tile, gam. gdr_bwd8 runs it on
+// all its threads (v8g_load_stage), gdr_bwd9 on its producer warp (32 threads, UNROLL 4).
+template <int DK, int BV, int NT, int UNROLL>
+__device__ __forceinline__ void v8g_copy_stage(char* st, int tid, const bf16_t* kc, const bf16_t* qc, i64 krow,
+                                               int l, const bf16_t* wc, const bf16_t* ac, const bf16_t* oc,
+                                               i64 vrow, const float* gc) {
     typedef V6G<DK, BV / 16> L;
-    const int tid = threadIdx.x;
     const unsigned sb = smem_addr(st);
     constexpr int CPR = DK / 8;
     constexpr int RPP = NT / CPR;
@@ -4410,7 +4412,7 @@ __device__ __forceinline__ void v8g_load_stage(char* st, const bf16_t* kc, const
         const bf16_t* gk = kc + i0 * krow + x;
         const bf16_t* gq = qc + i0 * krow + x;
         const i64 step = RPP * krow;
-#pragma unroll
+#pragma unroll UNROLL
         for (int m = 0; m < GDR_C / RPP; ++m) {
             const bool ok = i0 + RPP * m < l;
             const unsigned n = ok ? 16u : 0u;
@@ -4448,6 +4450,14 @@ __device__ __forceinline__ void v8g_load_stage(char* st, const bf16_t* kc, const
         }
     }
     if (tid < GDR_C / 4) cp_async16_s(sb + L::G_OFF + tid * 16, gc + tid * 4, 16u);
+}
+
+// One stage by all NT threads of the CTA, committed as one cp.async group.
+template <int DK, int BV, int NT>
+__device__ __forceinline__ void v8g_load_stage(char* st, const bf16_t* kc, const bf16_t* qc, i64 krow, int l,
+                                               const bf16_t* wc, const bf16_t* ac, const bf16_t* oc, i64 vrow,
+                                               const float* gc) {
+    v8g_copy_stage<DK, BV, NT, GDR_C>(st, threadIdx.x, kc, qc, krow, l, wc, ac, oc, vrow, gc);
     cp_async_commit();
 }
 
@@ -4941,66 +4951,6 @@ GDR_FWD9_ENTRY(128, 8, 2, 4)
 // runs gdr_bwd8. Shared memory: gdr_bwd8's NS * STAGE + NW * XB (NS = 2: gdr_bwd8's bytes), then
 // the 2 NS mbarriers: at NS = 2 it still fits beside gdr_hrec6 w2 on an SM.
 
-// v8g_load_stage's copies for the producer warp (lane `ptid` copies what thread ptid of a
-// 32-thread v8g_load_stage copies), without the commit.
-template <int DK, int BV>
-__device__ __forceinline__ void v9b_load_stage(char* st, int ptid, const bf16_t* kc, const bf16_t* qc, i64 krow,
-                                               int l, const bf16_t* wc, const bf16_t* ac, const bf16_t* oc,
-                                               i64 vrow, const float* gc) {
-    typedef V6G<DK, BV / 16> L;
-    constexpr int NT = 32;
-    const int tid = ptid;
-    const unsigned sb = smem_addr(st);
-    constexpr int CPR = DK / 8;
-    constexpr int RPP = NT / CPR;
-    static_assert(NT % CPR == 0 && GDR_C % RPP == 0, "whole rows per pass");
-    {
-        const int i0 = tid / CPR, x = (tid % CPR) * 8;
-        const unsigned so = sb + (unsigned)((i0 * L::LK + x) * 2);
-        const bf16_t* gw = wc + i0 * DK + x;
-        const bf16_t* gk = kc + i0 * krow + x;
-        const bf16_t* gq = qc + i0 * krow + x;
-        const i64 step = RPP * krow;
-#pragma unroll 4
-        for (int m = 0; m < GDR_C / RPP; ++m) {
-            const bool ok = i0 + RPP * m < l;
-            const unsigned n = ok ? 16u : 0u;
-            const unsigned sr = so + (unsigned)(RPP * m * L::LK * 2);
-            cp_async16_s(sr + L::K_OFF, ok ? gk : kc, n);
-            cp_async16_s(sr + L::Q_OFF, ok ? gq : qc, n);
-            cp_async16_s(sr + L::W_OFF, gw + RPP * m * DK, 16u);
-            gk += step;
-            gq += step;
-        }
-    }
-    {
-        constexpr int RPA = NT / 8;
-        static_assert(GDR_C % RPA == 0, "whole rows of A per pass");
-        const int i0 = tid >> 3, x = (tid & 7) * 8;
-        const unsigned so = sb + L::A_OFF + (unsigned)((i0 * L::LA + x) * 2);
-        const bf16_t* ga = ac + i0 * GDR_C + x;
-#pragma unroll
-        for (int m = 0; m < GDR_C / RPA; ++m)
-            cp_async16_s(so + (unsigned)(RPA * m * L::LA * 2), ga + RPA * m * GDR_C, 16u);
-    }
-    {
-        constexpr int OPR = BV / 8;    // dO: 16-byte pieces per row of the tile
-        constexpr int RPO = NT / OPR;  // rows per pass
-        static_assert(NT % OPR == 0 && GDR_C % RPO == 0, "whole rows of dO per pass");
-        const int i0 = tid / OPR, x = (tid % OPR) * 8;
-        const unsigned so = sb + L::O_OFF + (unsigned)((i0 * L::LO + x) * 2);
-        const bf16_t* go = oc + i0 * vrow + x;
-        const i64 step = RPO * vrow;
-#pragma unroll
-        for (int m = 0; m < GDR_C / RPO; ++m) {
-            const bool ok = i0 + RPO * m < l;
-            cp_async16_s(so + (unsigned)(RPO * m * L::LO * 2), ok ? go : oc, ok ? 16u : 0u);
-            go += step;
-        }
-    }
-    if (tid < GDR_C / 4) cp_async16_s(sb + L::G_OFF + tid * 16, gc + tid * 4, 16u);
-}
-
 // gdr_bwd8 with a producer warp (see above). Grid as gdr_bwd8; 32 (NW + 1) threads; dynamic
 // shared memory NS * V6G<DK, NW / 2>::STAGE + NW * 2048 + 16 NS.
 template <int DK, int NW, int NS>
@@ -5052,7 +5002,7 @@ __device__ void gdr_bwd9(const bf16_t* __restrict__ q, const bf16_t* __restrict_
             if (c_end - 1 - c >= NS) acp_mbar_wait(empty0 + 8u * stg, eph);
             const i64 cb = c * hv_n + hv;
             const i64 t0 = ch_t0[c];
-            v9b_load_stage<DK, BV>(sm + stg * L::STAGE, lane, k + t0 * krow + (i64)kh * DK,
+            v8g_copy_stage<DK, BV, 32, 4>(sm + stg * L::STAGE, lane, k + t0 * krow + (i64)kh * DK,
                                    q + t0 * krow + (i64)kh * DK, krow, ch_len[c], w_ws + cb * GDR_C * DK,
                                    a_ws + cb * GDR_C * GDR_C, d_o + t0 * vrow + (i64)hv * dv + col0, vrow,
                                    gam_ws + cb * GDR_C);
