@@ -3113,12 +3113,19 @@ fn v7_grad_bitwise_and_fallback() {
 #[ignore = "needs a CUDA GPU"]
 fn grad8_matches_f64() {
     let gpu = gpu();
+    grad_kernel_matches_f64(&gpu, "grad8", set_grad8);
+}
+
+/// check_v6_bwd on every case of the v6 backward's test and every scan width on one case, with
+/// the per-chunk gradient kernel `name` put in gdr_grad7's place by `set` on this thread (the
+/// lines say g7; the kernel is `name`).
+fn grad_kernel_matches_f64(gpu: &Arc<Gpu>, name: &str, set: fn(Option<bool>)) {
     let mut fails = Vec::new();
-    set_grad8(Some(true));
+    set(Some(true));
     for c in &v6_bwd_cases() {
-        let b = base(&gpu, c);
-        println!("gdr-check grad8 (the g7 line below runs gdr_grad8)");
-        check_v6_bwd(&gpu, c, &b, v7b(0), &mut fails);
+        let b = base(gpu, c);
+        println!("gdr-check {name} (the g7 line below runs gdr_{name})");
+        check_v6_bwd(gpu, c, &b, v7b(0), &mut fails);
     }
     let c = case(
         "T300 1/2 d128 norm states",
@@ -3130,11 +3137,11 @@ fn grad8_matches_f64() {
         1011,
         true,
     );
-    let b = base(&gpu, &c);
+    let b = base(gpu, &c);
     for warps in [1, 2, 4, 8] {
-        check_v6_bwd(&gpu, &c, &b, v7b(warps), &mut fails);
+        check_v6_bwd(gpu, &c, &b, v7b(warps), &mut fails);
     }
-    set_grad8(None);
+    set(None);
     finish(fails);
 }
 
@@ -3248,29 +3255,7 @@ fn grad9_matches_f64() {
         eprintln!("skipped: gdr_grad9 needs sm_90a ({})", gpu.arch());
         return;
     }
-    let mut fails = Vec::new();
-    set_grad9(Some(true));
-    for c in &v6_bwd_cases() {
-        let b = base(&gpu, c);
-        println!("gdr-check grad9 (the g7 line below runs gdr_grad9)");
-        check_v6_bwd(&gpu, c, &b, v7b(0), &mut fails);
-    }
-    let c = case(
-        "T300 1/2 d128 norm states",
-        Seqs::uniform(1, 300),
-        sh(1, 2, 128, 128),
-        true,
-        true,
-        Decay::LogSigmoid,
-        1011,
-        true,
-    );
-    let b = base(&gpu, &c);
-    for warps in [1, 2, 4, 8] {
-        check_v6_bwd(&gpu, &c, &b, v7b(warps), &mut fails);
-    }
-    set_grad9(None);
-    finish(fails);
+    grad_kernel_matches_f64(&gpu, "grad9", set_grad9);
 }
 
 /// gdr_grad9 against gdr_grad7 on ragged and packed chunk lengths, GVA 1 / 2 / 4, every head
