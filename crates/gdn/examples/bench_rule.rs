@@ -48,6 +48,8 @@
 //!   table (no argument) run gdr_grad8;
 //! - `grad9`: the same with `gdr_grad9` (`GDN_RULE_GRAD=v9`: the products on warpgroup MMA,
 //!   sm_90a) against `gdr_grad7`; `GDN_RULE_GRAD=v9` also makes the default table run gdr_grad9;
+//! - `grad10`: the same with `gdr_grad10` (`GDN_RULE_GRAD=v10`: persistent, warp-specialized,
+//!   wgmma, sm_90a) against `gdr_grad7`; `GDN_RULE_GRAD=v10` also makes the default table run it;
 //! - `bwd9`: the same with the reverse scan `gdr_bwd9` (`GDN_RULE_BWD_SCAN=v9`: gdr_bwd8 with a
 //!   producer warp) against the default's; its outputs must equal bwd8's bitwise (diff 0).
 
@@ -62,7 +64,7 @@ use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_with, backward_with_prep, chain6, chain8,
     forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_backward_overlap,
-    set_bwd8, set_bwd9, set_grad8, set_grad9, set_hrec8, set_v6_stages, set_v9_producer, BwdKernel,
+    set_bwd8, set_bwd9, set_grad10, set_grad8, set_grad9, set_hrec8, set_v6_stages, set_v9_producer, BwdKernel,
     ChainInputs, FwdKernel, PrepKernel,
 };
 use gdn::ops::gated_delta_rule::{RuleOpts, RuleShape, CHUNK};
@@ -157,6 +159,15 @@ fn main() {
                 "gdr_grad7",
                 "gdr_grad9",
                 set_grad9,
+            )
+        }
+        Some("grad10") => {
+            return bwd_piece_variants(
+                &gpu,
+                "per-chunk gradients",
+                "gdr_grad7",
+                "gdr_grad10",
+                set_grad10,
             )
         }
         Some("bwd9") => {

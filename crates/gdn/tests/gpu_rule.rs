@@ -15,7 +15,7 @@ use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_with, backward_with_prep, chain6, chain8,
     forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_backward_overlap,
-    set_bwd8, set_bwd9, set_grad8, set_grad9, set_hrec8, set_poison, set_v6_stages,
+    set_bwd8, set_bwd9, set_grad10, set_grad8, set_grad9, set_hrec8, set_poison, set_v6_stages,
     set_v9_producer, v6_supports, BwdKernel, ChainInputs, FwdKernel, PrepKernel,
 };
 use gdn::ops::gated_delta_rule::reference::{self, RefInputs};
@@ -3272,16 +3272,23 @@ fn grad9_vs_grad7() {
         eprintln!("skipped: gdr_grad9 needs sm_90a ({})", gpu.arch());
         return;
     }
+    grad_kernel_vs_grad7(&gpu, "grad9", set_grad9, &[]);
+}
+
+/// grad9_vs_grad7's checks for the kernel `set` selects, on its cases and on `more` (sequence
+/// lengths of extra single-head-size cases: 2 / 4 heads, Dk = Dv = 128).
+fn grad_kernel_vs_grad7(gpu: &Arc<Gpu>, what: &str, set: fn(Option<bool>), more: &[u64]) {
     let bits = |x: &Vec<f32>| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     let cu = [0u64, 0, 1, 63, 64, 130, 300, 1000];
     let mut fails = Vec::new();
+    let mut cases = Vec::new();
     let mut n = 0u64;
     for (hk, hv) in [(2, 2), (2, 4), (1, 4)] {
         for (dk, dv) in [(64, 64), (64, 128), (128, 64), (128, 128)] {
             for norm in [true, false] {
                 n += 1;
-                let c = case(
-                    &format!("grad9 vs grad7 {hk}/{hv} d{dk}x{dv} norm={norm}"),
+                cases.push(case(
+                    &format!("{what} vs grad7 {hk}/{hv} d{dk}x{dv} norm={norm}"),
                     Seqs::packed(&cu, 1003).unwrap(),
                     sh(hk, hv, dk, dv),
                     norm,
@@ -3289,44 +3296,59 @@ fn grad9_vs_grad7() {
                     Decay::LogSigmoid,
                     1200 + n,
                     true,
-                );
-                set_grad9(Some(false));
-                let g7 = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
-                set_grad9(Some(true));
-                let a = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
-                let a2 = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
-                check_written(&c, &a, &mut fails);
-                let mut line = format!("gdr-check {:<40}", c.name);
-                for (name, x, y) in [("o", &a.o, &g7.o), ("final_state", &a.fin, &g7.fin)] {
-                    let same = bits(x) == bits(y);
-                    line += &format!(" {name}={same}");
-                    if !same {
-                        fails.push(format!("{}: {name} differs from grad7's", c.name));
-                    }
-                }
-                if a.dh0.as_ref().map(bits) != g7.dh0.as_ref().map(bits) {
-                    fails.push(format!("{}: dh0 differs from grad7's", c.name));
-                }
-                for (name, x, y) in [
-                    ("dq", &a.dq, &g7.dq),
-                    ("dk", &a.dk, &g7.dk),
-                    ("dv", &a.dv, &g7.dv),
-                    ("dg", &a.dg, &g7.dg),
-                    ("dbeta", &a.dbeta, &g7.dbeta),
-                ] {
-                    let r: Vec<f64> = y.iter().map(|&v| v as f64).collect();
-                    let e = rms_rel(x, &r);
-                    line += &format!(" {name}={e:.2e}");
-                    if !(e.is_finite() && e < 2e-3) {
-                        fails.push(format!("{}: {name} vs grad7 {e:.3e}", c.name));
-                    }
-                }
-                if a.bits() != a2.bits() {
-                    fails.push(format!("{}: two grad9 runs differ", c.name));
-                }
-                println!("{line}");
+                ));
             }
         }
+    }
+    for &t in more {
+        n += 1;
+        cases.push(case(
+            &format!("{what} vs grad7 T{t} 2/4 d128"),
+            Seqs::uniform(1, t as usize),
+            sh(2, 4, 128, 128),
+            true,
+            true,
+            Decay::LogSigmoid,
+            1200 + n,
+            true,
+        ));
+    }
+    for c in &cases {
+        set(Some(false));
+        let g7 = run_gpu_with(gpu, c, DType::Bf16, Some(v7b(0)));
+        set(Some(true));
+        let a = run_gpu_with(gpu, c, DType::Bf16, Some(v7b(0)));
+        let a2 = run_gpu_with(gpu, c, DType::Bf16, Some(v7b(0)));
+        check_written(c, &a, &mut fails);
+        let mut line = format!("gdr-check {:<40}", c.name);
+        for (name, x, y) in [("o", &a.o, &g7.o), ("final_state", &a.fin, &g7.fin)] {
+            let same = bits(x) == bits(y);
+            line += &format!(" {name}={same}");
+            if !same {
+                fails.push(format!("{}: {name} differs from grad7's", c.name));
+            }
+        }
+        if a.dh0.as_ref().map(bits) != g7.dh0.as_ref().map(bits) {
+            fails.push(format!("{}: dh0 differs from grad7's", c.name));
+        }
+        for (name, x, y) in [
+            ("dq", &a.dq, &g7.dq),
+            ("dk", &a.dk, &g7.dk),
+            ("dv", &a.dv, &g7.dv),
+            ("dg", &a.dg, &g7.dg),
+            ("dbeta", &a.dbeta, &g7.dbeta),
+        ] {
+            let r: Vec<f64> = y.iter().map(|&v| v as f64).collect();
+            let e = rms_rel(x, &r);
+            line += &format!(" {name}={e:.2e}");
+            if !(e.is_finite() && e < 2e-3) {
+                fails.push(format!("{}: {name} vs grad7 {e:.3e}", c.name));
+            }
+        }
+        if a.bits() != a2.bits() {
+            fails.push(format!("{}: two {what} runs differ", c.name));
+        }
+        println!("{line}");
     }
     for (dt, shape, bf) in [
         (DType::Bf16, sh(1, 2, 128, 48), true),
@@ -3334,7 +3356,7 @@ fn grad9_vs_grad7() {
         (DType::Bf16, sh(1, 2, 256, 128), true),
     ] {
         let c = case(
-            "fallback grad9",
+            &format!("fallback {what}"),
             Seqs::uniform(1, 150),
             shape,
             true,
@@ -3343,18 +3365,50 @@ fn grad9_vs_grad7() {
             1034,
             bf,
         );
-        set_grad9(Some(true));
-        let a = run_gpu_with(&gpu, &c, dt, Some(v7b(0)));
-        set_grad9(Some(false));
-        let b = run_gpu_with(&gpu, &c, dt, Some(v7b(0)));
+        set(Some(true));
+        let a = run_gpu_with(gpu, &c, dt, Some(v7b(0)));
+        set(Some(false));
+        let b = run_gpu_with(gpu, &c, dt, Some(v7b(0)));
         if a.bits() != b.bits() {
             fails.push(format!(
-                "{dt:?} {shape:?}: set_grad9 changed a backward without grad7"
+                "{dt:?} {shape:?}: set_{what} changed a backward without grad7"
             ));
         }
     }
-    set_grad9(None);
+    set(None);
     finish(fails);
+}
+
+// gdr_grad10 (issue 13, opt-in `GDN_RULE_GRAD=v10`, here `set_grad10` on the test's thread;
+// sm_90a only): the per-chunk gradients by a persistent warp-specialized kernel (three wgmma
+// warpgroups and a producer, mbarrier hand-offs, dq / dk summed over the group in registers).
+
+/// Every gradient of the v6 backward with gdr_grad10 against the f64 recurrence (as
+/// grad9_matches_f64). Skipped before sm_90a.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn grad10_matches_f64() {
+    let gpu = gpu();
+    if gpu.arch() != "sm_90a" {
+        eprintln!("skipped: gdr_grad10 needs sm_90a ({})", gpu.arch());
+        return;
+    }
+    grad_kernel_matches_f64(&gpu, "grad10", set_grad10);
+}
+
+/// gdr_grad10 against gdr_grad7 (grad9_vs_grad7's cases and checks), plus single sequences of
+/// 9,000 and 20,000 tokens at 2 / 4 heads: 282 and 626 (chunk, key head) items, so each CTA of
+/// the persistent grid (one per SM) walks several items and both parities of every mbarrier
+/// phase many times. Skipped before sm_90a.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn grad10_vs_grad7() {
+    let gpu = gpu();
+    if gpu.arch() != "sm_90a" {
+        eprintln!("skipped: gdr_grad10 needs sm_90a ({})", gpu.arch());
+        return;
+    }
+    grad_kernel_vs_grad7(&gpu, "grad10", set_grad10, &[9000, 20000]);
 }
 
 /// gdr_bwd9 (opt-in `GDN_RULE_BWD_SCAN=v9`, here `set_bwd9` on this test's thread): gdr_bwd8's

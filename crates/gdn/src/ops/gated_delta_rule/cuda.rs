@@ -1635,9 +1635,39 @@ pub fn g9_bytes(dk: usize, dv: usize) -> usize {
     tiles + u1.max(u2) + (7 * C + 32) * 4 + 8 * C * 4 + 1024
 }
 
+/// Dynamic shared memory of `gdr_grad10` (`G10<DK, DV>::BYTES`): single-buffered SW128 bf16
+/// tiles (Q, K, dW: 64 x Dk; h, dh: Dk x Dv; V, dO, D, dD: 64 x Dv; T, G, dT, dP: 64 x 64), two
+/// sets of gate vectors (4 x 64 fp32) and of row partials (3 x 64 + 8), the 64 x 64 warpgroup's
+/// 9 x 64 fp32 scratch, 28 mbarriers and 1 KB to round the base up to 1024 bytes: 220,192
+/// bytes at Dk = Dv = 128 (one CTA per SM).
+pub fn g10_bytes(dk: usize, dv: usize) -> usize {
+    let tiles = 3 * C * dk * 2 + 2 * dk * dv * 2 + 4 * C * dv * 2 + 4 * C * C * 2;
+    tiles + 2 * 4 * C * 4 + (2 * 3 * C + 16) * 4 + 9 * C * 4 + 28 * 8 + 1024
+}
+
 thread_local! {
     static GRAD8: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     static GRAD9: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    static GRAD10: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Tests and benchmarks: on the calling thread, `Some(true)` makes the backward's per-chunk
+/// gradients (where `gdr_grad7` runs) run `gdr_grad10` on GPUs with wgmma (sm_90a; elsewhere
+/// gdr_grad7 runs): the same outputs from the same bf16 operands by a persistent,
+/// warp-specialized kernel (one CTA per SM, three compute warpgroups and a producer, dq and dk
+/// summed over the value-head group in registers); results agree with gdr_grad7's to rounding.
+/// `Some(false)` leaves the choice to [`set_grad9`] / [`set_grad8`]; `None` (the default) follows
+/// `GDN_RULE_GRAD` (`v10` selects `gdr_grad10`). Takes precedence over both.
+#[doc(hidden)]
+pub fn set_grad10(on: Option<bool>) {
+    GRAD10.with(|c| c.set(on));
+}
+
+fn grad10_on(gpu: &Gpu) -> bool {
+    gpu.arch() == "sm_90a"
+        && GRAD10
+            .with(|c| c.get())
+            .unwrap_or_else(|| std::env::var("GDN_RULE_GRAD").as_deref() == Ok("v10"))
 }
 
 /// Tests and benchmarks: on the calling thread, `Some(true)` makes the backward's per-chunk
@@ -2585,13 +2615,56 @@ fn grad7(
     let dt = DType::Bf16;
     let ks = chunk_sfx(dt, opts);
     let tokens = seqs.tokens();
+    let dq = out_d(gpu, tokens * s.hk * s.dk, dt)?;
+    let dk = out_d(gpu, tokens * s.hk * s.dk, dt)?;
+    let dv = out_d(gpu, tokens * s.hv * s.dv, dt)?;
+    let dg = out_f32(gpu, tokens * s.hv)?;
+    let dbeta = out_d(gpu, tokens * s.hv, dt)?;
+    if grad10_on(gpu) {
+        // persistent: at most one CTA per SM, each walking (chunk, key head) items
+        let items = ch.count * s.hk;
+        let name = format!("gdr_grad10_{ks}_d{}_v{}", s.dk, s.dv);
+        launch_in_threads(
+            gpu,
+            MODULE,
+            &name,
+            items.min(gpu.sm_count()?),
+            512,
+            g10_bytes(s.dk, s.dv),
+            &[
+                dptr(q, st),
+                dptr(k, st),
+                dptr(qq, st),
+                dptr(kk, st),
+                dptr(qb, st),
+                dptr(kb, st),
+                dptr(v, st),
+                dptr(beta, st),
+                dptr(d_o, st),
+                ptr(gam, st),
+                ptr(t, st),
+                ptr(h16, st),
+                ptr(dh16, st),
+                ptr(d, st),
+                ptr(dd, st),
+                ptr(&ch.t0, st),
+                ptr(&ch.len, st),
+                Arg::I64(items as i64),
+                i32_arg(s.hk),
+                i32_arg(s.hv),
+                Arg::F32(opts.scale),
+                Arg::I32(opts.l2norm_in_kernel as i32),
+                dptr(&dq, st),
+                dptr(&dk, st),
+                dptr(&dv, st),
+                ptr(&dg, st),
+                dptr(&dbeta, st),
+            ],
+        )?;
+        return grad_tails(gpu, seqs, s, dq, dk, dv, dg, dbeta, dh0);
+    }
     let dqa = ws(gpu, tokens * s.hk * s.dk)?;
     let dka = ws(gpu, tokens * s.hk * s.dk)?;
-    let mut dq = out_d(gpu, tokens * s.hk * s.dk, dt)?;
-    let mut dk = out_d(gpu, tokens * s.hk * s.dk, dt)?;
-    let mut dv = out_d(gpu, tokens * s.hv * s.dv, dt)?;
-    let dg = out_f32(gpu, tokens * s.hv)?;
-    let mut dbeta = out_d(gpu, tokens * s.hv, dt)?;
     let v9 = grad9_on(gpu);
     let v8 = !v9 && grad8_on();
     let name = format!(
@@ -2658,6 +2731,23 @@ fn grad7(
         ],
     )?;
     drop((dqa, dka));
+    grad_tails(gpu, seqs, s, dq, dk, dv, dg, dbeta, dh0)
+}
+
+/// The per-chunk gradient kernels' outputs with the rows past the used tokens zeroed.
+#[allow(clippy::too_many_arguments)]
+fn grad_tails(
+    gpu: &Arc<Gpu>,
+    seqs: &Seqs,
+    s: RuleShape,
+    mut dq: DBuf,
+    mut dk: DBuf,
+    mut dv: DBuf,
+    dg: GBuf<f32>,
+    mut dbeta: DBuf,
+    dh0: Option<GBuf<f32>>,
+) -> Result<Grads> {
+    let tokens = seqs.tokens();
     let used = seqs.used();
     zero_tail("gated delta rule", gpu, &mut dq, used, tokens, s.hk * s.dk)?;
     zero_tail("gated delta rule", gpu, &mut dk, used, tokens, s.hk * s.dk)?;

@@ -6315,3 +6315,860 @@ GDR_GRAD9_ENTRY(float, bf16n, 64, 64)
 GDR_GRAD9_ENTRY(float, bf16n, 64, 128)
 GDR_GRAD9_ENTRY(float, bf16n, 128, 64)
 GDR_GRAD9_ENTRY(float, bf16n, 128, 128)
+
+// =============================================================================================
+// grad10 (issue 13; opt-in `GDN_RULE_GRAD=v10` / set_grad10, sm_90a only): the per-chunk
+// gradients of gdr_grad7 (same inputs and outputs) by a persistent, warp-specialized CTA of four
+// warpgroups (512 threads, one CTA per SM) whose products are all wgmma (ops/common/wgmma.cuh)
+// on unpadded SW128 bf16 tiles. bench/notes/flashqla-structure.md §5A is the plan.
+//   WG0 "q side" (dq accumulator, 64 x Dk fp32, in registers across the value-head group):
+//       dW = -dD S0^T (-> sW), dq += e^gam scale dO S0^T (its row dot with q), dq += G K;
+//       at the group's end dq through the l2 norm, stored bf16.
+//   WG1 "k side" (dk accumulator likewise): dk += e^(gam_L - gam) D dS^T (row dot with k),
+//       <S0, dS>, dk += G^T Q, dk += beta e^gam T^T dW (row dot with k), dk += dP K; the l2 norm.
+//   WG2 "64 x 64 side": dA = scale dO D^T, A = Q K^T -> E (its row and column sums) and G (-> sG);
+//       dT = dD Vb^T + dW Kb^T (-> sX), dVb = T^T dD (dv, <dVb, v>), T^T dT (-> sX),
+//       dM = -(T^T dT) T^T, P = K K^T -> dbeta, dgam terms and dP (-> sP); then each row's dgam
+//       and dbeta, the reverse cumsum dg, the stores of dg and dbeta.
+//   WG3 producer (40 registers; the others 160 / 160 / 152 by setmaxnreg): every operand of the
+//       next value head into its single buffer as soon as the buffer's last reader releases it
+//       (bf16 tiles by cp.async, the fp32 D, dD, T rounded to bf16 through registers), the gate
+//       vectors (double-buffered), Q and K once per (chunk, key head); prefetches one head ahead
+//       into L2.
+// No CTA-wide barrier after the start: mbarriers order every hand-off (full: the producer's 128
+// threads, or a warpgroup's 128 writers; empty: lane 0 of each reading warp after its wgmma
+// completed). Phase parity: a barrier used once per value head step s completes phase s, so
+// waiters use s & 1 (per (chunk, key head) item for Q / K; per s / 2 for the two vector and part
+// buffers). No barrier can complete a phase twice ahead of its waiter: every full barrier's
+// next fill waits for its empty barrier, every empty barrier's next release waits for the fill.
+// Results: dq, dk summed over the group in registers in the same head order as gdr_grad7 (whose
+// fp32 global partials they replace), the products' sums in the tensor cores' order: dq, dk, dv,
+// dg, dbeta agree with gdr_grad7's to rounding (tested against f64), deterministic (no atomics).
+
+#define G10_PREG 40
+#define G10_QREG 160
+#define G10_KREG 160
+#define G10_AREG 152
+
+template <int DK, int DV>
+struct G10 {
+    static constexpr int Q_OFF = 0;                            // [64][DK], per item
+    static constexpr int K_OFF = Q_OFF + GDR_C * DK * 2;
+    static constexpr int H_OFF = K_OFF + GDR_C * DK * 2;       // S0 [DK][DV]
+    static constexpr int DH_OFF = H_OFF + DK * DV * 2;         // dS [DK][DV]
+    static constexpr int V_OFF = DH_OFF + DK * DV * 2;         // [64][DV]
+    static constexpr int O_OFF = V_OFF + GDR_C * DV * 2;
+    static constexpr int D_OFF = O_OFF + GDR_C * DV * 2;
+    static constexpr int DD_OFF = D_OFF + GDR_C * DV * 2;
+    static constexpr int W_OFF = DD_OFF + GDR_C * DV * 2;      // dW [64][DK]
+    static constexpr int T_OFF = W_OFF + GDR_C * DK * 2;       // [64][64]
+    static constexpr int G_OFF = T_OFF + GDR_C * GDR_C * 2;
+    static constexpr int X_OFF = G_OFF + GDR_C * GDR_C * 2;
+    static constexpr int P_OFF = X_OFF + GDR_C * GDR_C * 2;
+    static constexpr int VEC_OFF = P_OFF + GDR_C * GDR_C * 2;  // 2 x {gam, eg, ed, beta}[64]
+    static constexpr int PART_OFF = VEC_OFF + 2 * 4 * GDR_C * 4;  // 2 x {pq, pk, pkb}[64], 2 x 8 red
+    // WG2 scratch: column partials [4 warps][64] (E's, then f's), rows [64]: rs(E), db, fr,
+    // <dVb, v>, cs(E)
+    static constexpr int S3_OFF = PART_OFF + (2 * 3 * GDR_C + 16) * 4;
+    static constexpr int BAR_OFF = S3_OFF + 9 * GDR_C * 4;
+    static constexpr int NBAR = 28;
+    static constexpr int BYTES = BAR_OFF + NBAR * 8 + 1024;
+};
+
+// mbarrier indices (8 bytes each at BAR_OFF)
+enum {
+    G10_FQK = 0, G10_EQK, G10_FVEC0, G10_FVEC1, G10_EVEC0, G10_EVEC1,
+    G10_FH, G10_EH, G10_FDH, G10_EDH, G10_FO, G10_EO, G10_FD, G10_ED, G10_FDD, G10_EDD,
+    G10_FV, G10_EV, G10_FT, G10_ET, G10_FW, G10_EW, G10_FG, G10_EG, G10_FP, G10_EP,
+    G10_FPART0, G10_FPART1
+};
+
+// d (64 x N fp32 fragments of this warpgroup, N = 2 R) = (acc ? d : 0) + A B over k < KD, from
+// SW128 tiles at shared addresses a (ra rows) and b (rb rows). AT false: A stored [m][k]; true:
+// [k][m]. BT true: B stored [n][k]; false: [k][n]. Complete when this returns.
+// N0 (a multiple of 64): the product's first column (B's first n).
+template <int R, bool AT, bool BT, int KD, int N0 = 0>
+__device__ __forceinline__ void g10_mma(float (&d)[R], unsigned a, int ra, unsigned b, int rb, bool acc) {
+    const unsigned long long da0 = AT ? wg_desc_mn(a, ra, 0, 0) : wg_desc_k(a, ra, 0);
+    const unsigned long long db0 = BT ? wg_desc_k(b + (unsigned)N0 * 128u, rb, 0) : wg_desc_mn(b, rb, 0, N0);
+    wg_fence();
+#pragma unroll
+    for (int k0 = 0; k0 < KD; k0 += 16) {
+        const unsigned oa = AT ? (unsigned)(k0 * 128) : (unsigned)((k0 >> 6) * ra * 128 + (k0 & 63) * 2);
+        const unsigned ob = BT ? (unsigned)((k0 >> 6) * rb * 128 + (k0 & 63) * 2) : (unsigned)(k0 * 128);
+        wg_mma<AT ? 1 : 0, BT ? 0 : 1>(d, wg_desc_add(da0, oa), wg_desc_add(db0, ob), (acc || k0 > 0) ? 1 : 0);
+    }
+    wg_commit();
+    wg_wait<0>();
+    wg_hold(d);
+}
+
+// f(row, column, value&) over this thread's fragment elements (warp w of the warpgroup: rows
+// 16 w + g, + 8; columns c0 + 8 j + 2 t, + 1).
+template <int R, class F>
+__device__ __forceinline__ void g10_each(float (&d)[R], F f, int c0 = 0) {
+    const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < R / 4; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) f(16 * w + g + 8 * (c >> 1), c0 + 8 * j + 2 * t + (c & 1), d[4 * j + c]);
+}
+
+// A compile-time int for the generic lambdas that walk 64-column halves.
+template <int N>
+struct g10_ic {
+    static constexpr int value = N;
+};
+
+// Sums of the quad (the 4 lanes of a row): every lane gets the row's total.
+__device__ __forceinline__ float g10_quad(float s) {
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    return s;
+}
+
+// Row dots of the fragments (columns c0 ..) with x[row * rs + column] (global, rows < l), added
+// to this lane's partials s0 (row 16 w + g), s1 (row + 8).
+template <int R, typename TX>
+__device__ __forceinline__ void g10_rowdot(const float (&d)[R], const TX* x, i64 rs, int l, int c0, float& s0,
+                                           float& s1) {
+    const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
+    const int r0 = 16 * w + g;
+#pragma unroll
+    for (int j = 0; j < R / 4; ++j) {
+        if (r0 < l) {
+            const float2 u = g7_ld2(x, r0 * rs + c0 + 8 * j + 2 * t);
+            s0 += d[4 * j] * u.x;
+            s0 += d[4 * j + 1] * u.y;
+        }
+        if (r0 + 8 < l) {
+            const float2 u = g7_ld2(x, (r0 + 8) * rs + c0 + 8 * j + 2 * t);
+            s1 += d[4 * j + 2] * u.x;
+            s1 += d[4 * j + 3] * u.y;
+        }
+    }
+}
+
+// The quad sums of the row partials; lane t == 0 writes out[row].
+__device__ __forceinline__ void g10_rows_out(float s0, float s1, float* out) {
+    const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
+    s0 = g10_quad(s0);
+    s1 = g10_quad(s1);
+    if (t == 0) {
+        out[16 * w + g] = s0;
+        out[16 * w + g + 8] = s1;
+    }
+}
+
+// The fragments (64 x N, columns c0 ..) as bf16 (scaled by sc) into an SW128 tile of 64 rows.
+template <int R>
+__device__ __forceinline__ void g10_store_tile(char* tile, const float (&d)[R], float sc, int c0 = 0) {
+    const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < R / 4; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            *reinterpret_cast<unsigned*>(tile + wg_tile(GDR_C, 16 * w + g + 8 * h, c0 + 8 * j + 2 * t)) =
+                pack_bf16(sc * d[4 * j + 2 * h], sc * d[4 * j + 2 * h + 1]);
+}
+
+// The l2 norm's backward on the group's dq or dk (fragments, 64 x DK) and the bf16 store of rows
+// < l (gdr_grad7's formula: rstd from the raw row, dx = rstd (dy - y <dy, y>), y = x rstd).
+template <int R>
+__device__ __forceinline__ void g10_l2_store(float (&d)[R], const bf16_t* xr, bf16_t* out, i64 rs, int l,
+                                             int l2norm) {
+    const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int i = 16 * w + g + 8 * h;
+        if (l2norm) {
+            float2 x[R / 4];
+            float ss = 0.f;
+#pragma unroll
+            for (int j = 0; j < R / 4; ++j) {
+                x[j] = i < l ? g7_ld2(xr, i * rs + 8 * j + 2 * t) : make_float2(0.f, 0.f);
+                ss += x[j].x * x[j].x;
+                ss += x[j].y * x[j].y;
+            }
+            const float rstd = 1.f / sqrtf(g10_quad(ss) + 1e-6f);
+            float dd = 0.f;
+#pragma unroll
+            for (int j = 0; j < R / 4; ++j) {
+                dd += d[4 * j + 2 * h] * (x[j].x * rstd);
+                dd += d[4 * j + 2 * h + 1] * (x[j].y * rstd);
+            }
+            dd = g10_quad(dd);
+#pragma unroll
+            for (int j = 0; j < R / 4; ++j) {
+                d[4 * j + 2 * h] = rstd * (d[4 * j + 2 * h] - (x[j].x * rstd) * dd);
+                d[4 * j + 2 * h + 1] = rstd * (d[4 * j + 2 * h + 1] - (x[j].y * rstd) * dd);
+            }
+        }
+        if (i < l) {
+#pragma unroll
+            for (int j = 0; j < R / 4; ++j)
+                *reinterpret_cast<unsigned*>(out + i * rs + 8 * j + 2 * t) =
+                    pack_bf16(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+        }
+    }
+}
+
+// Producer: rows x n bf16 global (row stride gs) -> SW128 tile of R rows by cp.async from the
+// 128 producer threads (p = 0 .. 127); rows >= l zero-filled.
+__device__ __forceinline__ void g10_cp16(char* dst, int R, const bf16_t* src, i64 gs, int n, int rows, int l,
+                                         int p) {
+    const int per = n / 8;
+    for (int e = p; e < rows * per; e += 128) {
+        const int i = e / per, x = (e - i * per) * 8;
+        const bool ok = i < l;
+        cp_async16(dst + wg_tile(R, i, x), src + (ok ? (i64)i : 0) * gs + x, ok);
+    }
+}
+
+// Producer: 64 x N fp32 (row stride gs) -> bf16 SW128 tile [64][N] (round to nearest even),
+// two 16-byte pieces in flight per thread.
+template <int N>
+__device__ __forceinline__ void g10_cv32(char* dst, const float* src, i64 gs, int p) {
+    constexpr int PER = N / 4, IT = GDR_C * PER / 128, U = 2;
+    static_assert(IT % U == 0, "g10_cv32: whole batches");
+#pragma unroll 1
+    for (int u0 = 0; u0 < IT; u0 += U) {
+        float4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int e = p + (u0 + u) * 128, i = e / PER, x = (e - i * PER) * 4;
+            v[u] = __ldg(reinterpret_cast<const float4*>(src + (i64)i * gs + x));
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int e = p + (u0 + u) * 128, i = e / PER, x = (e - i * PER) * 4;
+            *reinterpret_cast<uint2*>(dst + wg_tile(GDR_C, i, x)) =
+                make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
+        }
+    }
+}
+
+__device__ __forceinline__ void g10_prefetch(const void* ptr, i64 bytes, int p) {
+    const char* c = reinterpret_cast<const char*>(ptr);
+    for (i64 o = (i64)p * 128; o < bytes; o += 128 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
+}
+
+// lane 0 of each warp arrives (the warp's reads are complete: wgmma waited / values used).
+__device__ __forceinline__ void g10_release(unsigned bar) {
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) acp_mbar_arrive(bar);
+}
+
+__device__ __forceinline__ void g10_wgbar(int id) { asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory"); }
+
+template <typename TQ, int DK, int DV>
+__device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __restrict__ k_raw,
+                           const TQ* __restrict__ q, const TQ* __restrict__ k, const bf16_t* __restrict__ qb,
+                           const bf16_t* __restrict__ kb, const bf16_t* __restrict__ v,
+                           const bf16_t* __restrict__ beta, const bf16_t* __restrict__ d_o,
+                           const float* __restrict__ gam_ws, const float* __restrict__ t_ws,
+                           const bf16_t* __restrict__ h_ws, const bf16_t* __restrict__ dh_ws,
+                           const float* __restrict__ d_ws, const float* __restrict__ dd_ws,
+                           const i64* __restrict__ ch_t0, const int* __restrict__ ch_len, i64 n_items,
+                           int hk_n, int hv_n, float scale, int l2norm, bf16_t* __restrict__ dq_out,
+                           bf16_t* __restrict__ dk_out, bf16_t* __restrict__ dv_out, float* __restrict__ dg,
+                           bf16_t* __restrict__ dbeta) {
+#if __CUDA_ARCH__ >= 900
+    typedef G10<DK, DV> L;
+    constexpr int dk = DK, dv = DV;
+    // A launch with too little shared memory writes nothing (tests see the poisoned outputs).
+    if (dyn_smem_bytes() < (unsigned)L::BYTES) return;
+    char* sm0 = reinterpret_cast<char*>(gdr_smem);
+    const unsigned a0 = smem_addr(sm0);
+    char* sm = sm0 + (((a0 + 1023u) & ~1023u) - a0);
+    const unsigned sb = smem_addr(sm);
+    const unsigned uQ = sb + L::Q_OFF, uK = sb + L::K_OFF, uH = sb + L::H_OFF, uDH = sb + L::DH_OFF;
+    const unsigned uV = sb + L::V_OFF, uO = sb + L::O_OFF, uD = sb + L::D_OFF, uDD = sb + L::DD_OFF;
+    const unsigned uW = sb + L::W_OFF, uT = sb + L::T_OFF, uG = sb + L::G_OFF, uX = sb + L::X_OFF;
+    const unsigned uP = sb + L::P_OFF;
+    float* vec = reinterpret_cast<float*>(sm + L::VEC_OFF);    // [2][4][64]
+    float* part = reinterpret_cast<float*>(sm + L::PART_OFF);  // [2][3][64], then red [2][8]
+    float* red = part + 2 * 3 * GDR_C;
+    float* s3 = reinterpret_cast<float*>(sm + L::S3_OFF);
+    const unsigned bar0 = sb + L::BAR_OFF;
+    auto B = [&](int i) { return bar0 + 8u * (unsigned)i; };
+    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, w = (tid >> 5) & 3;
+    const int g = lane >> 2, t = lane & 3;
+    const int ratio = hv_n / hk_n;
+    const i64 krow = (i64)hk_n * dk, vrow = (i64)hv_n * dv;
+
+    if (tid == 0) {
+        acp_mbar_init(B(G10_FQK), 128);
+        acp_mbar_init(B(G10_EQK), 12);
+        for (int i = 0; i < 2; ++i) {
+            acp_mbar_init(B(G10_FVEC0 + i), 128);
+            acp_mbar_init(B(G10_EVEC0 + i), 12);
+            acp_mbar_init(B(G10_FPART0 + i), 256);
+        }
+        acp_mbar_init(B(G10_FH), 128);
+        acp_mbar_init(B(G10_EH), 8);  // WG0 (dW, dq), WG1 (<S0, dS>)
+        acp_mbar_init(B(G10_FDH), 128);
+        acp_mbar_init(B(G10_EDH), 4);  // WG1
+        acp_mbar_init(B(G10_FO), 128);
+        acp_mbar_init(B(G10_EO), 8);  // WG0, WG2
+        acp_mbar_init(B(G10_FD), 128);
+        acp_mbar_init(B(G10_ED), 8);  // WG1, WG2
+        acp_mbar_init(B(G10_FDD), 128);
+        acp_mbar_init(B(G10_EDD), 8);  // WG0, WG2
+        acp_mbar_init(B(G10_FV), 128);
+        acp_mbar_init(B(G10_EV), 4);  // WG2
+        acp_mbar_init(B(G10_FT), 128);
+        acp_mbar_init(B(G10_ET), 8);  // WG1, WG2
+        acp_mbar_init(B(G10_FW), 128);
+        acp_mbar_init(B(G10_EW), 8);  // WG1, WG2
+        acp_mbar_init(B(G10_FG), 128);
+        acp_mbar_init(B(G10_EG), 8);  // WG0, WG1
+        acp_mbar_init(B(G10_FP), 128);
+        acp_mbar_init(B(G10_EP), 4);  // WG1
+        acp_fence_mbar_init();
+    }
+    // The only CTA-wide barrier: the mbarriers are initialized before anyone uses them.
+    __syncthreads();
+
+    if (wg == 3) {
+        // ---- producer ----
+        acp_setmaxnreg_dec<G10_PREG>();
+        const int p = tid - 384;
+        int s = 0, it = 0;
+        for (i64 bi = blockIdx.x; bi < n_items; bi += gridDim.x, ++it) {
+            const int kh = (int)(bi % hk_n);
+            const i64 c = bi / hk_n;
+            const i64 t0 = ch_t0[c];
+            const int l = ch_len[c];
+            for (int r = 0; r < ratio; ++r, ++s) {
+                const int hv = kh * ratio + r;
+                const i64 cb = c * hv_n + hv;
+                const unsigned ph = (unsigned)(s - 1) & 1u;
+                const int vb = s & 1;
+                if (s >= 2) acp_mbar_wait(B(G10_EVEC0 + vb), (unsigned)((s >> 1) - 1) & 1u);
+                if (p < GDR_C) {
+                    float* vv = vec + vb * 4 * GDR_C;
+                    const float gm = gam_ws[cb * GDR_C + p], gl = gam_ws[cb * GDR_C + l - 1];
+                    vv[p] = gm;
+                    vv[GDR_C + p] = p < l ? expf(gm) : 0.f;
+                    vv[2 * GDR_C + p] = p < l ? expf(gl - gm) : 0.f;
+                    vv[3 * GDR_C + p] = p < l ? ld(beta, (t0 + p) * hv_n + hv) : 0.f;
+                }
+                acp_mbar_arrive(B(G10_FVEC0 + vb));
+                if (s >= 1) acp_mbar_wait(B(G10_EH), ph);
+                g10_cp16(sm + L::H_OFF, dk, h_ws + cb * (i64)dk * dv, dv, dv, dk, dk, p);
+                acp_cp_async_arrive_noinc(B(G10_FH));
+                if (s >= 1) acp_mbar_wait(B(G10_EDD), ph);
+                g10_cv32<DV>(sm + L::DD_OFF, dd_ws + cb * GDR_C * (i64)dv, dv, p);
+                acp_fence_proxy_async();
+                acp_mbar_arrive(B(G10_FDD));
+                if (s >= 1) acp_mbar_wait(B(G10_EO), ph);
+                g10_cp16(sm + L::O_OFF, GDR_C, d_o + t0 * vrow + (i64)hv * dv, vrow, dv, GDR_C, l, p);
+                acp_cp_async_arrive_noinc(B(G10_FO));
+                if (s >= 1) acp_mbar_wait(B(G10_EDH), ph);
+                g10_cp16(sm + L::DH_OFF, dk, dh_ws + cb * (i64)dk * dv, dv, dv, dk, dk, p);
+                acp_cp_async_arrive_noinc(B(G10_FDH));
+                if (s >= 1) acp_mbar_wait(B(G10_ED), ph);
+                g10_cv32<DV>(sm + L::D_OFF, d_ws + cb * GDR_C * (i64)dv, dv, p);
+                acp_fence_proxy_async();
+                acp_mbar_arrive(B(G10_FD));
+                // Q, K of a new item after the operands of the first products (the previous
+                // item's last readers of Q, K finish late in its last head)
+                if (r == 0) {
+                    if (it >= 1) acp_mbar_wait(B(G10_EQK), (unsigned)(it - 1) & 1u);
+                    g10_cp16(sm + L::Q_OFF, GDR_C, qb + t0 * krow + (i64)kh * dk, krow, dk, GDR_C, l, p);
+                    g10_cp16(sm + L::K_OFF, GDR_C, kb + t0 * krow + (i64)kh * dk, krow, dk, GDR_C, l, p);
+                    acp_cp_async_arrive_noinc(B(G10_FQK));
+                }
+                if (s >= 1) acp_mbar_wait(B(G10_EV), ph);
+                g10_cp16(sm + L::V_OFF, GDR_C, v + t0 * vrow + (i64)hv * dv, vrow, dv, GDR_C, l, p);
+                acp_cp_async_arrive_noinc(B(G10_FV));
+                if (s >= 1) acp_mbar_wait(B(G10_ET), ph);
+                g10_cv32<GDR_C>(sm + L::T_OFF, t_ws + cb * (GDR_C * GDR_C), GDR_C, p);
+                acp_fence_proxy_async();
+                acp_mbar_arrive(B(G10_FT));
+                // the next value head's operands into L2 (its loads start during this head)
+                {
+                    i64 nb = bi, nr = r + 1;
+                    if (nr == ratio) {
+                        nr = 0;
+                        nb += gridDim.x;
+                    }
+                    if (nb < n_items) {
+                        const i64 nc = nb / hk_n;
+                        const int nhv = (int)(nb % hk_n) * ratio + (int)nr;
+                        const i64 ncb = nc * hv_n + nhv;
+                        g10_prefetch(h_ws + ncb * (i64)dk * dv, (i64)dk * dv * 2, p);
+                        g10_prefetch(dh_ws + ncb * (i64)dk * dv, (i64)dk * dv * 2, p);
+                        g10_prefetch(d_ws + ncb * GDR_C * (i64)dv, (i64)GDR_C * dv * 4, p);
+                        g10_prefetch(dd_ws + ncb * GDR_C * (i64)dv, (i64)GDR_C * dv * 4, p);
+                        g10_prefetch(t_ws + ncb * (GDR_C * GDR_C), (i64)GDR_C * GDR_C * 4, p);
+                    }
+                }
+            }
+        }
+        // Leave no copy in flight behind an exiting thread.
+        cp_async_wait_all();
+        return;
+    }
+
+    if (wg == 0) {
+        // ---- q side ----
+        acp_setmaxnreg_inc<G10_QREG>();
+        float dq[DK / 2];
+        int s = 0, it = 0;
+        for (i64 bi = blockIdx.x; bi < n_items; bi += gridDim.x, ++it) {
+            const int kh = (int)(bi % hk_n);
+            const i64 c = bi / hk_n;
+            const i64 t0 = ch_t0[c];
+            const int l = ch_len[c];
+            const TQ* qc = q + t0 * krow + (i64)kh * dk;
+            for (int r = 0; r < ratio; ++r, ++s) {
+                const unsigned ph = (unsigned)s & 1u;
+                const int vb = s & 1;
+                const float* s_eg = vec + vb * 4 * GDR_C + GDR_C;
+                acp_mbar_wait(B(G10_FVEC0 + vb), (unsigned)(s >> 1) & 1u);
+                acp_mbar_wait(B(G10_FH), ph);
+                acp_mbar_wait(B(G10_FDD), ph);
+                wg_fence_proxy();
+                // dW = -dD S0^T -> sW, by 64-column halves (register pressure: dq is live)
+                auto dw_half = [&](auto hc) {
+                    constexpr int N0 = decltype(hc)::value * 64;
+                    float a[32];
+                    g10_mma<32, false, true, DV, N0>(a, uDD, GDR_C, uH, dk, false);
+                    if (N0 + 64 == DK) g10_release(B(G10_EDD));
+                    if (N0 == 0 && s >= 1) acp_mbar_wait(B(G10_EW), (unsigned)(s - 1) & 1u);
+                    g10_store_tile(sm + L::W_OFF, a, -1.f, N0);
+                };
+                dw_half(g10_ic<0>());
+                if (DK == 128) dw_half(g10_ic<1>());
+                wg_fence_proxy();
+                acp_mbar_arrive(B(G10_FW));
+                acp_mbar_wait(B(G10_FO), ph);
+                wg_fence_proxy();
+                {
+                    // dq += e^gam scale dO S0^T (its row dot with q), by halves
+                    float s0 = 0.f, s1 = 0.f;
+                    auto dq_half = [&](auto hc) {
+                        constexpr int N0 = decltype(hc)::value * 64;
+                        float a[32];
+                        g10_mma<32, false, true, DV, N0>(a, uO, GDR_C, uH, dk, false);
+                        g10_each(a, [&](int i, int x, float& e) { e = s_eg[i] * (scale * e); });
+                        g10_rowdot(a, qc, krow, l, N0, s0, s1);
+#pragma unroll
+                        for (int e = 0; e < 32; ++e) dq[N0 / 2 + e] = r == 0 ? a[e] : dq[N0 / 2 + e] + a[e];
+                    };
+                    dq_half(g10_ic<0>());
+                    if (DK == 128) dq_half(g10_ic<1>());
+                    g10_release(B(G10_EH));
+                    g10_release(B(G10_EO));
+                    g10_rows_out(s0, s1, part + vb * 3 * GDR_C);
+                }
+                g10_release(B(G10_EVEC0 + vb));
+                acp_mbar_arrive(B(G10_FPART0 + vb));
+                acp_mbar_wait(B(G10_FG), ph);
+                if (r == 0) acp_mbar_wait(B(G10_FQK), (unsigned)it & 1u);
+                wg_fence_proxy();
+                g10_mma<DK / 2, false, false, GDR_C>(dq, uG, GDR_C, uK, GDR_C, true);  // dq += G K
+                g10_release(B(G10_EG));
+                if (r == ratio - 1) {
+                    g10_release(B(G10_EQK));
+                    g10_l2_store(dq, q_raw + t0 * krow + (i64)kh * dk, dq_out + t0 * krow + (i64)kh * dk, krow, l,
+                                 l2norm);
+                }
+            }
+        }
+        return;
+    }
+
+    if (wg == 1) {
+        // ---- k side ----
+        acp_setmaxnreg_inc<G10_KREG>();
+        float dkr[DK / 2];
+        int s = 0, it = 0;
+        for (i64 bi = blockIdx.x; bi < n_items; bi += gridDim.x, ++it) {
+            const int kh = (int)(bi % hk_n);
+            const i64 c = bi / hk_n;
+            const i64 t0 = ch_t0[c];
+            const int l = ch_len[c];
+            const TQ* kc = k + t0 * krow + (i64)kh * dk;
+            for (int r = 0; r < ratio; ++r, ++s) {
+                const unsigned ph = (unsigned)s & 1u;
+                const int vb = s & 1;
+                const float* vv = vec + vb * 4 * GDR_C;
+                float* pp = part + vb * 3 * GDR_C;
+                acp_mbar_wait(B(G10_FVEC0 + vb), (unsigned)(s >> 1) & 1u);
+                acp_mbar_wait(B(G10_FD), ph);
+                acp_mbar_wait(B(G10_FDH), ph);
+                wg_fence_proxy();
+                {
+                    // dk += e^(gam_L - gam) D dS^T (its row dot with k), by halves
+                    float s0 = 0.f, s1 = 0.f;
+                    auto dk_half = [&](auto hc) {
+                        constexpr int N0 = decltype(hc)::value * 64;
+                        float a[32];
+                        g10_mma<32, false, true, DV, N0>(a, uD, GDR_C, uDH, dk, false);
+                        g10_each(a, [&](int i, int x, float& e) { e = vv[2 * GDR_C + i] * e; });
+                        g10_rowdot(a, kc, krow, l, N0, s0, s1);
+#pragma unroll
+                        for (int e = 0; e < 32; ++e) dkr[N0 / 2 + e] = r == 0 ? a[e] : dkr[N0 / 2 + e] + a[e];
+                    };
+                    dk_half(g10_ic<0>());
+                    if (DK == 128) dk_half(g10_ic<1>());
+                    g10_release(B(G10_ED));
+                    g10_rows_out(s0, s1, pp + GDR_C);
+                }
+                // <S0, dS>: h and dh share the layout, so corresponding elements pair up
+                acp_mbar_wait(B(G10_FH), ph);
+                {
+                    const char* tH = sm + L::H_OFF;
+                    const char* tDH = sm + L::DH_OFF;
+                    float pz = 0.f;
+                    for (int e = tid - 128; e < dk * dv / 8; e += 128) {
+                        const uint4 x = reinterpret_cast<const uint4*>(tH)[e];
+                        const uint4 y = reinterpret_cast<const uint4*>(tDH)[e];
+                        const unsigned xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+                        for (int u = 0; u < 4; ++u) {
+                            pz += __uint_as_float(xs[u] << 16) * __uint_as_float(ys[u] << 16);
+                            pz += __uint_as_float(xs[u] & 0xffff0000u) * __uint_as_float(ys[u] & 0xffff0000u);
+                        }
+                    }
+                    pz = warp_sum(pz);
+                    g10_release(B(G10_EH));
+                    g10_release(B(G10_EDH));
+                    if (lane == 0) red[vb * 8 + w] = pz;
+                    g10_wgbar(2);
+                    if (tid == 128) red[vb * 8 + 4] = (red[vb * 8] + red[vb * 8 + 1]) + (red[vb * 8 + 2] + red[vb * 8 + 3]);
+                }
+                acp_mbar_wait(B(G10_FG), ph);
+                if (r == 0) acp_mbar_wait(B(G10_FQK), (unsigned)it & 1u);
+                wg_fence_proxy();
+                g10_mma<DK / 2, true, false, GDR_C>(dkr, uG, GDR_C, uQ, GDR_C, true);  // dk += G^T Q
+                g10_release(B(G10_EG));
+                acp_mbar_wait(B(G10_FW), ph);
+                acp_mbar_wait(B(G10_FT), ph);
+                wg_fence_proxy();
+                {
+                    // dKb = T^T dW: <dKb, k>, dk += beta e^gam dKb, by halves
+                    float s0 = 0.f, s1 = 0.f;
+                    auto kb_half = [&](auto hc) {
+                        constexpr int N0 = decltype(hc)::value * 64;
+                        float a[32];
+                        g10_mma<32, true, false, GDR_C, N0>(a, uT, GDR_C, uW, GDR_C, false);
+                        g10_rowdot(a, kc, krow, l, N0, s0, s1);
+                        g10_each(a, [&](int i, int x, float& e) { e = (vv[3 * GDR_C + i] * vv[GDR_C + i]) * e; });
+#pragma unroll
+                        for (int e = 0; e < 32; ++e) dkr[N0 / 2 + e] += a[e];
+                    };
+                    kb_half(g10_ic<0>());
+                    if (DK == 128) kb_half(g10_ic<1>());
+                    g10_release(B(G10_ET));
+                    g10_release(B(G10_EW));
+                    g10_rows_out(s0, s1, pp + 2 * GDR_C);
+                }
+                g10_release(B(G10_EVEC0 + vb));
+                acp_mbar_arrive(B(G10_FPART0 + vb));
+                acp_mbar_wait(B(G10_FP), ph);
+                wg_fence_proxy();
+                g10_mma<DK / 2, false, false, GDR_C>(dkr, uP, GDR_C, uK, GDR_C, true);  // dk += dP K
+                g10_release(B(G10_EP));
+                if (r == ratio - 1) {
+                    g10_release(B(G10_EQK));
+                    g10_l2_store(dkr, k_raw + t0 * krow + (i64)kh * dk, dk_out + t0 * krow + (i64)kh * dk, krow, l,
+                                 l2norm);
+                }
+            }
+        }
+        return;
+    }
+
+    // ---- wg == 2: the 64 x 64 side ----
+    acp_setmaxnreg_inc<G10_AREG>();
+    float* colp = s3;                  // [4][64] column partials
+    float* row_e = s3 + 4 * GDR_C;     // rs(E)
+    float* row_db = row_e + GDR_C;     // sum_j dM P Gamma
+    float* row_fr = row_db + GDR_C;    // sum_j f
+    float* row_v = row_fr + GDR_C;     // <dVb, v>
+    float* row_cs = row_v + GDR_C;     // cs(E)
+    int s = 0, it = 0;
+    for (i64 bi = blockIdx.x; bi < n_items; bi += gridDim.x, ++it) {
+        const int kh = (int)(bi % hk_n);
+        const i64 c = bi / hk_n;
+        const i64 t0 = ch_t0[c];
+        const int l = ch_len[c];
+        for (int r = 0; r < ratio; ++r, ++s) {
+            const int hv = kh * ratio + r;
+            const unsigned ph = (unsigned)s & 1u;
+            const int vb = s & 1;
+            const float* s_gam = vec + vb * 4 * GDR_C;
+            const float* s_eg = s_gam + GDR_C;
+            const float* s_beta = s_gam + 3 * GDR_C;
+            auto gamma = [&](int i, int j) { return expf(s_gam[i] - s_gam[j]); };
+            acp_mbar_wait(B(G10_FVEC0 + vb), (unsigned)(s >> 1) & 1u);
+            acp_mbar_wait(B(G10_FO), ph);
+            acp_mbar_wait(B(G10_FD), ph);
+            wg_fence_proxy();
+            // dA = scale dO D^T, A = Q K^T: E = dA * A Gamma (row and column sums), G = dA Gamma.
+            {
+                float da[32], qk[32];
+                g10_mma<32, false, true, DV>(da, uO, GDR_C, uD, GDR_C, false);
+                g10_release(B(G10_EO));
+                g10_release(B(G10_ED));
+                if (r == 0) {
+                    acp_mbar_wait(B(G10_FQK), (unsigned)it & 1u);
+                    wg_fence_proxy();
+                }
+                g10_mma<32, false, true, DK>(qk, uQ, GDR_C, uK, GDR_C, false);
+                if (s >= 1) acp_mbar_wait(B(G10_EG), (unsigned)(s - 1) & 1u);
+                float rs0 = 0.f, rs1 = 0.f, cs[16];
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+#pragma unroll
+                    for (int cc = 0; cc < 4; ++cc) {
+                        const int i = 16 * w + g + 8 * (cc >> 1), jj = 8 * j + 2 * t + (cc & 1);
+                        const bool in = jj <= i && i < l;
+                        const float x = scale * da[4 * j + cc];
+                        const float gm = in ? gamma(i, jj) : 0.f;
+                        const float e = in ? x * (qk[4 * j + cc] * gm) : 0.f;
+                        da[4 * j + cc] = in ? x * gm : 0.f;
+                        if (cc >> 1) rs1 += e; else rs0 += e;
+                        if (cc >> 1) cs[2 * j + (cc & 1)] += e; else cs[2 * j + (cc & 1)] = e;
+                    }
+                g10_store_tile(sm + L::G_OFF, da, 1.f);
+                wg_fence_proxy();
+                acp_mbar_arrive(B(G10_FG));
+                rs0 = g10_quad(rs0);
+                rs1 = g10_quad(rs1);
+                if (t == 0) {
+                    row_e[16 * w + g] = rs0;
+                    row_e[16 * w + g + 8] = rs1;
+                }
+#pragma unroll
+                for (int u = 0; u < 16; ++u) {
+                    cs[u] += __shfl_xor_sync(0xffffffffu, cs[u], 4);
+                    cs[u] += __shfl_xor_sync(0xffffffffu, cs[u], 8);
+                    cs[u] += __shfl_xor_sync(0xffffffffu, cs[u], 16);
+                }
+                if (g == 0) {
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) {
+                        colp[w * GDR_C + 8 * j + 2 * t] = cs[2 * j];
+                        colp[w * GDR_C + 8 * j + 2 * t + 1] = cs[2 * j + 1];
+                    }
+                }
+            }
+            // dT = dD Vb^T + dW Kb^T (column scales beta, beta e^gam) -> sX.
+            acp_mbar_wait(B(G10_FW), ph);
+            acp_mbar_wait(B(G10_FDD), ph);
+            acp_mbar_wait(B(G10_FV), ph);
+            wg_fence_proxy();
+            {
+                float a1[32], a2[32];
+                g10_mma<32, false, true, DV>(a1, uDD, GDR_C, uV, GDR_C, false);
+                g10_mma<32, false, true, DK>(a2, uW, GDR_C, uK, GDR_C, false);
+                g10_release(B(G10_EW));
+#pragma unroll
+                for (int e = 0; e < 32; ++e) {
+                    const int j = 8 * (e >> 2) + 2 * t + (e & 1);
+                    a1[e] = s_beta[j] * a1[e] + (s_beta[j] * s_eg[j]) * a2[e];
+                }
+                // the previous head's reads of sX ended before its last WG barrier
+                g10_store_tile(sm + L::X_OFF, a1, 1.f);
+                wg_fence_proxy();
+            }
+            g10_wgbar(1);
+            // the E column partials are complete: fold them (row_cs = cs(E))
+            if (tid - 256 < GDR_C) {
+                const int j = tid - 256;
+                row_cs[j] = ((colp[j] + colp[GDR_C + j]) + colp[2 * GDR_C + j]) + colp[3 * GDR_C + j];
+            }
+            acp_mbar_wait(B(G10_FT), ph);
+            wg_fence_proxy();
+            // dVb = T^T dD: dv = beta dVb, <dVb, v>.
+            {
+                const char* tV = sm + L::V_OFF;
+                float s0 = 0.f, s1 = 0.f;
+                const int r0 = 16 * w + g;
+                auto dv_half = [&](auto hc) {
+                constexpr int N0 = decltype(hc)::value * 64;
+                float a[32];
+                g10_mma<32, true, false, GDR_C, N0>(a, uT, GDR_C, uDD, GDR_C, false);
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    const int x = N0 + 8 * j + 2 * t;
+                    const float2 v0 = g7_ld2(reinterpret_cast<const bf16_t*>(tV + wg_tile(GDR_C, r0, x)), 0);
+                    const float2 v1 = g7_ld2(reinterpret_cast<const bf16_t*>(tV + wg_tile(GDR_C, r0 + 8, x)), 0);
+                    s0 += a[4 * j] * v0.x;
+                    s0 += a[4 * j + 1] * v0.y;
+                    s1 += a[4 * j + 2] * v1.x;
+                    s1 += a[4 * j + 3] * v1.y;
+                }
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int i = r0 + 8 * h;
+                    if (i < l) {
+                        const float bb = s_beta[i];
+#pragma unroll
+                        for (int j = 0; j < 8; ++j)
+                            *reinterpret_cast<unsigned*>(dv_out + (t0 + i) * vrow + (i64)hv * dv + N0 + 8 * j + 2 * t) =
+                                pack_bf16(bb * a[4 * j + 2 * h], bb * a[4 * j + 2 * h + 1]);
+                    }
+                }
+                };
+                dv_half(g10_ic<0>());
+                if (DV == 128) dv_half(g10_ic<1>());
+                g10_release(B(G10_EDD));
+                g10_release(B(G10_EV));
+                g10_rows_out(s0, s1, row_v);
+            }
+            // tmp = T^T dT -> sX (bf16), dM = -(tmp T^T).
+            float dm[32];
+            {
+                float a[32];
+                g10_mma<32, true, false, GDR_C>(a, uT, GDR_C, uX, GDR_C, false);
+                g10_wgbar(1);  // every warp's reads of dT are done
+                g10_store_tile(sm + L::X_OFF, a, 1.f);
+                wg_fence_proxy();
+                g10_wgbar(1);
+                g10_mma<32, false, true, GDR_C>(dm, uX, GDR_C, uT, GDR_C, false);
+                g10_release(B(G10_ET));
+            }
+            // P = K K^T; M_ij = beta_i P_ij Gamma_ij (j < i): dbeta_i += sum_j dM_ij P_ij Gamma_ij;
+            // f = dM_ij beta_i P_ij Gamma_ij: dgam_i += f, dgam_j -= f; dP_ij = dM_ij beta_i Gamma_ij,
+            // symmetrized.
+            {
+                float pk[32];
+                g10_mma<32, false, true, DK>(pk, uK, GDR_C, uK, GDR_C, false);
+                if (r == ratio - 1) g10_release(B(G10_EQK));  // Q, K: no further reads here
+                if (s >= 1) acp_mbar_wait(B(G10_EP), (unsigned)(s - 1) & 1u);
+                char* tP = sm + L::P_OFF;
+                float db0 = 0.f, db1 = 0.f, fr0 = 0.f, fr1 = 0.f, fc[16];
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+#pragma unroll
+                    for (int cc = 0; cc < 4; ++cc) {
+                        const int i = 16 * w + g + 8 * (cc >> 1), jj = 8 * j + 2 * t + (cc & 1);
+                        const bool in = jj < i && i < l;
+                        const float x = -dm[4 * j + cc];
+                        const float gm = in ? gamma(i, jj) : 0.f;
+                        const float pg = pk[4 * j + cc] * gm;
+                        const float dbv = in ? x * pg : 0.f;
+                        const float f = in ? x * s_beta[i] * pg : 0.f;
+                        const float d = in ? x * s_beta[i] * gm : 0.f;
+                        if (cc >> 1) {
+                            db1 += dbv;
+                            fr1 += f;
+                        } else {
+                            db0 += dbv;
+                            fr0 += f;
+                        }
+                        if (cc >> 1) fc[2 * j + (cc & 1)] += f; else fc[2 * j + (cc & 1)] = f;
+                        if (jj <= i) {
+                            const bf16_t bv = f32_to_bf16(d);
+                            *reinterpret_cast<bf16_t*>(tP + wg_tile(GDR_C, i, jj)) = bv;
+                            *reinterpret_cast<bf16_t*>(tP + wg_tile(GDR_C, jj, i)) = bv;
+                        }
+                    }
+                wg_fence_proxy();
+                acp_mbar_arrive(B(G10_FP));
+                db0 = g10_quad(db0);
+                db1 = g10_quad(db1);
+                fr0 = g10_quad(fr0);
+                fr1 = g10_quad(fr1);
+                if (t == 0) {
+                    row_db[16 * w + g] = db0;
+                    row_db[16 * w + g + 8] = db1;
+                    row_fr[16 * w + g] = fr0;
+                    row_fr[16 * w + g + 8] = fr1;
+                }
+#pragma unroll
+                for (int u = 0; u < 16; ++u) {
+                    fc[u] += __shfl_xor_sync(0xffffffffu, fc[u], 4);
+                    fc[u] += __shfl_xor_sync(0xffffffffu, fc[u], 8);
+                    fc[u] += __shfl_xor_sync(0xffffffffu, fc[u], 16);
+                }
+                if (g == 0) {
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) {
+                        colp[w * GDR_C + 8 * j + 2 * t] = fc[2 * j];
+                        colp[w * GDR_C + 8 * j + 2 * t + 1] = fc[2 * j + 1];
+                    }
+                }
+            }
+            g10_wgbar(1);
+            acp_mbar_wait(B(G10_FPART0 + vb), (unsigned)(s >> 1) & 1u);
+            // Each row's dgam and dbeta (gdr_grad7's terms and order), then dg = reverse cumsum.
+            if (tid < 256 + 32) {
+                const float* pq = part + vb * 3 * GDR_C;
+                const float* pkk = pq + GDR_C;
+                const float* pkb = pq + 2 * GDR_C;
+                const float sds = red[vb * 8 + 4];
+                const float egl = expf(s_gam[l - 1]);
+                float dgm[2], tk = 0.f;
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int i = 2 * lane + h;
+                    const float fcs = ((colp[i] + colp[GDR_C + i]) + colp[2 * GDR_C + i]) + colp[3 * GDR_C + i];
+                    const float pki = i < l ? pkk[i] : 0.f;
+                    float d = (i < l ? pq[i] : 0.f) - pki;
+                    tk += pki;
+                    d += row_e[i] - row_cs[i];
+                    float db = 0.f;
+                    if (i < l) {
+                        const float sv = row_v[i], sk = pkb[i];
+                        db = sv + s_eg[i] * sk;
+                        d += (s_beta[i] * s_eg[i]) * sk;
+                    }
+                    db += row_db[i];
+                    d += row_fr[i] - fcs;
+                    dgm[h] = d;
+                    if (i < l) st(dbeta, (t0 + i) * hv_n + hv, db);
+                }
+                tk = warp_sum(tk);
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    if (2 * lane + h == l - 1) dgm[h] += egl * sds + tk;
+                // suffix sums over the pairs (lane order), then within the pair
+                float incl = dgm[0] + dgm[1];
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                    const float y = __shfl_down_sync(0xffffffffu, incl, o);
+                    if (lane + o < 32) incl += y;
+                }
+                float excl = __shfl_down_sync(0xffffffffu, incl, 1);
+                if (lane == 31) excl = 0.f;
+                const float d1 = dgm[1] + excl, d0 = dgm[0] + d1;
+                if (2 * lane < l) dg[(t0 + 2 * lane) * hv_n + hv] = d0;
+                if (2 * lane + 1 < l) dg[(t0 + 2 * lane + 1) * hv_n + hv] = d1;
+            }
+            g10_wgbar(1);  // the row arrays are free for the next head
+            g10_release(B(G10_EVEC0 + vb));
+        }
+    }
+#endif
+}
+
+// gdr_grad10 (bf16 states; TQ: the q, k the row dots read, as gdr_grad7). Persistent grid
+// (<= items = chunks x key heads CTAs), 512 threads.
+#define GDR_GRAD10_ENTRY(TQ, S, DK, DV)                                                                 \
+    extern "C" __global__ void __launch_bounds__(512, 1) gdr_grad10_##S##_d##DK##_v##DV(                \
+        const bf16_t* q_raw, const bf16_t* k_raw, const TQ* q, const TQ* k, const bf16_t* qb,           \
+        const bf16_t* kb, const bf16_t* v, const bf16_t* beta, const bf16_t* d_o, const float* gam_ws,  \
+        const float* t_ws, const bf16_t* h_ws, const bf16_t* dh_ws, const float* d_ws,                  \
+        const float* dd_ws, const i64* ch_t0, const int* ch_len, i64 n_items, int hk, int hv,           \
+        float scale, int l2norm, bf16_t* dq_out, bf16_t* dk_out, bf16_t* dv_out, float* dg,             \
+        bf16_t* dbeta) {                                                                                \
+        gdr_grad10<TQ, DK, DV>(q_raw, k_raw, q, k, qb, kb, v, beta, d_o, gam_ws, t_ws, h_ws, dh_ws, d_ws, \
+                               dd_ws, ch_t0, ch_len, n_items, hk, hv, scale, l2norm, dq_out, dk_out,    \
+                               dv_out, dg, dbeta);                                                      \
+    }
+
+GDR_GRAD10_ENTRY(bf16_t, bf16, 64, 64)
+GDR_GRAD10_ENTRY(bf16_t, bf16, 64, 128)
+GDR_GRAD10_ENTRY(bf16_t, bf16, 128, 64)
+GDR_GRAD10_ENTRY(bf16_t, bf16, 128, 128)
+GDR_GRAD10_ENTRY(float, bf16n, 64, 64)
+GDR_GRAD10_ENTRY(float, bf16n, 64, 128)
+GDR_GRAD10_ENTRY(float, bf16n, 128, 64)
+GDR_GRAD10_ENTRY(float, bf16n, 128, 128)
