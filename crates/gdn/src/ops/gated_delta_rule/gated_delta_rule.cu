@@ -6345,10 +6345,10 @@ GDR_GRAD9_ENTRY(float, bf16n, 128, 128)
 // fp32 global partials they replace), the products' sums in the tensor cores' order: dq, dk, dv,
 // dg, dbeta agree with gdr_grad7's to rounding (tested against f64), deterministic (no atomics).
 
-#define G10_PREG 40
+#define G10_PREG 56
 #define G10_QREG 160
-#define G10_KREG 160
-#define G10_AREG 152
+#define G10_KREG 152
+#define G10_AREG 144
 
 template <int DK, int DV>
 struct G10 {
@@ -6529,7 +6529,7 @@ __device__ __forceinline__ void g10_cp16(char* dst, int R, const bf16_t* src, i6
 // two 16-byte pieces in flight per thread.
 template <int N>
 __device__ __forceinline__ void g10_cv32(char* dst, const float* src, i64 gs, int p) {
-    constexpr int PER = N / 4, IT = GDR_C * PER / 128, U = 2;
+    constexpr int PER = N / 4, IT = GDR_C * PER / 128, U = 4;
     static_assert(IT % U == 0, "g10_cv32: whole batches");
 #pragma unroll 1
     for (int u0 = 0; u0 < IT; u0 += U) {
