@@ -1652,55 +1652,66 @@ thread_local! {
 }
 
 /// Tests and benchmarks: on the calling thread, `Some(true)` makes the backward's per-chunk
-/// gradients (where `gdr_grad7` runs) run `gdr_grad10` on GPUs with wgmma (sm_90a; elsewhere
-/// gdr_grad7 runs): the same outputs from the same bf16 operands by a persistent,
+/// gradients (the bf16 path's `gdr_grad7` family) run `gdr_grad10` on GPUs with wgmma (sm_90a;
+/// elsewhere gdr_grad7 runs): the same outputs from the same bf16 operands by a persistent,
 /// warp-specialized kernel (one CTA per SM, three compute warpgroups and a producer, dq and dk
 /// summed over the value-head group in registers); results agree with gdr_grad7's to rounding.
-/// `Some(false)` leaves the choice to [`set_grad9`] / [`set_grad8`]; `None` (the default) follows
-/// `GDN_RULE_GRAD` (`v10` selects `gdr_grad10`). Takes precedence over both.
+/// See [`grad_kernel`] for how this and [`set_grad9`] / [`set_grad8`] combine.
 #[doc(hidden)]
 pub fn set_grad10(on: Option<bool>) {
     GRAD10.with(|c| c.set(on));
 }
 
-fn grad10_on(gpu: &Gpu) -> bool {
-    gpu.arch() == "sm_90a"
-        && GRAD10
-            .with(|c| c.get())
-            .unwrap_or_else(|| std::env::var("GDN_RULE_GRAD").as_deref() == Ok("v10"))
-}
-
 /// Tests and benchmarks: on the calling thread, `Some(true)` makes the backward's per-chunk
-/// gradients (where `gdr_grad7` runs) run `gdr_grad9` on GPUs with wgmma (sm_90a; elsewhere
-/// gdr_grad7 runs): the same outputs from the same bf16 operands, the products on warpgroup MMA,
-/// so sums in another order (results agree with gdr_grad7's to rounding, not bitwise);
-/// `Some(false)` gdr_grad7 (or gdr_grad8 by [`set_grad8`]); `None` (the default) follows
-/// `GDN_RULE_GRAD` (`v9` selects `gdr_grad9`). Takes precedence over [`set_grad8`].
+/// gradients run `gdr_grad9` on GPUs with wgmma (sm_90a; elsewhere gdr_grad7 runs): gdr_grad7
+/// with its products on warpgroup MMA (results agree with gdr_grad7's to rounding). See
+/// [`grad_kernel`].
 #[doc(hidden)]
 pub fn set_grad9(on: Option<bool>) {
     GRAD9.with(|c| c.set(on));
 }
 
-fn grad9_on(gpu: &Gpu) -> bool {
-    gpu.arch() == "sm_90a"
-        && GRAD9
-            .with(|c| c.get())
-            .unwrap_or_else(|| std::env::var("GDN_RULE_GRAD").as_deref() == Ok("v9"))
-}
-
 /// Tests and benchmarks: on the calling thread, `Some(true)` makes the backward's per-chunk
-/// gradients (where `gdr_grad7` runs) run `gdr_grad8` (the same outputs; dq, dk, dv the same
-/// bits, dg, dbeta summed in another order; two CTAs per SM), `Some(false)` `gdr_grad7`;
-/// `None` (the default) follows `GDN_RULE_GRAD` (`v8` selects `gdr_grad8`; else `gdr_grad7`).
+/// gradients run `gdr_grad8` (the same outputs; dq, dk, dv the same bits as gdr_grad7's, dg,
+/// dbeta summed in another order; two CTAs per SM). See [`grad_kernel`].
 #[doc(hidden)]
 pub fn set_grad8(on: Option<bool>) {
     GRAD8.with(|c| c.set(on));
 }
 
-fn grad8_on() -> bool {
-    GRAD8
-        .with(|c| c.get())
-        .unwrap_or_else(|| std::env::var("GDN_RULE_GRAD").as_deref() == Ok("v8"))
+/// The per-chunk gradient kernel of the bf16 path (7, 8, 9 or 10: `gdr_grad{n}`). A thread's
+/// `Some(true)` from [`set_grad10`], [`set_grad9`], [`set_grad8`] wins, in that order (9 and 10
+/// only on sm_90a); any other explicit setting (`Some(false)`) means gdr_grad7, the reference the
+/// tests compare with. With none set, `GDN_RULE_GRAD` picks (`v7`, `v8`, `v9`, `v10`), and
+/// without it the default is gdr_grad10 on sm_90a and gdr_grad7 elsewhere.
+#[doc(hidden)]
+pub fn grad_kernel(gpu: &Gpu) -> u32 {
+    let wg = gpu.arch() == "sm_90a";
+    let (t10, t9, t8) = (
+        GRAD10.with(|c| c.get()),
+        GRAD9.with(|c| c.get()),
+        GRAD8.with(|c| c.get()),
+    );
+    if t10 == Some(true) && wg {
+        return 10;
+    }
+    if t9 == Some(true) && wg {
+        return 9;
+    }
+    if t8 == Some(true) {
+        return 8;
+    }
+    if t10.is_some() || t9.is_some() || t8.is_some() {
+        return 7;
+    }
+    match std::env::var("GDN_RULE_GRAD").as_deref() {
+        Ok("v7") => 7,
+        Ok("v8") => 8,
+        Ok("v9") if wg => 9,
+        Ok("v10") if wg => 10,
+        _ if wg => 10,
+        _ => 7,
+    }
 }
 
 /// Element-wise copy of `n` values between an fp32 and a bf16 buffer (`name`: gdr_cvt_f32_bf16
@@ -2620,7 +2631,8 @@ fn grad7(
     let dv = out_d(gpu, tokens * s.hv * s.dv, dt)?;
     let dg = out_f32(gpu, tokens * s.hv)?;
     let dbeta = out_d(gpu, tokens * s.hv, dt)?;
-    if grad10_on(gpu) {
+    let kern = grad_kernel(gpu);
+    if kern == 10 {
         // persistent: at most one CTA per SM, each walking (chunk, key head) items
         let items = ch.count * s.hk;
         let name = format!("gdr_grad10_{ks}_d{}_v{}", s.dk, s.dv);
@@ -2665,8 +2677,8 @@ fn grad7(
     }
     let dqa = ws(gpu, tokens * s.hk * s.dk)?;
     let dka = ws(gpu, tokens * s.hk * s.dk)?;
-    let v9 = grad9_on(gpu);
-    let v8 = !v9 && grad8_on();
+    let v9 = kern == 9;
+    let v8 = kern == 8;
     let name = format!(
         "gdr_grad{}_{ks}_d{}_v{}",
         if v9 {
