@@ -50,6 +50,8 @@
 //!   sm_90a) against `gdr_grad7`; `GDN_RULE_GRAD=v9` also makes the default table run gdr_grad9;
 //! - `grad10`: the same with `gdr_grad10` (`GDN_RULE_GRAD=v10`: persistent, warp-specialized,
 //!   wgmma, sm_90a) against `gdr_grad7`; `GDN_RULE_GRAD=v10` also makes the default table run it;
+//! - `ws16`: the default backward (gdr_grad10 on sm_90a) with fp32 D / dD workspaces against
+//!   bf16 ones (`set_ws16`, the default); every output must be bitwise equal (diff 0);
 //! - `bwd9`: the same with the reverse scan `gdr_bwd9` (`GDN_RULE_BWD_SCAN=v9`: gdr_bwd8 with a
 //!   producer warp) against the default's; its outputs must equal bwd8's bitwise (diff 0).
 
@@ -64,7 +66,7 @@ use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_with, backward_with_prep, chain6, chain8,
     forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_backward_overlap,
-    set_bwd8, set_bwd9, set_grad10, set_grad8, set_grad9, set_hrec8, set_v6_stages, set_v9_producer, BwdKernel,
+    set_bwd8, set_bwd9, set_grad10, set_grad8, set_grad9, set_hrec8, set_ws16, set_v6_stages, set_v9_producer, BwdKernel,
     ChainInputs, FwdKernel, PrepKernel,
 };
 use gdn::ops::gated_delta_rule::{RuleOpts, RuleShape, CHUNK};
@@ -168,6 +170,15 @@ fn main() {
                 "gdr_grad7",
                 "gdr_grad10",
                 set_grad10,
+            )
+        }
+        Some("ws16") => {
+            return bwd_piece_variants(
+                &gpu,
+                "D / dD workspaces",
+                "fp32-ws",
+                "bf16-ws",
+                set_ws16,
             )
         }
         Some("bwd9") => {

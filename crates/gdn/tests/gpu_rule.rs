@@ -15,7 +15,7 @@ use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_with, backward_with_prep, chain6, chain8,
     forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_backward_overlap,
-    set_bwd8, set_bwd9, set_grad10, set_grad8, set_grad9, set_hrec8, set_poison, set_v6_stages,
+    set_bwd8, set_bwd9, set_grad10, set_grad8, set_grad9, set_hrec8, set_ws16, set_poison, set_v6_stages,
     set_v9_producer, v6_supports, BwdKernel, ChainInputs, FwdKernel, PrepKernel,
 };
 use gdn::ops::gated_delta_rule::reference::{self, RefInputs};
@@ -3409,6 +3409,69 @@ fn grad10_vs_grad7() {
         return;
     }
     grad_kernel_vs_grad7(&gpu, "grad10", set_grad10, &[9000, 20000]);
+}
+
+/// The bf16 D / dD workspaces (gdr_hrec6b, gdr_bwd6b / gdr_bwd8b write them, gdr_grad10b reads
+/// them) against the fp32 ones that gdr_grad10 rounds as it loads: every output bitwise equal (the
+/// same round-to-nearest-even of the same fp32 values, once in the scans, once in the producer),
+/// on ragged packed chunks at 2 / 2, 2 / 4, 1 / 4 heads and every head size (the reverse scan
+/// gdr_bwd6 at its widths), and a long single sequence at 2 / 4 heads (gdr_bwd8). Skipped before
+/// sm_90a.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn grad10_bf16_workspaces_bitwise() {
+    let gpu = gpu();
+    if gpu.arch() != "sm_90a" {
+        eprintln!("skipped: gdr_grad10 needs sm_90a ({})", gpu.arch());
+        return;
+    }
+    let cu = [0u64, 0, 1, 63, 64, 130, 300, 1000];
+    let mut fails = Vec::new();
+    let mut cases = Vec::new();
+    let mut n = 0u64;
+    for (hk, hv) in [(2, 2), (2, 4), (1, 4)] {
+        for (dk, dv) in [(64, 64), (64, 128), (128, 64), (128, 128)] {
+            n += 1;
+            cases.push(case(
+                &format!("ws16 {hk}/{hv} d{dk}x{dv}"),
+                Seqs::packed(&cu, 1003).unwrap(),
+                sh(hk, hv, dk, dv),
+                n.is_multiple_of(2),
+                true,
+                Decay::LogSigmoid,
+                1300 + n,
+                true,
+            ));
+        }
+    }
+    cases.push(case(
+        "ws16 T20000 2/4 d128",
+        Seqs::uniform(1, 20000),
+        sh(2, 4, 128, 128),
+        true,
+        true,
+        Decay::LogSigmoid,
+        1399,
+        true,
+    ));
+    set_grad10(Some(true));
+    for c in &cases {
+        for warps in [0, 2] {
+            set_ws16(Some(false));
+            let a = run_gpu_with(&gpu, c, DType::Bf16, Some(v7b(warps)));
+            set_ws16(Some(true));
+            let b = run_gpu_with(&gpu, c, DType::Bf16, Some(v7b(warps)));
+            check_written(c, &b, &mut fails);
+            let same = a.bits() == b.bits();
+            println!("gdr-check {:<32} warps={warps} bitwise={same}", c.name);
+            if !same {
+                fails.push(format!("{} warps={warps}: bf16 workspaces changed the bits", c.name));
+            }
+        }
+    }
+    set_ws16(None);
+    set_grad10(None);
+    finish(fails);
 }
 
 /// gdr_bwd9 (opt-in `GDN_RULE_BWD_SCAN=v9`, here `set_bwd9` on this test's thread): gdr_bwd8's

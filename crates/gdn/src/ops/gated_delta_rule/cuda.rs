@@ -1649,6 +1649,22 @@ thread_local! {
     static GRAD8: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     static GRAD9: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     static GRAD10: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    static WS16: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Tests and benchmarks: on the calling thread, `Some(false)` keeps the backward's D and dD
+/// workspaces in fp32 when gdr_grad10 runs (gdr_grad10 then rounds them to bf16 as it loads
+/// them); `Some(true)` or `None` (the default) writes them in bf16 where every kernel involved
+/// has the variant (gdr_hrec6b, gdr_bwd6b / gdr_bwd8b, gdr_grad10b): the same bits of every
+/// output, half the workspace bytes. `GDN_RULE_WS16=0` does what `Some(false)` does.
+#[doc(hidden)]
+pub fn set_ws16(on: Option<bool>) {
+    WS16.with(|c| c.set(on));
+}
+
+fn ws16_on() -> bool {
+    WS16.with(|c| c.get())
+        .unwrap_or_else(|| std::env::var("GDN_RULE_WS16").as_deref() != Ok("0"))
 }
 
 /// Tests and benchmarks: on the calling thread, `Some(true)` makes the backward's per-chunk
@@ -1751,6 +1767,24 @@ fn backward_v6(
     let (tokens, n_seq) = (seqs.tokens(), seqs.count());
     let ch = Chunks::new(gpu, seqs)?;
     let chh = ch.count * s.hv;
+    // D and dD in bf16 (gdr_hrec6b, gdr_bwd6b / gdr_bwd8b write them rounded to nearest even,
+    // gdr_grad10b copies them: the bits gdr_grad10 rounds fp32 ones to, at half the bytes) when
+    // gdr_grad10 reads them and both scans have the variant (not gdr_hrec8 / gdr_bwd9). Their
+    // workspaces stay f32-typed buffers of half the length (the kernels see raw pointers).
+    let td16 = pieces.grad7
+        && pieces.recompute
+        && pieces.scan
+        && pieces.bf16_states
+        && grad_kernel(gpu) == 10
+        && ws16_on()
+        && !hrec8_on()
+        && !bwd9_on(gpu);
+    let dn = if td16 {
+        chh * C * s.dv / 2
+    } else {
+        chh * C * s.dv
+    };
+    let b16 = if td16 { "b" } else { "" };
     // With the in-kernel norm: the normalized q, k in fp32 (prep, qk6, dd_local, gdr_grad: as
     // v5) and in bf16 (the v6 scans' mma operands), by the v6 pipeline's prep with the recompute
     // (which also gives gam, T, W, U and A), else by gdr_l2norm2 (its fp32 output has v5's
@@ -1822,7 +1856,7 @@ fn backward_v6(
         } else {
             (Some(ws(gpu, chh * s.dk * s.dv)?), None)
         };
-        let d = ws(gpu, chh * C * s.dv)?;
+        let d = ws(gpu, dn)?;
         // gdr_hrec8 (opt-in): the same outputs from v8's split chain, width by v8's model.
         let nw8 = v8_warps(gpu, n_seq, s, pieces.warps);
         let (name, grid, threads, smem) = if hrec8_on() {
@@ -1834,7 +1868,7 @@ fn backward_v6(
             )
         } else {
             (
-                format!("gdr_hrec6_d{}_w{nw}", s.dk),
+                format!("gdr_hrec6{b16}_d{}_w{nw}", s.dk),
                 ctas,
                 32 * nw as u32,
                 2 * v6r_stage_bytes(s.dk, nw),
@@ -1894,7 +1928,7 @@ fn backward_v6(
     }
 
     // dD (complete), dh (gradients of the chunks' end states), dh0.
-    let dd = ws(gpu, chh * C * s.dv)?;
+    let dd = ws(gpu, dn)?;
     let (dh32, dh16) = if h16 {
         (None, Some(ws_bf16(gpu, chh * s.dk * s.dv)?))
     } else {
@@ -1939,7 +1973,7 @@ fn backward_v6(
                 if v9 {
                     format!("gdr_bwd9_d{}_w{nw8}_s2", s.dk)
                 } else {
-                    format!("gdr_bwd8_d{}_w{nw8}", s.dk)
+                    format!("gdr_bwd8{b16}_d{}_w{nw8}", s.dk)
                 },
                 n_seq * s.hv * (s.dv / (8 * nw8)),
                 32 * (nw8 + v9 as usize) as u32,
@@ -1947,7 +1981,7 @@ fn backward_v6(
             )
         } else {
             (
-                format!("gdr_bwd6_d{}_w{nw}", s.dk),
+                format!("gdr_bwd6{b16}_d{}_w{nw}", s.dk),
                 ctas,
                 32 * nw as u32,
                 2 * v6g_stage_bytes(s.dk, nw),
@@ -2083,6 +2117,7 @@ fn backward_v6(
             s,
             opts,
             dh0,
+            td16,
         );
     }
     // The per-chunk gradients (U's workspace becomes dVb), then v5's GVA reduction.
@@ -2613,6 +2648,7 @@ fn grad7(
     s: RuleShape,
     opts: RuleOpts,
     dh0: Option<GBuf<f32>>,
+    td16: bool,
 ) -> Result<Grads> {
     let (q, k, qq, kk, qb, kb) = qk;
     let (v, beta, d_o) = vbo;
@@ -2632,10 +2668,17 @@ fn grad7(
     let dg = out_f32(gpu, tokens * s.hv)?;
     let dbeta = out_d(gpu, tokens * s.hv, dt)?;
     let kern = grad_kernel(gpu);
+    if td16 && kern != 10 {
+        return Err(GdnError::Device(
+            "rule backward: bf16 D / dD need gdr_grad10".into(),
+        ));
+    }
     if kern == 10 {
         // persistent: at most one CTA per SM, each walking (chunk, key head) items
         let items = ch.count * s.hk;
-        let name = format!("gdr_grad10_{ks}_d{}_v{}", s.dk, s.dv);
+        // td16: D, dD in bf16 (see the backward)
+        let b16 = if td16 { "b" } else { "" };
+        let name = format!("gdr_grad10{b16}_{ks}_d{}_v{}", s.dk, s.dv);
         launch_in_threads(
             gpu,
             MODULE,

@@ -1311,6 +1311,15 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
     return r;
 }
 
+// A D / dD workspace element (gdr_hrec6 / gdr_bwd6 / gdr_bwd8 and their bf16 "b" variants): fp32
+// as is, or rounded to nearest even by one cvt (the bits pack_bf16 gives).
+__device__ __forceinline__ void st_ws(float* p, i64 i, float v) { p[i] = v; }
+__device__ __forceinline__ void st_ws(bf16_t* p, i64 i, float v) {
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
+    p[i] = r;
+}
+
 // c += a b, m16n8k16, bf16 operands, fp32 accumulation.
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -1583,12 +1592,12 @@ __device__ __forceinline__ void v6_mul_rows_t(float (&x)[8][4], const unsigned (
 // (unscaled) in `da`, for the output. `u` is the CTA's U tile (fp32, row stride lu) offset to
 // this warp's first column; s_gam the chunk's gam; l the valid rows. SD (gdr_hrec6): D (fp32,
 // before its rounding to bf16) is also stored, D[i][v] at dst[i * ldd + v] for the warp's 16
-// columns v (all 64 rows: rows >= l are 0).
-template <int DK, bool SD = false>
+// columns v (all 64 rows: rows >= l are 0); TD bf16: rounded to nearest even (gdr_hrec6b).
+template <int DK, bool SD = false, typename TD = float>
 __device__ __forceinline__ void v6_chain_step(float (&s)[DK / 8][4], unsigned (&sa)[DK / 16][4],
                                               unsigned (&da)[4][4], const bf16_t* sw, const bf16_t* sk,
                                               int lk, const float* u, int lu, const float* s_gam, int l,
-                                              float* dst = nullptr, i64 ldd = 0) {
+                                              TD* dst = nullptr, i64 ldd = 0) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, mi = lane >> 3, r = lane & 7;
     v6_s_frags<DK>(s, sa);
     float x[8][4];
@@ -1612,8 +1621,8 @@ __device__ __forceinline__ void v6_chain_step(float (&s)[DK / 8][4], unsigned (&
                 const float d0 = u[i0 * lu + v] - x[j][2 * rr];
                 const float d1 = u[(i0 + 1) * lu + v] - x[j][2 * rr + 1];
                 if (SD) {
-                    dst[(i64)i0 * ldd + v] = d0;
-                    dst[(i64)(i0 + 1) * ldd + v] = d1;
+                    st_ws(dst, (i64)i0 * ldd + v, d0);
+                    st_ws(dst, (i64)(i0 + 1) * ldd + v, d1);
                 }
                 da[kk][rr + 2 * h] = pack_bf16(d0, d1);
                 dsa[kk][rr + 2 * h] = pack_bf16(e0 * d0, e1 * d1);
@@ -1975,13 +1984,14 @@ __device__ __forceinline__ void v6r_load_stage(char* st, const bf16_t* wc, const
 }
 
 // Grid: N * Hv * (dv / BV) CTAs of 32 NW threads; dynamic shared memory 2 * V6R<DK, NW>::STAGE.
-template <int DK, int NW>
+// TD: D's type (float, or bf16 for gdr_grad10b: gdr_hrec6b).
+template <int DK, int NW, typename TD = float>
 __device__ void gdr_hrec6(const bf16_t* __restrict__ k, const float* __restrict__ gam_ws,
                           const bf16_t* __restrict__ w_ws, const float* __restrict__ u_ws,
                           const i64* __restrict__ seq_ch, const i64* __restrict__ ch_t0,
                           const int* __restrict__ ch_len, int hk_n, int hv_n, int dv,
                           const float* __restrict__ h0, float* __restrict__ h_ws, bf16_t* __restrict__ h16_ws,
-                          float* __restrict__ d_ws) {
+                          TD* __restrict__ d_ws) {
     typedef V6R<DK, NW> L;
     // A launch with too little shared memory writes nothing (tests see the poisoned output).
     if (dyn_smem_bytes() < 2u * L::STAGE) return;
@@ -2047,8 +2057,8 @@ __device__ void gdr_hrec6(const bf16_t* __restrict__ k, const float* __restrict_
         const i64 cb = c * hv_n + hv;
         v6_store_state<DK>(s, h_ws, h16_ws, cb * (i64)DK * dv + col0 + wc0 + g, dv);
         unsigned sa[DK / 16][4], da[4][4];
-        v6_chain_step<DK, true>(s, sa, da, sW, sK, L::LK, sU + wc0, L::LU, sG, l,
-                                d_ws + cb * GDR_C * (i64)dv + col0 + wc0, (i64)dv);
+        v6_chain_step<DK, true, TD>(s, sa, da, sW, sK, L::LK, sU + wc0, L::LU, sG, l,
+                                    d_ws + cb * GDR_C * (i64)dv + col0 + wc0, (i64)dv);
     }
 }
 
@@ -2109,14 +2119,15 @@ __device__ __forceinline__ unsigned scale_bf16x2(unsigned u, float a, float b) {
 }
 
 // Grid: N * Hv * (dv / BV) CTAs of 32 NW threads; dynamic shared memory 2 * V6G<DK, NW>::STAGE.
-template <int DK, int NW>
+// TD: dD's type (float, or bf16 for gdr_grad10b: gdr_bwd6b).
+template <int DK, int NW, typename TD = float>
 __device__ void gdr_bwd6(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
                          const bf16_t* __restrict__ d_o, const float* __restrict__ gam_ws,
                          const bf16_t* __restrict__ w_ws, const bf16_t* __restrict__ a_ws,
                          const i64* __restrict__ seq_ch, const i64* __restrict__ ch_t0,
                          const int* __restrict__ ch_len, int hk_n, int hv_n, int dv, float scale,
                          const float* __restrict__ dht, float* __restrict__ dh_ws, bf16_t* __restrict__ dh16_ws,
-                         float* __restrict__ dd_ws, float* __restrict__ dh0) {
+                         TD* __restrict__ dd_ws, float* __restrict__ dh0) {
     typedef V6G<DK, NW> L;
     if (dyn_smem_bytes() < 2u * L::STAGE) return;
     char* sm = reinterpret_cast<char*>(gdr_smem);
@@ -2225,7 +2236,7 @@ __device__ void gdr_bwd6(const bf16_t* __restrict__ q, const bf16_t* __restrict_
                 mma_bf16(x[2 * np + 1], of[kk], bb[2], bb[3]);
             }
         // dD (fp32, for gdr_grad) and -dD^T as bf16 A fragments (k-block kk = n tiles 2 kk, 2 kk + 1).
-        float* ddc = dd_ws + cb * GDR_C * (i64)dv + col0 + wc0 + g;
+        TD* ddc = dd_ws + cb * GDR_C * (i64)dv + col0 + wc0 + g;
         unsigned nd[4][4];
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
@@ -2236,8 +2247,8 @@ __device__ void gdr_bwd6(const bf16_t* __restrict__ q, const bf16_t* __restrict_
                 for (int rr = 0; rr < 2; ++rr) {
                     const float d0 = scale * x[j][2 * rr];
                     const float d1 = scale * x[j][2 * rr + 1];
-                    ddc[(i64)i0 * dv + 8 * rr] = d0;
-                    ddc[(i64)(i0 + 1) * dv + 8 * rr] = d1;
+                    st_ws(ddc, (i64)i0 * dv + 8 * rr, d0);
+                    st_ws(ddc, (i64)(i0 + 1) * dv + 8 * rr, d1);
                     nd[kk][rr + 2 * h] = pack_bf16(-d0, -d1);
                 }
             }
@@ -2845,6 +2856,21 @@ GDR_CHAIN6_ENTRY(2, 1)
         float* dh0) {                                                                                   \
         gdr_bwd6<DK, NW>(q, k, d_o, gam_ws, w_ws, a_ws, seq_ch, ch_t0, ch_len, hk, hv, dv, scale, dht,  \
                          dh_ws, dh16_ws, dd_ws, dh0);                                                   \
+    } \
+    extern "C" __global__ void __launch_bounds__(32 * NW, 1) gdr_hrec6b_d##DK##_w##NW(                  \
+        const bf16_t* k, const float* gam_ws, const bf16_t* w_ws, const float* u_ws, const i64* seq_ch,  \
+        const i64* ch_t0, const int* ch_len, int hk, int hv, int dv, const float* h0, float* h_ws,       \
+        bf16_t* h16_ws, bf16_t* d_ws) {                                                                 \
+        gdr_hrec6<DK, NW, bf16_t>(k, gam_ws, w_ws, u_ws, seq_ch, ch_t0, ch_len, hk, hv, dv, h0, h_ws,    \
+                                  h16_ws, d_ws);                                                        \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * NW, 1) gdr_bwd6b_d##DK##_w##NW(                   \
+        const bf16_t* q, const bf16_t* k, const bf16_t* d_o, const float* gam_ws, const bf16_t* w_ws,   \
+        const bf16_t* a_ws, const i64* seq_ch, const i64* ch_t0, const int* ch_len, int hk, int hv,     \
+        int dv, float scale, const float* dht, float* dh_ws, bf16_t* dh16_ws, bf16_t* dd_ws,            \
+        float* dh0) {                                                                                   \
+        gdr_bwd6<DK, NW, bf16_t>(q, k, d_o, gam_ws, w_ws, a_ws, seq_ch, ch_t0, ch_len, hk, hv, dv, scale, \
+                                 dht, dh_ws, dh16_ws, dd_ws, dh0);                                      \
     }
 
 GDR_BWD6_ENTRY(64, 1)
@@ -4465,9 +4491,9 @@ __device__ __forceinline__ void v8g_load_stage(char* st, const bf16_t* kc, const
 // chunk rows are fixed). x: this warp's X_hh (all 8 n8 tiles), already scaled by
 // e^(gam_L - gam) / scale; of: dO^T A fragments (unscaled). Stores this warp's dD rows (fp32) at
 // ddc (offset to the pair's column g) and leaves -dD^T for all 64 chunk rows in nd.
-template <int H>
+template <int H, typename TD = float>
 __device__ __forceinline__ void v8g_dd(float (&x)[8][4], const unsigned (&of)[4][4], const bf16_t* sA, int la,
-                                       float scale, float* ddc, int dv, float4* xme, float4* xot, int bar,
+                                       float scale, TD* ddc, int dv, float4* xme, float4* xot, int bar,
                                        unsigned (&nd)[4][4]) {
     constexpr int M0 = H ? 1 : 0, M1 = H ? 2 : 3;  // this warp's blocks
     constexpr int P0 = H ? 0 : 1, P1 = H ? 3 : 2;  // the partner's
@@ -4504,8 +4530,8 @@ __device__ __forceinline__ void v8g_dd(float (&x)[8][4], const unsigned (&of)[4]
             for (int rr = 0; rr < 2; ++rr) {
                 const float d0 = scale * y[2 * rr];
                 const float d1 = scale * y[2 * rr + 1];
-                ddc[(i64)i0 * dv + 8 * rr] = d0;
-                ddc[(i64)(i0 + 1) * dv + 8 * rr] = d1;
+                st_ws(ddc, (i64)i0 * dv + 8 * rr, d0);
+                st_ws(ddc, (i64)(i0 + 1) * dv + 8 * rr, d1);
                 nd[kk][rr + 2 * h] = pack_bf16(-d0, -d1);
             }
         }
@@ -4527,14 +4553,15 @@ __device__ __forceinline__ void v8g_dd(float (&x)[8][4], const unsigned (&of)[4]
 
 // Grid: N * Hv * (dv / BV) CTAs of 32 NW threads (BV = 16 NW / 2); dynamic shared memory
 // 2 * V6G<DK, NW / 2>::STAGE + NW * 2048.
-template <int DK, int NW>
+// TD: dD's type (float, or bf16 for gdr_grad10b: gdr_bwd8b).
+template <int DK, int NW, typename TD = float>
 __device__ void gdr_bwd8(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
                          const bf16_t* __restrict__ d_o, const float* __restrict__ gam_ws,
                          const bf16_t* __restrict__ w_ws, const bf16_t* __restrict__ a_ws,
                          const i64* __restrict__ seq_ch, const i64* __restrict__ ch_t0,
                          const int* __restrict__ ch_len, int hk_n, int hv_n, int dv, float scale,
                          const float* __restrict__ dht, float* __restrict__ dh_ws, bf16_t* __restrict__ dh16_ws,
-                         float* __restrict__ dd_ws, float* __restrict__ dh0) {
+                         TD* __restrict__ dd_ws, float* __restrict__ dh0) {
     typedef V6G<DK, NW / 2> L;
     constexpr int BV = 8 * NW, NT = 32 * NW, DH = DK / 2, XB = 4 * 32 * 16;
     static_assert(NW == 2 || NW == 4 || NW == 8, "1, 2 or 4 warp pairs");
@@ -4620,7 +4647,7 @@ __device__ void gdr_bwd8(const bf16_t* __restrict__ q, const bf16_t* __restrict_
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) ldsm_x4_t(of[kk], sO + (16 * kk + 8 * (mi >> 1) + r) * L::LO + wc0 + 8 * (mi & 1));
         unsigned nd[4][4];
-        float* ddc = dd_ws + cb * GDR_C * (i64)dv + col0 + wc0 + g;
+        TD* ddc = dd_ws + cb * GDR_C * (i64)dv + col0 + wc0 + g;
         if (hh) v8g_dd<1>(x, of, sA, L::LA, scale, ddc, dv, xme, xot, bar, nd);
         else v8g_dd<0>(x, of, sA, L::LA, scale, ddc, dv, xme, xot, bar, nd);
 #pragma unroll
@@ -4670,6 +4697,14 @@ __device__ void gdr_bwd8(const bf16_t* __restrict__ q, const bf16_t* __restrict_
         float* dh0) {                                                                                   \
         gdr_bwd8<DK, NW>(q, k, d_o, gam_ws, w_ws, a_ws, seq_ch, ch_t0, ch_len, hk, hv, dv, scale, dht,   \
                          dh_ws, dh16_ws, dd_ws, dh0);                                                   \
+    } \
+    extern "C" __global__ void __launch_bounds__(32 * NW, 1) gdr_bwd8b_d##DK##_w##NW(                   \
+        const bf16_t* q, const bf16_t* k, const bf16_t* d_o, const float* gam_ws, const bf16_t* w_ws,   \
+        const bf16_t* a_ws, const i64* seq_ch, const i64* ch_t0, const int* ch_len, int hk, int hv,     \
+        int dv, float scale, const float* dht, float* dh_ws, bf16_t* dh16_ws, bf16_t* dd_ws,            \
+        float* dh0) {                                                                                   \
+        gdr_bwd8<DK, NW, bf16_t>(q, k, d_o, gam_ws, w_ws, a_ws, seq_ch, ch_t0, ch_len, hk, hv, dv, scale, \
+                                 dht, dh_ws, dh16_ws, dd_ws, dh0);                                      \
     }
 
 // Shared memory (2 * V6G<DK, NW / 2>::STAGE + NW * 2048 bytes) at Dk 128: w2 133,632; w4 141,824;
@@ -6548,6 +6583,21 @@ __device__ __forceinline__ void g10_cv32(char* dst, const float* src, i64 gs, in
     }
 }
 
+// Producer: a 64 x N workspace tile (row stride N) into its bf16 SW128 tile, then the tile's
+// full barrier: fp32 rounded through registers (then the proxy fence and a plain arrival), bf16
+// by cp.async (an arrival when the copies land).
+template <int N>
+__device__ __forceinline__ void g10_load_ws(char* dst, const float* src, int n, int p, unsigned bar) {
+    g10_cv32<N>(dst, src, n, p);
+    acp_fence_proxy_async();
+    acp_mbar_arrive(bar);
+}
+template <int N>
+__device__ __forceinline__ void g10_load_ws(char* dst, const bf16_t* src, int n, int p, unsigned bar) {
+    g10_cp16(dst, GDR_C, src, n, N, GDR_C, GDR_C, p);
+    acp_cp_async_arrive_noinc(bar);
+}
+
 __device__ __forceinline__ void g10_prefetch(const void* ptr, i64 bytes, int p) {
     const char* c = reinterpret_cast<const char*>(ptr);
     for (i64 o = (i64)p * 128; o < bytes; o += 128 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
@@ -6561,14 +6611,16 @@ __device__ __forceinline__ void g10_release(unsigned bar) {
 
 __device__ __forceinline__ void g10_wgbar(int id) { asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory"); }
 
-template <typename TQ, int DK, int DV>
+// TD: the type of D and dD (float: rounded to bf16 by the producer through registers; bf16:
+// written so by gdr_hrec6b / gdr_bwd6b / gdr_bwd8b, copied by cp.async, the same bits).
+template <typename TQ, int DK, int DV, typename TD = float>
 __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __restrict__ k_raw,
                            const TQ* __restrict__ q, const TQ* __restrict__ k, const bf16_t* __restrict__ qb,
                            const bf16_t* __restrict__ kb, const bf16_t* __restrict__ v,
                            const bf16_t* __restrict__ beta, const bf16_t* __restrict__ d_o,
                            const float* __restrict__ gam_ws, const float* __restrict__ t_ws,
                            const bf16_t* __restrict__ h_ws, const bf16_t* __restrict__ dh_ws,
-                           const float* __restrict__ d_ws, const float* __restrict__ dd_ws,
+                           const TD* __restrict__ d_ws, const TD* __restrict__ dd_ws,
                            const i64* __restrict__ ch_t0, const int* __restrict__ ch_len, i64 n_items,
                            int hk_n, int hv_n, float scale, int l2norm, bf16_t* __restrict__ dq_out,
                            bf16_t* __restrict__ dk_out, bf16_t* __restrict__ dv_out, float* __restrict__ dg,
@@ -6659,9 +6711,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                 g10_cp16(sm + L::H_OFF, dk, h_ws + cb * (i64)dk * dv, dv, dv, dk, dk, p);
                 acp_cp_async_arrive_noinc(B(G10_FH));
                 if (s >= 1) acp_mbar_wait(B(G10_EDD), ph);
-                g10_cv32<DV>(sm + L::DD_OFF, dd_ws + cb * GDR_C * (i64)dv, dv, p);
-                acp_fence_proxy_async();
-                acp_mbar_arrive(B(G10_FDD));
+                g10_load_ws<DV>(sm + L::DD_OFF, dd_ws + cb * GDR_C * (i64)dv, dv, p, B(G10_FDD));
                 if (s >= 1) acp_mbar_wait(B(G10_EO), ph);
                 g10_cp16(sm + L::O_OFF, GDR_C, d_o + t0 * vrow + (i64)hv * dv, vrow, dv, GDR_C, l, p);
                 acp_cp_async_arrive_noinc(B(G10_FO));
@@ -6669,9 +6719,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                 g10_cp16(sm + L::DH_OFF, dk, dh_ws + cb * (i64)dk * dv, dv, dv, dk, dk, p);
                 acp_cp_async_arrive_noinc(B(G10_FDH));
                 if (s >= 1) acp_mbar_wait(B(G10_ED), ph);
-                g10_cv32<DV>(sm + L::D_OFF, d_ws + cb * GDR_C * (i64)dv, dv, p);
-                acp_fence_proxy_async();
-                acp_mbar_arrive(B(G10_FD));
+                g10_load_ws<DV>(sm + L::D_OFF, d_ws + cb * GDR_C * (i64)dv, dv, p, B(G10_FD));
                 // Q, K of a new item after the operands of the first products (the previous
                 // item's last readers of Q, K finish late in its last head)
                 if (r == 0) {
@@ -6700,8 +6748,8 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                         const i64 ncb = nc * hv_n + nhv;
                         g10_prefetch(h_ws + ncb * (i64)dk * dv, (i64)dk * dv * 2, p);
                         g10_prefetch(dh_ws + ncb * (i64)dk * dv, (i64)dk * dv * 2, p);
-                        g10_prefetch(d_ws + ncb * GDR_C * (i64)dv, (i64)GDR_C * dv * 4, p);
-                        g10_prefetch(dd_ws + ncb * GDR_C * (i64)dv, (i64)GDR_C * dv * 4, p);
+                        g10_prefetch(d_ws + ncb * GDR_C * (i64)dv, (i64)GDR_C * dv * sizeof(TD), p);
+                        g10_prefetch(dd_ws + ncb * GDR_C * (i64)dv, (i64)GDR_C * dv * sizeof(TD), p);
                         g10_prefetch(t_ws + ncb * (GDR_C * GDR_C), (i64)GDR_C * GDR_C * 4, p);
                     }
                 }
@@ -7151,17 +7199,20 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
 
 // gdr_grad10 (bf16 states; TQ: the q, k the row dots read, as gdr_grad7). Persistent grid
 // (<= items = chunks x key heads CTAs), 512 threads.
+// gdr_grad10b: D, dD in bf16.
 #define GDR_GRAD10_ENTRY(TQ, S, DK, DV)                                                                 \
-    extern "C" __global__ void __launch_bounds__(512, 1) gdr_grad10_##S##_d##DK##_v##DV(                \
+    GDR_GRAD10_ENTRY_TD(TQ, S, DK, DV, float, gdr_grad10)                                               \
+    GDR_GRAD10_ENTRY_TD(TQ, S, DK, DV, bf16_t, gdr_grad10b)
+#define GDR_GRAD10_ENTRY_TD(TQ, S, DK, DV, TD, NAME)                                                    \
+    extern "C" __global__ void __launch_bounds__(512, 1) NAME##_##S##_d##DK##_v##DV(                    \
         const bf16_t* q_raw, const bf16_t* k_raw, const TQ* q, const TQ* k, const bf16_t* qb,           \
         const bf16_t* kb, const bf16_t* v, const bf16_t* beta, const bf16_t* d_o, const float* gam_ws,  \
-        const float* t_ws, const bf16_t* h_ws, const bf16_t* dh_ws, const float* d_ws,                  \
-        const float* dd_ws, const i64* ch_t0, const int* ch_len, i64 n_items, int hk, int hv,           \
-        float scale, int l2norm, bf16_t* dq_out, bf16_t* dk_out, bf16_t* dv_out, float* dg,             \
-        bf16_t* dbeta) {                                                                                \
-        gdr_grad10<TQ, DK, DV>(q_raw, k_raw, q, k, qb, kb, v, beta, d_o, gam_ws, t_ws, h_ws, dh_ws, d_ws, \
-                               dd_ws, ch_t0, ch_len, n_items, hk, hv, scale, l2norm, dq_out, dk_out,    \
-                               dv_out, dg, dbeta);                                                      \
+        const float* t_ws, const bf16_t* h_ws, const bf16_t* dh_ws, const TD* d_ws, const TD* dd_ws,    \
+        const i64* ch_t0, const int* ch_len, i64 n_items, int hk, int hv, float scale, int l2norm,      \
+        bf16_t* dq_out, bf16_t* dk_out, bf16_t* dv_out, float* dg, bf16_t* dbeta) {                     \
+        gdr_grad10<TQ, DK, DV, TD>(q_raw, k_raw, q, k, qb, kb, v, beta, d_o, gam_ws, t_ws, h_ws, dh_ws, \
+                                   d_ws, dd_ws, ch_t0, ch_len, n_items, hk, hv, scale, l2norm, dq_out, \
+                                   dk_out, dv_out, dg, dbeta);                                          \
     }
 
 GDR_GRAD10_ENTRY(bf16_t, bf16, 64, 64)
