@@ -1652,19 +1652,27 @@ thread_local! {
     static WS16: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
 }
 
-/// Tests and benchmarks: on the calling thread, `Some(false)` keeps the backward's D and dD
-/// workspaces in fp32 when gdr_grad10 runs (gdr_grad10 then rounds them to bf16 as it loads
-/// them); `Some(true)` or `None` (the default) writes them in bf16 where every kernel involved
-/// has the variant (gdr_hrec6b, gdr_bwd6b / gdr_bwd8b, gdr_grad10b): the same bits of every
-/// output, half the workspace bytes. `GDN_RULE_WS16=0` does what `Some(false)` does.
+/// Tests and benchmarks: on the calling thread, `Some(true)` writes the backward's D and dD
+/// workspaces in bf16 when gdr_grad10 runs and every kernel involved has the variant
+/// (gdr_hrec6b, gdr_bwd6b / gdr_bwd8b, gdr_grad10b): the same bits of every output, half the
+/// workspace bytes; `Some(false)` keeps them fp32 (gdr_grad10 rounds them to bf16 as it loads
+/// them). `None` (the default) follows `GDN_RULE_WS16` (`1` / `0`), else the shape: bf16 with
+/// at least 2 value heads per key head and at least 4 key heads, where gdr_grad10's producer is
+/// its bottleneck (measured 2026-12-03 at B1 T32768 / B4 T8192 / packed, 16 / 32 heads: the rule's
+/// fwd+bwd -0.3 to -0.4 ms; at 16 / 16 heads and at 2 / 8 it was 0.1 to 0.5 ms slower, the
+/// scans' bf16 stores costing more than the copy saves).
 #[doc(hidden)]
 pub fn set_ws16(on: Option<bool>) {
     WS16.with(|c| c.set(on));
 }
 
-fn ws16_on() -> bool {
+fn ws16_on(s: RuleShape) -> bool {
     WS16.with(|c| c.get())
-        .unwrap_or_else(|| std::env::var("GDN_RULE_WS16").as_deref() != Ok("0"))
+        .unwrap_or_else(|| match std::env::var("GDN_RULE_WS16").as_deref() {
+            Ok("1") => true,
+            Ok("0") => false,
+            _ => s.hv >= 2 * s.hk && s.hk >= 4,
+        })
 }
 
 /// Tests and benchmarks: on the calling thread, `Some(true)` makes the backward's per-chunk
@@ -1776,7 +1784,7 @@ fn backward_v6(
         && pieces.scan
         && pieces.bf16_states
         && grad_kernel(gpu) == 10
-        && ws16_on()
+        && ws16_on(s)
         && !hrec8_on()
         && !bwd9_on(gpu);
     let dn = if td16 {
