@@ -66,8 +66,8 @@ use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_with, backward_with_prep, chain6, chain8,
     forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_backward_overlap,
-    set_bwd8, set_bwd9, set_grad10, set_grad8, set_grad9, set_hrec8, set_ws16, set_v6_stages, set_v9_producer, BwdKernel,
-    ChainInputs, FwdKernel, PrepKernel,
+    set_bwd8, set_bwd9, set_grad10, set_grad8, set_grad9, set_hrec8, set_v6_stages,
+    set_v9_producer, set_ws16, BwdKernel, ChainInputs, FwdKernel, PrepKernel,
 };
 use gdn::ops::gated_delta_rule::{RuleOpts, RuleShape, CHUNK};
 use gdn::Seqs;
@@ -173,13 +173,7 @@ fn main() {
             )
         }
         Some("ws16") => {
-            return bwd_piece_variants(
-                &gpu,
-                "D / dD workspaces",
-                "fp32-ws",
-                "bf16-ws",
-                set_ws16,
-            )
+            return bwd_piece_variants(&gpu, "D / dD workspaces", "fp32-ws", "bf16-ws", set_ws16)
         }
         Some("bwd9") => {
             return bwd_piece_variants(

@@ -15,8 +15,8 @@ use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_with, backward_with_prep, chain6, chain8,
     forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_backward_overlap,
-    set_bwd8, set_bwd9, set_grad10, set_grad8, set_grad9, set_hrec8, set_ws16, set_poison, set_v6_stages,
-    set_v9_producer, v6_supports, BwdKernel, ChainInputs, FwdKernel, PrepKernel,
+    set_bwd8, set_bwd9, set_grad10, set_grad8, set_grad9, set_hrec8, set_poison, set_v6_stages,
+    set_v9_producer, set_ws16, v6_supports, BwdKernel, ChainInputs, FwdKernel, PrepKernel,
 };
 use gdn::ops::gated_delta_rule::reference::{self, RefInputs};
 use gdn::ops::gated_delta_rule::{self as gdr, RuleOpts, RuleShape};
@@ -3465,7 +3465,10 @@ fn grad10_bf16_workspaces_bitwise() {
             let same = a.bits() == b.bits();
             println!("gdr-check {:<32} warps={warps} bitwise={same}", c.name);
             if !same {
-                fails.push(format!("{} warps={warps}: bf16 workspaces changed the bits", c.name));
+                fails.push(format!(
+                    "{} warps={warps}: bf16 workspaces changed the bits",
+                    c.name
+                ));
             }
         }
     }
