@@ -3438,13 +3438,16 @@ __device__ __forceinline__ void g7_rowdot(const float (&acc)[NT8][4], float* par
     }
 }
 
-// Asks L2 for the 128-byte lines of `bytes` bytes from p (global memory), spread over the CTA's
-// threads. No effect on results: the next value head's operands arrive while this one computes.
-__device__ __forceinline__ void g7_prefetch(const void* p, i64 bytes) {
+// Asks L2 for the 128-byte lines of `bytes` bytes from p (global memory), spread over nt
+// threads (this one: tid), by default the CTA's. No effect on results: the next value head's
+// operands arrive while this one computes. (TI: tid's type, so each caller keeps its own index
+// arithmetic: threadIdx.x unsigned, a producer's thread number int.)
+template <typename TI>
+__device__ __forceinline__ void g7_prefetch(const void* p, i64 bytes, TI tid, int nt) {
     const char* c = reinterpret_cast<const char*>(p);
-    for (i64 o = (i64)threadIdx.x * 128; o < bytes; o += (i64)GDR_NT * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
+    for (i64 o = (i64)tid * 128; o < bytes; o += (i64)nt * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
 }
+__device__ __forceinline__ void g7_prefetch(const void* p, i64 bytes) { g7_prefetch(p, bytes, threadIdx.x, GDR_NT); }
 
 // acc_mem[row][col] (fp32, row stride rs, rows < l) = (first ? 0 : acc_mem) + the fragments'
 // values: every load of the thread is issued before the first store. Each element is owned by
@@ -5908,14 +5911,20 @@ __device__ __forceinline__ bf16_t& g9_at(char* tile, int rows, int r, int c) {
     return *reinterpret_cast<bf16_t*>(tile + wg_tile(rows, r, c));
 }
 
-// rows x n bf16 (n % 8 == 0) global -> SW128 tile of R rows by cp.async; rows >= l zero-filled.
-__device__ __forceinline__ void g9_rows16(char* dst, int R, const bf16_t* src, i64 gs, int n, int rows, int l) {
+// rows x n bf16 (n % 8 == 0) global -> SW128 tile of R rows by cp.async from nt threads (this
+// one: tid), by default the CTA's; rows >= l zero-filled.
+template <typename TI>
+__device__ __forceinline__ void g9_rows16(char* dst, int R, const bf16_t* src, i64 gs, int n, int rows, int l,
+                                          TI tid, int nt) {
     const int per = n / 8;
-    for (int e = threadIdx.x; e < rows * per; e += GDR_NT) {
+    for (int e = tid; e < rows * per; e += nt) {
         const int i = e / per, x = (e - i * per) * 8;
         const bool ok = i < l;
         cp_async16(dst + wg_tile(R, i, x), src + (ok ? (i64)i : 0) * gs + x, ok);
     }
+}
+__device__ __forceinline__ void g9_rows16(char* dst, int R, const bf16_t* src, i64 gs, int n, int rows, int l) {
+    g9_rows16(dst, R, src, gs, n, rows, l, threadIdx.x, GDR_NT);
 }
 
 // 64 x N fp32 (row stride gs) -> bf16 SW128 tile [64][N], rounded to nearest even; every load of
@@ -6548,20 +6557,15 @@ __device__ __forceinline__ void g10_l2_store(float (&d)[R], const bf16_t* xr, bf
     }
 }
 
-// Producer: rows x n bf16 global (row stride gs) -> SW128 tile of R rows by cp.async from the
-// 128 producer threads (p = 0 .. 127); rows >= l zero-filled.
+// The producer's copies and L2 prefetches are g9_rows16 / g7_prefetch over its 128 threads
+// (p = 0 .. 127).
 __device__ __forceinline__ void g10_cp16(char* dst, int R, const bf16_t* src, i64 gs, int n, int rows, int l,
                                          int p) {
-    const int per = n / 8;
-    for (int e = p; e < rows * per; e += 128) {
-        const int i = e / per, x = (e - i * per) * 8;
-        const bool ok = i < l;
-        cp_async16(dst + wg_tile(R, i, x), src + (ok ? (i64)i : 0) * gs + x, ok);
-    }
+    g9_rows16(dst, R, src, gs, n, rows, l, p, 128);
 }
 
 // Producer: 64 x N fp32 (row stride gs) -> bf16 SW128 tile [64][N] (round to nearest even),
-// two 16-byte pieces in flight per thread.
+// four 16-byte pieces in flight per thread.
 template <int N>
 __device__ __forceinline__ void g10_cv32(char* dst, const float* src, i64 gs, int p) {
     constexpr int PER = N / 4, IT = GDR_C * PER / 128, U = 4;
@@ -6598,10 +6602,7 @@ __device__ __forceinline__ void g10_load_ws(char* dst, const bf16_t* src, int n,
     acp_cp_async_arrive_noinc(bar);
 }
 
-__device__ __forceinline__ void g10_prefetch(const void* ptr, i64 bytes, int p) {
-    const char* c = reinterpret_cast<const char*>(ptr);
-    for (i64 o = (i64)p * 128; o < bytes; o += 128 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
-}
+__device__ __forceinline__ void g10_prefetch(const void* ptr, i64 bytes, int p) { g7_prefetch(ptr, bytes, p, 128); }
 
 // lane 0 of each warp arrives (the warp's reads are complete: wgmma waited / values used).
 __device__ __forceinline__ void g10_release(unsigned bar) {
