@@ -180,6 +180,17 @@ fn gpu() -> Arc<Gpu> {
     cuda::gpu(0).expect("a CUDA GPU")
 }
 
+/// The GPU for a test of `kernel` (a wgmma kernel), or None (and a line saying the test is
+/// skipped) before sm_90a.
+fn wgmma_gpu(kernel: &str) -> Option<Arc<Gpu>> {
+    let gpu = gpu();
+    if gpu.arch() != "sm_90a" {
+        eprintln!("skipped: {kernel} needs sm_90a ({})", gpu.arch());
+        return None;
+    }
+    Some(gpu)
+}
+
 fn run_gpu(gpu: &Arc<Gpu>, c: &Case, dt: DType) -> Out {
     run_gpu_with(gpu, c, dt, None)
 }
@@ -3250,11 +3261,9 @@ fn grad8_bitwise_vs_grad7() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn grad9_matches_f64() {
-    let gpu = gpu();
-    if gpu.arch() != "sm_90a" {
-        eprintln!("skipped: gdr_grad9 needs sm_90a ({})", gpu.arch());
+    let Some(gpu) = wgmma_gpu("gdr_grad9") else {
         return;
-    }
+    };
     grad_kernel_matches_f64(&gpu, "grad9", set_grad9);
 }
 
@@ -3267,11 +3276,9 @@ fn grad9_matches_f64() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn grad9_vs_grad7() {
-    let gpu = gpu();
-    if gpu.arch() != "sm_90a" {
-        eprintln!("skipped: gdr_grad9 needs sm_90a ({})", gpu.arch());
+    let Some(gpu) = wgmma_gpu("gdr_grad9") else {
         return;
-    }
+    };
     grad_kernel_vs_grad7(&gpu, "grad9", set_grad9, &[]);
 }
 
@@ -3388,11 +3395,9 @@ fn grad_kernel_vs_grad7(gpu: &Arc<Gpu>, what: &str, set: fn(Option<bool>), more:
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn grad10_matches_f64() {
-    let gpu = gpu();
-    if gpu.arch() != "sm_90a" {
-        eprintln!("skipped: gdr_grad10 needs sm_90a ({})", gpu.arch());
+    let Some(gpu) = wgmma_gpu("gdr_grad10") else {
         return;
-    }
+    };
     grad_kernel_matches_f64(&gpu, "grad10", set_grad10);
 }
 
@@ -3403,11 +3408,9 @@ fn grad10_matches_f64() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn grad10_vs_grad7() {
-    let gpu = gpu();
-    if gpu.arch() != "sm_90a" {
-        eprintln!("skipped: gdr_grad10 needs sm_90a ({})", gpu.arch());
+    let Some(gpu) = wgmma_gpu("gdr_grad10") else {
         return;
-    }
+    };
     grad_kernel_vs_grad7(&gpu, "grad10", set_grad10, &[9000, 20000]);
 }
 
@@ -3420,11 +3423,9 @@ fn grad10_vs_grad7() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn grad10_bf16_workspaces_bitwise() {
-    let gpu = gpu();
-    if gpu.arch() != "sm_90a" {
-        eprintln!("skipped: gdr_grad10 needs sm_90a ({})", gpu.arch());
+    let Some(gpu) = wgmma_gpu("gdr_grad10") else {
         return;
-    }
+    };
     let cu = [0u64, 0, 1, 63, 64, 130, 300, 1000];
     let mut fails = Vec::new();
     let mut cases = Vec::new();

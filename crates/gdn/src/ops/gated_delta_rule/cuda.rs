@@ -1779,11 +1779,12 @@ fn backward_v6(
     // gdr_grad10b copies them: the bits gdr_grad10 rounds fp32 ones to, at half the bytes) when
     // gdr_grad10 reads them and both scans have the variant (not gdr_hrec8 / gdr_bwd9). Their
     // workspaces stay f32-typed buffers of half the length (the kernels see raw pointers).
+    let kern = grad_kernel(gpu);
     let td16 = pieces.grad7
         && pieces.recompute
         && pieces.scan
         && pieces.bf16_states
-        && grad_kernel(gpu) == 10
+        && kern == 10
         && ws16_on(s)
         && !hrec8_on()
         && !bwd9_on(gpu);
@@ -2125,6 +2126,7 @@ fn backward_v6(
             s,
             opts,
             dh0,
+            kern,
             td16,
         );
     }
@@ -2635,9 +2637,11 @@ pub fn prep_only(
     )
 }
 
-/// The per-chunk gradients by `gdr_grad7` (bf16 states; Dk, Dv 64 or 128): one CTA per (chunk,
-/// key head) over the GVA group, dq and dk summed in an fp32 `[tokens, Hk, Dk]` accumulator
-/// that each CTA owns for its rows and written through the l2norm backward by the same CTA.
+/// The per-chunk gradients by `gdr_grad{kern}` ([`grad_kernel`]; bf16 states; Dk, Dv 64 or
+/// 128): one CTA per (chunk, key head) over the GVA group, dq and dk summed (in an fp32
+/// `[tokens, Hk, Dk]` accumulator that each CTA owns for its rows; gdr_grad10 in registers, its
+/// persistent CTAs walking the items) and written through the l2norm backward by the same CTA.
+/// td16: D and dD are bf16 (gdr_grad10b; the backward sets it only with kern 10).
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 fn grad7(
     gpu: &Arc<Gpu>,
@@ -2656,6 +2660,7 @@ fn grad7(
     s: RuleShape,
     opts: RuleOpts,
     dh0: Option<GBuf<f32>>,
+    kern: u32,
     td16: bool,
 ) -> Result<Grads> {
     let (q, k, qq, kk, qb, kb) = qk;
@@ -2675,12 +2680,49 @@ fn grad7(
     let dv = out_d(gpu, tokens * s.hv * s.dv, dt)?;
     let dg = out_f32(gpu, tokens * s.hv)?;
     let dbeta = out_d(gpu, tokens * s.hv, dt)?;
-    let kern = grad_kernel(gpu);
-    if td16 && kern != 10 {
-        return Err(GdnError::Device(
-            "rule backward: bf16 D / dD need gdr_grad10".into(),
-        ));
-    }
+    // The kernels' arguments: gdr_grad10 takes the item count before the shape and no fp32 dq /
+    // dk accumulators; gdr_grad7 / 8 / 9 take the accumulators after it.
+    let args = |items: Option<usize>, acc: Option<(&GBuf<f32>, &GBuf<f32>)>| {
+        let mut a = vec![
+            dptr(q, st),
+            dptr(k, st),
+            dptr(qq, st),
+            dptr(kk, st),
+            dptr(qb, st),
+            dptr(kb, st),
+            dptr(v, st),
+            dptr(beta, st),
+            dptr(d_o, st),
+            ptr(gam, st),
+            ptr(t, st),
+            ptr(h16, st),
+            ptr(dh16, st),
+            ptr(d, st),
+            ptr(dd, st),
+            ptr(&ch.t0, st),
+            ptr(&ch.len, st),
+        ];
+        if let Some(n) = items {
+            a.push(Arg::I64(n as i64));
+        }
+        a.extend([
+            i32_arg(s.hk),
+            i32_arg(s.hv),
+            Arg::F32(opts.scale),
+            Arg::I32(opts.l2norm_in_kernel as i32),
+        ]);
+        if let Some((x, y)) = acc {
+            a.extend([ptr(x, st), ptr(y, st)]);
+        }
+        a.extend([
+            dptr(&dq, st),
+            dptr(&dk, st),
+            dptr(&dv, st),
+            ptr(&dg, st),
+            dptr(&dbeta, st),
+        ]);
+        a
+    };
     if kern == 10 {
         // persistent: at most one CTA per SM, each walking (chunk, key head) items
         let items = ch.count * s.hk;
@@ -2694,35 +2736,7 @@ fn grad7(
             items.min(gpu.sm_count()?),
             512,
             g10_bytes(s.dk, s.dv),
-            &[
-                dptr(q, st),
-                dptr(k, st),
-                dptr(qq, st),
-                dptr(kk, st),
-                dptr(qb, st),
-                dptr(kb, st),
-                dptr(v, st),
-                dptr(beta, st),
-                dptr(d_o, st),
-                ptr(gam, st),
-                ptr(t, st),
-                ptr(h16, st),
-                ptr(dh16, st),
-                ptr(d, st),
-                ptr(dd, st),
-                ptr(&ch.t0, st),
-                ptr(&ch.len, st),
-                Arg::I64(items as i64),
-                i32_arg(s.hk),
-                i32_arg(s.hv),
-                Arg::F32(opts.scale),
-                Arg::I32(opts.l2norm_in_kernel as i32),
-                dptr(&dq, st),
-                dptr(&dk, st),
-                dptr(&dv, st),
-                ptr(&dg, st),
-                dptr(&dbeta, st),
-            ],
+            &args(Some(items), None),
         )?;
         return grad_tails(gpu, seqs, s, dq, dk, dv, dg, dbeta, dh0);
     }
@@ -2730,18 +2744,7 @@ fn grad7(
     let dka = ws(gpu, tokens * s.hk * s.dk)?;
     let v9 = kern == 9;
     let v8 = kern == 8;
-    let name = format!(
-        "gdr_grad{}_{ks}_d{}_v{}",
-        if v9 {
-            9
-        } else if v8 {
-            8
-        } else {
-            7
-        },
-        s.dk,
-        s.dv
-    );
+    let name = format!("gdr_grad{kern}_{ks}_d{}_v{}", s.dk, s.dv);
     if v8 {
         // Two CTAs of 110.5 KB per SM need the largest shared-memory carveout.
         gpu.function(MODULE, &name)?
@@ -2762,36 +2765,7 @@ fn grad7(
         } else {
             g7_bytes(s.dk, s.dv)
         },
-        &[
-            dptr(q, st),
-            dptr(k, st),
-            dptr(qq, st),
-            dptr(kk, st),
-            dptr(qb, st),
-            dptr(kb, st),
-            dptr(v, st),
-            dptr(beta, st),
-            dptr(d_o, st),
-            ptr(gam, st),
-            ptr(t, st),
-            ptr(h16, st),
-            ptr(dh16, st),
-            ptr(d, st),
-            ptr(dd, st),
-            ptr(&ch.t0, st),
-            ptr(&ch.len, st),
-            i32_arg(s.hk),
-            i32_arg(s.hv),
-            Arg::F32(opts.scale),
-            Arg::I32(opts.l2norm_in_kernel as i32),
-            ptr(&dqa, st),
-            ptr(&dka, st),
-            dptr(&dq, st),
-            dptr(&dk, st),
-            dptr(&dv, st),
-            ptr(&dg, st),
-            dptr(&dbeta, st),
-        ],
+        &args(None, Some((&dqa, &dka))),
     )?;
     drop((dqa, dka));
     grad_tails(gpu, seqs, s, dq, dk, dv, dg, dbeta, dh0)
