@@ -1637,12 +1637,12 @@ pub fn g9_bytes(dk: usize, dv: usize) -> usize {
 
 /// Dynamic shared memory of `gdr_grad10` (`G10<DK, DV>::BYTES`): single-buffered SW128 bf16
 /// tiles (Q, K, dW: 64 x Dk; h, dh: Dk x Dv; V, dO, D, dD: 64 x Dv; T, G, dT, dP: 64 x 64), two
-/// sets of gate vectors (4 x 64 fp32) and of row partials (3 x 64 + 8), the 64 x 64 warpgroup's
-/// 9 x 64 fp32 scratch, 28 mbarriers and 1 KB to round the base up to 1024 bytes: 220,192
+/// sets of gate vectors (4 x 64 fp32) and of row partials (4 x 64 + 8), the 64 x 64 warpgroup's
+/// 8 x 64 fp32 scratch, 28 mbarriers and 1 KB to round the base up to 1024 bytes: 220,448
 /// bytes at Dk = Dv = 128 (one CTA per SM).
 pub fn g10_bytes(dk: usize, dv: usize) -> usize {
     let tiles = 3 * C * dk * 2 + 2 * dk * dv * 2 + 4 * C * dv * 2 + 4 * C * C * 2;
-    tiles + 2 * 4 * C * 4 + (2 * 3 * C + 16) * 4 + 9 * C * 4 + 28 * 8 + 1024
+    tiles + 2 * 4 * C * 4 + (2 * 4 * C + 16) * 4 + 8 * C * 4 + 28 * 8 + 1024
 }
 
 thread_local! {
@@ -2896,7 +2896,7 @@ mod tests {
     /// the 227 KB a block may have, at every head size it is built for.
     #[test]
     fn grad10_fits_an_sm() {
-        assert_eq!(g10_bytes(128, 128), 220_192);
+        assert_eq!(g10_bytes(128, 128), 220_448);
         for dk in [64, 128] {
             for dv in [64, 128] {
                 assert!(g10_bytes(dk, dv) <= 227 * 1024, "Dk {dk} Dv {dv}");

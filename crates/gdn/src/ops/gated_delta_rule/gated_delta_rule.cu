@@ -6366,12 +6366,12 @@ GDR_GRAD9_ENTRY(float, bf16n, 128, 128)
 // warpgroups (512 threads, one CTA per SM) whose products are all wgmma (ops/common/wgmma.cuh)
 // on unpadded SW128 bf16 tiles. bench/notes/flashqla-structure.md §5A is the plan.
 //   WG0 "q side" (dq accumulator, 64 x Dk fp32, in registers across the value-head group):
-//       dW = -dD S0^T (-> sW), dq += e^gam scale dO S0^T (its row dot with q), dq += G K;
-//       at the group's end dq through the l2 norm, stored bf16.
+//       dW = -dD S0^T (-> sW), dq += e^gam scale dO S0^T (its row dot with q), dq += G K,
+//       dVb = T^T dD (dv, <dVb, v>); at the group's end dq through the l2 norm, stored bf16.
 //   WG1 "k side" (dk accumulator likewise): dk += e^(gam_L - gam) D dS^T (row dot with k),
 //       <S0, dS>, dk += G^T Q, dk += beta e^gam T^T dW (row dot with k), dk += dP K; the l2 norm.
 //   WG2 "64 x 64 side": dA = scale dO D^T, A = Q K^T -> E (its row and column sums) and G (-> sG);
-//       dT = dD Vb^T + dW Kb^T (-> sX), dVb = T^T dD (dv, <dVb, v>), T^T dT (-> sX),
+//       dT = dD Vb^T + dW Kb^T (-> sX), T^T dT (-> sX),
 //       dM = -(T^T dT) T^T, P = K K^T -> dbeta, dgam terms and dP (-> sP); then each row's dgam
 //       and dbeta, the reverse cumsum dg, the stores of dg and dbeta.
 //   WG3 producer (40 registers; the others 160 / 160 / 152 by setmaxnreg): every operand of the
@@ -6410,11 +6410,11 @@ struct G10 {
     static constexpr int X_OFF = G_OFF + GDR_C * GDR_C * 2;
     static constexpr int P_OFF = X_OFF + GDR_C * GDR_C * 2;
     static constexpr int VEC_OFF = P_OFF + GDR_C * GDR_C * 2;  // 2 x {gam, eg, ed, beta}[64]
-    static constexpr int PART_OFF = VEC_OFF + 2 * 4 * GDR_C * 4;  // 2 x {pq, pk, pkb}[64], 2 x 8 red
+    static constexpr int PART_OFF = VEC_OFF + 2 * 4 * GDR_C * 4;  // 2 x {pq, pk, pkb, pv}[64], 2 x 8 red
     // WG2 scratch: column partials [4 warps][64] (E's, then f's), rows [64]: rs(E), db, fr,
-    // <dVb, v>, cs(E)
-    static constexpr int S3_OFF = PART_OFF + (2 * 3 * GDR_C + 16) * 4;
-    static constexpr int BAR_OFF = S3_OFF + 9 * GDR_C * 4;
+    // cs(E)
+    static constexpr int S3_OFF = PART_OFF + (2 * 4 * GDR_C + 16) * 4;
+    static constexpr int BAR_OFF = S3_OFF + 8 * GDR_C * 4;
     static constexpr int NBAR = 28;
     static constexpr int BYTES = BAR_OFF + NBAR * 8 + 1024;
 };
@@ -6640,8 +6640,8 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
     const unsigned uW = sb + L::W_OFF, uT = sb + L::T_OFF, uG = sb + L::G_OFF, uX = sb + L::X_OFF;
     const unsigned uP = sb + L::P_OFF;
     float* vec = reinterpret_cast<float*>(sm + L::VEC_OFF);    // [2][4][64]
-    float* part = reinterpret_cast<float*>(sm + L::PART_OFF);  // [2][3][64], then red [2][8]
-    float* red = part + 2 * 3 * GDR_C;
+    float* part = reinterpret_cast<float*>(sm + L::PART_OFF);  // [2][4][64], then red [2][8]
+    float* red = part + 2 * 4 * GDR_C;
     float* s3 = reinterpret_cast<float*>(sm + L::S3_OFF);
     const unsigned bar0 = sb + L::BAR_OFF;
     auto B = [&](int i) { return bar0 + 8u * (unsigned)i; };
@@ -6669,9 +6669,9 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
         acp_mbar_init(B(G10_FDD), 128);
         acp_mbar_init(B(G10_EDD), 8);  // WG0, WG2
         acp_mbar_init(B(G10_FV), 128);
-        acp_mbar_init(B(G10_EV), 4);  // WG2
+        acp_mbar_init(B(G10_EV), 8);  // WG0 (<dVb, v>), WG2 (dT)
         acp_mbar_init(B(G10_FT), 128);
-        acp_mbar_init(B(G10_ET), 8);  // WG1, WG2
+        acp_mbar_init(B(G10_ET), 12);  // WG0 (dVb), WG1 (dKb), WG2 (T^T dT, dM)
         acp_mbar_init(B(G10_FW), 128);
         acp_mbar_init(B(G10_EW), 8);  // WG1, WG2
         acp_mbar_init(B(G10_FG), 128);
@@ -6785,7 +6785,6 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                     constexpr int N0 = decltype(hc)::value * 64;
                     float a[32];
                     g10_mma<32, false, true, DV, N0>(a, uDD, GDR_C, uH, dk, false);
-                    if (N0 + 64 == DK) g10_release(B(G10_EDD));
                     if (N0 == 0 && s >= 1) acp_mbar_wait(B(G10_EW), (unsigned)(s - 1) & 1u);
                     g10_store_tile(sm + L::W_OFF, a, -1.f, N0);
                 };
@@ -6811,15 +6810,61 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                     if (DK == 128) dq_half(g10_ic<1>());
                     g10_release(B(G10_EH));
                     g10_release(B(G10_EO));
-                    g10_rows_out(s0, s1, part + vb * 3 * GDR_C);
+                    g10_rows_out(s0, s1, part + vb * 4 * GDR_C);
                 }
-                g10_release(B(G10_EVEC0 + vb));
-                acp_mbar_arrive(B(G10_FPART0 + vb));
                 acp_mbar_wait(B(G10_FG), ph);
                 if (r == 0) acp_mbar_wait(B(G10_FQK), (unsigned)it & 1u);
                 wg_fence_proxy();
                 g10_mma<DK / 2, false, false, GDR_C>(dq, uG, GDR_C, uK, GDR_C, true);  // dq += G K
                 g10_release(B(G10_EG));
+                // dVb = T^T dD: dv = beta dVb, <dVb, v> (here, not in WG2, whose chain is the
+                // longest), by halves
+                acp_mbar_wait(B(G10_FT), ph);
+                acp_mbar_wait(B(G10_FV), ph);
+                wg_fence_proxy();
+                {
+                    const int hv = kh * ratio + r;
+                    const float* s_beta = vec + vb * 4 * GDR_C + 3 * GDR_C;
+                    const char* tV = sm + L::V_OFF;
+                    float s0 = 0.f, s1 = 0.f;
+                    const int r0 = 16 * w + g;
+                    auto dv_half = [&](auto hc) {
+                        constexpr int N0 = decltype(hc)::value * 64;
+                        float a[32];
+                        g10_mma<32, true, false, GDR_C, N0>(a, uT, GDR_C, uDD, GDR_C, false);
+#pragma unroll
+                        for (int j = 0; j < 8; ++j) {
+                            const int x = N0 + 8 * j + 2 * t;
+                            const float2 v0 = g7_ld2(reinterpret_cast<const bf16_t*>(tV + wg_tile(GDR_C, r0, x)), 0);
+                            const float2 v1 =
+                                g7_ld2(reinterpret_cast<const bf16_t*>(tV + wg_tile(GDR_C, r0 + 8, x)), 0);
+                            s0 += a[4 * j] * v0.x;
+                            s0 += a[4 * j + 1] * v0.y;
+                            s1 += a[4 * j + 2] * v1.x;
+                            s1 += a[4 * j + 3] * v1.y;
+                        }
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const int i = r0 + 8 * h;
+                            if (i < l) {
+                                const float bb = s_beta[i];
+#pragma unroll
+                                for (int j = 0; j < 8; ++j)
+                                    *reinterpret_cast<unsigned*>(dv_out + (t0 + i) * vrow + (i64)hv * dv + N0 + 8 * j +
+                                                                 2 * t) =
+                                        pack_bf16(bb * a[4 * j + 2 * h], bb * a[4 * j + 2 * h + 1]);
+                            }
+                        }
+                    };
+                    dv_half(g10_ic<0>());
+                    if (DV == 128) dv_half(g10_ic<1>());
+                    g10_release(B(G10_EDD));
+                    g10_release(B(G10_EV));
+                    g10_release(B(G10_ET));
+                    g10_rows_out(s0, s1, part + vb * 4 * GDR_C + 3 * GDR_C);
+                }
+                g10_release(B(G10_EVEC0 + vb));
+                acp_mbar_arrive(B(G10_FPART0 + vb));
                 if (r == ratio - 1) {
                     g10_release(B(G10_EQK));
                     g10_l2_store(dq, q_raw + t0 * krow + (i64)kh * dk, dq_out + t0 * krow + (i64)kh * dk, krow, l,
@@ -6845,7 +6890,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                 const unsigned ph = (unsigned)s & 1u;
                 const int vb = s & 1;
                 const float* vv = vec + vb * 4 * GDR_C;
-                float* pp = part + vb * 3 * GDR_C;
+                float* pp = part + vb * 4 * GDR_C;
                 acp_mbar_wait(B(G10_FVEC0 + vb), (unsigned)(s >> 1) & 1u);
                 acp_mbar_wait(B(G10_FD), ph);
                 acp_mbar_wait(B(G10_FDH), ph);
@@ -6938,8 +6983,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
     float* row_e = s3 + 4 * GDR_C;     // rs(E)
     float* row_db = row_e + GDR_C;     // sum_j dM P Gamma
     float* row_fr = row_db + GDR_C;    // sum_j f
-    float* row_v = row_fr + GDR_C;     // <dVb, v>
-    float* row_cs = row_v + GDR_C;     // cs(E)
+    float* row_cs = row_fr + GDR_C;    // cs(E)
     int s = 0, it = 0;
     for (i64 bi = blockIdx.x; bi < n_items; bi += gridDim.x, ++it) {
         const int kh = (int)(bi % hk_n);
@@ -7017,6 +7061,8 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                 g10_mma<32, false, true, DV>(a1, uDD, GDR_C, uV, GDR_C, false);
                 g10_mma<32, false, true, DK>(a2, uW, GDR_C, uK, GDR_C, false);
                 g10_release(B(G10_EW));
+                g10_release(B(G10_EDD));
+                g10_release(B(G10_EV));
 #pragma unroll
                 for (int e = 0; e < 32; ++e) {
                     const int j = 8 * (e >> 2) + 2 * t + (e & 1);
@@ -7034,43 +7080,6 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
             }
             acp_mbar_wait(B(G10_FT), ph);
             wg_fence_proxy();
-            // dVb = T^T dD: dv = beta dVb, <dVb, v>.
-            {
-                const char* tV = sm + L::V_OFF;
-                float s0 = 0.f, s1 = 0.f;
-                const int r0 = 16 * w + g;
-                auto dv_half = [&](auto hc) {
-                constexpr int N0 = decltype(hc)::value * 64;
-                float a[32];
-                g10_mma<32, true, false, GDR_C, N0>(a, uT, GDR_C, uDD, GDR_C, false);
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    const int x = N0 + 8 * j + 2 * t;
-                    const float2 v0 = g7_ld2(reinterpret_cast<const bf16_t*>(tV + wg_tile(GDR_C, r0, x)), 0);
-                    const float2 v1 = g7_ld2(reinterpret_cast<const bf16_t*>(tV + wg_tile(GDR_C, r0 + 8, x)), 0);
-                    s0 += a[4 * j] * v0.x;
-                    s0 += a[4 * j + 1] * v0.y;
-                    s1 += a[4 * j + 2] * v1.x;
-                    s1 += a[4 * j + 3] * v1.y;
-                }
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int i = r0 + 8 * h;
-                    if (i < l) {
-                        const float bb = s_beta[i];
-#pragma unroll
-                        for (int j = 0; j < 8; ++j)
-                            *reinterpret_cast<unsigned*>(dv_out + (t0 + i) * vrow + (i64)hv * dv + N0 + 8 * j + 2 * t) =
-                                pack_bf16(bb * a[4 * j + 2 * h], bb * a[4 * j + 2 * h + 1]);
-                    }
-                }
-                };
-                dv_half(g10_ic<0>());
-                if (DV == 128) dv_half(g10_ic<1>());
-                g10_release(B(G10_EDD));
-                g10_release(B(G10_EV));
-                g10_rows_out(s0, s1, row_v);
-            }
             // tmp = T^T dT -> sX (bf16), dM = -(tmp T^T).
             float dm[32];
             {
@@ -7149,7 +7158,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
             acp_mbar_wait(B(G10_FPART0 + vb), (unsigned)(s >> 1) & 1u);
             // Each row's dgam and dbeta (gdr_grad7's terms and order), then dg = reverse cumsum.
             if (tid < 256 + 32) {
-                const float* pq = part + vb * 3 * GDR_C;
+                const float* pq = part + vb * 4 * GDR_C;
                 const float* pkk = pq + GDR_C;
                 const float* pkb = pq + 2 * GDR_C;
                 const float sds = red[vb * 8 + 4];
@@ -7165,7 +7174,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                     d += row_e[i] - row_cs[i];
                     float db = 0.f;
                     if (i < l) {
-                        const float sv = row_v[i], sk = pkb[i];
+                        const float sv = pq[3 * GDR_C + i], sk = pkb[i];
                         db = sv + s_eg[i] * sk;
                         d += (s_beta[i] * s_eg[i]) * sk;
                     }
