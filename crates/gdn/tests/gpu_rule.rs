@@ -1169,11 +1169,12 @@ fn v6_bitwise_and_fallback() {
     }
 }
 
-/// `cuda::forward` (what the layer calls) runs by default (`FwdKernel::Auto`) v8 for bf16
-/// where v6 would leave schedulers idle (`auto_picks_v8`: here 4 sequences x 4 heads) and v6
-/// with the lean loads where its grid fills the GPU (the same bits as asking for
-/// `FwdKernel::V6Lean { warps: 0 }`, and as `FwdKernel::V6`), and v5 for f32 storage. Skipped
-/// when `GDN_RULE_FWD` or `GDN_RULE_V6_WARPS` is set (then the default is what they name).
+/// `cuda::forward` (what the layer calls) runs by default (`FwdKernel::Auto`) for bf16 v9 on
+/// sm_90 and newer at every shape (the same bits as v8), below sm_90 v8 where v6 would leave
+/// schedulers idle (`auto_picks_v8`: here 4 sequences x 4 heads) and v6 with the lean loads
+/// where its grid fills the GPU (the same bits as asking for `FwdKernel::V6Lean { warps: 0 }`,
+/// and as `FwdKernel::V6`), and v5 for f32 storage. Skipped when `GDN_RULE_FWD` or
+/// `GDN_RULE_V6_WARPS` is set (then the default is what they name).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn default_forward_is_by_shape() {
@@ -1194,6 +1195,13 @@ fn default_forward_is_by_shape() {
     assert!(!gdn::ops::gated_delta_rule::cuda::auto_picks_v8(
         300, 4, 128, sms
     ));
+    // sm_90+: v9 everywhere (v8's bits); older: v6 lean (v6's bits) for the full grid
+    let sm90 = !matches!(gpu.arch(), "sm_80" | "sm_86" | "sm_89");
+    let (full, full_too) = if sm90 {
+        (FwdKernel::V8 { warps: 0 }, FwdKernel::V9 { warps: 0 })
+    } else {
+        (FwdKernel::V6Lean { warps: 0 }, FwdKernel::V6 { warps: 0 })
+    };
     for (dt, bf, seqs, want) in [
         (
             DType::Bf16,
@@ -1201,13 +1209,8 @@ fn default_forward_is_by_shape() {
             Seqs::packed(&cu, 1003).unwrap(),
             FwdKernel::V8 { warps: 0 },
         ),
-        (
-            DType::Bf16,
-            true,
-            many.clone(),
-            FwdKernel::V6Lean { warps: 0 },
-        ),
-        (DType::Bf16, true, many, FwdKernel::V6 { warps: 0 }),
+        (DType::Bf16, true, many.clone(), full),
+        (DType::Bf16, true, many, full_too),
         (
             DType::F32,
             false,

@@ -470,16 +470,12 @@ pub fn forward_with_prep(
         FwdKernel::V9 { warps } => Some((warps, V6Loads::Split)),
         FwdKernel::Auto => {
             let sms = gpu.sm_count().unwrap_or(132);
-            if auto_picks_v8(seqs.count(), s.hv, s.dv, sms) {
-                // v9 where the GPU has mbarrier-completed copies (the same bits as v8)
-                Some((
-                    0,
-                    if gpu_has_bulk_copies(gpu) {
-                        V6Loads::Ring
-                    } else {
-                        V6Loads::Split
-                    },
-                ))
+            if gpu_has_bulk_copies(gpu) {
+                // v9 at every shape where the GPU has mbarrier-completed copies (session 13:
+                // 0.33 ms against v6 lean's 0.42 at B8 T4096 16/16, 0.81 against 1.45 at B1)
+                Some((0, V6Loads::Ring))
+            } else if auto_picks_v8(seqs.count(), s.hv, s.dv, sms) {
+                Some((0, V6Loads::Split))
             } else {
                 Some((0, V6Loads::Lean))
             }
@@ -882,12 +878,13 @@ pub enum FwdKernel {
     /// as [`FwdKernel::V8`] at every width. sm_90 and newer; `V8` below. `warps` as `V8`'s
     /// (`GDN_RULE_V8_WARPS` from the environment).
     V9 { warps: usize },
-    /// The default: [`FwdKernel::V9`] (since 2026-12-02, session 10; [`FwdKernel::V8`], the
-    /// same bits, before it and on GPUs older than sm_90) where v6's grid would leave schedulers
-    /// idle (at most two 16-column state tiles per SM, [`auto_picks_v8`]: few sequences x value
-    /// heads over long sequences, e.g. B1 T32768 16/32 on the H200: v6 2.49, v8 1.66, v9 1.45
-    /// ms), else [`FwdKernel::V6Lean`] (B8 T4096 16/16: 0.42 ms against v8's 0.55 and v9's 0.48);
-    /// widths by shape.
+    /// The default: on sm_90 and newer [`FwdKernel::V9`] at every shape (since 2026-12-03,
+    /// session 13, when its full-chunk step and staged output stores made it the fastest
+    /// everywhere measured: B1 T32768 16/32 0.81 ms, B8 T4096 16/16 0.33 against v6 lean's
+    /// 0.42); below sm_90 [`FwdKernel::V8`] (the same bits) where v6's grid would leave
+    /// schedulers idle (at most two 16-column state tiles per SM, [`auto_picks_v8`]: few
+    /// sequences x value heads over long sequences), else [`FwdKernel::V6Lean`]; widths by
+    /// shape.
     Auto,
 }
 

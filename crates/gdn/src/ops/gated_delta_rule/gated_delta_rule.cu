@@ -1946,6 +1946,48 @@ __device__ __forceinline__ void v6_store_state(const float (&s)[DK / 8][4], floa
     }
 }
 
+// A warp's 16-column bf16 tile of NB * 16 rows to global memory through shared memory (the bf16
+// state and D / dD workspaces of gdr_hrec6 / gdr_bwd8): f[kb] holds tile rows 16 kb .. 16 kb + 15
+// as the A fragments of its transpose (v6_s_frags' sa, v6_chain_step's da: register m of lane
+// (g, t) the 8 x 8 block (m & 1, m >> 1) of columns x rows), which stmatrix.trans writes as rows
+// of 16 columns; `row(R, h)` is the shared-memory address of half h (8 columns, 16 bytes) of tile
+// row R (this warp's own bytes). They are read back as 16-byte pieces, two lanes per row, and
+// written to dst + grow(R) * ld (+ 8 columns for h = 1): whole 32-byte sectors. The bits st_ws /
+// f32_to_bf16 store for finite values (the fragments are pack_bf16's round to nearest even).
+template <int NB, class RowAddr, class GRow>
+__device__ __forceinline__ void v6_tile_out(const unsigned (&f)[NB][4], RowAddr row, GRow grow, bf16_t* dst,
+                                            i64 ld) {
+    const int lane = threadIdx.x & 31, r = lane & 7, m = lane >> 3;
+    __syncwarp();  // every lane's earlier reads of the staging bytes are done
+#pragma unroll
+    for (int kb = 0; kb < NB; ++kb)
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};" ::"r"(
+                         row(16 * kb + 8 * (m >> 1) + r, m & 1)),
+                     "r"(f[kb][0]), "r"(f[kb][1]), "r"(f[kb][2]), "r"(f[kb][3])
+                     : "memory");
+    __syncwarp();
+    const bool vec = (reinterpret_cast<unsigned long long>(dst) & 15) == 0 && (ld & 7) == 0;
+#pragma unroll
+    for (int kb = 0; kb < NB; ++kb) {
+        const int R = 16 * kb + (lane >> 1), hf = lane & 1;
+        uint4 v;
+        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(row(R, hf))
+                     : "memory");
+        bf16_t* d = dst + (i64)grow(R) * ld + 8 * hf;
+        if (vec) {
+            asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};" ::"l"(d), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                         : "memory");
+        } else {
+            const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int e = 0; e < 8; ++e) d[e] = (bf16_t)(w[e >> 1] >> (16 * (e & 1)));
+        }
+    }
+    __syncwarp();  // the reads are done before the bytes are written again
+}
+
 // One stage of gdr_hrec6 (bytes, 16-byte aligned regions): W, K (64 rows of DK + 8 bf16), the
 // CTA's U tile (64 rows of BV + 4 fp32), gam (64 fp32).
 template <int DK, int NW>
@@ -2055,10 +2097,27 @@ __device__ void gdr_hrec6(const bf16_t* __restrict__ k, const float* __restrict_
         const float* sU = reinterpret_cast<const float*>(sp + L::U_OFF);
         const float* sG = reinterpret_cast<const float*>(sp + L::G_OFF);
         const i64 cb = c * hv_n + hv;
-        v6_store_state<DK>(s, h_ws, h16_ws, cb * (i64)DK * dv + col0 + wc0 + g, dv);
+        // fp32 states as before; bf16 states and a bf16 D go out after the step (below)
+        if (h_ws) v6_store_state<DK>(s, h_ws, h16_ws, cb * (i64)DK * dv + col0 + wc0 + g, dv);
         unsigned sa[DK / 16][4], da[4][4];
-        v6_chain_step<DK, true, TD>(s, sa, da, sW, sK, L::LK, sU + wc0, L::LU, sG, l,
-                                    d_ws + cb * GDR_C * (i64)dv + col0 + wc0, (i64)dv);
+        constexpr bool D16 = sizeof(TD) == 2;
+        TD* dc = d_ws + cb * GDR_C * (i64)dv + col0 + wc0;
+        // A full chunk with its length known at compile time (the row masks fold away; they
+        // select nothing there, so the same bits).
+        if (l == GDR_C)
+            v6_chain_step<DK, !D16, TD>(s, sa, da, sW, sK, L::LK, sU + wc0, L::LU, sG, GDR_C, dc, (i64)dv);
+        else
+            v6_chain_step<DK, !D16, TD>(s, sa, da, sW, sK, L::LK, sU + wc0, L::LU, sG, l, dc, (i64)dv);
+        if (!h_ws || D16) {
+            // Through this warp's columns of the stage's U tile (read by this warp only, done
+            // with; refilled after the next CTA barrier): tile row R at U row R / 2, half R % 2.
+            const unsigned ub = smem_addr(sU + wc0);
+            auto row = [&](int R, int h) { return ub + (unsigned)((R >> 1) * L::LU * 4 + 32 * (R & 1) + 16 * h); };
+            auto same = [](int R) { return R; };
+            // h[c] = S before the step: sa is its bf16 rounding (v6_s_frags)
+            if (!h_ws) v6_tile_out<DK / 16>(sa, row, same, h16_ws + cb * (i64)DK * dv + col0 + wc0, (i64)dv);
+            if (D16) v6_tile_out<4>(da, row, same, reinterpret_cast<bf16_t*>(dc), (i64)dv);
+        }
     }
 }
 
@@ -4494,7 +4553,7 @@ __device__ __forceinline__ void v8g_load_stage(char* st, const bf16_t* kc, const
 // chunk rows are fixed). x: this warp's X_hh (all 8 n8 tiles), already scaled by
 // e^(gam_L - gam) / scale; of: dO^T A fragments (unscaled). Stores this warp's dD rows (fp32) at
 // ddc (offset to the pair's column g) and leaves -dD^T for all 64 chunk rows in nd.
-template <int H, typename TD = float>
+template <int H, typename TD = float, bool ST = false>
 __device__ __forceinline__ void v8g_dd(float (&x)[8][4], const unsigned (&of)[4][4], const bf16_t* sA, int la,
                                        float scale, TD* ddc, int dv, float4* xme, float4* xot, int bar,
                                        unsigned (&nd)[4][4]) {
@@ -4533,8 +4592,10 @@ __device__ __forceinline__ void v8g_dd(float (&x)[8][4], const unsigned (&of)[4]
             for (int rr = 0; rr < 2; ++rr) {
                 const float d0 = scale * y[2 * rr];
                 const float d1 = scale * y[2 * rr + 1];
-                st_ws(ddc, (i64)i0 * dv + 8 * rr, d0);
-                st_ws(ddc, (i64)(i0 + 1) * dv + 8 * rr, d1);
+                if (sizeof(TD) == 4 || !ST) {  // else (gdr_bwd8b) bf16 dD staged below
+                    st_ws(ddc, (i64)i0 * dv + 8 * rr, d0);
+                    st_ws(ddc, (i64)(i0 + 1) * dv + 8 * rr, d1);
+                }
                 nd[kk][rr + 2 * h] = pack_bf16(-d0, -d1);
             }
         }
@@ -4552,6 +4613,21 @@ __device__ __forceinline__ void v8g_dd(float (&x)[8][4], const unsigned (&of)[4]
     nd[P1][1] = a1.y;
     nd[P1][2] = a1.z;
     nd[P1][3] = a1.w;
+    if (ST && sizeof(TD) == 2) {
+        // gdr_bwd8b: bf16 dD (this warp's rows, blocks M0 and M1) from -dD's fragments with the
+        // sign flipped (rounding commutes with negation: the bits st_ws stores), through slots 2
+        // and 3 of this warp's buffer (read above; the partner writes it again only after
+        // gdr_bwd8's next CTA barrier: not so in gdr_bwd9, which keeps ST false)
+        const unsigned f[2][4] = {{nd[M0][0] ^ 0x80008000u, nd[M0][1] ^ 0x80008000u, nd[M0][2] ^ 0x80008000u,
+                                   nd[M0][3] ^ 0x80008000u},
+                                  {nd[M1][0] ^ 0x80008000u, nd[M1][1] ^ 0x80008000u, nd[M1][2] ^ 0x80008000u,
+                                   nd[M1][3] ^ 0x80008000u}};
+        const unsigned xb = smem_addr(xme) + 2u * 32u * 16u;
+        v6_tile_out<2>(
+            f, [&](int R, int h) { return xb + (unsigned)(R * 32 + 16 * (h ^ ((R >> 2) & 1))); },
+            [](int R) { return R < 16 ? 16 * M0 + R : 16 * M1 + R - 16; },
+            reinterpret_cast<bf16_t*>(ddc) - (lane >> 2), (i64)dv);
+    }
 }
 
 // Grid: N * Hv * (dv / BV) CTAs of 32 NW threads (BV = 16 NW / 2); dynamic shared memory
@@ -4622,13 +4698,22 @@ __device__ void gdr_bwd8(const bf16_t* __restrict__ q, const bf16_t* __restrict_
         const float* sG = reinterpret_cast<const float*>(sp + L::G_OFF);
         const i64 cb = c * hv_n + hv;
 
-        // dh[c] = dS (this warp's rows).
-        v6_store_state<DH>(s, dh_ws, dh16_ws, cb * (i64)DK * dv + (i64)r0 * dv + col0 + wc0 + g, dv);
-
         float x[8][4];
         {
             unsigned sa[DH / 16][4];
             v6_s_frags<DH>(s, sa);
+            // dh[c] = dS (this warp's rows): fp32 as before; bf16 through this warp's exchange
+            // buffer (free after the CTA barrier above; the pair barrier keeps the partner's
+            // first exchange writes into it after this warp's reads)
+            if (dh_ws) {
+                v6_store_state<DH>(s, dh_ws, dh16_ws, cb * (i64)DK * dv + (i64)r0 * dv + col0 + wc0 + g, dv);
+            } else {
+                const unsigned xb = smem_addr(xme);
+                v6_tile_out<DH / 16>(
+                    sa, [&](int R, int h) { return xb + (unsigned)(R * 32 + 16 * (h ^ ((R >> 2) & 1))); },
+                    [](int R) { return R; }, dh16_ws + cb * (i64)DK * dv + (i64)r0 * dv + col0 + wc0, (i64)dv);
+                pair_bar(bar);
+            }
 #pragma unroll
             for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -4651,8 +4736,8 @@ __device__ void gdr_bwd8(const bf16_t* __restrict__ q, const bf16_t* __restrict_
         for (int kk = 0; kk < 4; ++kk) ldsm_x4_t(of[kk], sO + (16 * kk + 8 * (mi >> 1) + r) * L::LO + wc0 + 8 * (mi & 1));
         unsigned nd[4][4];
         TD* ddc = dd_ws + cb * GDR_C * (i64)dv + col0 + wc0 + g;
-        if (hh) v8g_dd<1>(x, of, sA, L::LA, scale, ddc, dv, xme, xot, bar, nd);
-        else v8g_dd<0>(x, of, sA, L::LA, scale, ddc, dv, xme, xot, bar, nd);
+        if (hh) v8g_dd<1, TD, true>(x, of, sA, L::LA, scale, ddc, dv, xme, xot, bar, nd);
+        else v8g_dd<0, TD, true>(x, of, sA, L::LA, scale, ddc, dv, xme, xot, bar, nd);
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
             const int ia = 16 * kk + 2 * t, ib = ia + 8;
@@ -4745,6 +4830,12 @@ GDR_BWD8_ENTRY(128, 8)
 // 64,512 of 65,536). sm_90 only (try_wait; setmaxnreg sm_90a): below sm_90 the body is empty and
 // the Rust side runs gdr_fwd8 instead. Shared memory: gdr_fwd8's NS * STAGE + NW * XB, then the
 // NS full and NS empty mbarriers (16 NS bytes).
+// Two things differ from gdr_fwd8's compute loop, neither the arithmetic (session 13): a full
+// chunk (l = 64, every chunk but a sequence's last) runs the step with the length known at
+// compile time, so the row masks fold away (ncu: half the compute warps' samples were in the
+// masked, predicated code); and o goes out through shared memory as whole 32-byte sectors
+// (v9_stage_o / v9_store_o: two stmatrix, two 16-byte loads and stores per lane) instead of 16
+// predicated 2-byte stores per lane with 64-bit address arithmetic each (40% of the samples).
 
 // v8_load_stage's copies for a producer of PT threads, `ptid` 0 .. PT - 1 (the same bytes to
 // the same places of a V6<DK, BV / 16> stage: thread ptid copies the pieces thread ptid of a
@@ -4809,6 +4900,92 @@ __device__ __forceinline__ void v9_load_stage(char* st, int ptid, const bf16_t* 
 // Registers per thread after setmaxnreg (PW = 4 only): producer warpgroup, compute warpgroups.
 #define GDR_V9_PREG 40
 #define GDR_V9_CREG 232
+
+// Four 8x8 b16 matrices from registers to shared memory, transposed (stmatrix .trans, sm_90):
+// lanes 8m .. 8m + 7 give the addresses of the 8 rows of matrix m in memory; register m of lane
+// (g, t) holds elements (g, 2t), (g, 2t + 1) of matrix m, which land at (2t, g), (2t + 1, g).
+__device__ __forceinline__ void stsm_x4_t(unsigned a, unsigned r0, unsigned r1, unsigned r2, unsigned r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};" ::"r"(a), "r"(r0),
+                 "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+}
+
+// One warp's output of a chunk to global memory through shared memory (gdr_fwd9; warp half H:
+// the chunk rows of 16-row blocks M0 = H, M1 = 3 - H, the pair's 16 columns). As v8_output
+// finishes block B (0: M0, 1: M1), v9_stage_o puts its 16 rows x 16 columns, scaled, as bf16
+// (round to nearest even: the bits st() gives a finite value) by one stmatrix.trans into the
+// warp's own exchange buffer (free between v8_output's reads of it and the next chain step's
+// writes: the partner writes it only after the next step's first pair barrier): tile row R
+// (0 .. 15 block M0, 16 .. 31 block M1) at 32 R bytes, its two 16-byte halves swapped in rows
+// with R & 4 (conflict-free). v9_store_o then reads the tile back as 16-byte pieces, two lanes
+// per row, and writes whole 32-byte sectors (rows >= l are not written). `oc`: the pair's first
+// column in the chunk's first row.
+template <int B>
+__device__ __forceinline__ void v9_stage_o(const float (&ov)[2][4], unsigned base) {
+    const int lane = threadIdx.x & 31, r = lane & 7, m = lane >> 3;
+    if (B == 0) __syncwarp();  // every lane's reads of the exchange slots are done
+    // matrix m = 2 h + c: the block's n8 tile h (ov[h]: chunk rows 8 h ..), columns 8 c ..
+    const int R = 16 * B + 8 * (m >> 1) + r;
+    stsm_x4_t(base + (unsigned)(R * 32 + (((m & 1) ^ ((R >> 2) & 1)) << 4)), pack_bf16(ov[0][0], ov[0][1]),
+              pack_bf16(ov[0][2], ov[0][3]), pack_bf16(ov[1][0], ov[1][1]), pack_bf16(ov[1][2], ov[1][3]));
+}
+
+template <int H>
+__device__ __forceinline__ void v9_store_o(unsigned base, bf16_t* oc, i64 vrow, int l) {
+    constexpr int M0 = H ? 1 : 0, M1 = H ? 2 : 3;
+    const int lane = threadIdx.x & 31;
+    __syncwarp();
+    const bool vec = (reinterpret_cast<unsigned long long>(oc) & 15) == 0 && (vrow & 7) == 0;
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+        const int R = 16 * p + (lane >> 1), hf = lane & 1;
+        uint4 v;
+        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(base + (unsigned)(R * 32 + ((hf ^ ((R >> 2) & 1)) << 4)))
+                     : "memory");
+        const int i = 16 * (p ? M1 : M0) + (R & 15);
+        if (i < l) {
+            bf16_t* d = oc + (i64)i * vrow + 8 * hf;
+            if (vec) {
+                asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};" ::"l"(d), "r"(v.x), "r"(v.y), "r"(v.z),
+                             "r"(v.w)
+                             : "memory");
+            } else {
+                const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int e = 0; e < 8; ++e) d[e] = (bf16_t)(w[e >> 1] >> (16 * (e & 1)));
+            }
+        }
+    }
+    __syncwarp();  // the reads are done before the next chain step writes the buffer
+}
+
+// The output half of a gdr_fwd9 compute warp's chunk step for warp half H: v8_output, each
+// finished block staged by v9_stage_o, then v9_store_o. LC is the chunk length when known at
+// compile time (GDR_C: a full chunk, every row mask folds away) or 0 (a sequence's last, partial
+// chunk: `lr` at run time); the chain step before it takes the same length. The masks select
+// nothing in a full chunk, so both give the same bits.
+template <int DK, int H, int LC>
+__device__ __forceinline__ void v9_output(const unsigned (&sa)[DK / 32][4], const unsigned (&da)[4][4],
+                                          const bf16_t* sQ, int lk, const bf16_t* sA, int la, const float* sG,
+                                          int lr, float4* xme, float4* xot, int bar, float scale, bf16_t* oc,
+                                          i64 vrow) {
+    constexpr int M0 = H ? 1 : 0;
+    const int l = LC ? LC : lr;
+    const unsigned base = smem_addr(xme);
+    float ov[2][4];  // the block being finished: [n8 tile][fragment element]
+    v8_output<DK, H>(sa, da, sQ, lk, sA, la, sG, l, xme, xot, bar, [&](int j, int cc, float v) {
+        ov[j & 1][cc] = scale * v;
+        if ((j & 1) && cc == 3) {
+            if ((j >> 1) == M0)
+                v9_stage_o<0>(ov, base);
+            else
+                v9_stage_o<1>(ov, base);
+        }
+    });
+    v9_store_o<H>(base, oc, vrow, l);
+}
 
 // gdr_fwd8 with a producer (see the v9 header). Grid as gdr_fwd8; 32 (NW + PW) threads; dynamic
 // shared memory NS * STAGE + NW * XB + 16 NS.
@@ -4919,16 +5096,20 @@ __device__ void gdr_fwd9(const bf16_t* __restrict__ q, const bf16_t* __restrict_
         const float* sG = reinterpret_cast<const float*>(sp + L::G_OFF);
 
         unsigned sa[DH / 16][4], da[4][4];
-        v8_chain_step<DK>(s, sa, da, sW, sK, L::LK, sU + wc0, L::LU, sG, l, xme, xot, bar);
-        bf16_t* oc = o + t0 * vrow + (i64)hv * dv + col0 + wc0 + g;
-        auto store = [&](int j, int cc, float val) {
-            const int i = 8 * j + 2 * t + (cc & 1);
-            if (i < l) st(oc, (i64)i * vrow + 8 * (cc >> 1), scale * val);
-        };
-        if (hh)
-            v8_output<DK, 1>(sa, da, sQ, L::LK, sA, L::LA, sG, l, xme, xot, bar, store);
-        else
-            v8_output<DK, 0>(sa, da, sQ, L::LK, sA, L::LA, sG, l, xme, xot, bar, store);
+        bf16_t* oc = o + t0 * vrow + (i64)hv * dv + col0 + wc0;
+        if (l == GDR_C) {
+            v8_chain_step<DK>(s, sa, da, sW, sK, L::LK, sU + wc0, L::LU, sG, GDR_C, xme, xot, bar);
+            if (hh)
+                v9_output<DK, 1, GDR_C>(sa, da, sQ, L::LK, sA, L::LA, sG, l, xme, xot, bar, scale, oc, vrow);
+            else
+                v9_output<DK, 0, GDR_C>(sa, da, sQ, L::LK, sA, L::LA, sG, l, xme, xot, bar, scale, oc, vrow);
+        } else {
+            v8_chain_step<DK>(s, sa, da, sW, sK, L::LK, sU + wc0, L::LU, sG, l, xme, xot, bar);
+            if (hh)
+                v9_output<DK, 1, 0>(sa, da, sQ, L::LK, sA, L::LA, sG, l, xme, xot, bar, scale, oc, vrow);
+            else
+                v9_output<DK, 0, 0>(sa, da, sQ, L::LK, sA, L::LA, sG, l, xme, xot, bar, scale, oc, vrow);
+        }
         // This warp is done with the stage (every lane's reads of it have returned: their
         // values were used above); release it to the producer.
         __syncwarp();
