@@ -2177,6 +2177,42 @@ __device__ __forceinline__ unsigned scale_bf16x2(unsigned u, float a, float b) {
     return pack_bf16(__uint_as_float(u << 16) * a, __uint_as_float(u & 0xffff0000u) * b);
 }
 
+// gdr_bwd6's and gdr_bwd8's two row-masked scalings of a chunk step (rows >= l get 0), with
+// the chunk length a compile-time constant when LC is nonzero (a full chunk: the masks fold
+// away, the same bits):
+// x[j] (dS^T K^T's n8 tile j, chunk rows 8 j + 2t, + 1) *= e^(gam_L - gam_i) / scale, and dO^T's
+// fragments *= scale e^gam_i.
+template <int LC>
+__device__ __forceinline__ void v8g_scale_x(float (&x)[8][4], const float* sG, int lr, float gl, float inv_scale) {
+    const int l = LC ? LC : lr, t = threadIdx.x & 3;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int i0 = 8 * j + 2 * t;
+        const float e0 = i0 < l ? __expf(gl - sG[i0]) * inv_scale : 0.f;
+        const float e1 = i0 + 1 < l ? __expf(gl - sG[i0 + 1]) * inv_scale : 0.f;
+        x[j][0] *= e0;
+        x[j][1] *= e1;
+        x[j][2] *= e0;
+        x[j][3] *= e1;
+    }
+}
+template <int LC>
+__device__ __forceinline__ void v8g_scale_o(unsigned (&of)[4][4], const float* sG, int lr, float scale) {
+    const int l = LC ? LC : lr, t = threadIdx.x & 3;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        const int ia = 16 * kk + 2 * t, ib = ia + 8;
+        const float ea0 = ia < l ? scale * __expf(sG[ia]) : 0.f;
+        const float ea1 = ia + 1 < l ? scale * __expf(sG[ia + 1]) : 0.f;
+        const float eb0 = ib < l ? scale * __expf(sG[ib]) : 0.f;
+        const float eb1 = ib + 1 < l ? scale * __expf(sG[ib + 1]) : 0.f;
+        of[kk][0] = scale_bf16x2(of[kk][0], ea0, ea1);
+        of[kk][1] = scale_bf16x2(of[kk][1], ea0, ea1);
+        of[kk][2] = scale_bf16x2(of[kk][2], eb0, eb1);
+        of[kk][3] = scale_bf16x2(of[kk][3], eb0, eb1);
+    }
+}
+
 // Grid: N * Hv * (dv / BV) CTAs of 32 NW threads; dynamic shared memory 2 * V6G<DK, NW>::STAGE.
 // TD: dD's type (float, or bf16 for gdr_grad10b: gdr_bwd6b).
 template <int DK, int NW, typename TD = float>
@@ -2253,8 +2289,8 @@ __device__ void gdr_bwd6(const bf16_t* __restrict__ q, const bf16_t* __restrict_
         const float* sG = reinterpret_cast<const float*>(sp + L::G_OFF);
         const i64 cb = c * hv_n + hv;
 
-        // dh[c] = dS (the gradient of the chunk's end state).
-        v6_store_state<DK>(s, dh_ws, dh16_ws, cb * (i64)DK * dv + col0 + wc0 + g, dv);
+        // dh[c] = dS (the gradient of the chunk's end state): fp32 here, bf16 below.
+        if (dh_ws) v6_store_state<DK>(s, dh_ws, dh16_ws, cb * (i64)DK * dv + col0 + wc0 + g, dv);
 
         // x[j][c]: dD^T[v][i] for v = g + 8 (c >> 1), i = 8 j + 2t + (c & 1); first X = dS^T K^T
         // scaled by e^(gam_L - gam_i) / scale (zero for i >= l), then + dO^T A, times scale.
@@ -2269,21 +2305,27 @@ __device__ void gdr_bwd6(const bf16_t* __restrict__ q, const bf16_t* __restrict_
             v6_mul_rows_t<DK>(x, sa, sK, L::LK);
         }
         const float gl = sG[l - 1];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int i0 = 8 * j + 2 * t;
-            const float e0 = i0 < l ? __expf(gl - sG[i0]) * inv_scale : 0.f;
-            const float e1 = i0 + 1 < l ? __expf(gl - sG[i0 + 1]) * inv_scale : 0.f;
-            x[j][0] *= e0;
-            x[j][1] *= e1;
-            x[j][2] *= e0;
-            x[j][3] *= e1;
-        }
+        // a full chunk with its length known at compile time (the masks fold away; the same bits)
+        if (l == GDR_C) v8g_scale_x<GDR_C>(x, sG, l, gl, inv_scale);
+        else v8g_scale_x<0>(x, sG, l, gl, inv_scale);
         // dO^T as A fragments (m = the warp's 16 columns, k = chunk rows 16 kk ..): matrix mi of
         // ldmatrix.trans is stored rows 16 kk + 8 (mi >> 1) .., columns wc0 + 8 (mi & 1) ..
         unsigned of[4][4];
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) ldsm_x4_t(of[kk], sO + (16 * kk + 8 * (mi >> 1) + r) * L::LO + wc0 + 8 * (mi & 1));
+        // The warp's 16 columns of the stage's dO tile are read (only by this warp; refilled after
+        // the next CTA barrier): they stage the bf16 dh (two halves of 64 rows) and dD below.
+        const unsigned ob = smem_addr(sO + wc0);
+        auto orow = [&](int R, int h) { return ob + (unsigned)(R * L::LO * 2 + 16 * h); };
+        if (!dh_ws) {
+            unsigned sb[DK / 16][4];
+            v6_s_frags<DK>(s, sb);  // dS, rounded as v6_store_state rounds it
+            bf16_t* dst = dh16_ws + cb * (i64)DK * dv + col0 + wc0;
+#pragma unroll
+            for (int hf = 0; hf < DK / 64; ++hf)
+                v6_tile_out<4>(*reinterpret_cast<const unsigned(*)[4][4]>(&sb[4 * hf]), orow,
+                               [&](int R) { return 64 * hf + R; }, dst, (i64)dv);
+        }
         // + dO^T A: B[k = i][n = m] = A[i][m], nonzero for m <= i: blocks np <= kk.
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
@@ -2306,25 +2348,26 @@ __device__ void gdr_bwd6(const bf16_t* __restrict__ q, const bf16_t* __restrict_
                 for (int rr = 0; rr < 2; ++rr) {
                     const float d0 = scale * x[j][2 * rr];
                     const float d1 = scale * x[j][2 * rr + 1];
-                    st_ws(ddc, (i64)i0 * dv + 8 * rr, d0);
-                    st_ws(ddc, (i64)(i0 + 1) * dv + 8 * rr, d1);
+                    if (sizeof(TD) == 4) {  // bf16 dD staged below
+                        st_ws(ddc, (i64)i0 * dv + 8 * rr, d0);
+                        st_ws(ddc, (i64)(i0 + 1) * dv + 8 * rr, d1);
+                    }
                     nd[kk][rr + 2 * h] = pack_bf16(-d0, -d1);
                 }
             }
+        if (sizeof(TD) == 2) {
+            // -dD's fragments with the sign flipped (rounding commutes with negation: st_ws's bits)
+            unsigned f[4][4];
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) f[kk][e] = nd[kk][e] ^ 0x80008000u;
+            v6_tile_out<4>(f, orow, [](int R) { return R; }, reinterpret_cast<bf16_t*>(ddc) - g, (i64)dv);
+        }
         // dO^T diag(scale e^gam): registers 0, 1 of k-block kk hold rows 16 kk + 2t, + 1;
         // registers 2, 3 rows 16 kk + 8 + 2t, + 1.
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            const int ia = 16 * kk + 2 * t, ib = ia + 8;
-            const float ea0 = ia < l ? scale * __expf(sG[ia]) : 0.f;
-            const float ea1 = ia + 1 < l ? scale * __expf(sG[ia + 1]) : 0.f;
-            const float eb0 = ib < l ? scale * __expf(sG[ib]) : 0.f;
-            const float eb1 = ib + 1 < l ? scale * __expf(sG[ib + 1]) : 0.f;
-            of[kk][0] = scale_bf16x2(of[kk][0], ea0, ea1);
-            of[kk][1] = scale_bf16x2(of[kk][1], ea0, ea1);
-            of[kk][2] = scale_bf16x2(of[kk][2], eb0, eb1);
-            of[kk][3] = scale_bf16x2(of[kk][3], eb0, eb1);
-        }
+        if (l == GDR_C) v8g_scale_o<GDR_C>(of, sG, l, scale);
+        else v8g_scale_o<0>(of, sG, l, scale);
         // dS^T <- e^gam_L dS^T + (scaled dO)^T Q - dD^T W; B[k = i][n = x] = Q[i][x], W[i][x].
         const float egl = __expf(gl);
 #pragma unroll
@@ -4721,16 +4764,9 @@ __device__ void gdr_bwd8(const bf16_t* __restrict__ q, const bf16_t* __restrict_
             v6_mul_rows_t<DH>(x, sa, sK, L::LK);
         }
         const float gl = sG[l - 1];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int i0 = 8 * j + 2 * t;
-            const float e0 = i0 < l ? __expf(gl - sG[i0]) * inv_scale : 0.f;
-            const float e1 = i0 + 1 < l ? __expf(gl - sG[i0 + 1]) * inv_scale : 0.f;
-            x[j][0] *= e0;
-            x[j][1] *= e1;
-            x[j][2] *= e0;
-            x[j][3] *= e1;
-        }
+        // a full chunk with its length known at compile time (the masks fold away; the same bits)
+        if (l == GDR_C) v8g_scale_x<GDR_C>(x, sG, l, gl, inv_scale);
+        else v8g_scale_x<0>(x, sG, l, gl, inv_scale);
         unsigned of[4][4];
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) ldsm_x4_t(of[kk], sO + (16 * kk + 8 * (mi >> 1) + r) * L::LO + wc0 + 8 * (mi & 1));
@@ -4738,18 +4774,8 @@ __device__ void gdr_bwd8(const bf16_t* __restrict__ q, const bf16_t* __restrict_
         TD* ddc = dd_ws + cb * GDR_C * (i64)dv + col0 + wc0 + g;
         if (hh) v8g_dd<1, TD, true>(x, of, sA, L::LA, scale, ddc, dv, xme, xot, bar, nd);
         else v8g_dd<0, TD, true>(x, of, sA, L::LA, scale, ddc, dv, xme, xot, bar, nd);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            const int ia = 16 * kk + 2 * t, ib = ia + 8;
-            const float ea0 = ia < l ? scale * __expf(sG[ia]) : 0.f;
-            const float ea1 = ia + 1 < l ? scale * __expf(sG[ia + 1]) : 0.f;
-            const float eb0 = ib < l ? scale * __expf(sG[ib]) : 0.f;
-            const float eb1 = ib + 1 < l ? scale * __expf(sG[ib + 1]) : 0.f;
-            of[kk][0] = scale_bf16x2(of[kk][0], ea0, ea1);
-            of[kk][1] = scale_bf16x2(of[kk][1], ea0, ea1);
-            of[kk][2] = scale_bf16x2(of[kk][2], eb0, eb1);
-            of[kk][3] = scale_bf16x2(of[kk][3], eb0, eb1);
-        }
+        if (l == GDR_C) v8g_scale_o<GDR_C>(of, sG, l, scale);
+        else v8g_scale_o<0>(of, sG, l, scale);
         const float egl = __expf(gl);
 #pragma unroll
         for (int nt = 0; nt < DH / 8; ++nt)
