@@ -1946,10 +1946,35 @@ __device__ __forceinline__ void v6_store_state(const float (&s)[DK / 8][4], floa
     }
 }
 
+// Four 8x8 b16 matrices from registers to shared memory, transposed (stmatrix .trans, sm_90):
+// lanes 8m .. 8m + 7 give the addresses of the 8 rows of matrix m in memory; register m of lane
+// (g, t) holds elements (g, 2t), (g, 2t + 1) of matrix m, which land at (2t, g), (2t + 1, g).
+// Below sm_90 (no stmatrix) the same bytes by 2-byte shared stores, each lane fetching the two
+// row addresses it needs from the lanes that hold them. Every lane of the warp takes part.
+__device__ __forceinline__ void stsm_x4_t(unsigned a, unsigned r0, unsigned r1, unsigned r2, unsigned r3) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};" ::"r"(a), "r"(r0),
+                 "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+#else
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const unsigned r[4] = {r0, r1, r2, r3};
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+        const unsigned a0 = __shfl_sync(0xffffffffu, a, 8 * m + 2 * t);
+        const unsigned a1 = __shfl_sync(0xffffffffu, a, 8 * m + 2 * t + 1);
+        asm volatile("st.shared.u16 [%0], %1;" ::"r"(a0 + 2u * g), "h"((unsigned short)(r[m] & 0xffffu))
+                     : "memory");
+        asm volatile("st.shared.u16 [%0], %1;" ::"r"(a1 + 2u * g), "h"((unsigned short)(r[m] >> 16))
+                     : "memory");
+    }
+#endif
+}
+
 // A warp's 16-column bf16 tile of NB * 16 rows to global memory through shared memory (the bf16
 // state and D / dD workspaces of gdr_hrec6 / gdr_bwd8): f[kb] holds tile rows 16 kb .. 16 kb + 15
 // as the A fragments of its transpose (v6_s_frags' sa, v6_chain_step's da: register m of lane
-// (g, t) the 8 x 8 block (m & 1, m >> 1) of columns x rows), which stmatrix.trans writes as rows
+// (g, t) the 8 x 8 block (m & 1, m >> 1) of columns x rows), which stsm_x4_t writes as rows
 // of 16 columns; `row(R, h)` is the shared-memory address of half h (8 columns, 16 bytes) of tile
 // row R (this warp's own bytes). They are read back as 16-byte pieces, two lanes per row, and
 // written to dst + grow(R) * ld (+ 8 columns for h = 1): whole 32-byte sectors. The bits st_ws /
@@ -1961,10 +1986,7 @@ __device__ __forceinline__ void v6_tile_out(const unsigned (&f)[NB][4], RowAddr 
     __syncwarp();  // every lane's earlier reads of the staging bytes are done
 #pragma unroll
     for (int kb = 0; kb < NB; ++kb)
-        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};" ::"r"(
-                         row(16 * kb + 8 * (m >> 1) + r, m & 1)),
-                     "r"(f[kb][0]), "r"(f[kb][1]), "r"(f[kb][2]), "r"(f[kb][3])
-                     : "memory");
+        stsm_x4_t(row(16 * kb + 8 * (m >> 1) + r, m & 1), f[kb][0], f[kb][1], f[kb][2], f[kb][3]);
     __syncwarp();
     const bool vec = (reinterpret_cast<unsigned long long>(dst) & 15) == 0 && (ld & 7) == 0;
 #pragma unroll
@@ -4927,14 +4949,6 @@ __device__ __forceinline__ void v9_load_stage(char* st, int ptid, const bf16_t* 
 #define GDR_V9_PREG 40
 #define GDR_V9_CREG 232
 
-// Four 8x8 b16 matrices from registers to shared memory, transposed (stmatrix .trans, sm_90):
-// lanes 8m .. 8m + 7 give the addresses of the 8 rows of matrix m in memory; register m of lane
-// (g, t) holds elements (g, 2t), (g, 2t + 1) of matrix m, which land at (2t, g), (2t + 1, g).
-__device__ __forceinline__ void stsm_x4_t(unsigned a, unsigned r0, unsigned r1, unsigned r2, unsigned r3) {
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};" ::"r"(a), "r"(r0),
-                 "r"(r1), "r"(r2), "r"(r3)
-                 : "memory");
-}
 
 // One warp's output of a chunk to global memory through shared memory (gdr_fwd9; warp half H:
 // the chunk rows of 16-row blocks M0 = H, M1 = 3 - H, the pair's 16 columns). As v8_output
@@ -5308,16 +5322,7 @@ __device__ void gdr_bwd9(const bf16_t* __restrict__ q, const bf16_t* __restrict_
             v6_mul_rows_t<DH>(x, sa, sK, L::LK);
         }
         const float gl = sG[l - 1];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int i0 = 8 * j + 2 * t;
-            const float e0 = i0 < l ? __expf(gl - sG[i0]) * inv_scale : 0.f;
-            const float e1 = i0 + 1 < l ? __expf(gl - sG[i0 + 1]) * inv_scale : 0.f;
-            x[j][0] *= e0;
-            x[j][1] *= e1;
-            x[j][2] *= e0;
-            x[j][3] *= e1;
-        }
+        v8g_scale_x<0>(x, sG, l, gl, inv_scale);
         unsigned of[4][4];
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) ldsm_x4_t(of[kk], sO + (16 * kk + 8 * (mi >> 1) + r) * L::LO + wc0 + 8 * (mi & 1));
@@ -5325,18 +5330,7 @@ __device__ void gdr_bwd9(const bf16_t* __restrict__ q, const bf16_t* __restrict_
         float* ddc = dd_ws + cb * GDR_C * (i64)dv + col0 + wc0 + g;
         if (hh) v8g_dd<1>(x, of, sA, L::LA, scale, ddc, dv, xme, xot, bar, nd);
         else v8g_dd<0>(x, of, sA, L::LA, scale, ddc, dv, xme, xot, bar, nd);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            const int ia = 16 * kk + 2 * t, ib = ia + 8;
-            const float ea0 = ia < l ? scale * __expf(sG[ia]) : 0.f;
-            const float ea1 = ia + 1 < l ? scale * __expf(sG[ia + 1]) : 0.f;
-            const float eb0 = ib < l ? scale * __expf(sG[ib]) : 0.f;
-            const float eb1 = ib + 1 < l ? scale * __expf(sG[ib + 1]) : 0.f;
-            of[kk][0] = scale_bf16x2(of[kk][0], ea0, ea1);
-            of[kk][1] = scale_bf16x2(of[kk][1], ea0, ea1);
-            of[kk][2] = scale_bf16x2(of[kk][2], eb0, eb1);
-            of[kk][3] = scale_bf16x2(of[kk][3], eb0, eb1);
-        }
+        v8g_scale_o<0>(of, sG, l, scale);
         const float egl = __expf(gl);
 #pragma unroll
         for (int nt = 0; nt < DH / 8; ++nt)
