@@ -46,8 +46,6 @@
 //!   CTAs per SM) at B1 T32768 16/32 and B8 T4096 16/16: backward alone, medians of 10,
 //!   per-kernel times, each gradient against grad7's. `GDN_RULE_GRAD=v8` also makes the default
 //!   table (no argument) run gdr_grad8;
-//! - `grad9`: the same with `gdr_grad9` (`GDN_RULE_GRAD=v9`: the products on warpgroup MMA,
-//!   sm_90a) against `gdr_grad7`; `GDN_RULE_GRAD=v9` also makes the default table run gdr_grad9;
 //! - `grad10`: the same with `gdr_grad10` (`GDN_RULE_GRAD=v10`: persistent, warp-specialized,
 //!   wgmma, sm_90a) against `gdr_grad7`; `GDN_RULE_GRAD=v10` also makes the default table run it;
 //! - `ws16`: the default backward (gdr_grad10 on sm_90a) with fp32 D / dD workspaces against
@@ -66,8 +64,8 @@ use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_with, backward_with_prep, chain6, chain8,
     forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_backward_overlap,
-    set_bwd8, set_bwd9, set_grad10, set_grad8, set_grad9, set_hrec8, set_v6_stages,
-    set_v9_producer, set_ws16, BwdKernel, ChainInputs, FwdKernel, PrepKernel,
+    set_bwd8, set_bwd9, set_grad10, set_grad8, set_hrec8, set_v6_stages, set_v9_producer, set_ws16,
+    BwdKernel, ChainInputs, FwdKernel, PrepKernel,
 };
 use gdn::ops::gated_delta_rule::{RuleOpts, RuleShape, CHUNK};
 use gdn::Seqs;
@@ -152,15 +150,6 @@ fn main() {
                 "gdr_grad7",
                 "gdr_grad8",
                 set_grad8,
-            )
-        }
-        Some("grad9") => {
-            return bwd_piece_variants(
-                &gpu,
-                "per-chunk gradients",
-                "gdr_grad7",
-                "gdr_grad9",
-                set_grad9,
             )
         }
         Some("grad10") => {

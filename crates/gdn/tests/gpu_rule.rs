@@ -15,7 +15,7 @@ use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_with, backward_with_prep, chain6, chain8,
     forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_backward_overlap,
-    set_bwd8, set_bwd9, set_grad10, set_grad8, set_grad9, set_hrec8, set_poison, set_v6_stages,
+    set_bwd8, set_bwd9, set_grad10, set_grad8, set_hrec8, set_poison, set_v6_stages,
     set_v9_producer, set_ws16, v6_supports, BwdKernel, ChainInputs, FwdKernel, PrepKernel,
 };
 use gdn::ops::gated_delta_rule::reference::{self, RefInputs};
@@ -3254,39 +3254,14 @@ fn grad8_bitwise_vs_grad7() {
     finish(fails);
 }
 
-// gdr_grad9 (issue 13, opt-in `GDN_RULE_GRAD=v9`, here `set_grad9` on the test's thread; sm_90a
-// only): gdr_grad7's per-chunk gradients with every product on warpgroup MMA (wgmma) from
-// unpadded SW128 shared-memory tiles.
-
-/// Every gradient of the v6 backward with gdr_grad9 against the f64 recurrence (check_v6_bwd, as
-/// grad8_matches_f64; the line says g7, the kernel is gdr_grad9): every case of the v6
-/// backward's test, every scan width on one case. Skipped before sm_90a (no wgmma).
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn grad9_matches_f64() {
-    let Some(gpu) = wgmma_gpu("gdr_grad9") else {
-        return;
-    };
-    grad_kernel_matches_f64(&gpu, "grad9", set_grad9);
-}
-
-/// gdr_grad9 against gdr_grad7 on ragged and packed chunk lengths, GVA 1 / 2 / 4, every head
-/// size it takes, both norms: the forward and dh0 bitwise (gdr_grad9 changes neither); dq, dk,
-/// dv, dg, dbeta within 2e-3 RMS rel of gdr_grad7's (the same products of the same bf16
-/// operands, summed by the tensor cores in another order, so some bf16 roundings of the
-/// intermediates flip); two runs identical; where gdr_grad7 does not run (Dv 48, f32 storage,
-/// Dk 256) set_grad9 changes nothing. Skipped before sm_90a.
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn grad9_vs_grad7() {
-    let Some(gpu) = wgmma_gpu("gdr_grad9") else {
-        return;
-    };
-    grad_kernel_vs_grad7(&gpu, "grad9", set_grad9, &[]);
-}
-
-/// grad9_vs_grad7's checks for the kernel `set` selects, on its cases and on `more` (sequence
-/// lengths of extra single-head-size cases: 2 / 4 heads, Dk = Dv = 128).
+/// The kernel `set` selects against gdr_grad7 on ragged and packed chunk lengths, GVA 1 / 2 / 4,
+/// every head size it takes, both norms, and on `more` (sequence lengths of extra single-head-
+/// size cases: 2 / 4 heads, Dk = Dv = 128): the forward and dh0 bitwise (the gradient kernel
+/// changes neither); dq, dk, dv, dg, dbeta within 2e-3 RMS rel of gdr_grad7's (the same products
+/// of the same bf16 operands, summed by the tensor cores in another order, so some bf16
+/// roundings of the intermediates flip); two runs identical; where gdr_grad7 does not run (Dv 48,
+/// f32 storage, Dk 256) the setting changes nothing. (First written for gdr_grad9, removed in
+/// session 13.)
 fn grad_kernel_vs_grad7(gpu: &Arc<Gpu>, what: &str, set: fn(Option<bool>), more: &[u64]) {
     let bits = |x: &Vec<f32>| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     let cu = [0u64, 0, 1, 63, 64, 130, 300, 1000];
@@ -3389,12 +3364,13 @@ fn grad_kernel_vs_grad7(gpu: &Arc<Gpu>, what: &str, set: fn(Option<bool>), more:
     finish(fails);
 }
 
-// gdr_grad10 (issue 13, opt-in `GDN_RULE_GRAD=v10`, here `set_grad10` on the test's thread;
-// sm_90a only): the per-chunk gradients by a persistent warp-specialized kernel (three wgmma
+// gdr_grad10 (issue 13, the default on sm_90a, here forced by `set_grad10` on the test's
+// thread; sm_90a only): the per-chunk gradients by a persistent warp-specialized kernel (three wgmma
 // warpgroups and a producer, mbarrier hand-offs, dq / dk summed over the group in registers).
 
-/// Every gradient of the v6 backward with gdr_grad10 against the f64 recurrence (as
-/// grad9_matches_f64). Skipped before sm_90a.
+/// Every gradient of the v6 backward with gdr_grad10 against the f64 recurrence
+/// (`grad_kernel_matches_f64`: every case of the v6 backward's test, every scan width on one
+/// case). Skipped before sm_90a.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn grad10_matches_f64() {
@@ -3404,7 +3380,7 @@ fn grad10_matches_f64() {
     grad_kernel_matches_f64(&gpu, "grad10", set_grad10);
 }
 
-/// gdr_grad10 against gdr_grad7 (grad9_vs_grad7's cases and checks), plus single sequences of
+/// gdr_grad10 against gdr_grad7 (`grad_kernel_vs_grad7`'s cases and checks), plus single sequences of
 /// 9,000 and 20,000 tokens at 2 / 4 heads: 282 and 626 (chunk, key head) items, so each CTA of
 /// the persistent grid (one per SM) walks several items and both parities of every mbarrier
 /// phase many times. Skipped before sm_90a.

@@ -7,7 +7,7 @@
 //! `G2B_TC_MODULE` defined: the opt-in tensor-core kernels, kept out of `gdn2_rule` so that the
 //! default module's code is unchanged; `ops/common/async_copy.cuh`, mbarrier and async-copy
 //! primitives, for `gated_delta_rule`; `ops/common/wgmma.cuh`, the warpgroup-MMA (sm_90a)
-//! primitives, for `gated_delta_rule` (gdr_grad9, gdr_grad10) and `wgmma_probe`, their GPU test's module).
+//! primitives, for `gated_delta_rule` (gdr_grad10) and `wgmma_probe`, their GPU test's module).
 
 use crate::error::{GdnError, Result};
 
@@ -39,7 +39,7 @@ pub fn headers(module: &str) -> &'static [(&'static str, &'static str)] {
         // gated_delta_rule keeps its own copy of the TF32 primitives for now: prepending that
         // header there reorders its PTX (same source otherwise), see bench/notes/h-g2tc.md.
         // async_copy.cuh only adds new (acp_) names, used by the v9 and grad10 sections.
-        // wgmma.cuh (wg_ names) is used by the grad9 and grad10 sections.
+        // wgmma.cuh (wg_ names) is used by the grad10 section.
         "gated_delta_rule" => &[("async_copy.cuh", ASYNC_COPY), ("wgmma.cuh", WGMMA)],
         "wgmma_probe" => &[("async_copy.cuh", ASYNC_COPY), ("wgmma.cuh", WGMMA)],
         "gdn2_rule_tc" => &[

@@ -1620,18 +1620,6 @@ pub fn g8_bytes(dk: usize, dv: usize) -> usize {
     (3 * C * lv + hq + C * lk) * 2 + (23 * C + 32) * 4
 }
 
-/// Dynamic shared memory of `gdr_grad9` (`G9<DK, DV>::BYTES`): unpadded SW128 bf16 tiles (Q, K,
-/// dW: 64 x Dk; V, dO, D, dD: 64 x Dv; T: 64 x 64), h and dh (Dk x Dv) sharing their space with
-/// the 64 x 64 intermediates (G, X bf16; A, P, E fp32 rows of 65), gdr_grad7's vectors and row
-/// partials, and 1 KB to round the base up to the panels' 1024-byte alignment: 194,176 bytes
-/// at Dk = Dv = 128.
-pub fn g9_bytes(dk: usize, dv: usize) -> usize {
-    let tiles = 3 * C * dk * 2 + 4 * C * dv * 2 + C * C * 2;
-    let u1 = 2 * dk * dv * 2;
-    let u2 = 2 * C * C * 2 + 3 * C * (C + 1) * 4;
-    tiles + u1.max(u2) + (7 * C + 32) * 4 + 8 * C * 4 + 1024
-}
-
 /// Dynamic shared memory of `gdr_grad10` (`G10<DK, DV>::BYTES`): single-buffered SW128 bf16
 /// tiles (Q, K, dW: 64 x Dk; h, dh: Dk x Dv; V, dO, D, dD: 64 x Dv; T, G, dT, dP: 64 x 64), two
 /// sets of gate vectors (4 x 64 fp32) and of row partials (4 x 64 + 8), the 64 x 64 warpgroup's
@@ -1644,7 +1632,6 @@ pub fn g10_bytes(dk: usize, dv: usize) -> usize {
 
 thread_local! {
     static GRAD8: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
-    static GRAD9: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     static GRAD10: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     static WS16: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
 }
@@ -1677,19 +1664,10 @@ fn ws16_on(s: RuleShape) -> bool {
 /// elsewhere gdr_grad7 runs): the same outputs from the same bf16 operands by a persistent,
 /// warp-specialized kernel (one CTA per SM, three compute warpgroups and a producer, dq and dk
 /// summed over the value-head group in registers); results agree with gdr_grad7's to rounding.
-/// See [`grad_kernel`] for how this and [`set_grad9`] / [`set_grad8`] combine.
+/// See [`grad_kernel`] for how this and [`set_grad8`] combine.
 #[doc(hidden)]
 pub fn set_grad10(on: Option<bool>) {
     GRAD10.with(|c| c.set(on));
-}
-
-/// Tests and benchmarks: on the calling thread, `Some(true)` makes the backward's per-chunk
-/// gradients run `gdr_grad9` on GPUs with wgmma (sm_90a; elsewhere gdr_grad7 runs): gdr_grad7
-/// with its products on warpgroup MMA (results agree with gdr_grad7's to rounding). See
-/// [`grad_kernel`].
-#[doc(hidden)]
-pub fn set_grad9(on: Option<bool>) {
-    GRAD9.with(|c| c.set(on));
 }
 
 /// Tests and benchmarks: on the calling thread, `Some(true)` makes the backward's per-chunk
@@ -1700,35 +1678,28 @@ pub fn set_grad8(on: Option<bool>) {
     GRAD8.with(|c| c.set(on));
 }
 
-/// The per-chunk gradient kernel of the bf16 path (7, 8, 9 or 10: `gdr_grad{n}`). A thread's
-/// `Some(true)` from [`set_grad10`], [`set_grad9`], [`set_grad8`] wins, in that order (9 and 10
-/// only on sm_90a); any other explicit setting (`Some(false)`) means gdr_grad7, the reference the
-/// tests compare with. With none set, `GDN_RULE_GRAD` picks (`v7`, `v8`, `v9`, `v10`), and
-/// without it the default is gdr_grad10 on sm_90a and gdr_grad7 elsewhere.
+/// The per-chunk gradient kernel of the bf16 path (7, 8 or 10: `gdr_grad{n}`). A thread's
+/// `Some(true)` from [`set_grad10`], [`set_grad8`] wins, in that order (10 only on sm_90a); any
+/// other explicit setting (`Some(false)`) means gdr_grad7, the reference the tests compare with.
+/// With none set, `GDN_RULE_GRAD` picks (`v7`, `v8`, `v10`; any other value, such as `v9` for
+/// gdr_grad9, removed in session 13, means the default), and without it the default is
+/// gdr_grad10 on sm_90a and gdr_grad7 elsewhere.
 #[doc(hidden)]
 pub fn grad_kernel(gpu: &Gpu) -> u32 {
     let wg = gpu.arch() == "sm_90a";
-    let (t10, t9, t8) = (
-        GRAD10.with(|c| c.get()),
-        GRAD9.with(|c| c.get()),
-        GRAD8.with(|c| c.get()),
-    );
+    let (t10, t8) = (GRAD10.with(|c| c.get()), GRAD8.with(|c| c.get()));
     if t10 == Some(true) && wg {
         return 10;
-    }
-    if t9 == Some(true) && wg {
-        return 9;
     }
     if t8 == Some(true) {
         return 8;
     }
-    if t10.is_some() || t9.is_some() || t8.is_some() {
+    if t10.is_some() || t8.is_some() {
         return 7;
     }
     match std::env::var("GDN_RULE_GRAD").as_deref() {
         Ok("v7") => 7,
         Ok("v8") => 8,
-        Ok("v9") if wg => 9,
         Ok("v10") if wg => 10,
         _ if wg => 10,
         _ => 7,
@@ -2739,7 +2710,6 @@ fn grad7(
     }
     let dqa = ws(gpu, tokens * s.hk * s.dk)?;
     let dka = ws(gpu, tokens * s.hk * s.dk)?;
-    let v9 = kern == 9;
     let v8 = kern == 8;
     let name = format!("gdr_grad{kern}_{ks}_d{}_v{}", s.dk, s.dv);
     if v8 {
@@ -2755,9 +2725,7 @@ fn grad7(
         gpu,
         &name,
         ch.count * s.hk,
-        if v9 {
-            g9_bytes(s.dk, s.dv)
-        } else if v8 {
+        if v8 {
             g8_bytes(s.dk, s.dv)
         } else {
             g7_bytes(s.dk, s.dv)
@@ -2900,24 +2868,6 @@ mod tests {
             }
         }
         assert!(g10_bytes(64, 64) < g10_bytes(128, 128));
-    }
-
-    /// gdr_grad9's shared memory (the .cu file's `G9<DK, DV>::BYTES`): one CTA per SM on the
-    /// H200 (227 KB) at every size it takes.
-    #[test]
-    fn grad9_fits_an_sm() {
-        assert_eq!(g9_bytes(128, 128), 194_176);
-        for dk in [64, 128] {
-            for dv in [64, 128] {
-                assert!(g9_bytes(dk, dv) <= 227 * 1024, "Dk {dk} Dv {dv}");
-            }
-        }
-        // the G9 layout's union: h, dh at Dk = Dv = 128 (65,536) are smaller than the 64 x 64
-        // intermediates (66,304)
-        assert_eq!(
-            g9_bytes(64, 64),
-            3 * 64 * 64 * 2 + 4 * 64 * 64 * 2 + 64 * 64 * 2 + 66_304 + 1920 + 2048 + 1024
-        );
     }
 
     /// gdr_grad8's shared memory (the .cu file's `G8<DK, DV>::BYTES`) at every size it takes:
