@@ -2649,7 +2649,7 @@ fn grad7(
     let dg = out_f32(gpu, tokens * s.hv)?;
     let dbeta = out_d(gpu, tokens * s.hv, dt)?;
     // The kernels' arguments: gdr_grad10 takes the item count before the shape and no fp32 dq /
-    // dk accumulators; gdr_grad7 / 8 / 9 take the accumulators after it.
+    // dk accumulators; gdr_grad7 / 8 take the accumulators after it.
     let args = |items: Option<usize>, acc: Option<(&GBuf<f32>, &GBuf<f32>)>| {
         let mut a = vec![
             dptr(q, st),

@@ -1979,15 +1979,13 @@ __device__ __forceinline__ void stsm_x4_t(unsigned a, unsigned r0, unsigned r1, 
 // row R (this warp's own bytes). They are read back as 16-byte pieces, two lanes per row, and
 // written to dst + grow(R) * ld (+ 8 columns for h = 1): whole 32-byte sectors. The bits st_ws /
 // f32_to_bf16 store for finite values (the fragments are pack_bf16's round to nearest even).
-template <int NB, class RowAddr, class GRow>
-__device__ __forceinline__ void v6_tile_out(const unsigned (&f)[NB][4], RowAddr row, GRow grow, bf16_t* dst,
-                                            i64 ld) {
-    const int lane = threadIdx.x & 31, r = lane & 7, m = lane >> 3;
-    __syncwarp();  // every lane's earlier reads of the staging bytes are done
-#pragma unroll
-    for (int kb = 0; kb < NB; ++kb)
-        stsm_x4_t(row(16 * kb + 8 * (m >> 1) + r, m & 1), f[kb][0], f[kb][1], f[kb][2], f[kb][3]);
-    __syncwarp();
+// v6_tile_out's second half, also gdr_fwd9's (v9_store_o): the staged NB * 16 rows read back as
+// 16-byte pieces, two lanes per row, and written to dst + grow(R) * ld (+ 8 columns for h = 1),
+// whole 32-byte sectors; with LIM only the rows whose grow(R) < l.
+template <int NB, bool LIM, class RowAddr, class GRow>
+__device__ __forceinline__ void v6_tile_flush(RowAddr row, GRow grow, bf16_t* dst, i64 ld, int l = 0) {
+    const int lane = threadIdx.x & 31;
+    __syncwarp();  // the staging stores are done
     const bool vec = (reinterpret_cast<unsigned long long>(dst) & 15) == 0 && (ld & 7) == 0;
 #pragma unroll
     for (int kb = 0; kb < NB; ++kb) {
@@ -1997,18 +1995,43 @@ __device__ __forceinline__ void v6_tile_out(const unsigned (&f)[NB][4], RowAddr 
                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                      : "r"(row(R, hf))
                      : "memory");
-        bf16_t* d = dst + (i64)grow(R) * ld + 8 * hf;
-        if (vec) {
-            asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};" ::"l"(d), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                         : "memory");
-        } else {
-            const unsigned w[4] = {v.x, v.y, v.z, v.w};
+        const int i = grow(R);
+        if (!LIM || i < l) {
+            bf16_t* d = dst + (i64)i * ld + 8 * hf;
+            if (vec) {
+                asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};" ::"l"(d), "r"(v.x), "r"(v.y), "r"(v.z),
+                             "r"(v.w)
+                             : "memory");
+            } else {
+                const unsigned w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-            for (int e = 0; e < 8; ++e) d[e] = (bf16_t)(w[e >> 1] >> (16 * (e & 1)));
+                for (int e = 0; e < 8; ++e) d[e] = (bf16_t)(w[e >> 1] >> (16 * (e & 1)));
+            }
         }
     }
     __syncwarp();  // the reads are done before the bytes are written again
 }
+
+template <int NB, class RowAddr, class GRow>
+__device__ __forceinline__ void v6_tile_out(const unsigned (&f)[NB][4], RowAddr row, GRow grow, bf16_t* dst,
+                                            i64 ld) {
+    const int lane = threadIdx.x & 31, r = lane & 7, m = lane >> 3;
+    __syncwarp();  // every lane's earlier reads of the staging bytes are done
+#pragma unroll
+    for (int kb = 0; kb < NB; ++kb)
+        stsm_x4_t(row(16 * kb + 8 * (m >> 1) + r, m & 1), f[kb][0], f[kb][1], f[kb][2], f[kb][3]);
+    v6_tile_flush<NB, false>(row, grow, dst, ld);
+}
+
+// The row addresses of a staging tile of 32-byte rows at `base` (shared memory): half h of row R
+// at 32 R + 16 (h ^ (R / 4 % 2)), so the 8 rows of one stmatrix matrix hit 8 different 16-byte
+// bank groups.
+struct SwRow32 {
+    unsigned base;
+    __device__ __forceinline__ unsigned operator()(int R, int h) const {
+        return base + (unsigned)(R * 32 + 16 * (h ^ ((R >> 2) & 1)));
+    }
+};
 
 // One stage of gdr_hrec6 (bytes, 16-byte aligned regions): W, K (64 rows of DK + 8 bf16), the
 // CTA's U tile (64 rows of BV + 4 fp32), gam (64 fp32).
@@ -4688,10 +4711,8 @@ __device__ __forceinline__ void v8g_dd(float (&x)[8][4], const unsigned (&of)[4]
                                   {nd[M1][0] ^ 0x80008000u, nd[M1][1] ^ 0x80008000u, nd[M1][2] ^ 0x80008000u,
                                    nd[M1][3] ^ 0x80008000u}};
         const unsigned xb = smem_addr(xme) + 2u * 32u * 16u;
-        v6_tile_out<2>(
-            f, [&](int R, int h) { return xb + (unsigned)(R * 32 + 16 * (h ^ ((R >> 2) & 1))); },
-            [](int R) { return R < 16 ? 16 * M0 + R : 16 * M1 + R - 16; },
-            reinterpret_cast<bf16_t*>(ddc) - (lane >> 2), (i64)dv);
+        v6_tile_out<2>(f, SwRow32{xb}, [](int R) { return R < 16 ? 16 * M0 + R : 16 * M1 + R - 16; },
+                       reinterpret_cast<bf16_t*>(ddc) - (lane >> 2), (i64)dv);
     }
 }
 
@@ -4774,9 +4795,8 @@ __device__ void gdr_bwd8(const bf16_t* __restrict__ q, const bf16_t* __restrict_
                 v6_store_state<DH>(s, dh_ws, dh16_ws, cb * (i64)DK * dv + (i64)r0 * dv + col0 + wc0 + g, dv);
             } else {
                 const unsigned xb = smem_addr(xme);
-                v6_tile_out<DH / 16>(
-                    sa, [&](int R, int h) { return xb + (unsigned)(R * 32 + 16 * (h ^ ((R >> 2) & 1))); },
-                    [](int R) { return R; }, dh16_ws + cb * (i64)DK * dv + (i64)r0 * dv + col0 + wc0, (i64)dv);
+                v6_tile_out<DH / 16>(sa, SwRow32{xb}, [](int R) { return R; },
+                                     dh16_ws + cb * (i64)DK * dv + (i64)r0 * dv + col0 + wc0, (i64)dv);
                 pair_bar(bar);
             }
 #pragma unroll
@@ -4965,40 +4985,14 @@ __device__ __forceinline__ void v9_stage_o(const float (&ov)[2][4], unsigned bas
     const int lane = threadIdx.x & 31, r = lane & 7, m = lane >> 3;
     if (B == 0) __syncwarp();  // every lane's reads of the exchange slots are done
     // matrix m = 2 h + c: the block's n8 tile h (ov[h]: chunk rows 8 h ..), columns 8 c ..
-    const int R = 16 * B + 8 * (m >> 1) + r;
-    stsm_x4_t(base + (unsigned)(R * 32 + (((m & 1) ^ ((R >> 2) & 1)) << 4)), pack_bf16(ov[0][0], ov[0][1]),
+    stsm_x4_t(SwRow32{base}(16 * B + 8 * (m >> 1) + r, m & 1), pack_bf16(ov[0][0], ov[0][1]),
               pack_bf16(ov[0][2], ov[0][3]), pack_bf16(ov[1][0], ov[1][1]), pack_bf16(ov[1][2], ov[1][3]));
 }
 
 template <int H>
 __device__ __forceinline__ void v9_store_o(unsigned base, bf16_t* oc, i64 vrow, int l) {
     constexpr int M0 = H ? 1 : 0, M1 = H ? 2 : 3;
-    const int lane = threadIdx.x & 31;
-    __syncwarp();
-    const bool vec = (reinterpret_cast<unsigned long long>(oc) & 15) == 0 && (vrow & 7) == 0;
-#pragma unroll
-    for (int p = 0; p < 2; ++p) {
-        const int R = 16 * p + (lane >> 1), hf = lane & 1;
-        uint4 v;
-        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "r"(base + (unsigned)(R * 32 + ((hf ^ ((R >> 2) & 1)) << 4)))
-                     : "memory");
-        const int i = 16 * (p ? M1 : M0) + (R & 15);
-        if (i < l) {
-            bf16_t* d = oc + (i64)i * vrow + 8 * hf;
-            if (vec) {
-                asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};" ::"l"(d), "r"(v.x), "r"(v.y), "r"(v.z),
-                             "r"(v.w)
-                             : "memory");
-            } else {
-                const unsigned w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                for (int e = 0; e < 8; ++e) d[e] = (bf16_t)(w[e >> 1] >> (16 * (e & 1)));
-            }
-        }
-    }
-    __syncwarp();  // the reads are done before the next chain step writes the buffer
+    v6_tile_flush<2, true>(SwRow32{base}, [](int R) { return 16 * (R < 16 ? M0 : M1) + (R & 15); }, oc, vrow, l);
 }
 
 // The output half of a gdr_fwd9 compute warp's chunk step for warp half H: v8_output, each
