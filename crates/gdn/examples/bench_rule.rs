@@ -978,7 +978,12 @@ fn prep_variants(gpu: &Arc<Gpu>) {
             .0
         };
         let o6 = fwdp(PrepKernel::V6).download().unwrap();
-        for kind in [PrepKernel::V6, PrepKernel::V7, PrepKernel::V7Fast] {
+        for kind in [
+            PrepKernel::V6,
+            PrepKernel::V7,
+            PrepKernel::V7Fast,
+            PrepKernel::V8,
+        ] {
             let prep = || {
                 drop(
                     prep_only(

@@ -2515,7 +2515,9 @@ fn run_prep(
 /// same quantities, so a wrong prep shows as itself: every element written (the buffers are
 /// NaN-poisoned), the bf16 copies of q, k the rounding of the fp32 ones, and RMS errors within
 /// per-output tolerances (v7: fp32-level for qn, kn, gam, T, U; the bf16 rounding for W, A).
-/// v6's prep (TF32) is checked against the same reference (looser), v7f's printed.
+/// v6's prep (TF32) is checked against the same reference (looser), v7f's printed. prep8 (the
+/// default) is held to v7's tolerances and must equal prep7 bit for bit in every output, here
+/// and on two larger cases (packed sequences, GVA 2 and 4, both norms).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn prep7_matches_f64() {
@@ -2607,8 +2609,21 @@ fn prep7_matches_f64() {
             ("A", &r.a),
         ];
         let mut v6_qn = None;
-        for kind in [PrepKernel::V6, PrepKernel::V7, PrepKernel::V7Fast] {
+        let mut v7_out = None;
+        for kind in [
+            PrepKernel::V6,
+            PrepKernel::V7,
+            PrepKernel::V7Fast,
+            PrepKernel::V8,
+        ] {
             let (out, bf) = run_prep(&gpu, c, kind);
+            if kind == PrepKernel::V7 {
+                v7_out = Some((out.clone(), bf.clone()));
+            }
+            if kind == PrepKernel::V8 {
+                let (o7, b7) = v7_out.as_ref().unwrap();
+                prep_bits_equal(&c.name, o7, b7, &out, &bf, &mut fails);
+            }
             let mut line = format!("gdr-check prep-vs-f64 {kind:?} {:<28}", c.name);
             for (name, x) in &out {
                 let (_, rf) = refs.iter().find(|(n, _)| n == name).unwrap();
@@ -2625,8 +2640,8 @@ fn prep7_matches_f64() {
                 let tol = match (kind, *name) {
                     (_, "qn" | "kn") => 1e-6,
                     (_, "gam") => 1e-5,
-                    (PrepKernel::V7, "T" | "U") => 1e-4,
-                    (PrepKernel::V7, _) => 5e-3,
+                    (PrepKernel::V7 | PrepKernel::V8, "T" | "U") => 1e-4,
+                    (PrepKernel::V7 | PrepKernel::V8, _) => 5e-3,
                     (PrepKernel::V6, "T" | "U") => 5e-3,
                     // v6's A and W come from TF32 products: a q.k near zero (T 1) has a
                     // larger relative error; v6 is checked here only as a check of the reference.
@@ -2671,7 +2686,78 @@ fn prep7_matches_f64() {
             println!("{line}");
         }
     }
+    // larger cases, prep8 against prep7 only (bitwise)
+    let cu = [0u64, 1000, 1000, 1001, 4096, 4160, 6001];
+    let big = vec![
+        case(
+            "packed 8/16 d128 norm",
+            Seqs::packed(&cu, 6100).unwrap(),
+            sh(8, 16, 128, 128),
+            true,
+            false,
+            ls,
+            1108,
+            true,
+        ),
+        case(
+            "T3000 2/8 d64x80 caller",
+            Seqs::uniform(2, 1500),
+            sh(2, 8, 64, 80),
+            false,
+            false,
+            Decay::Uniform(2.0),
+            1109,
+            true,
+        ),
+    ];
+    for c in &big {
+        let (o7, b7) = run_prep(&gpu, c, PrepKernel::V7);
+        let (o8, b8) = run_prep(&gpu, c, PrepKernel::V8);
+        let before = fails.len();
+        prep_bits_equal(&c.name, &o7, &b7, &o8, &b8, &mut fails);
+        println!(
+            "gdr-check prep8-vs-prep7 {:<28} bitwise={}",
+            c.name,
+            fails.len() == before
+        );
+    }
     finish(fails);
+}
+
+/// prep8's outputs against prep7's, bit for bit (a failure per differing output, naming the
+/// first differing element).
+#[allow(clippy::type_complexity)]
+fn prep_bits_equal(
+    name: &str,
+    a: &[(&'static str, Vec<f32>)],
+    ab: &Option<(Vec<f32>, Vec<f32>)>,
+    b: &[(&'static str, Vec<f32>)],
+    bb: &Option<(Vec<f32>, Vec<f32>)>,
+    fails: &mut Vec<String>,
+) {
+    let mut pairs: Vec<(String, &Vec<f32>, &Vec<f32>)> = a
+        .iter()
+        .zip(b)
+        .map(|((n, x), (_, y))| (n.to_string(), x, y))
+        .collect();
+    if let (Some((aq, ak)), Some((bq, bk))) = (ab, bb) {
+        pairs.push(("qn bf16".into(), aq, bq));
+        pairs.push(("kn bf16".into(), ak, bk));
+    }
+    if a.len() != b.len() || ab.is_some() != bb.is_some() {
+        fails.push(format!("{name}: prep8 and prep7 give different outputs"));
+    }
+    for (n, x, y) in pairs {
+        if let Some(i) = (0..x.len().max(y.len()))
+            .find(|&i| x.get(i).map(|v| v.to_bits()) != y.get(i).map(|v| v.to_bits()))
+        {
+            fails.push(format!(
+                "{name}: prep8's {n}[{i}] = {:?}, prep7's {:?}",
+                y.get(i),
+                x.get(i)
+            ));
+        }
+    }
 }
 
 /// The cases of the prep tests through the whole rule: Dk 64 / 128, Dv 48 / 128, GVA 1 / 2 / 4,
@@ -2931,9 +3017,9 @@ fn run_gpu_prep(
 }
 
 /// prep7: two runs give the same bits (forward and backward, with every v6 backward piece
-/// combination that recomputes); the prep selected by `GDN_RULE_PREP` (default v7 when unset)
+/// combination that recomputes); the prep selected by `GDN_RULE_PREP` (default v8 when unset)
 /// is what `forward_with` / `backward_with` run; v7 and v6 preps differ in bits (so the
-/// selection is real).
+/// selection is real); v8 gives v7's bits through the whole forward and backward.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn prep7_bitwise_and_selection() {
@@ -2963,7 +3049,7 @@ fn prep7_bitwise_and_selection() {
         v6(true, true, false, false),
         v6(true, false, false, false),
     ] {
-        for prep in [PrepKernel::V7, PrepKernel::V7Fast] {
+        for prep in [PrepKernel::V7, PrepKernel::V7Fast, PrepKernel::V8] {
             let a = run_gpu_prep(&gpu, &c, kernel, prep, lean);
             let b = run_gpu_prep(&gpu, &c, kernel, prep, lean);
             let same = a.bits() == b.bits();
@@ -2975,10 +3061,13 @@ fn prep7_bitwise_and_selection() {
     let a7 = run_gpu_prep(&gpu, &c, every, PrepKernel::V7, lean);
     let a6 = run_gpu_prep(&gpu, &c, every, PrepKernel::V6, lean);
     assert!(a7.bits() != a6.bits(), "prep v7 and v6 gave the same bits");
+    let a8 = run_gpu_prep(&gpu, &c, every, PrepKernel::V8, lean);
+    println!("gdr-check prep8 vs prep7 rule: {}", a8.bits() == a7.bits());
+    assert!(a8.bits() == a7.bits(), "prep v8 and v7 gave different bits");
     let d = run_gpu_with(&gpu, &c, DType::Bf16, Some(every));
     let want = PrepKernel::from_env();
     if std::env::var_os("GDN_RULE_PREP").is_none() {
-        assert_eq!(want, PrepKernel::V7, "the default prep is not prep7");
+        assert_eq!(want, PrepKernel::V8, "the default prep is not prep8");
     }
     let dw = run_gpu_prep(&gpu, &c, every, want, FwdKernel::from_env());
     println!(

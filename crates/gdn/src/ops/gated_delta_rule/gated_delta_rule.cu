@@ -3119,6 +3119,10 @@ struct P7Layout {
     static constexpr int V_OFF = S_OFF + 3 * GDR_C * 4;   // V bf16 [64][dv + 8]
     static_assert(GDR_C * LF * 4 <= 2 * GDR_C * LK * 2, "M fits in the Q region");
     static_assert(2 * GDR_C * LP * 2 <= 2 * GDR_C * LK * 2, "P fits in the Q region");
+    // prep8's staging: A (8 warps x 16 rows x 40 bf16) in the T region, W (8 x 16 x (DK / 2 + 8))
+    // in the Q region
+    static_assert(8 * 16 * 40 * 2 <= GDR_C * LF * 4, "A's staging fits in the T region");
+    static_assert(8 * 16 * (DK / 2 + 8) * 2 <= 2 * GDR_C * LK * 2, "W's staging fits in the Q region");
 };
 
 // acc (16 x 8 NT8 slice at rows rt, columns col0) += sum over k in [k0, k1) of A(i, k) B(k, n),
@@ -3182,7 +3186,74 @@ __device__ __forceinline__ void p7_split(float x, bf16_t& hi, bf16_t& lo) {
     lo = f32_to_bf16(x - bf16_to_f32(hi));
 }
 
-template <int DK, bool NORM, bool SPLIT>
+// stmatrix .x4 (not transposed): register m of lane (g, t) holds elements (g, 2t), (g, 2t + 1) of
+// 8 x 8 bf16 matrix m, written to the row address lane 8m + g gives (+ 4t bytes). Below sm_90
+// the same bytes by 4-byte shared stores. Every lane of the warp takes part.
+__device__ __forceinline__ void stsm_x4(unsigned a, unsigned r0, unsigned r1, unsigned r2, unsigned r3) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};" ::"r"(a), "r"(r0), "r"(r1),
+                 "r"(r2), "r"(r3)
+                 : "memory");
+#else
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const unsigned r[4] = {r0, r1, r2, r3};
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+        const unsigned ra = __shfl_sync(0xffffffffu, a, 8 * m + g);
+        asm volatile("st.shared.u32 [%0], %1;" ::"r"(ra + 4u * t), "r"(r[m]) : "memory");
+    }
+#endif
+}
+
+// prep8's bf16 output tiles: a warp's 16 rows x 16 NP columns, given as C fragments (f[n][h]:
+// n8 tile n, rows g + 8 h, the pack_bf16 of columns 2t, 2t + 1), through its own shared-memory
+// rows (`stg`, LD bf16 apart, 2 LD = 16 mod 128 bytes: the 8 rows of a matrix hit 8 different
+// bank groups) to dst (row stride ld bf16, 16-byte aligned rows): 16-byte pieces, whole sectors.
+template <int NP, int LD>
+__device__ __forceinline__ void p8_tile_out(const unsigned (&f)[2 * NP][2], bf16_t* stg, bf16_t* dst, int ld) {
+    const int lane = threadIdx.x & 31, r = lane & 7, m = lane >> 3;
+    const unsigned sb = smem_addr(stg);
+    __syncwarp();
+#pragma unroll
+    for (int np = 0; np < NP; ++np)
+        stsm_x4(sb + 2u * ((8 * (m & 1) + r) * LD + 8 * (2 * np + (m >> 1))), f[2 * np][0], f[2 * np][1],
+                f[2 * np + 1][0], f[2 * np + 1][1]);
+    __syncwarp();
+    constexpr int PR = NP * 2;  // 16-byte pieces per row
+#pragma unroll
+    for (int it = 0; it < PR / 2; ++it) {
+        const int pc = lane + 32 * it, R = pc / PR, c = pc % PR;
+        const uint4 x = *reinterpret_cast<const uint4*>(stg + R * LD + 8 * c);
+        *reinterpret_cast<uint4*>(dst + (i64)R * ld + 8 * c) = x;
+    }
+    __syncwarp();
+}
+
+// prep8: the A fragments (hi, lo) of rows rt .. rt + 15, k block kb of P = T diag(sc), split as
+// prep7 splits it in shared memory (the same bits: one rounded product, hi its round to nearest
+// even, lo that of the remainder).
+template <int LF>
+__device__ __forceinline__ void p8_pfrag(const float* sT, const float* sc, int rt, int kb, unsigned (&fh)[4],
+                                         unsigned (&fl)[4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+        const int row = rt + g + 8 * (m & 1), col = 16 * kb + 2 * t + 8 * (m >> 1);
+        const float2 tv = *reinterpret_cast<const float2*>(sT + row * LF + col);
+        const float2 sv = *reinterpret_cast<const float2*>(sc + col);
+        const float x0 = __fmul_rn(tv.x, sv.x), x1 = __fmul_rn(tv.y, sv.y);
+        const unsigned h = pack_bf16(x0, x1);
+        fh[m] = h;
+        fl[m] = pack_bf16(x0 - __uint_as_float(h << 16), x1 - __uint_as_float(h & 0xffff0000u));
+    }
+}
+
+// V8 (gdr_prep8, SPLIT only): the same outputs bit for bit with less work around the products:
+// gam summed in registers; M by 8-byte stores; A, W out through shared memory as whole sectors
+// (p8_tile_out); T by 16-byte stores; W and U from P fragments built in registers (p8_pfrag, no
+// shared P, no barrier), each warp one W tile (rows 16 (w & 3), column half w >> 2) and one U
+// tile (rows 16 (3 - (w & 3)), the same column half): 5 k blocks per warp, balanced.
+template <int DK, bool NORM, bool SPLIT, bool V8 = false>
 __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                           const float* __restrict__ g, const bf16_t* __restrict__ beta,
                           const i64* __restrict__ ch_t0, const int* __restrict__ ch_len, int hk_n, int hv_n,
@@ -3192,7 +3263,17 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
     using L = P7Layout<DK>;
     constexpr bool KLO = SPLIT && NORM;  // caller-normalized bf16 rows are exact in bf16
     const int ratio = hv_n / hk_n;
-    ChunkGeo G = chunk_geo(ch_t0, ch_len, hv_n, ratio);
+    ChunkGeo G;
+    if constexpr (V8) {  // 32-bit block arithmetic (the grid is below 2^31)
+        const unsigned b = blockIdx.x;
+        G.hv = (int)(b % (unsigned)hv_n);
+        G.c = b / (unsigned)hv_n;
+        G.kh = G.hv / ratio;
+        G.t0 = ch_t0[G.c];
+        G.l = ch_len[G.c];
+    } else {
+        G = chunk_geo(ch_t0, ch_len, hv_n, ratio);
+    }
     const int l = G.l, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const i64 cb = G.c * hv_n + G.hv;
     char* sm = reinterpret_cast<char*>(gdr_smem);
@@ -3244,8 +3325,30 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
     // 2. gam (the last thread) and the l2 norm of the 128 q / k rows: two threads per row (K
     // rows 0..63, then Q), each summing its half row in order, 16-byte shared-memory accesses.
     if (tid == GDR_NT - 1) {
-        float acc = 0.f;
-        for (int i = 0; i < l; ++i) { acc += s_gam[i]; s_gam[i] = acc; }
+        if constexpr (V8) {
+            // the same sums in the same order, in registers (rows >= l hold 0 and stay 0)
+            float x[GDR_C];
+#pragma unroll
+            for (int p = 0; p < GDR_C / 4; ++p) {
+                const float4 v4 = reinterpret_cast<const float4*>(s_gam)[p];
+                x[4 * p] = v4.x;
+                x[4 * p + 1] = v4.y;
+                x[4 * p + 2] = v4.z;
+                x[4 * p + 3] = v4.w;
+            }
+            float acc = 0.f;
+#pragma unroll
+            for (int i = 0; i < GDR_C; ++i) {
+                acc += x[i];
+                x[i] = i < l ? acc : 0.f;
+            }
+#pragma unroll
+            for (int p = 0; p < GDR_C / 4; ++p)
+                reinterpret_cast<float4*>(s_gam)[p] = make_float4(x[4 * p], x[4 * p + 1], x[4 * p + 2], x[4 * p + 3]);
+        } else {
+            float acc = 0.f;
+            for (int i = 0; i < l; ++i) { acc += s_gam[i]; s_gam[i] = acc; }
+        }
     }
     if (NORM) {
         constexpr int NV = DK / 16;  // 8-element pieces per half row
@@ -3319,6 +3422,7 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
         // M and A from the two accumulators (the same fragment layout): Gamma once per element.
         unsigned* a_out = reinterpret_cast<unsigned*>(a_ws + cb * (GDR_C * GDR_C));
         const int g4 = lane >> 2, t4 = lane & 3;
+        unsigned pa[4][2];
 #pragma unroll
         for (int n = 0; n < 4; ++n)
 #pragma unroll
@@ -3328,11 +3432,25 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
                 const float e0 = (j <= i && ri) ? expf(s_gam[i] - s_gam[j]) : 0.f;
                 const float e1 = (j + 1 <= i && ri) ? expf(s_gam[i] - s_gam[j + 1]) : 0.f;
                 const float bi = s_beta[i];
-                sM[i * L::LF + j] = (j < i && ri) ? bi * akk[n][2 * h] * e0 : 0.f;
-                sM[i * L::LF + j + 1] = (j + 1 < i && ri) ? bi * akk[n][2 * h + 1] * e1 : 0.f;
-                a_out[(i * GDR_C + j) >> 1] = pack_bf16((j <= i && ri) ? aqk[n][2 * h] * e0 : 0.f,
-                                                        (j + 1 <= i && ri) ? aqk[n][2 * h + 1] * e1 : 0.f);
+                const float m0 = (j < i && ri) ? bi * akk[n][2 * h] * e0 : 0.f;
+                const float m1 = (j + 1 < i && ri) ? bi * akk[n][2 * h + 1] * e1 : 0.f;
+                const unsigned av = pack_bf16((j <= i && ri) ? aqk[n][2 * h] * e0 : 0.f,
+                                              (j + 1 <= i && ri) ? aqk[n][2 * h + 1] * e1 : 0.f);
+                if constexpr (V8) {
+                    *reinterpret_cast<float2*>(sM + i * L::LF + j) = make_float2(m0, m1);
+                    pa[n][h] = av;
+                } else {
+                    sM[i * L::LF + j] = m0;
+                    sM[i * L::LF + j + 1] = m1;
+                    a_out[(i * GDR_C + j) >> 1] = av;
+                }
             }
+        if constexpr (V8) {
+            // the warp's 16 x 32 tile of A through its own rows of the T region (10,240 bytes; T
+            // is written only after the next barrier; at Dk 64 M reaches into the Q lo rows)
+            p8_tile_out<2, 40>(pa, reinterpret_cast<bf16_t*>(sT) + warp * 16 * 40,
+                               a_ws + cb * (GDR_C * GDR_C) + (i64)rt * GDR_C + c0, GDR_C);
+        }
     }
     __syncthreads();
 
@@ -3402,6 +3520,88 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
         __syncthreads();
     }
 
+    if constexpr (V8) {
+        static_assert(SPLIT, "prep8 splits every product");
+        // 5. T to memory (backward), 16-byte stores.
+        if (t_ws) {
+            for (int e = tid; e < GDR_C * GDR_C / 4; e += GDR_NT) {
+                const int i = e >> 4, c4 = 4 * (e & 15);
+                *reinterpret_cast<float4*>(t_ws + cb * (GDR_C * GDR_C) + i * GDR_C + c4) =
+                    *reinterpret_cast<const float4*>(sT + i * L::LF + c4);
+            }
+        }
+        const int mi = lane >> 3, r8 = lane & 7;
+        // 6. W = (T diag(beta e^gam)) K: rows 16 (warp & 3), columns half (DK / 2) ..; the k
+        // blocks on or below the row block, each product hi hi, lo hi, hi lo as p7_mma adds them.
+        {
+            constexpr int NT8 = DK / 16;
+            const int rb = warp & 3, rw = 16 * rb, c0 = half * (DK / 2);
+            float acc[NT8][4];
+            p7_zero<NT8>(acc);
+#pragma unroll
+            for (int kb = 0; kb < 4; ++kb) {
+                if (kb > rb) break;
+                unsigned fh[4], fl[4];
+                p8_pfrag<L::LF>(sT, s_bge, rw, kb, fh, fl);
+                const int kk = 16 * kb;
+#pragma unroll
+                for (int np = 0; np < NT8 / 2; ++np) {
+                    const int bo = (kk + 8 * (mi & 1) + r8) * L::LK + c0 + 16 * np + 8 * (mi >> 1);
+                    unsigned bb[4];
+                    ldsm_x4_t(bb, sKh + bo);
+                    mma_bf16(acc[2 * np], fh, bb[0], bb[1]);
+                    mma_bf16(acc[2 * np + 1], fh, bb[2], bb[3]);
+                    mma_bf16(acc[2 * np], fl, bb[0], bb[1]);
+                    mma_bf16(acc[2 * np + 1], fl, bb[2], bb[3]);
+                    if (KLO) {
+                        ldsm_x4_t(bb, sKl + bo);
+                        mma_bf16(acc[2 * np], fh, bb[0], bb[1]);
+                        mma_bf16(acc[2 * np + 1], fh, bb[2], bb[3]);
+                    }
+                }
+            }
+            unsigned pw[NT8][2];
+#pragma unroll
+            for (int n = 0; n < NT8; ++n)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) pw[n][h] = pack_bf16(acc[n][2 * h], acc[n][2 * h + 1]);
+            // staged in the Q region: M and the Q rows are dead after the solve
+            constexpr int LDW = DK / 2 + 8;
+            p8_tile_out<NT8 / 2, LDW>(pw, sQh + warp * 16 * LDW, w_ws + cb * GDR_C * DK + (i64)rw * DK + c0, DK);
+        }
+        // 7. U = (T diag(beta)) V: rows 16 (3 - (warp & 3)), this half's 16-column groups
+        // (alternating, as prep7), the products hi V, lo V.
+        {
+            const int rb = 3 - (warp & 3), ru = 16 * rb;
+            unsigned fh[4][4], fl[4][4];
+#pragma unroll
+            for (int kb = 0; kb < 4; ++kb)
+                if (kb <= rb) p8_pfrag<L::LF>(sT, s_beta, ru, kb, fh[kb], fl[kb]);
+            float* u_out = u_ws + cb * GDR_C * (i64)dv;
+            const int g4 = lane >> 2, t4 = lane & 3;
+            for (int c0 = 16 * half; c0 < dv; c0 += 32) {
+                float acc[2][4];
+                p7_zero<2>(acc);
+#pragma unroll
+                for (int kb = 0; kb < 4; ++kb) {
+                    if (kb > rb) break;
+                    unsigned bb[4];
+                    ldsm_x4_t(bb, sV + (16 * kb + 8 * (mi & 1) + r8) * lv + c0 + 8 * (mi >> 1));
+                    mma_bf16(acc[0], fh[kb], bb[0], bb[1]);
+                    mma_bf16(acc[1], fh[kb], bb[2], bb[3]);
+                    mma_bf16(acc[0], fl[kb], bb[0], bb[1]);
+                    mma_bf16(acc[1], fl[kb], bb[2], bb[3]);
+                }
+#pragma unroll
+                for (int n = 0; n < 2; ++n)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+                        *reinterpret_cast<float2*>(u_out + (i64)(ru + g4 + 8 * h) * dv + c0 + 8 * n + 2 * t4) =
+                            make_float2(acc[n][2 * h], acc[n][2 * h + 1]);
+            }
+        }
+        return;
+    }
     // 5. T to memory (backward), P = T diag(beta e^gam) (overwrites M), W = P K.
     if (t_ws) {
         for (int e = tid; e < GDR_C * GDR_C; e += GDR_NT)
@@ -3467,6 +3667,19 @@ GDR_PREP7_ENTRY(f, false, 64, bf16n, true)
 GDR_PREP7_ENTRY(f, false, 64, bf16, false)
 GDR_PREP7_ENTRY(f, false, 128, bf16n, true)
 GDR_PREP7_ENTRY(f, false, 128, bf16, false)
+// gdr_prep8_d{64,128}_{bf16n,bf16}: prep7's outputs bit for bit (V8 above), the default prep
+#define GDR_PREP8_ENTRY(DK, NS, NORM)                                                                   \
+    extern "C" __global__ void __launch_bounds__(GDR_NT, 2) gdr_prep8_d##DK##_##NS(                     \
+        const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* g, const bf16_t* beta,          \
+        const i64* ch_t0, const int* ch_len, int hk, int hv, int dv, float* qn, bf16_t* qnb, float* kn, \
+        bf16_t* knb, float* gam_ws, float* t_ws, bf16_t* w_ws, float* u_ws, bf16_t* a_ws) {             \
+        gdr_prep7<DK, NORM, true, true>(q, k, v, g, beta, ch_t0, ch_len, hk, hv, dv, qn, qnb, kn, knb,      \
+                                        gam_ws, t_ws, w_ws, u_ws, a_ws);                                \
+    }
+GDR_PREP8_ENTRY(64, bf16n, true)
+GDR_PREP8_ENTRY(64, bf16, false)
+GDR_PREP8_ENTRY(128, bf16n, true)
+GDR_PREP8_ENTRY(128, bf16, false)
 // gdr_grad7 (issue 13, the backward's per-chunk gradients, second bf16 version). One CTA of 8
 // warps per (chunk, key head) walks the GVA group's value heads in order; per value head it
 // runs gdr_grad6's products (the same formulas, operands and fragment mapping) with these
