@@ -983,6 +983,7 @@ fn prep_variants(gpu: &Arc<Gpu>) {
             PrepKernel::V7,
             PrepKernel::V7Fast,
             PrepKernel::V8,
+            PrepKernel::V9,
         ] {
             let prep = || {
                 drop(

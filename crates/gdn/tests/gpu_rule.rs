@@ -2516,8 +2516,8 @@ fn run_prep(
 /// NaN-poisoned), the bf16 copies of q, k the rounding of the fp32 ones, and RMS errors within
 /// per-output tolerances (v7: fp32-level for qn, kn, gam, T, U; the bf16 rounding for W, A).
 /// v6's prep (TF32) is checked against the same reference (looser), v7f's printed. prep8 (the
-/// default) is held to v7's tolerances and must equal prep7 bit for bit in every output, here
-/// and on two larger cases (packed sequences, GVA 2 and 4, both norms).
+/// default) and prep8 are held to v7's tolerances and must equal prep7 bit for bit in every
+/// output, here and on two larger cases (packed sequences, GVA 2 and 4, both norms).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn prep7_matches_f64() {
@@ -2615,12 +2615,13 @@ fn prep7_matches_f64() {
             PrepKernel::V7,
             PrepKernel::V7Fast,
             PrepKernel::V8,
+            PrepKernel::V9,
         ] {
             let (out, bf) = run_prep(&gpu, c, kind);
             if kind == PrepKernel::V7 {
                 v7_out = Some((out.clone(), bf.clone()));
             }
-            if kind == PrepKernel::V8 {
+            if kind == PrepKernel::V8 || kind == PrepKernel::V9 {
                 let (o7, b7) = v7_out.as_ref().unwrap();
                 prep_bits_equal(&c.name, o7, b7, &out, &bf, &mut fails);
             }
@@ -2640,8 +2641,8 @@ fn prep7_matches_f64() {
                 let tol = match (kind, *name) {
                     (_, "qn" | "kn") => 1e-6,
                     (_, "gam") => 1e-5,
-                    (PrepKernel::V7 | PrepKernel::V8, "T" | "U") => 1e-4,
-                    (PrepKernel::V7 | PrepKernel::V8, _) => 5e-3,
+                    (PrepKernel::V7 | PrepKernel::V8 | PrepKernel::V9, "T" | "U") => 1e-4,
+                    (PrepKernel::V7 | PrepKernel::V8 | PrepKernel::V9, _) => 5e-3,
                     (PrepKernel::V6, "T" | "U") => 5e-3,
                     // v6's A and W come from TF32 products: a q.k near zero (T 1) has a
                     // larger relative error; v6 is checked here only as a check of the reference.
@@ -2713,10 +2714,12 @@ fn prep7_matches_f64() {
     for c in &big {
         let (o7, b7) = run_prep(&gpu, c, PrepKernel::V7);
         let (o8, b8) = run_prep(&gpu, c, PrepKernel::V8);
+        let (o9, b9) = run_prep(&gpu, c, PrepKernel::V9);
         let before = fails.len();
         prep_bits_equal(&c.name, &o7, &b7, &o8, &b8, &mut fails);
+        prep_bits_equal(&c.name, &o7, &b7, &o9, &b9, &mut fails);
         println!(
-            "gdr-check prep8-vs-prep7 {:<28} bitwise={}",
+            "gdr-check prep8,prep9-vs-prep7 {:<28} bitwise={}",
             c.name,
             fails.len() == before
         );
@@ -3017,7 +3020,7 @@ fn run_gpu_prep(
 }
 
 /// prep7: two runs give the same bits (forward and backward, with every v6 backward piece
-/// combination that recomputes); the prep selected by `GDN_RULE_PREP` (default v8 when unset)
+/// combination that recomputes); the prep selected by `GDN_RULE_PREP` (default v9 when unset)
 /// is what `forward_with` / `backward_with` run; v7 and v6 preps differ in bits (so the
 /// selection is real); v8 gives v7's bits through the whole forward and backward.
 #[test]
@@ -3049,7 +3052,12 @@ fn prep7_bitwise_and_selection() {
         v6(true, true, false, false),
         v6(true, false, false, false),
     ] {
-        for prep in [PrepKernel::V7, PrepKernel::V7Fast, PrepKernel::V8] {
+        for prep in [
+            PrepKernel::V7,
+            PrepKernel::V7Fast,
+            PrepKernel::V8,
+            PrepKernel::V9,
+        ] {
             let a = run_gpu_prep(&gpu, &c, kernel, prep, lean);
             let b = run_gpu_prep(&gpu, &c, kernel, prep, lean);
             let same = a.bits() == b.bits();
@@ -3064,10 +3072,13 @@ fn prep7_bitwise_and_selection() {
     let a8 = run_gpu_prep(&gpu, &c, every, PrepKernel::V8, lean);
     println!("gdr-check prep8 vs prep7 rule: {}", a8.bits() == a7.bits());
     assert!(a8.bits() == a7.bits(), "prep v8 and v7 gave different bits");
+    let a9 = run_gpu_prep(&gpu, &c, every, PrepKernel::V9, lean);
+    println!("gdr-check prep9 vs prep7 rule: {}", a9.bits() == a7.bits());
+    assert!(a9.bits() == a7.bits(), "prep v9 and v7 gave different bits");
     let d = run_gpu_with(&gpu, &c, DType::Bf16, Some(every));
     let want = PrepKernel::from_env();
     if std::env::var_os("GDN_RULE_PREP").is_none() {
-        assert_eq!(want, PrepKernel::V8, "the default prep is not prep8");
+        assert_eq!(want, PrepKernel::V9, "the default prep is not prep9");
     }
     let dw = run_gpu_prep(&gpu, &c, every, want, FwdKernel::from_env());
     println!(

@@ -2300,10 +2300,16 @@ pub enum PrepKernel {
     /// fragments of W and U built in registers, balanced over the warps; A and W stored as whole
     /// sectors through shared memory; gam summed in registers).
     V8,
+    /// `gdr_prep9`: V8 with one CTA per (chunk, key head) walking the GVA group's value heads:
+    /// the q, k loads, their l2 norm and K K^T, Q K^T once per group; V8's outputs bit for bit.
+    /// Without GVA (as many value heads as key heads) it runs `gdr_prep8` (measured 2-3% faster
+    /// there; the same bits).
+    V9,
 }
 
 impl PrepKernel {
-    /// The default: V8 (`gdr_prep8`, since 2026-12-04: V7's bits, faster). V7 (`gdr_prep7`, the
+    /// The default: V9 (`gdr_prep9`, since 2026-12-04: V7's bits, faster; `GDN_RULE_PREP=v8` the
+    /// same kernel with one CTA per value head). V7 (`gdr_prep7`, the
     /// default from 2026-12-02, `GDN_RULE_PREP=v7`) measured 2.4 ms faster than V6 in the
     /// forward at B1 T32768 16/32 on the H200. Its one-token dq, dk error that held it back
     /// (2.6e-2 RMS relative on one test case, v6's prep 1.2e-2) is the case's conditioning: the
@@ -2324,7 +2330,8 @@ impl PrepKernel {
             Some("v7f") => PrepKernel::V7Fast,
             Some("v7") => PrepKernel::V7,
             Some("v8") => PrepKernel::V8,
-            _ => PrepKernel::V8,
+            Some("v9") => PrepKernel::V9,
+            _ => PrepKernel::V9,
         }
     }
 }
@@ -2532,12 +2539,19 @@ fn v6_prep(
     let name = match kind {
         PrepKernel::V7Fast => "gdr_prep7f",
         PrepKernel::V8 => "gdr_prep8",
+        PrepKernel::V9 => "gdr_prep9",
         _ => "gdr_prep7",
+    };
+    // gdr_prep9: one CTA per (chunk, key head); without GVA gdr_prep8 (the same bits)
+    let (name, grid) = match kind {
+        PrepKernel::V9 if s.hv > s.hk => (name, ch.count * s.hk),
+        PrepKernel::V9 => ("gdr_prep8", chh),
+        _ => (name, chh),
     };
     launch(
         gpu,
         &format!("{name}_d{}_{ks}", s.dk),
-        chh,
+        grid,
         prep7_bytes(s.dk, s.dv),
         &[
             dptr(q, st),
@@ -2786,7 +2800,8 @@ mod tests {
     /// the environment's names select the others.
     #[test]
     fn kernel_choices_from_environment_values() {
-        assert_eq!(PrepKernel::named(None), PrepKernel::V8);
+        assert_eq!(PrepKernel::named(None), PrepKernel::V9);
+        assert_eq!(PrepKernel::named(Some("v9")), PrepKernel::V9);
         assert_eq!(PrepKernel::named(Some("v7")), PrepKernel::V7);
         assert_eq!(PrepKernel::named(Some("v8")), PrepKernel::V8);
         assert_eq!(PrepKernel::named(Some("v6")), PrepKernel::V6);

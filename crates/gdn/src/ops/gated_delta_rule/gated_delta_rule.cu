@@ -3253,7 +3253,12 @@ __device__ __forceinline__ void p8_pfrag(const float* sT, const float* sc, int r
 // (p8_tile_out); T by 16-byte stores; W and U from P fragments built in registers (p8_pfrag, no
 // shared P, no barrier), each warp one W tile (rows 16 (w & 3), column half w >> 2) and one U
 // tile (rows 16 (3 - (w & 3)), the same column half): 5 k blocks per warp, balanced.
-template <int DK, bool NORM, bool SPLIT, bool V8 = false>
+// GVA (gdr_prep9, with V8): one CTA per (chunk, key head) walks the key head's value heads in
+// order: the raw q, k rows, their l2 norm and the K K^T, Q K^T products once for the group, then
+// per value head prep8's steps from the M / A epilogue on (its V, beta, g loaded after the
+// previous head is done, V by cp.async under the epilogue and the solve). Every output is
+// prep8's (and prep7's) bit for bit.
+template <int DK, bool NORM, bool SPLIT, bool V8 = false, bool GVA = false>
 __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                           const float* __restrict__ g, const bf16_t* __restrict__ beta,
                           const i64* __restrict__ ch_t0, const int* __restrict__ ch_len, int hk_n, int hv_n,
@@ -3264,7 +3269,15 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
     constexpr bool KLO = SPLIT && NORM;  // caller-normalized bf16 rows are exact in bf16
     const int ratio = hv_n / hk_n;
     ChunkGeo G;
-    if constexpr (V8) {  // 32-bit block arithmetic (the grid is below 2^31)
+    static_assert(V8 || !GVA, "the key-head CTA is prep8's");
+    if constexpr (GVA) {  // one CTA per (chunk, key head), from its first value head
+        const unsigned b = blockIdx.x;
+        G.kh = (int)(b % (unsigned)hk_n);
+        G.c = b / (unsigned)hk_n;
+        G.hv = G.kh * ratio;
+        G.t0 = ch_t0[G.c];
+        G.l = ch_len[G.c];
+    } else if constexpr (V8) {  // 32-bit block arithmetic (the grid is below 2^31)
         const unsigned b = blockIdx.x;
         G.hv = (int)(b % (unsigned)hv_n);
         G.c = b / (unsigned)hv_n;
@@ -3275,7 +3288,7 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
         G = chunk_geo(ch_t0, ch_len, hv_n, ratio);
     }
     const int l = G.l, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const i64 cb = G.c * hv_n + G.hv;
+    i64 cb = G.c * hv_n + G.hv;
     char* sm = reinterpret_cast<char*>(gdr_smem);
     bf16_t* sKh = reinterpret_cast<bf16_t*>(sm + L::KH);
     bf16_t* sKl = reinterpret_cast<bf16_t*>(sm + L::KL);
@@ -3295,6 +3308,20 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
     const bf16_t* kg = k + G.t0 * krow + (i64)G.kh * DK;
     const bf16_t* qg = q + G.t0 * krow + (i64)G.kh * DK;
     const bf16_t* vg = v + G.t0 * vrow + (i64)G.hv * dv;
+    // value head G.hv's V rows (by cp.async, committed), beta and g
+    auto load_head = [&]() {
+        const int pv = dv / 8;
+        for (int e = tid; e < GDR_C * pv; e += GDR_NT) {
+            const int i = e / pv, x = 8 * (e - i * pv);
+            const bool ok = i < l;
+            cp_async16(sV + i * lv + x, vg + (ok ? (i64)i * vrow + x : 0), ok);
+        }
+        cp_async_commit();
+        if (tid < GDR_C) {
+            s_beta[tid] = tid < l ? ld(beta, (G.t0 + tid) * hv_n + G.hv) : 0.f;
+            s_gam[tid] = tid < l ? g[(G.t0 + tid) * hv_n + G.hv] : 0.f;
+        }
+    };
 
     // 1. Raw rows (rows >= l zero-filled: they may belong to the next sequence or lie past the
     // buffer), beta and g.
@@ -3307,23 +3334,14 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
             cp_async16(sKh + i * L::LK + x, kg + src, ok);
             cp_async16(sQh + i * L::LK + x, qg + src, ok);
         }
-        const int pv = dv / 8;
-        for (int e = tid; e < GDR_C * pv; e += GDR_NT) {
-            const int i = e / pv, x = 8 * (e - i * pv);
-            const bool ok = i < l;
-            cp_async16(sV + i * lv + x, vg + (ok ? (i64)i * vrow + x : 0), ok);
-        }
-        cp_async_commit();
     }
-    if (tid < GDR_C) {
-        s_beta[tid] = tid < l ? ld(beta, (G.t0 + tid) * hv_n + G.hv) : 0.f;
-        s_gam[tid] = tid < l ? g[(G.t0 + tid) * hv_n + G.hv] : 0.f;
-    }
+    load_head();
     cp_async_wait_all();
     __syncthreads();
 
     // 2. gam (the last thread) and the l2 norm of the 128 q / k rows: two threads per row (K
     // rows 0..63, then Q), each summing its half row in order, 16-byte shared-memory accesses.
+    auto gam_sum = [&]() {
     if (tid == GDR_NT - 1) {
         if constexpr (V8) {
             // the same sums in the same order, in registers (rows >= l hold 0 and stay 0)
@@ -3350,6 +3368,8 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
             for (int i = 0; i < l; ++i) { acc += s_gam[i]; s_gam[i] = acc; }
         }
     }
+    };
+    gam_sum();
     if (NORM) {
         constexpr int NV = DK / 16;  // 8-element pieces per half row
         const int rr = tid >> 1, hf = tid & 1, i = rr & (GDR_C - 1);
@@ -3401,24 +3421,38 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
         }
     }
     __syncthreads();
-    if (tid < GDR_C) {
-        s_bge[tid] = tid < l ? s_beta[tid] * expf(s_gam[tid]) : 0.f;
-        gam_ws[cb * GDR_C + tid] = s_gam[tid];
-    }
 
     // 3. K K^T and Q K^T: warp w, rows rt = 16 (w & 3), columns c0 = 32 (w >> 2) (4 n8 tiles);
     // tiles wholly above the diagonal are not computed (their outputs are masked to zero).
     const int rt = 16 * (warp & 3), half = warp >> 2;
+    float akk[4][4], aqk[4][4];
+    p7_zero<4>(akk);
+    p7_zero<4>(aqk);
+    if (32 * half <= rt + 15) {
+        p7_mma<4, true>(akk, sKh, KLO ? sKl : nullptr, L::LK, sKh, KLO ? sKl : nullptr, L::LK, rt, 32 * half, 0, DK);
+        p7_mma<4, true>(aqk, sQh, KLO ? sQl : nullptr, L::LK, sKh, KLO ? sKl : nullptr, L::LK, rt, 32 * half, 0, DK);
+    }
+    __syncthreads();  // every warp is done with Q before M overwrites it
+    // The value heads (one unless GVA): from here on per value head G.hv.
+    for (int hj = 0; hj < (GVA ? ratio : 1); ++hj) {
+    if constexpr (GVA) {
+        if (hj > 0) {
+            __syncthreads();  // the previous head's reads of V, T, beta, gam, the staging rows are done
+            G.hv += 1;
+            cb += 1;
+            vg += dv;
+            load_head();
+            __syncthreads();
+            gam_sum();
+            __syncthreads();
+        }
+    }
+    if (tid < GDR_C) {
+        s_bge[tid] = tid < l ? s_beta[tid] * expf(s_gam[tid]) : 0.f;
+        gam_ws[cb * GDR_C + tid] = s_gam[tid];
+    }
     {
         const int c0 = 32 * half;
-        float akk[4][4], aqk[4][4];
-        p7_zero<4>(akk);
-        p7_zero<4>(aqk);
-        if (c0 <= rt + 15) {
-            p7_mma<4, true>(akk, sKh, KLO ? sKl : nullptr, L::LK, sKh, KLO ? sKl : nullptr, L::LK, rt, c0, 0, DK);
-            p7_mma<4, true>(aqk, sQh, KLO ? sQl : nullptr, L::LK, sKh, KLO ? sKl : nullptr, L::LK, rt, c0, 0, DK);
-        }
-        __syncthreads();  // every warp is done with Q before M overwrites it
         // M and A from the two accumulators (the same fragment layout): Gamma once per element.
         unsigned* a_out = reinterpret_cast<unsigned*>(a_ws + cb * (GDR_C * GDR_C));
         const int g4 = lane >> 2, t4 = lane & 3;
@@ -3571,6 +3605,10 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
         }
         // 7. U = (T diag(beta)) V: rows 16 (3 - (warp & 3)), this half's 16-column groups
         // (alternating, as prep7), the products hi V, lo V.
+        if (GVA && hj > 0) {  // this head's V rows
+            cp_async_wait_all();
+            __syncthreads();
+        }
         {
             const int rb = 3 - (warp & 3), ru = 16 * rb;
             unsigned fh[4][4], fl[4][4];
@@ -3600,7 +3638,7 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
                             make_float2(acc[n][2 * h], acc[n][2 * h + 1]);
             }
         }
-        return;
+        continue;
     }
     // 5. T to memory (backward), P = T diag(beta e^gam) (overwrites M), W = P K.
     if (t_ws) {
@@ -3645,6 +3683,7 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
             *reinterpret_cast<float2*>(u_out + (i64)i * dv + j) = make_float2(x0, x1);
         });
     }
+    }  // the value heads
 }
 
 // Entries: gdr_prep7{,f}_d{64,128}_{bf16n,bf16}: f = bf16 hi parts only (no split); bf16n = the
@@ -3680,6 +3719,20 @@ GDR_PREP8_ENTRY(64, bf16n, true)
 GDR_PREP8_ENTRY(64, bf16, false)
 GDR_PREP8_ENTRY(128, bf16n, true)
 GDR_PREP8_ENTRY(128, bf16, false)
+// gdr_prep9_d{64,128}_{bf16n,bf16}: one CTA per (chunk, key head) over its value heads (GVA
+// above), prep8's outputs bit for bit; the grid is chunks x key heads
+#define GDR_PREP9_ENTRY(DK, NS, NORM)                                                                   \
+    extern "C" __global__ void __launch_bounds__(GDR_NT, 2) gdr_prep9_d##DK##_##NS(                     \
+        const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* g, const bf16_t* beta,          \
+        const i64* ch_t0, const int* ch_len, int hk, int hv, int dv, float* qn, bf16_t* qnb, float* kn, \
+        bf16_t* knb, float* gam_ws, float* t_ws, bf16_t* w_ws, float* u_ws, bf16_t* a_ws) {             \
+        gdr_prep7<DK, NORM, true, true, true>(q, k, v, g, beta, ch_t0, ch_len, hk, hv, dv, qn, qnb, kn,   \
+                                              knb, gam_ws, t_ws, w_ws, u_ws, a_ws);                     \
+    }
+GDR_PREP9_ENTRY(64, bf16n, true)
+GDR_PREP9_ENTRY(64, bf16, false)
+GDR_PREP9_ENTRY(128, bf16n, true)
+GDR_PREP9_ENTRY(128, bf16, false)
 // gdr_grad7 (issue 13, the backward's per-chunk gradients, second bf16 version). One CTA of 8
 // warps per (chunk, key head) walks the GVA group's value heads in order; per value head it
 // runs gdr_grad6's products (the same formulas, operands and fragment mapping) with these
