@@ -8,10 +8,11 @@
 //!
 //! Modes (first argument):
 //! - none: the table above with the kernels `cuda::forward` / `cuda::backward` run, which the
-//!   environment names (printed first): by default (since 2026-12-02) prep7 (`gdr_prep7`), the
-//!   v6 forward with the lean loads (`gdr_fwd6l*`) and the v6 backward with `gdr_grad7`;
-//!   `GDN_RULE_PREP=v6 GDN_RULE_FWD=v6` gives the defaults before that (v6's prep, the first
-//!   cp.async loads). Plus issue 13's packed row (6 sequences, 32768 tokens) and few-heads row
+//!   environment names (printed first): by default (since 2026-12-04) prep9 (`gdr_prep9`, or
+//!   `gdr_prep8` without GVA), the v9 forward on sm_90 (`gdr_fwd9*`) and the v6 backward with
+//!   `gdr_grad10` on sm_90a; `GDN_RULE_PREP=v7` / `v6` and `GDN_RULE_FWD=v6l` / `v6` give earlier
+//!   defaults (prep7, v6's prep; the lean v6 forward, the first cp.async loads). Plus issue
+//!   13's packed row (6 sequences, 32768 tokens) and few-heads row
 //!   (2 / 8 heads, T 32768) with the tokens/s of each row against the first;
 //! - `chain`: the scan's latency floor: per chunk step, v6's chain kernel (one CTA, 512
 //!   dependent steps on resident operands, 1/2/4/8 warps, with and without the output
@@ -19,7 +20,7 @@
 //!   loads and output: cp.async, bulk copies, and without reloads) on a single 32768-token head;
 //! - `variants`: v5 against v6 forward (every CTA width, cp.async, lean cp.async and bulk-copy
 //!   loads) at B1 T32768 16/32 and B8 T4096 16/16, v6's chunk prep the one `GDN_RULE_PREP`
-//!   names (prep7 by default), CUDA events, medians, per-kernel times, and v6's o against v5's
+//!   names (prep9 by default), CUDA events, medians, per-kernel times, and v6's o against v5's
 //!   (RMS relative difference);
 //! - `v8`: the short list for the v8 forward (`FwdKernel::V8`, `gdr_fwd8*`, Dk split per warp
 //!   pair): v8's chain kernel (`gdr_chain8`, 2 / 4 / 8 warps, with and without the output) beside
@@ -37,9 +38,10 @@
 //!   width) at the same two cases: backward alone (after one default forward), CUDA events,
 //!   medians, per-kernel times, peak device memory, and each gradient against v5's; also
 //!   `gdr_grad7` (the default) against `gdr_grad6` (`GDN_RULE_BWD=v6`); the recompute's prep is
-//!   `GDN_RULE_PREP`'s (prep7 by default);
+//!   `GDN_RULE_PREP`'s (prep9 by default);
 //! - `prep`: the v6 pipeline's chunk prep, v6 (`gdr_l2norm2` x2 + `gdr_prep6` + `gdr_qk6`)
-//!   against prep7 (`gdr_prep7`, and `gdr_prep7f` without the hi/lo split) at the same two
+//!   against prep7 (`gdr_prep7`, and `gdr_prep7f` without the hi/lo split), prep8 and prep9 (the
+//!   same bits as prep7: `gdr_prep8`, `gdr_prep9`) at the same two
 //!   cases: the prep alone, the v6 forward (first cp.async loads) and the v6 backward with each,
 //!   medians of 10, per-kernel times, o against the v6 prep's;
 //! - `grad8`: the default backward with `gdr_grad7` against `gdr_grad8` (`GDN_RULE_GRAD=v8`, two
@@ -952,7 +954,7 @@ fn bwd_variants(gpu: &Arc<Gpu>) {
     }
 }
 
-/// v6's prep against prep7 (see the module doc).
+/// v6's prep against prep7, prep7f, prep8 and prep9 (see the module doc).
 fn prep_variants(gpu: &Arc<Gpu>) {
     println!("bench-prep | case | prep | what | ms (median of 10) | per kernel");
     for &(b, t, hk, hv) in &[(1usize, 32768usize, 16usize, 32usize), (8, 4096, 16, 16)] {

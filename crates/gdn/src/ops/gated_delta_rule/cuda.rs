@@ -370,9 +370,9 @@ fn scan_fwd(
 
 /// Forward on the GPU. Returns `o` `[tokens, Hv, Dv]` (storage type of q) and, if
 /// `output_final_state`, the final states `[N, Hv, Dk, Dv]` fp32. Runs the kernels
-/// [`FwdKernel::from_env`] names (v6 with the lean loads where it applies unless
-/// `GDN_RULE_FWD=v5`) with [`PrepKernel::from_env`]'s chunk prep (prep7 unless
-/// `GDN_RULE_PREP=v6`).
+/// [`FwdKernel::from_env`] names (v9 on sm_90 and newer, by shape below it, unless
+/// `GDN_RULE_FWD` names another) with [`PrepKernel::from_env`]'s chunk prep (prep9, or prep8
+/// without GVA, unless `GDN_RULE_PREP` names another).
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     gpu: &Arc<Gpu>,
