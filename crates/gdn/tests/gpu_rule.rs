@@ -15,7 +15,7 @@ use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_with, backward_with_prep, chain6, chain8,
     forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_backward_overlap,
-    set_bwd8, set_bwd9, set_grad10, set_grad8, set_hrec8, set_poison, set_v6_stages,
+    set_bwd8, set_bwd9, set_g10_regs, set_grad10, set_grad8, set_hrec8, set_poison, set_v6_stages,
     set_v9_producer, set_ws16, v6_supports, BwdKernel, ChainInputs, FwdKernel, PrepKernel,
 };
 use gdn::ops::gated_delta_rule::reference::{self, RefInputs};
@@ -3549,6 +3549,19 @@ fn grad10_bf16_workspaces_bitwise() {
                     "{} warps={warps}: bf16 workspaces changed the bits",
                     c.name
                 ));
+            }
+            // gdr_grad10b's register-split variants (Dk = Dv = 128): the same code, the same bits
+            if warps == 0 && c.shape.dk == 128 && c.shape.dv == 128 {
+                for n in 1..=3 {
+                    set_g10_regs(Some(n));
+                    let r = run_gpu_with(&gpu, c, DType::Bf16, Some(v7b(warps)));
+                    set_g10_regs(None);
+                    let same = r.bits() == b.bits();
+                    println!("gdr-check {:<32} register split {n} bitwise={same}", c.name);
+                    if !same {
+                        fails.push(format!("{}: register split {n} changed the bits", c.name));
+                    }
+                }
             }
         }
     }

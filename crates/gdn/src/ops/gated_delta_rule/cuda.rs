@@ -1634,6 +1634,26 @@ thread_local! {
     static GRAD8: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     static GRAD10: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     static WS16: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    static G10REGS: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+}
+
+/// Tests and benchmarks (measurement only): on the calling thread, `Some(n)` (n = 1, 2, 3) runs
+/// gdr_grad10b at Dk = Dv = 128 with setmaxnreg split n instead of the default's (0: 56 / 160 /
+/// 152 / 144 registers for the producer / q side / k side / 64 x 64 side; 1: 56 / 168 / 160 /
+/// 128; 2: 56 / 168 / 152 / 136; 3: 64 / 168 / 144 / 136; the .cu file's `G10Regs`): the same
+/// code and bits, other register allocations and spills (bench/NOTES.md, session 14). `None`
+/// follows `GDN_RULE_G10REGS`, else the default; other shapes and gdr_grad10 always run it.
+#[doc(hidden)]
+pub fn set_g10_regs(n: Option<u32>) {
+    G10REGS.with(|c| c.set(n));
+}
+
+fn g10_regs() -> u32 {
+    G10REGS
+        .with(|c| c.get())
+        .or_else(|| std::env::var("GDN_RULE_G10REGS").ok()?.parse().ok())
+        .filter(|n| (1..=3).contains(n))
+        .unwrap_or(0)
 }
 
 /// Tests and benchmarks: on the calling thread, `Some(true)` writes the backward's D and dD
@@ -2718,7 +2738,11 @@ fn grad7(
         let items = ch.count * s.hk;
         // td16: D, dD in bf16 (see the backward)
         let b16 = if td16 { "b" } else { "" };
-        let name = format!("gdr_grad10{b16}_{ks}_d{}_v{}", s.dk, s.dv);
+        let rs = match g10_regs() {
+            n @ 1..=3 if td16 && s.dk == 128 && s.dv == 128 => format!("_r{n}"),
+            _ => String::new(),
+        };
+        let name = format!("gdr_grad10{b16}{rs}_{ks}_d{}_v{}", s.dk, s.dv);
         launch_in_threads(
             gpu,
             MODULE,

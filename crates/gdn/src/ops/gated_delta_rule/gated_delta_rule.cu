@@ -6367,10 +6367,15 @@ __device__ __forceinline__ void sw_rows16(char* dst, int R, const bf16_t* src, i
 // fp32 global partials they replace), the products' sums in the tensor cores' order: dq, dk, dv,
 // dg, dbeta agree with gdr_grad7's to rounding (tested against f64), deterministic (no atomics).
 
-#define G10_PREG 56
-#define G10_QREG 160
-#define G10_KREG 152
-#define G10_AREG 144
+// Registers per thread after setmaxnreg (producer / q side / k side / 64 x 64 side; 512 in all,
+// 65,536 for 512 threads). RS 0 is the default; 1..3 are measurement variants of gdr_grad10b at
+// Dk = Dv = 128 (`GDN_RULE_G10REGS`): ptxas spills and serializes wgmma differently with each.
+template <int RS>
+struct G10Regs {
+    static constexpr int P = RS == 3 ? 64 : 56, Q = RS == 0 ? 160 : 168, K = RS == 1 ? 160 : RS == 3 ? 144 : 152,
+                         A = RS == 0 ? 144 : RS == 1 ? 128 : 136;
+    static_assert(P + Q + K + A == 512, "the four warpgroups' registers fill the register file");
+};
 
 template <int DK, int DV>
 struct G10 {
@@ -6592,7 +6597,7 @@ __device__ __forceinline__ void g10_wgbar(int id) { asm volatile("bar.sync %0, 1
 
 // TD: the type of D and dD (float: rounded to bf16 by the producer through registers; bf16:
 // written so by gdr_hrec6b / gdr_bwd6b / gdr_bwd8b, copied by cp.async, the same bits).
-template <typename TQ, int DK, int DV, typename TD = float>
+template <typename TQ, int DK, int DV, typename TD = float, int RS = 0>
 __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __restrict__ k_raw,
                            const TQ* __restrict__ q, const TQ* __restrict__ k, const bf16_t* __restrict__ qb,
                            const bf16_t* __restrict__ kb, const bf16_t* __restrict__ v,
@@ -6663,7 +6668,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
 
     if (wg == 3) {
         // ---- producer ----
-        acp_setmaxnreg_dec<G10_PREG>();
+        acp_setmaxnreg_dec<G10Regs<RS>::P>();
         const int p = tid - 384;
         int s = 0, it = 0;
         for (i64 bi = blockIdx.x; bi < n_items; bi += gridDim.x, ++it) {
@@ -6741,7 +6746,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
 
     if (wg == 0) {
         // ---- q side ----
-        acp_setmaxnreg_inc<G10_QREG>();
+        acp_setmaxnreg_inc<G10Regs<RS>::Q>();
         float dq[DK / 2];
         int s = 0, it = 0;
         for (i64 bi = blockIdx.x; bi < n_items; bi += gridDim.x, ++it) {
@@ -6855,7 +6860,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
 
     if (wg == 1) {
         // ---- k side ----
-        acp_setmaxnreg_inc<G10_KREG>();
+        acp_setmaxnreg_inc<G10Regs<RS>::K>();
         float dkr[DK / 2];
         int s = 0, it = 0;
         for (i64 bi = blockIdx.x; bi < n_items; bi += gridDim.x, ++it) {
@@ -6956,7 +6961,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
     }
 
     // ---- wg == 2: the 64 x 64 side ----
-    acp_setmaxnreg_inc<G10_AREG>();
+    acp_setmaxnreg_inc<G10Regs<RS>::A>();
     float* colp = s3;                  // [4][64] column partials
     float* row_e = s3 + 4 * GDR_C;     // rs(E)
     float* row_db = row_e + GDR_C;     // sum_j dM P Gamma
@@ -7211,3 +7216,22 @@ GDR_GRAD10_ENTRY(float, bf16n, 64, 64)
 GDR_GRAD10_ENTRY(float, bf16n, 64, 128)
 GDR_GRAD10_ENTRY(float, bf16n, 128, 64)
 GDR_GRAD10_ENTRY(float, bf16n, 128, 128)
+// gdr_grad10b_r{1,2,3}_{bf16,bf16n}_d128_v128: the register-split variants (G10Regs)
+#define GDR_GRAD10R_ENTRY(TQ, S, RS)                                                                    \
+    extern "C" __global__ void __launch_bounds__(512, 1) gdr_grad10b_r##RS##_##S##_d128_v128(           \
+        const bf16_t* q_raw, const bf16_t* k_raw, const TQ* q, const TQ* k, const bf16_t* qb,           \
+        const bf16_t* kb, const bf16_t* v, const bf16_t* beta, const bf16_t* d_o, const float* gam_ws,  \
+        const float* t_ws, const bf16_t* h_ws, const bf16_t* dh_ws, const bf16_t* d_ws,                 \
+        const bf16_t* dd_ws, const i64* ch_t0, const int* ch_len, i64 n_items, int hk, int hv,          \
+        float scale, int l2norm, bf16_t* dq_out, bf16_t* dk_out, bf16_t* dv_out, float* dg,             \
+        bf16_t* dbeta) {                                                                                \
+        gdr_grad10<TQ, 128, 128, bf16_t, RS>(q_raw, k_raw, q, k, qb, kb, v, beta, d_o, gam_ws, t_ws,    \
+                                             h_ws, dh_ws, d_ws, dd_ws, ch_t0, ch_len, n_items, hk, hv,  \
+                                             scale, l2norm, dq_out, dk_out, dv_out, dg, dbeta);         \
+    }
+GDR_GRAD10R_ENTRY(bf16_t, bf16, 1)
+GDR_GRAD10R_ENTRY(bf16_t, bf16, 2)
+GDR_GRAD10R_ENTRY(bf16_t, bf16, 3)
+GDR_GRAD10R_ENTRY(float, bf16n, 1)
+GDR_GRAD10R_ENTRY(float, bf16n, 2)
+GDR_GRAD10R_ENTRY(float, bf16n, 3)
