@@ -2641,8 +2641,13 @@ fn prep7_matches_f64() {
                 let tol = match (kind, *name) {
                     (_, "qn" | "kn") => 1e-6,
                     (_, "gam") => 1e-5,
-                    (PrepKernel::V7 | PrepKernel::V8 | PrepKernel::V9, "T" | "U") => 1e-4,
-                    (PrepKernel::V7 | PrepKernel::V8 | PrepKernel::V9, _) => 5e-3,
+                    (
+                        PrepKernel::V7 | PrepKernel::V8 | PrepKernel::V9 | PrepKernel::Auto,
+                        "T" | "U",
+                    ) => 1e-4,
+                    (PrepKernel::V7 | PrepKernel::V8 | PrepKernel::V9 | PrepKernel::Auto, _) => {
+                        5e-3
+                    }
                     (PrepKernel::V6, "T" | "U") => 5e-3,
                     // v6's A and W come from TF32 products: a q.k near zero (T 1) has a
                     // larger relative error; v6 is checked here only as a check of the reference.
@@ -3020,7 +3025,7 @@ fn run_gpu_prep(
 }
 
 /// prep7: two runs give the same bits (forward and backward, with every v6 backward piece
-/// combination that recomputes); the prep selected by `GDN_RULE_PREP` (default v9 when unset)
+/// combination that recomputes); the prep selected by `GDN_RULE_PREP` (default Auto when unset)
 /// is what `forward_with` / `backward_with` run; v7 and v6 preps differ in bits (so the
 /// selection is real); v8 gives v7's bits through the whole forward and backward.
 #[test]
@@ -3078,7 +3083,11 @@ fn prep7_bitwise_and_selection() {
     let d = run_gpu_with(&gpu, &c, DType::Bf16, Some(every));
     let want = PrepKernel::from_env();
     if std::env::var_os("GDN_RULE_PREP").is_none() {
-        assert_eq!(want, PrepKernel::V9, "the default prep is not prep9");
+        assert_eq!(
+            want,
+            PrepKernel::Auto,
+            "the default prep is not Auto (prep9 / prep8)"
+        );
     }
     let dw = run_gpu_prep(&gpu, &c, every, want, FwdKernel::from_env());
     println!(

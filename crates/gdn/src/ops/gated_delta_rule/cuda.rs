@@ -2322,14 +2322,18 @@ pub enum PrepKernel {
     V8,
     /// `gdr_prep9`: V8 with one CTA per (chunk, key head) walking the GVA group's value heads:
     /// the q, k loads, their l2 norm and K K^T, Q K^T once per group; V8's outputs bit for bit.
-    /// Without GVA (as many value heads as key heads) it runs `gdr_prep8` (measured 2-3% faster
-    /// there; the same bits).
     V9,
+    /// The default: V9 where there is GVA and its grid (chunks x key heads) gives every SM at
+    /// least 4 CTAs (2 waves at 2 per SM: its CTAs run about twice as long as V8's, so a shorter
+    /// grid would leave SMs idle; measured faster than V8 at B1 T32768 with 16 / 32 heads, 31
+    /// waves, and with 2 / 8 heads, 3.9 waves), else V8 (measured 2-3% faster than V9 without
+    /// GVA). The same bits either way.
+    Auto,
 }
 
 impl PrepKernel {
-    /// The default: V9 (`gdr_prep9`, since 2026-12-04: V7's bits, faster; `GDN_RULE_PREP=v8` the
-    /// same kernel with one CTA per value head). V7 (`gdr_prep7`, the
+    /// The default: Auto (since 2026-12-04: `gdr_prep9` or `gdr_prep8` by shape, V7's bits,
+    /// faster; `GDN_RULE_PREP=v9` / `v8` one of them everywhere). V7 (`gdr_prep7`, the
     /// default from 2026-12-02, `GDN_RULE_PREP=v7`) measured 2.4 ms faster than V6 in the
     /// forward at B1 T32768 16/32 on the H200. Its one-token dq, dk error that held it back
     /// (2.6e-2 RMS relative on one test case, v6's prep 1.2e-2) is the case's conditioning: the
@@ -2351,7 +2355,7 @@ impl PrepKernel {
             Some("v7") => PrepKernel::V7,
             Some("v8") => PrepKernel::V8,
             Some("v9") => PrepKernel::V9,
-            _ => PrepKernel::V9,
+            _ => PrepKernel::Auto,
         }
     }
 }
@@ -2562,10 +2566,16 @@ fn v6_prep(
         PrepKernel::V9 => "gdr_prep9",
         _ => "gdr_prep7",
     };
-    // gdr_prep9: one CTA per (chunk, key head); without GVA gdr_prep8 (the same bits)
-    let (name, grid) = match kind {
-        PrepKernel::V9 if s.hv > s.hk => (name, ch.count * s.hk),
-        PrepKernel::V9 => ("gdr_prep8", chh),
+    // gdr_prep9: one CTA per (chunk, key head); Auto takes it with GVA and a grid of at least 4
+    // CTAs per SM, else gdr_prep8 (the same bits)
+    let prep9 = match kind {
+        PrepKernel::V9 => true,
+        PrepKernel::Auto => s.hv > s.hk && ch.count * s.hk >= 4 * gpu.sm_count()?,
+        _ => false,
+    };
+    let (name, grid) = match (kind, prep9) {
+        (_, true) => ("gdr_prep9", ch.count * s.hk),
+        (PrepKernel::Auto, false) => ("gdr_prep8", chh),
         _ => (name, chh),
     };
     launch(
@@ -2824,7 +2834,7 @@ mod tests {
     /// the environment's names select the others.
     #[test]
     fn kernel_choices_from_environment_values() {
-        assert_eq!(PrepKernel::named(None), PrepKernel::V9);
+        assert_eq!(PrepKernel::named(None), PrepKernel::Auto);
         assert_eq!(PrepKernel::named(Some("v9")), PrepKernel::V9);
         assert_eq!(PrepKernel::named(Some("v7")), PrepKernel::V7);
         assert_eq!(PrepKernel::named(Some("v8")), PrepKernel::V8);
