@@ -2515,9 +2515,10 @@ fn run_prep(
 /// same quantities, so a wrong prep shows as itself: every element written (the buffers are
 /// NaN-poisoned), the bf16 copies of q, k the rounding of the fp32 ones, and RMS errors within
 /// per-output tolerances (v7: fp32-level for qn, kn, gam, T, U; the bf16 rounding for W, A).
-/// v6's prep (TF32) is checked against the same reference (looser), v7f's printed. prep8 (the
-/// default) and prep8 are held to v7's tolerances and must equal prep7 bit for bit in every
-/// output, here and on two larger cases (packed sequences, GVA 2 and 4, both norms).
+/// v6's prep (TF32) is checked against the same reference (looser), v7f's printed. prep8 and
+/// prep9 (the default picks one of them) are held to v7's tolerances and must equal prep7 bit
+/// for bit in every output, here and on two larger cases (packed sequences, GVA 2 and 4, both
+/// norms).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn prep7_matches_f64() {
@@ -2623,7 +2624,7 @@ fn prep7_matches_f64() {
             }
             if kind == PrepKernel::V8 || kind == PrepKernel::V9 {
                 let (o7, b7) = v7_out.as_ref().unwrap();
-                prep_bits_equal(&c.name, o7, b7, &out, &bf, &mut fails);
+                prep_bits_equal(&c.name, kind, o7, b7, &out, &bf, &mut fails);
             }
             let mut line = format!("gdr-check prep-vs-f64 {kind:?} {:<28}", c.name);
             for (name, x) in &out {
@@ -2692,7 +2693,7 @@ fn prep7_matches_f64() {
             println!("{line}");
         }
     }
-    // larger cases, prep8 against prep7 only (bitwise)
+    // larger cases, prep8 and prep9 against prep7 only (bitwise)
     let cu = [0u64, 1000, 1000, 1001, 4096, 4160, 6001];
     let big = vec![
         case(
@@ -2721,8 +2722,8 @@ fn prep7_matches_f64() {
         let (o8, b8) = run_prep(&gpu, c, PrepKernel::V8);
         let (o9, b9) = run_prep(&gpu, c, PrepKernel::V9);
         let before = fails.len();
-        prep_bits_equal(&c.name, &o7, &b7, &o8, &b8, &mut fails);
-        prep_bits_equal(&c.name, &o7, &b7, &o9, &b9, &mut fails);
+        prep_bits_equal(&c.name, PrepKernel::V8, &o7, &b7, &o8, &b8, &mut fails);
+        prep_bits_equal(&c.name, PrepKernel::V9, &o7, &b7, &o9, &b9, &mut fails);
         println!(
             "gdr-check prep8,prep9-vs-prep7 {:<28} bitwise={}",
             c.name,
@@ -2732,11 +2733,12 @@ fn prep7_matches_f64() {
     finish(fails);
 }
 
-/// prep8's outputs against prep7's, bit for bit (a failure per differing output, naming the
-/// first differing element).
+/// The outputs `b` of prep `kind` against prep7's (`a`), bit for bit (a failure per differing
+/// output, naming the first differing element).
 #[allow(clippy::type_complexity)]
 fn prep_bits_equal(
     name: &str,
+    kind: PrepKernel,
     a: &[(&'static str, Vec<f32>)],
     ab: &Option<(Vec<f32>, Vec<f32>)>,
     b: &[(&'static str, Vec<f32>)],
@@ -2753,14 +2755,14 @@ fn prep_bits_equal(
         pairs.push(("kn bf16".into(), ak, bk));
     }
     if a.len() != b.len() || ab.is_some() != bb.is_some() {
-        fails.push(format!("{name}: prep8 and prep7 give different outputs"));
+        fails.push(format!("{name}: {kind:?} and prep7 give different outputs"));
     }
     for (n, x, y) in pairs {
         if let Some(i) = (0..x.len().max(y.len()))
             .find(|&i| x.get(i).map(|v| v.to_bits()) != y.get(i).map(|v| v.to_bits()))
         {
             fails.push(format!(
-                "{name}: prep8's {n}[{i}] = {:?}, prep7's {:?}",
+                "{name}: {kind:?}'s {n}[{i}] = {:?}, prep7's {:?}",
                 y.get(i),
                 x.get(i)
             ));
@@ -3027,7 +3029,7 @@ fn run_gpu_prep(
 /// prep7: two runs give the same bits (forward and backward, with every v6 backward piece
 /// combination that recomputes); the prep selected by `GDN_RULE_PREP` (default Auto when unset)
 /// is what `forward_with` / `backward_with` run; v7 and v6 preps differ in bits (so the
-/// selection is real); v8 gives v7's bits through the whole forward and backward.
+/// selection is real); v8 and v9 give v7's bits through the whole forward and backward.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn prep7_bitwise_and_selection() {

@@ -371,8 +371,8 @@ fn scan_fwd(
 /// Forward on the GPU. Returns `o` `[tokens, Hv, Dv]` (storage type of q) and, if
 /// `output_final_state`, the final states `[N, Hv, Dk, Dv]` fp32. Runs the kernels
 /// [`FwdKernel::from_env`] names (v9 on sm_90 and newer, by shape below it, unless
-/// `GDN_RULE_FWD` names another) with [`PrepKernel::from_env`]'s chunk prep (prep9, or prep8
-/// without GVA, unless `GDN_RULE_PREP` names another).
+/// `GDN_RULE_FWD` names another) with [`PrepKernel::from_env`]'s chunk prep
+/// ([`PrepKernel::Auto`] unless `GDN_RULE_PREP` names another).
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     gpu: &Arc<Gpu>,
@@ -2560,23 +2560,19 @@ fn v6_prep(
         (Some(o), _) => dptr(&o[i].1, st),
         (None, _) => Arg::Ptr(0),
     };
-    let name = match kind {
-        PrepKernel::V7Fast => "gdr_prep7f",
-        PrepKernel::V8 => "gdr_prep8",
-        PrepKernel::V9 => "gdr_prep9",
-        _ => "gdr_prep7",
+    // Auto: gdr_prep9 with GVA and a grid of at least 4 CTAs per SM, else gdr_prep8 (the same
+    // bits)
+    let kind = match kind {
+        PrepKernel::Auto if s.hv > s.hk && ch.count * s.hk >= 4 * gpu.sm_count()? => PrepKernel::V9,
+        PrepKernel::Auto => PrepKernel::V8,
+        k => k,
     };
-    // gdr_prep9: one CTA per (chunk, key head); Auto takes it with GVA and a grid of at least 4
-    // CTAs per SM, else gdr_prep8 (the same bits)
-    let prep9 = match kind {
-        PrepKernel::V9 => true,
-        PrepKernel::Auto => s.hv > s.hk && ch.count * s.hk >= 4 * gpu.sm_count()?,
-        _ => false,
-    };
-    let (name, grid) = match (kind, prep9) {
-        (_, true) => ("gdr_prep9", ch.count * s.hk),
-        (PrepKernel::Auto, false) => ("gdr_prep8", chh),
-        _ => (name, chh),
+    let (name, grid) = match kind {
+        PrepKernel::V7Fast => ("gdr_prep7f", chh),
+        PrepKernel::V8 => ("gdr_prep8", chh),
+        // one CTA per (chunk, key head)
+        PrepKernel::V9 => ("gdr_prep9", ch.count * s.hk),
+        _ => ("gdr_prep7", chh),
     };
     launch(
         gpu,
@@ -2830,7 +2826,7 @@ fn grad_tails(
 mod tests {
     use super::*;
 
-    /// The defaults (issue 13): prep8 (2026-12-04) and the forward by shape;
+    /// The defaults (issue 13): the prep by shape (Auto, 2026-12-04) and the forward by shape;
     /// the environment's names select the others.
     #[test]
     fn kernel_choices_from_environment_values() {

@@ -3270,18 +3270,14 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
     const int ratio = hv_n / hk_n;
     ChunkGeo G;
     static_assert(V8 || !GVA, "the key-head CTA is prep8's");
-    if constexpr (GVA) {  // one CTA per (chunk, key head), from its first value head
-        const unsigned b = blockIdx.x;
-        G.kh = (int)(b % (unsigned)hk_n);
-        G.c = b / (unsigned)hk_n;
-        G.hv = G.kh * ratio;
-        G.t0 = ch_t0[G.c];
-        G.l = ch_len[G.c];
-    } else if constexpr (V8) {  // 32-bit block arithmetic (the grid is below 2^31)
-        const unsigned b = blockIdx.x;
-        G.hv = (int)(b % (unsigned)hv_n);
-        G.c = b / (unsigned)hv_n;
-        G.kh = G.hv / ratio;
+    if constexpr (V8) {
+        // 32-bit block arithmetic (the grid is below 2^31); GVA: one CTA per (chunk, key head),
+        // from its first value head
+        const unsigned b = blockIdx.x, nh = (unsigned)(GVA ? hk_n : hv_n);
+        const int h = (int)(b % nh);
+        G.c = b / nh;
+        G.kh = GVA ? h : h / ratio;
+        G.hv = GVA ? h * ratio : h;
         G.t0 = ch_t0[G.c];
         G.l = ch_len[G.c];
     } else {
@@ -3689,14 +3685,17 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
 // Entries: gdr_prep7{,f}_d{64,128}_{bf16n,bf16}: f = bf16 hi parts only (no split); bf16n = the
 // in-kernel l2 norm (qnb, knb written; qn, kn too unless null), bf16 = caller-normalized q, k
 // (those four unused).
-#define GDR_PREP7_ENTRY(SFX, SPLIT, DK, NS, NORM)                                                       \
-    extern "C" __global__ void __launch_bounds__(GDR_NT, 2) gdr_prep7##SFX##_d##DK##_##NS(             \
+// One entry NAME_d{DK}_{NS} of the prep template with template arguments DK, NORM, ... (the
+// prep7 / prep8 / prep9 entries below).
+#define GDR_PREP_ENTRY(NAME, DK, NS, ...)                                                                \
+    extern "C" __global__ void __launch_bounds__(GDR_NT, 2) NAME##_d##DK##_##NS(                        \
         const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* g, const bf16_t* beta,          \
         const i64* ch_t0, const int* ch_len, int hk, int hv, int dv, float* qn, bf16_t* qnb, float* kn, \
         bf16_t* knb, float* gam_ws, float* t_ws, bf16_t* w_ws, float* u_ws, bf16_t* a_ws) {             \
-        gdr_prep7<DK, NORM, SPLIT>(q, k, v, g, beta, ch_t0, ch_len, hk, hv, dv, qn, qnb, kn, knb, gam_ws,   \
+        gdr_prep7<DK, __VA_ARGS__>(q, k, v, g, beta, ch_t0, ch_len, hk, hv, dv, qn, qnb, kn, knb, gam_ws,  \
                                    t_ws, w_ws, u_ws, a_ws);                                             \
     }
+#define GDR_PREP7_ENTRY(SFX, SPLIT, DK, NS, NORM) GDR_PREP_ENTRY(gdr_prep7##SFX, DK, NS, NORM, SPLIT)
 
 GDR_PREP7_ENTRY(, true, 64, bf16n, true)
 GDR_PREP7_ENTRY(, true, 64, bf16, false)
@@ -3707,28 +3706,14 @@ GDR_PREP7_ENTRY(f, false, 64, bf16, false)
 GDR_PREP7_ENTRY(f, false, 128, bf16n, true)
 GDR_PREP7_ENTRY(f, false, 128, bf16, false)
 // gdr_prep8_d{64,128}_{bf16n,bf16}: prep7's outputs bit for bit (V8 above), the default prep
-#define GDR_PREP8_ENTRY(DK, NS, NORM)                                                                   \
-    extern "C" __global__ void __launch_bounds__(GDR_NT, 2) gdr_prep8_d##DK##_##NS(                     \
-        const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* g, const bf16_t* beta,          \
-        const i64* ch_t0, const int* ch_len, int hk, int hv, int dv, float* qn, bf16_t* qnb, float* kn, \
-        bf16_t* knb, float* gam_ws, float* t_ws, bf16_t* w_ws, float* u_ws, bf16_t* a_ws) {             \
-        gdr_prep7<DK, NORM, true, true>(q, k, v, g, beta, ch_t0, ch_len, hk, hv, dv, qn, qnb, kn, knb,      \
-                                        gam_ws, t_ws, w_ws, u_ws, a_ws);                                \
-    }
+#define GDR_PREP8_ENTRY(DK, NS, NORM) GDR_PREP_ENTRY(gdr_prep8, DK, NS, NORM, true, true)
 GDR_PREP8_ENTRY(64, bf16n, true)
 GDR_PREP8_ENTRY(64, bf16, false)
 GDR_PREP8_ENTRY(128, bf16n, true)
 GDR_PREP8_ENTRY(128, bf16, false)
 // gdr_prep9_d{64,128}_{bf16n,bf16}: one CTA per (chunk, key head) over its value heads (GVA
 // above), prep8's outputs bit for bit; the grid is chunks x key heads
-#define GDR_PREP9_ENTRY(DK, NS, NORM)                                                                   \
-    extern "C" __global__ void __launch_bounds__(GDR_NT, 2) gdr_prep9_d##DK##_##NS(                     \
-        const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* g, const bf16_t* beta,          \
-        const i64* ch_t0, const int* ch_len, int hk, int hv, int dv, float* qn, bf16_t* qnb, float* kn, \
-        bf16_t* knb, float* gam_ws, float* t_ws, bf16_t* w_ws, float* u_ws, bf16_t* a_ws) {             \
-        gdr_prep7<DK, NORM, true, true, true>(q, k, v, g, beta, ch_t0, ch_len, hk, hv, dv, qn, qnb, kn,   \
-                                              knb, gam_ws, t_ws, w_ws, u_ws, a_ws);                     \
-    }
+#define GDR_PREP9_ENTRY(DK, NS, NORM) GDR_PREP_ENTRY(gdr_prep9, DK, NS, NORM, true, true, true)
 GDR_PREP9_ENTRY(64, bf16n, true)
 GDR_PREP9_ENTRY(64, bf16, false)
 GDR_PREP9_ENTRY(128, bf16n, true)
@@ -7194,18 +7179,19 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
 // (<= items = chunks x key heads CTAs), 512 threads.
 // gdr_grad10b: D, dD in bf16.
 #define GDR_GRAD10_ENTRY(TQ, S, DK, DV)                                                                 \
-    GDR_GRAD10_ENTRY_TD(TQ, S, DK, DV, float, gdr_grad10)                                               \
-    GDR_GRAD10_ENTRY_TD(TQ, S, DK, DV, bf16_t, gdr_grad10b)
-#define GDR_GRAD10_ENTRY_TD(TQ, S, DK, DV, TD, NAME)                                                    \
+    GDR_GRAD10_ENTRY_TD(TQ, S, DK, DV, float, gdr_grad10, 0)                                            \
+    GDR_GRAD10_ENTRY_TD(TQ, S, DK, DV, bf16_t, gdr_grad10b, 0)
+// RS: the register split (G10Regs)
+#define GDR_GRAD10_ENTRY_TD(TQ, S, DK, DV, TD, NAME, RS)                                                \
     extern "C" __global__ void __launch_bounds__(512, 1) NAME##_##S##_d##DK##_v##DV(                    \
         const bf16_t* q_raw, const bf16_t* k_raw, const TQ* q, const TQ* k, const bf16_t* qb,           \
         const bf16_t* kb, const bf16_t* v, const bf16_t* beta, const bf16_t* d_o, const float* gam_ws,  \
         const float* t_ws, const bf16_t* h_ws, const bf16_t* dh_ws, const TD* d_ws, const TD* dd_ws,    \
         const i64* ch_t0, const int* ch_len, i64 n_items, int hk, int hv, float scale, int l2norm,      \
         bf16_t* dq_out, bf16_t* dk_out, bf16_t* dv_out, float* dg, bf16_t* dbeta) {                     \
-        gdr_grad10<TQ, DK, DV, TD>(q_raw, k_raw, q, k, qb, kb, v, beta, d_o, gam_ws, t_ws, h_ws, dh_ws, \
-                                   d_ws, dd_ws, ch_t0, ch_len, n_items, hk, hv, scale, l2norm, dq_out, \
-                                   dk_out, dv_out, dg, dbeta);                                          \
+        gdr_grad10<TQ, DK, DV, TD, RS>(q_raw, k_raw, q, k, qb, kb, v, beta, d_o, gam_ws, t_ws, h_ws,    \
+                                       dh_ws, d_ws, dd_ws, ch_t0, ch_len, n_items, hk, hv, scale,       \
+                                       l2norm, dq_out, dk_out, dv_out, dg, dbeta);                      \
     }
 
 GDR_GRAD10_ENTRY(bf16_t, bf16, 64, 64)
@@ -7217,18 +7203,7 @@ GDR_GRAD10_ENTRY(float, bf16n, 64, 128)
 GDR_GRAD10_ENTRY(float, bf16n, 128, 64)
 GDR_GRAD10_ENTRY(float, bf16n, 128, 128)
 // gdr_grad10b_r{1,2,3}_{bf16,bf16n}_d128_v128: the register-split variants (G10Regs)
-#define GDR_GRAD10R_ENTRY(TQ, S, RS)                                                                    \
-    extern "C" __global__ void __launch_bounds__(512, 1) gdr_grad10b_r##RS##_##S##_d128_v128(           \
-        const bf16_t* q_raw, const bf16_t* k_raw, const TQ* q, const TQ* k, const bf16_t* qb,           \
-        const bf16_t* kb, const bf16_t* v, const bf16_t* beta, const bf16_t* d_o, const float* gam_ws,  \
-        const float* t_ws, const bf16_t* h_ws, const bf16_t* dh_ws, const bf16_t* d_ws,                 \
-        const bf16_t* dd_ws, const i64* ch_t0, const int* ch_len, i64 n_items, int hk, int hv,          \
-        float scale, int l2norm, bf16_t* dq_out, bf16_t* dk_out, bf16_t* dv_out, float* dg,             \
-        bf16_t* dbeta) {                                                                                \
-        gdr_grad10<TQ, 128, 128, bf16_t, RS>(q_raw, k_raw, q, k, qb, kb, v, beta, d_o, gam_ws, t_ws,    \
-                                             h_ws, dh_ws, d_ws, dd_ws, ch_t0, ch_len, n_items, hk, hv,  \
-                                             scale, l2norm, dq_out, dk_out, dv_out, dg, dbeta);         \
-    }
+#define GDR_GRAD10R_ENTRY(TQ, S, RS) GDR_GRAD10_ENTRY_TD(TQ, S, 128, 128, bf16_t, gdr_grad10b_r##RS, RS)
 GDR_GRAD10R_ENTRY(bf16_t, bf16, 1)
 GDR_GRAD10R_ENTRY(bf16_t, bf16, 2)
 GDR_GRAD10R_ENTRY(bf16_t, bf16, 3)
