@@ -15,7 +15,7 @@ use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_with, backward_with_prep, chain6, chain8,
     forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_backward_overlap,
-    set_bwd8, set_bwd9, set_g10_regs, set_grad10, set_grad8, set_hrec8, set_poison, set_v6_stages,
+    set_bwd8, set_bwd9, set_g10_split0, set_grad10, set_grad8, set_hrec8, set_poison, set_v6_stages,
     set_v9_producer, set_ws16, v6_supports, BwdKernel, ChainInputs, FwdKernel, PrepKernel,
 };
 use gdn::ops::gated_delta_rule::reference::{self, RefInputs};
@@ -3535,6 +3535,17 @@ fn grad10_bf16_workspaces_bitwise() {
             ));
         }
     }
+    // the layer's variant (caller-normalized q, k) at Dk = Dv = 128
+    cases.push(case(
+        "ws16 caller-norm 2/4 d128",
+        Seqs::packed(&cu, 1003).unwrap(),
+        sh(2, 4, 128, 128),
+        false,
+        true,
+        Decay::LogSigmoid,
+        1398,
+        true,
+    ));
     cases.push(case(
         "ws16 T20000 2/4 d128",
         Seqs::uniform(1, 20000),
@@ -3561,17 +3572,16 @@ fn grad10_bf16_workspaces_bitwise() {
                     c.name
                 ));
             }
-            // gdr_grad10b's register-split variants (Dk = Dv = 128): the same code, the same bits
-            if warps == 0 && c.shape.dk == 128 && c.shape.dv == 128 {
-                for n in 1..=3 {
-                    set_g10_regs(Some(n));
-                    let r = run_gpu_with(&gpu, c, DType::Bf16, Some(v7b(warps)));
-                    set_g10_regs(None);
-                    let same = r.bits() == b.bits();
-                    println!("gdr-check {:<32} register split {n} bitwise={same}", c.name);
-                    if !same {
-                        fails.push(format!("{}: register split {n} changed the bits", c.name));
-                    }
+            // the layer's gdr_grad10b variant (caller-normalized, Dk = Dv = 128) at the other
+            // variants' register split: the same code, the same bits
+            if warps == 0 && !c.opts.l2norm_in_kernel && c.shape.dk == 128 && c.shape.dv == 128 {
+                set_g10_split0(true);
+                let r = run_gpu_with(&gpu, c, DType::Bf16, Some(v7b(warps)));
+                set_g10_split0(false);
+                let same = r.bits() == b.bits();
+                println!("gdr-check {:<32} register split 0 bitwise={same}", c.name);
+                if !same {
+                    fails.push(format!("{}: register split 0 changed the bits", c.name));
                 }
             }
         }

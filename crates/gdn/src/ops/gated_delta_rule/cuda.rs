@@ -1634,26 +1634,17 @@ thread_local! {
     static GRAD8: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     static GRAD10: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     static WS16: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
-    static G10REGS: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+    static G10SPLIT0: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Tests and benchmarks (measurement only): on the calling thread, `Some(n)` (n = 1, 2, 3) runs
-/// gdr_grad10b at Dk = Dv = 128 with setmaxnreg split n instead of the default's (0: 56 / 160 /
-/// 152 / 144 registers for the producer / q side / k side / 64 x 64 side; 1: 56 / 168 / 160 /
-/// 128; 2: 56 / 168 / 152 / 136; 3: 64 / 168 / 144 / 136; the .cu file's `G10Regs`): the same
-/// code and bits, other register allocations and spills (bench/NOTES.md, session 14). `None`
-/// follows `GDN_RULE_G10REGS`, else the default; other shapes and gdr_grad10 always run it.
+/// Tests only: on the calling thread, `true` runs the layer's gdr_grad10b variant (bf16 D / dD,
+/// caller-normalized q / k, Dk = Dv = 128) at the setmaxnreg split every other variant has
+/// (`gdr_grad10b_r0_*`: 56 / 160 / 152 / 144 registers for the producer / q side / k side /
+/// 64 x 64 side) instead of its own (56 / 168 / 160 / 128, the .cu file's `G10Regs`): the same
+/// code and bits, another register allocation.
 #[doc(hidden)]
-pub fn set_g10_regs(n: Option<u32>) {
-    G10REGS.with(|c| c.set(n));
-}
-
-fn g10_regs() -> u32 {
-    G10REGS
-        .with(|c| c.get())
-        .or_else(|| std::env::var("GDN_RULE_G10REGS").ok()?.parse().ok())
-        .filter(|n| (1..=3).contains(n))
-        .unwrap_or(0)
+pub fn set_g10_split0(on: bool) {
+    G10SPLIT0.with(|c| c.set(on));
 }
 
 /// Tests and benchmarks: on the calling thread, `Some(true)` writes the backward's D and dD
@@ -2744,9 +2735,15 @@ fn grad7(
         let items = ch.count * s.hk;
         // td16: D, dD in bf16 (see the backward)
         let b16 = if td16 { "b" } else { "" };
-        let rs = match g10_regs() {
-            n @ 1..=3 if td16 && s.dk == 128 && s.dv == 128 => format!("_r{n}"),
-            _ => String::new(),
+        let rs = if td16
+            && ks == "bf16"
+            && s.dk == 128
+            && s.dv == 128
+            && G10SPLIT0.with(|c| c.get())
+        {
+            "_r0"
+        } else {
+            ""
         };
         let name = format!("gdr_grad10{b16}{rs}_{ks}_d{}_v{}", s.dk, s.dv);
         launch_in_threads(
