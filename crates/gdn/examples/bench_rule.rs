@@ -13,7 +13,10 @@
 //!   `gdr_grad10` on sm_90a; `GDN_RULE_PREP=v7` / `v6` and `GDN_RULE_FWD=v6l` / `v6` give earlier
 //!   defaults (prep7, v6's prep; the lean v6 forward, the first cp.async loads). Plus issue
 //!   13's packed row (6 sequences, 32768 tokens) and few-heads row
-//!   (2 / 8 heads, T 32768) with the tokens/s of each row against the first;
+//!   (2 / 8 heads, T 32768) with the tokens/s of each row against the first. Since 2026-12-04
+//!   the table times what the layer runs: `forward_saving` (the forward keeps its chunk
+//!   inverses T) and `backward_saved` (its recompute reads them instead of solving); a
+//!   `bench-rule-saved-t` line per row times `forward` + `backward` (solving again) beside it;
 //! - `chain`: the scan's latency floor: per chunk step, v6's chain kernel (one CTA, 512
 //!   dependent steps on resident operands, 1/2/4/8 warps, with and without the output
 //!   products), then one CTA of the real scans (v5 `gdr_scan_fwd16`, v6 `gdr_fwd6` with its
@@ -64,10 +67,10 @@ use std::sync::Arc;
 use gdn::backend::launch::{profile_start, profile_take};
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
-    backward as backward_cuda, backward_with, backward_with_prep, chain6, chain8,
-    forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_backward_overlap,
-    set_bwd8, set_bwd9, set_grad10, set_grad8, set_hrec8, set_v6_stages, set_v9_producer, set_ws16,
-    BwdKernel, ChainInputs, FwdKernel, PrepKernel,
+    backward as backward_cuda, backward_saved, backward_with, backward_with_prep, chain6, chain8,
+    forward as forward_cuda, forward_saving, forward_with, forward_with_prep, prep_only,
+    set_backward_overlap, set_bwd8, set_bwd9, set_grad10, set_grad8, set_hrec8, set_v6_stages,
+    set_v9_producer, set_ws16, BwdKernel, ChainInputs, FwdKernel, PrepKernel,
 };
 use gdn::ops::gated_delta_rule::{RuleOpts, RuleShape, CHUNK};
 use gdn::Seqs;
@@ -226,8 +229,10 @@ fn main() {
             .collect();
         let beta = up(&beta_host);
         let d_o = up(&normals(tokens * hv * dv, 6));
+        // The forward keeping its chunk inverses and the backward reading them (what the layer
+        // runs since 2026-12-04); the line after the table times the backward that solves again.
         let fwd = || {
-            let r = forward_cuda(
+            let r = forward_saving(
                 &gpu, &q, &kk, &vv, &g, &beta, &seqs, shape, opts, None, false,
             )
             .unwrap();
@@ -235,6 +240,30 @@ fn main() {
         };
         let t_f = time_ms(&gpu, 2, 10, fwd);
         let fwd_bwd = || {
+            let (o, _, t) = forward_saving(
+                &gpu, &q, &kk, &vv, &g, &beta, &seqs, shape, opts, None, false,
+            )
+            .unwrap();
+            let gr = backward_saved(
+                &gpu,
+                &q,
+                &kk,
+                &vv,
+                &g,
+                &beta,
+                &seqs,
+                shape,
+                opts,
+                None,
+                &d_o,
+                None,
+                t.as_ref(),
+            )
+            .unwrap();
+            drop((o, gr, t));
+        };
+        let t_fb = time_ms(&gpu, 2, 10, fwd_bwd);
+        let fwd_bwd_solve = || {
             let (o, _) = forward_cuda(
                 &gpu, &q, &kk, &vv, &g, &beta, &seqs, shape, opts, None, false,
             )
@@ -245,7 +274,19 @@ fn main() {
             .unwrap();
             drop((o, gr));
         };
-        let t_fb = time_ms(&gpu, 2, 10, fwd_bwd);
+        let t_f_solve = time_ms(&gpu, 1, 10, || {
+            drop(
+                forward_cuda(
+                    &gpu, &q, &kk, &vv, &g, &beta, &seqs, shape, opts, None, false,
+                )
+                .unwrap(),
+            )
+        });
+        let t_fb_solve = time_ms(&gpu, 1, 10, fwd_bwd_solve);
+        println!(
+            "bench-rule-saved-t | {label} | keeping T: fwd {t_f:.2} fwd+bwd {t_fb:.2} ms; solving again in backward: fwd {t_f_solve:.2} fwd+bwd {t_fb_solve:.2} ms ({:+.2} ms)",
+            t_fb - t_fb_solve
+        );
         // The same with the backward's two scans one after the other (the default runs them
         // side by side on two streams).
         set_backward_overlap(false);
@@ -295,15 +336,27 @@ fn main() {
         gpu.reset_peak();
         // One more forward + backward with every kernel timed on its own.
         profile_start();
-        let (o, _) = forward_cuda(
+        let (o, _, t) = forward_saving(
             &gpu, &q, &kk, &vv, &g, &beta, &seqs, shape, opts, None, false,
         )
         .unwrap();
-        let gr = backward_cuda(
-            &gpu, &q, &kk, &vv, &g, &beta, &seqs, shape, opts, None, &d_o, None,
+        let gr = backward_saved(
+            &gpu,
+            &q,
+            &kk,
+            &vv,
+            &g,
+            &beta,
+            &seqs,
+            shape,
+            opts,
+            None,
+            &d_o,
+            None,
+            t.as_ref(),
         )
         .unwrap();
-        drop((o, gr));
+        drop((o, gr, t));
         let prof = profile_take();
         let line: Vec<String> = prof
             .iter()

@@ -13,10 +13,11 @@ use std::sync::{Arc, OnceLock};
 
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
-    backward as backward_cuda, backward_with, backward_with_prep, chain6, chain8,
-    forward as forward_cuda, forward_with, forward_with_prep, prep_only, set_backward_overlap,
-    set_bwd8, set_bwd9, set_g10_split0, set_grad10, set_grad8, set_hrec8, set_poison, set_v6_stages,
-    set_v9_producer, set_ws16, v6_supports, BwdKernel, ChainInputs, FwdKernel, PrepKernel,
+    backward as backward_cuda, backward_saved, backward_with, backward_with_prep, chain6, chain8,
+    forward as forward_cuda, forward_saving, forward_with, forward_with_prep, prep_only,
+    prep_saved_t, set_backward_overlap, set_bwd8, set_bwd9, set_g10_split0, set_grad10, set_grad8,
+    set_hrec8, set_poison, set_v6_stages, set_v9_producer, set_ws16, v6_supports, BwdKernel,
+    ChainInputs, FwdKernel, PrepKernel, V6Prep, T_PACKED,
 };
 use gdn::ops::gated_delta_rule::reference::{self, RefInputs};
 use gdn::ops::gated_delta_rule::{self as gdr, RuleOpts, RuleShape};
@@ -2493,6 +2494,15 @@ fn run_prep(
     let (q, k, v, beta) = (up(&c.q), up(&c.k), up(&c.v), up(&c.beta));
     let g: GBuf<f32> = gpu.upload(&c.g).unwrap();
     let p = prep_only(gpu, &q, &k, &v, &g, &beta, &c.seqs, c.shape, c.opts, kind).unwrap();
+    prep_outputs(gpu, &p)
+}
+
+/// A prep's outputs as run_prep gives them.
+#[allow(clippy::type_complexity)]
+fn prep_outputs(
+    gpu: &Arc<Gpu>,
+    p: &V6Prep,
+) -> (Vec<(&'static str, Vec<f32>)>, Option<(Vec<f32>, Vec<f32>)>) {
     let mut out = Vec::new();
     let mut bf = None;
     if let Some(n) = &p.norm {
@@ -3671,5 +3681,218 @@ fn bwd9_bitwise_vs_bwd8() {
     set_bwd8(None);
     set_bwd9(None);
     println!("gdr-check bwd9: {n} comparisons");
+    finish(fails);
+}
+
+/// Chunks of 64 tokens of the packed sequences (none straddles two), counted from the lengths.
+fn chunk_count(seqs: &Seqs) -> usize {
+    (0..seqs.count())
+        .map(|i| seqs.range(i).len().div_ceil(64))
+        .sum()
+}
+
+/// The saved chunk inverses: prep8 and prep9 writing the packed T (its ten blocks on or below the
+/// diagonal, each equal to the full T they also write, every element written) and then reading
+/// it instead of solving (`gdr_prep8t` / `gdr_prep9t`) give every output bit for bit as solving
+/// does, on the prep cases (Dk 64 / 128, GVA 1 / 2 / 4, partial chunks, packed with empty and
+/// length-1 sequences, both norms).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn saved_t_prep_is_bitwise() {
+    let gpu = gpu();
+    let mut fails = Vec::new();
+    for c in &prep_fwd_bwd_cases() {
+        if !v6_supports(DType::Bf16, c.shape) {
+            continue;
+        }
+        let up = |x: &[f32]| DBuf::upload(&gpu, x, DType::Bf16).unwrap();
+        let (q, k, v, beta) = (up(&c.q), up(&c.k), up(&c.v), up(&c.beta));
+        let g: GBuf<f32> = gpu.upload(&c.g).unwrap();
+        for kind in [PrepKernel::V8, PrepKernel::V9] {
+            let (solved, tp, read) =
+                prep_saved_t(&gpu, &q, &k, &v, &g, &beta, &c.seqs, c.shape, c.opts, kind).unwrap();
+            let (a, ab) = prep_outputs(&gpu, &solved);
+            let (b, bb) = prep_outputs(&gpu, &read);
+            prep_bits_equal(
+                &format!("{} saved T", c.name),
+                kind,
+                &a,
+                &ab,
+                &b,
+                &bb,
+                &mut fails,
+            );
+            // the packed blocks against the full T
+            let tp = gpu.download(&tp).unwrap();
+            let t = &a.iter().find(|(n, _)| *n == "T").unwrap().1;
+            let n_ch = chunk_count(&c.seqs) * c.shape.hv;
+            if tp.len() != (n_ch * T_PACKED).max(1) || t.len() != n_ch * 64 * 64 {
+                fails.push(format!(
+                    "{} {kind:?}: {} packed floats, {} of T",
+                    c.name,
+                    tp.len(),
+                    t.len()
+                ));
+                continue;
+            }
+            let mut bad = 0;
+            for ch in 0..n_ch {
+                for (blk, (ba, bb_)) in [
+                    (0, 0),
+                    (1, 0),
+                    (1, 1),
+                    (2, 0),
+                    (2, 1),
+                    (2, 2),
+                    (3, 0),
+                    (3, 1),
+                    (3, 2),
+                    (3, 3),
+                ]
+                .into_iter()
+                .enumerate()
+                {
+                    for r in 0..16 {
+                        for col in 0..16 {
+                            let x = tp[ch * T_PACKED + blk * 256 + r * 16 + col];
+                            let y = t[ch * 4096 + (16 * ba + r) * 64 + 16 * bb_ + col];
+                            if x.to_bits() != y.to_bits() {
+                                bad += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            println!(
+                "gdr-check saved-t {kind:?} {:<28} packed != T: {bad}",
+                c.name
+            );
+            if bad > 0 {
+                fails.push(format!(
+                    "{} {kind:?}: {bad} packed elements differ from T",
+                    c.name
+                ));
+            }
+        }
+    }
+    finish(fails);
+}
+
+/// The rule's forward keeping its chunk inverses and the backward reading them
+/// (`forward_saving` / `backward_saved`, what the layer runs) give bit for bit the outputs and
+/// gradients of `forward` / `backward` (which solve for T again), on the prep cases; the kept
+/// buffer is chunks x Hv x 2560 fp32; a kept buffer of another shape is an error, and the f32
+/// path (the v5 kernels) keeps nothing.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn backward_saved_is_bitwise() {
+    let gpu = gpu();
+    let mut fails = Vec::new();
+    for c in &prep_fwd_bwd_cases() {
+        let a = run_gpu(&gpu, c, DType::Bf16);
+        let up = |x: &[f32]| DBuf::upload(&gpu, x, DType::Bf16).unwrap();
+        let up32 = |x: &[f32]| -> GBuf<f32> { gpu.upload(x).unwrap() };
+        let (q, k, v, beta, d_o) = (up(&c.q), up(&c.k), up(&c.v), up(&c.beta), up(&c.d_o));
+        let g = up32(&c.g);
+        let h0 = c.h0.as_deref().map(up32);
+        let dht = c.dht.as_deref().map(up32);
+        let (o, fin, t) = forward_saving(
+            &gpu,
+            &q,
+            &k,
+            &v,
+            &g,
+            &beta,
+            &c.seqs,
+            c.shape,
+            c.opts,
+            h0.as_ref(),
+            true,
+        )
+        .unwrap();
+        let v6 = v6_supports(DType::Bf16, c.shape);
+        let n_t = chunk_count(&c.seqs) * c.shape.hv * T_PACKED;
+        match (&t, v6) {
+            (Some(t), true) if t.len() == n_t.max(1) => {}
+            (None, false) => {}
+            _ => fails.push(format!(
+                "{}: kept {:?} floats (v6 path {v6}), expected {n_t}",
+                c.name,
+                t.as_ref().map(|t| t.len())
+            )),
+        }
+        let gr = backward_saved(
+            &gpu,
+            &q,
+            &k,
+            &v,
+            &g,
+            &beta,
+            &c.seqs,
+            c.shape,
+            c.opts,
+            h0.as_ref(),
+            &d_o,
+            dht.as_ref(),
+            t.as_ref(),
+        )
+        .unwrap();
+        let b = Out {
+            o: o.download().unwrap(),
+            fin: gpu.download(fin.as_ref().unwrap()).unwrap(),
+            dq: gr.dq.download().unwrap(),
+            dk: gr.dk.download().unwrap(),
+            dv: gr.dv.download().unwrap(),
+            dg: gpu.download(&gr.dg).unwrap(),
+            dbeta: gr.dbeta.download().unwrap(),
+            dh0: gr.dh0.as_ref().map(|d| gpu.download(d).unwrap()),
+        };
+        let same = a.bits() == b.bits();
+        println!("gdr-check backward-saved {:<28} identical={same}", c.name);
+        if !same {
+            fails.push(format!(
+                "{}: forward_saving + backward_saved differ from forward + backward",
+                c.name
+            ));
+        }
+        // A kept buffer of another length: an error that says what it is, not a wrong answer.
+        if let Some(t) = &t {
+            let wrong: GBuf<f32> = gpu.upload(&vec![0f32; t.len() + T_PACKED]).unwrap();
+            match backward_saved(
+                &gpu,
+                &q,
+                &k,
+                &v,
+                &g,
+                &beta,
+                &c.seqs,
+                c.shape,
+                c.opts,
+                h0.as_ref(),
+                &d_o,
+                dht.as_ref(),
+                Some(&wrong),
+            ) {
+                Err(e) if e.to_string().contains("saved chunk inverses") => {}
+                Err(e) => fails.push(format!(
+                    "{}: wrong-length T gave another error: {e}",
+                    c.name
+                )),
+                Ok(_) => fails.push(format!("{}: wrong-length T was accepted", c.name)),
+            }
+        }
+    }
+    // f32 storage runs the v5 kernels, which keep nothing (and take nothing).
+    let c = &prep_fwd_bwd_cases()[0];
+    let up = |x: &[f32]| DBuf::upload(&gpu, x, DType::F32).unwrap();
+    let (q, k, v, beta) = (up(&c.q), up(&c.k), up(&c.v), up(&c.beta));
+    let g: GBuf<f32> = gpu.upload(&c.g).unwrap();
+    let (_, _, t) = forward_saving(
+        &gpu, &q, &k, &v, &g, &beta, &c.seqs, c.shape, c.opts, None, false,
+    )
+    .unwrap();
+    if t.is_some() {
+        fails.push("f32 storage kept chunk inverses".into());
+    }
     finish(fails);
 }

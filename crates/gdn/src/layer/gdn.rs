@@ -29,7 +29,7 @@ use crate::config::{GdnConfig, Normalization, Variant};
 use crate::error::{GdnError, Result};
 use crate::layer::saved::Acts;
 use crate::layer::{Grads, Params, Saved};
-use crate::ops::gated_delta_rule::{RuleOpts, RuleShape};
+use crate::ops::gated_delta_rule::{RuleOpts, RuleSaved, RuleShape};
 use crate::ops::norm::Stats;
 use crate::ops::prep::{PrepCols, PrepDy, PrepParams, PrepShape};
 use crate::ops::{
@@ -876,7 +876,7 @@ impl GatedDeltaNet {
         let r = self.prep(&p, &proj, seqs)?;
         prof.mark("fwd conv + l2norm + gates");
         // 6. The rule.
-        let (o, final_state) = self.rule_forward(&r, seqs, h0, want_final)?;
+        let (o, final_state, rule_saved) = self.rule_forward(&r, seqs, h0, want_final, true)?;
         prof.mark("fwd gated delta rule");
         // Keep the rule's inputs only under `keep_rule_inputs` (Megatron keeps them); by default
         // backward rebuilds them from `proj` (which is kept).
@@ -893,6 +893,7 @@ impl GatedDeltaNet {
                 proj,
                 proj_qkvz_only: false,
                 rule_in,
+                rule_saved,
                 o,
                 o_stats,
                 norm_out: Some(norm_out),
@@ -1221,20 +1222,49 @@ impl GatedDeltaNet {
         })
     }
 
+    /// The rule's forward; with `keep`, also what its backward can use instead of recomputing
+    /// (training; inference keeps nothing).
     fn rule_forward(
         &self,
         r: &RuleInputs,
         seqs: &Seqs,
         h0: Option<&F32s>,
         want_final: bool,
-    ) -> Result<(Act, Option<F32s>)> {
+        keep: bool,
+    ) -> Result<(Act, Option<F32s>, RuleSaved)> {
         let (s, o) = (self.rule_shape(), self.rule_opts());
         match &r.gates {
+            Gates::Gdn { g, beta } if keep => gated_delta_rule::forward_saving(
+                r.qn(),
+                r.kn(),
+                &r.v,
+                g,
+                beta,
+                seqs,
+                s,
+                o,
+                h0,
+                want_final,
+            ),
             Gates::Gdn { g, beta } => {
-                gated_delta_rule::forward(r.qn(), r.kn(), &r.v, g, beta, seqs, s, o, h0, want_final)
+                let (y, fin) = gated_delta_rule::forward(
+                    r.qn(),
+                    r.kn(),
+                    &r.v,
+                    g,
+                    beta,
+                    seqs,
+                    s,
+                    o,
+                    h0,
+                    want_final,
+                )?;
+                Ok((y, fin, RuleSaved::default()))
             }
             Gates::Gdn2 { g, b, w, .. } => {
-                gdn2_rule::forward(r.qn(), r.kn(), &r.v, g, b, w, seqs, s, o, h0, want_final)
+                let (y, fin) =
+                    gdn2_rule::forward(r.qn(), r.kn(), &r.v, g, b, w, seqs, s, o, h0, want_final)?;
+                Ok((y, fin, RuleSaved::default()))
             }
         }
     }
@@ -1310,6 +1340,7 @@ impl GatedDeltaNet {
         p: &ParamView,
         proj: &Act,
         rule_in: Option<RuleInputs>,
+        rule_saved: &RuleSaved,
         seqs: &Seqs,
         h0: Option<&F32s>,
         d_o: &Act,
@@ -1344,7 +1375,7 @@ impl GatedDeltaNet {
                     dg,
                     dbeta,
                     dh0,
-                } = gated_delta_rule::backward(
+                } = gated_delta_rule::backward_saved(
                     r.qn(),
                     r.kn(),
                     &r.v,
@@ -1356,6 +1387,7 @@ impl GatedDeltaNet {
                     h0,
                     d_o,
                     d_final,
+                    rule_saved,
                 )?;
                 drop(r);
                 prof.mark("bwd rule (+ prep rebuild)");
@@ -1569,8 +1601,19 @@ impl GatedDeltaNet {
         // 6. The rule (its inputs rebuilt, or kept under keep_rule_inputs), then 5. gates, 4. L2 norm and
         // 3. conv, each writing its sections of dproj.
         let dh0 = self.backward_rule_prep(
-            &p, &a.proj, a.rule_in, seqs, h0, &d_o, d_final, &mut dproj, &mut set, &mut prof,
+            &p,
+            &a.proj,
+            a.rule_in,
+            &a.rule_saved,
+            seqs,
+            h0,
+            &d_o,
+            d_final,
+            &mut dproj,
+            &mut set,
+            &mut prof,
         )?;
+        drop(a.rule_saved);
 
         // 1. in_proj and its fused norm; the normalized input is rebuilt from x.
         let (xn, _) = norm::forward(

@@ -2,6 +2,7 @@
 
 use crate::backend::{Act, F32s};
 use crate::layer::gdn::RuleInputs;
+use crate::ops::gated_delta_rule::RuleSaved;
 use crate::ops::norm::Stats;
 use crate::seqs::Seqs;
 
@@ -36,6 +37,9 @@ pub(crate) struct Acts {
     /// The rule's inputs (conv outputs, normalized q/k when caller-side, gates): kept only under
     /// `keep_rule_inputs`; `None` by default (backward rebuilds them from `proj`).
     pub rule_in: Option<RuleInputs>,
+    /// What the rule's forward kept for its backward (GDN on a GPU: the chunk inverses T,
+    /// 160 bytes per token and value head; empty on the CPU and for GDN2).
+    pub rule_saved: RuleSaved,
     /// Output of the gated delta rule `[n, Hv, Dv]` and its norm statistics `[n*Hv]`.
     pub o: Act,
     pub o_stats: Stats,
@@ -53,6 +57,7 @@ impl Saved {
             b += a.in_stats.bytes()
                 + a.proj.bytes()
                 + a.rule_in.as_ref().map_or(0, RuleInputs::bytes)
+                + a.rule_saved.bytes()
                 + a.o.bytes()
                 + a.o_stats.bytes()
                 + a.norm_out.as_ref().map_or(0, Act::bytes);

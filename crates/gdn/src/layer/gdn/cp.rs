@@ -274,7 +274,7 @@ impl CpLayer {
         let proj_hp = self.cp2hp(&proj, nl, pd, &self.sections, &runs)?;
         drop(proj);
         let r = self.local.prep(&pl, &proj_hp, seqs)?;
-        let (o, _) = self.local.rule_forward(&r, seqs, None, false)?;
+        let (o, _, rule_saved) = self.local.rule_forward(&r, seqs, None, false, true)?;
         let rule_in = (!c.recompute().prep).then_some(r);
         let (norm_hp, o_stats) = self.gated_norm(&pl, &o, &proj_hp, n)?;
         let norm_out = self.hp2cp(&norm_hp, n, vd, &[vd], &runs)?;
@@ -296,6 +296,7 @@ impl CpLayer {
                 proj: proj_hp,
                 proj_qkvz_only: false,
                 rule_in,
+                rule_saved,
                 o,
                 o_stats,
                 norm_out: Some(norm_out),
@@ -420,6 +421,7 @@ impl CpLayer {
             proj,
             proj_qkvz_only: _,
             rule_in,
+            rule_saved,
             o,
             o_stats,
             norm_out,
@@ -497,6 +499,7 @@ impl CpLayer {
             &pl,
             &proj,
             rule_in,
+            &rule_saved,
             &seqs,
             None,
             &d_o,

@@ -130,7 +130,7 @@ impl GatedDeltaNet {
             Some(_) => self.f32s(cache.state.data())?,
         };
         let mut run = || -> Result<(Tensor, F32s)> {
-            let (o, fin) = self.rule_forward(&r, seqs, Some(&h0), true)?;
+            let (o, fin, _) = self.rule_forward(&r, seqs, Some(&h0), true, false)?;
             let (y, _, _) = self.out_proj(&p, &o, &proj, t, &mut prof)?;
             let mut y = y.into_host()?;
             y[seqs.used() * c.hidden_size..].fill(0.0);

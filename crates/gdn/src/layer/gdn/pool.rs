@@ -550,7 +550,7 @@ impl GatedDeltaNet {
             )?;
             Some(h0)
         };
-        let (o, fin) = self.rule_forward(&r, seqs, h0.as_ref(), true)?;
+        let (o, fin, _) = self.rule_forward(&r, seqs, h0.as_ref(), true, false)?;
         drop((r, h0));
         let (y, _, _) = self.out_proj(&p, &o, &proj, t, &mut prof)?;
         let fin = fin.ok_or_else(|| GdnError::Invalid("final state was not produced".into()))?;

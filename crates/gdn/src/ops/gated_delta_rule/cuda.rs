@@ -456,6 +456,83 @@ pub fn forward_with_prep(
     kernel: FwdKernel,
     prep_kind: PrepKernel,
 ) -> Result<(DBuf, Option<GBuf<f32>>)> {
+    let (o, fin, _) = forward_inner(
+        gpu,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        seqs,
+        shape,
+        opts,
+        initial_state,
+        output_final_state,
+        kernel,
+        prep_kind,
+        false,
+    )?;
+    Ok((o, fin))
+}
+
+/// [`forward`], also returning the chunk inverses T its chunk prep solved for, for
+/// [`backward_saved`], which then skips the solve (and the K K^T product) in its recompute:
+/// `[chunks, Hv, T_PACKED]` fp32, T's ten 16 x 16 blocks on or below the diagonal per (chunk,
+/// value head) (`chunks`: the 64-token chunks of the packed sequences, none straddling two),
+/// 160 bytes per token and value head. `None` where the forward's kernels do not make them
+/// (the v5 path: f32 storage or other head dims; the v6 / prep7 preps a `GDN_RULE_PREP` names)
+/// and when `GDN_RULE_SAVE_T=0` (the backward then solves again: less memory, the same bits).
+#[allow(clippy::too_many_arguments)]
+pub fn forward_saving(
+    gpu: &Arc<Gpu>,
+    q: &DBuf,
+    k: &DBuf,
+    v: &DBuf,
+    g: &GBuf<f32>,
+    beta: &DBuf,
+    seqs: &Seqs,
+    shape: RuleShape,
+    opts: RuleOpts,
+    initial_state: Option<&GBuf<f32>>,
+    output_final_state: bool,
+) -> Result<SavingForward> {
+    forward_inner(
+        gpu,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        seqs,
+        shape,
+        opts,
+        initial_state,
+        output_final_state,
+        FwdKernel::from_env(),
+        PrepKernel::from_env(),
+        std::env::var("GDN_RULE_SAVE_T").as_deref() != Ok("0"),
+    )
+}
+
+/// The forward: [`forward_with_prep`], and with `keep_t` the saved chunk inverses where the
+/// kernels make them ([`forward_saving`]).
+#[allow(clippy::too_many_arguments)]
+fn forward_inner(
+    gpu: &Arc<Gpu>,
+    q: &DBuf,
+    k: &DBuf,
+    v: &DBuf,
+    g: &GBuf<f32>,
+    beta: &DBuf,
+    seqs: &Seqs,
+    shape: RuleShape,
+    opts: RuleOpts,
+    initial_state: Option<&GBuf<f32>>,
+    output_final_state: bool,
+    kernel: FwdKernel,
+    prep_kind: PrepKernel,
+    keep_t: bool,
+) -> Result<SavingForward> {
     let s = shape;
     let dt = check(gpu, q, k, v, g, beta, seqs, s, initial_state)?;
     let v6 = match kernel {
@@ -498,6 +575,7 @@ pub fn forward_with_prep(
                 warps,
                 loads,
                 prep_kind,
+                keep_t,
             );
         }
     }
@@ -548,7 +626,7 @@ pub fn forward_with_prep(
         seqs.tokens(),
         s.hv * s.dv,
     )?;
-    Ok((o, fin))
+    Ok((o, fin, None))
 }
 
 /// Backward on the GPU from `d_o` `[tokens, Hv, Dv]` (storage type of q) and optionally the
@@ -642,6 +720,84 @@ pub fn backward_with_prep(
     kernel: BwdKernel,
     prep_kind: PrepKernel,
 ) -> Result<Grads> {
+    backward_inner(
+        gpu,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        seqs,
+        shape,
+        opts,
+        initial_state,
+        d_o,
+        d_final_state,
+        kernel,
+        prep_kind,
+        None,
+    )
+}
+
+/// [`backward`] with the chunk inverses [`forward_saving`] kept (`None`: recompute them, as
+/// [`backward`]): the recompute reads them instead of solving for T, the same outputs bit for
+/// bit. Where the backward's kernels do not take them (the v5 path, a prep other than prep8 /
+/// prep9) they are not read. Saved inverses of another shape are an error.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_saved(
+    gpu: &Arc<Gpu>,
+    q: &DBuf,
+    k: &DBuf,
+    v: &DBuf,
+    g: &GBuf<f32>,
+    beta: &DBuf,
+    seqs: &Seqs,
+    shape: RuleShape,
+    opts: RuleOpts,
+    initial_state: Option<&GBuf<f32>>,
+    d_o: &DBuf,
+    d_final_state: Option<&GBuf<f32>>,
+    t_saved: Option<&GBuf<f32>>,
+) -> Result<Grads> {
+    backward_inner(
+        gpu,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        seqs,
+        shape,
+        opts,
+        initial_state,
+        d_o,
+        d_final_state,
+        BwdKernel::from_env(),
+        PrepKernel::from_env(),
+        t_saved,
+    )
+}
+
+/// The backward: [`backward_with_prep`] with optionally the saved chunk inverses
+/// ([`backward_saved`]).
+#[allow(clippy::too_many_arguments)]
+fn backward_inner(
+    gpu: &Arc<Gpu>,
+    q: &DBuf,
+    k: &DBuf,
+    v: &DBuf,
+    g: &GBuf<f32>,
+    beta: &DBuf,
+    seqs: &Seqs,
+    shape: RuleShape,
+    opts: RuleOpts,
+    initial_state: Option<&GBuf<f32>>,
+    d_o: &DBuf,
+    d_final_state: Option<&GBuf<f32>>,
+    kernel: BwdKernel,
+    prep_kind: PrepKernel,
+    t_saved: Option<&GBuf<f32>>,
+) -> Result<Grads> {
     let s = shape;
     let dt = check(gpu, q, k, v, g, beta, seqs, s, initial_state)?;
     let (tokens, n_seq) = (seqs.tokens(), seqs.count());
@@ -681,6 +837,7 @@ pub fn backward_with_prep(
                 d_final_state,
                 pieces,
                 prep_kind,
+                t_saved,
             );
         }
     }
@@ -1031,7 +1188,8 @@ fn forward_v6(
     warps: usize,
     loads: V6Loads,
     prep_kind: PrepKernel,
-) -> Result<(DBuf, Option<GBuf<f32>>)> {
+    keep_t: bool,
+) -> Result<SavingForward> {
     let st = gpu.stream();
     let dt = DType::Bf16;
     if loads == V6Loads::NoReload && (s.dk != 128 || ![1, 2].contains(&warps)) {
@@ -1040,6 +1198,12 @@ fn forward_v6(
         ));
     }
     let ch = Chunks::new(gpu, seqs)?;
+    // The chunk inverses to keep (prep8 / prep9 write them beside their other outputs).
+    let kept = if keep_t && prep_keeps_t(resolve_prep(gpu, prep_kind, ch.count, s)?) {
+        Some(ws(gpu, ch.count * s.hv * T_PACKED)?)
+    } else {
+        None
+    };
     // Prep: the normalized q, k (fp32 and bf16, with the in-kernel norm), gam, W (bf16), U, A.
     let pre = v6_prep(
         gpu,
@@ -1056,6 +1220,7 @@ fn forward_v6(
         false,
         true,
         prep_kind,
+        kept.as_ref().map_or(TSaved::No, TSaved::Out),
     )?;
     let (qb, kb) = match &pre.norm {
         Some(o) => (&o[0].1, &o[1].1),
@@ -1097,7 +1262,7 @@ fn forward_v6(
             seqs.tokens(),
             s.hv * s.dv,
         )?;
-        return Ok((o, fin));
+        return Ok((o, fin, kept));
     }
     let nw = v6_warps(gpu, seqs.count(), s, warps);
     // Three pipeline stages where they fit in shared memory (Dk 128, 1 or 2 warps), else two.
@@ -1151,7 +1316,7 @@ fn forward_v6(
         seqs.tokens(),
         s.hv * s.dv,
     )?;
-    Ok((o, fin))
+    Ok((o, fin, kept))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1747,6 +1912,7 @@ fn backward_v6(
     d_final_state: Option<&GBuf<f32>>,
     pieces: V6Pieces,
     prep_kind: PrepKernel,
+    t_saved: Option<&GBuf<f32>>,
 ) -> Result<Grads> {
     let st = gpu.stream();
     let dt = DType::Bf16;
@@ -1777,6 +1943,11 @@ fn backward_v6(
     // v5) and in bf16 (the v6 scans' mma operands), by the v6 pipeline's prep with the recompute
     // (which also gives gam, T, W, U and A), else by gdr_l2norm2 (its fp32 output has v5's
     // gdr_l2norm bits).
+    // The forward's chunk inverses, where this backward's prep reads them (prep8 / prep9).
+    let tsaved = match t_saved {
+        Some(t) if prep_keeps_t(resolve_prep(gpu, prep_kind, ch.count, s)?) => TSaved::In(t),
+        _ => TSaved::No,
+    };
     let mut pre = if pieces.recompute {
         Some(v6_prep(
             gpu,
@@ -1793,6 +1964,7 @@ fn backward_v6(
             true,
             pieces.scan,
             prep_kind,
+            tsaved,
         )?)
     } else {
         None
@@ -2408,9 +2580,44 @@ fn v6_norm(
     Ok(Some(outs))
 }
 
+/// A forward's output `o`, its final states (when asked for) and the chunk inverses it kept
+/// (when asked for and made: [`forward_saving`]).
+pub type SavingForward = (DBuf, Option<GBuf<f32>>, Option<GBuf<f32>>);
+
+/// Floats of the saved chunk inverses per (chunk, value head): T's ten 16 x 16 blocks on or
+/// below the diagonal, fp32 (the .cu file's `GDR_TP`; T is block lower triangular).
+pub const T_PACKED: usize = 10 * 256;
+
+/// What the chunk prep does with the saved chunk inverses (`[chunks, Hv, T_PACKED]` fp32).
+#[derive(Clone, Copy)]
+enum TSaved<'a> {
+    /// Neither written nor read.
+    No,
+    /// Written (the forward keeps them; prep8 / prep9 only).
+    Out(&'a GBuf<f32>),
+    /// Read instead of solving for T (the backward; `gdr_prep8t` / `gdr_prep9t`).
+    In(&'a GBuf<f32>),
+}
+
+/// The prep kernel `kind` names for this shape: `Auto` is `gdr_prep9` with GVA where its grid
+/// (chunks x key heads) gives every SM at least 4 CTAs, else `gdr_prep8` (the same bits).
+fn resolve_prep(gpu: &Gpu, kind: PrepKernel, n_chunks: usize, s: RuleShape) -> Result<PrepKernel> {
+    Ok(match kind {
+        PrepKernel::Auto if s.hv > s.hk && n_chunks * s.hk >= 4 * gpu.sm_count()? => PrepKernel::V9,
+        PrepKernel::Auto => PrepKernel::V8,
+        k => k,
+    })
+}
+
+/// Whether the prep `kind` (resolved) writes and reads saved chunk inverses (prep8, prep9).
+fn prep_keeps_t(kind: PrepKernel) -> bool {
+    matches!(kind, PrepKernel::V8 | PrepKernel::V9)
+}
+
 /// The chunk prep of the v6 pipeline (bf16 storage, Dk 64 / 128, checked inputs) by `kind`.
 /// `want_f32`: the fp32 copies of the normalized q, k are needed (backward; v6's prep always
-/// writes them); `keep_t`: store T (backward); `want_a`: A is needed (prep7 always computes it).
+/// writes them); `keep_t`: store T (backward); `want_a`: A is needed (prep7 always computes it);
+/// `tsaved`: the saved chunk inverses to write or to read (prep8 / prep9 only, see [`TSaved`]).
 #[allow(clippy::too_many_arguments)]
 fn v6_prep(
     gpu: &Arc<Gpu>,
@@ -2427,9 +2634,16 @@ fn v6_prep(
     keep_t: bool,
     want_a: bool,
     kind: PrepKernel,
+    tsaved: TSaved,
 ) -> Result<V6Prep> {
     let st = gpu.stream();
     let chh = ch.count * s.hv;
+    let kind = resolve_prep(gpu, kind, ch.count, s)?;
+    if !matches!(tsaved, TSaved::No) && !prep_keeps_t(kind) {
+        return Err(GdnError::Device(
+            "rule: saved chunk inverses need the prep8 / prep9 kernels".into(),
+        ));
+    }
     let ks = chunk_sfx(DType::Bf16, opts);
     let gam = ws(gpu, chh * C)?;
     let t = if keep_t {
@@ -2551,19 +2765,32 @@ fn v6_prep(
         (Some(o), _) => dptr(&o[i].1, st),
         (None, _) => Arg::Ptr(0),
     };
-    // Auto: gdr_prep9 with GVA and a grid of at least 4 CTAs per SM, else gdr_prep8 (the same
-    // bits)
-    let kind = match kind {
-        PrepKernel::Auto if s.hv > s.hk && ch.count * s.hk >= 4 * gpu.sm_count()? => PrepKernel::V9,
-        PrepKernel::Auto => PrepKernel::V8,
-        k => k,
-    };
+    // (kind resolved above: Auto is gdr_prep9 or gdr_prep8, the same bits)
+    let tin = matches!(tsaved, TSaved::In(_));
     let (name, grid) = match kind {
         PrepKernel::V7Fast => ("gdr_prep7f", chh),
+        PrepKernel::V8 if tin => ("gdr_prep8t", chh),
         PrepKernel::V8 => ("gdr_prep8", chh),
         // one CTA per (chunk, key head)
+        PrepKernel::V9 if tin => ("gdr_prep9t", ch.count * s.hk),
         PrepKernel::V9 => ("gdr_prep9", ch.count * s.hk),
         _ => ("gdr_prep7", chh),
+    };
+    let tp = match tsaved {
+        TSaved::No => Arg::Ptr(0),
+        TSaved::Out(b) | TSaved::In(b) => {
+            // (a workspace holds at least one float)
+            if b.len() != (chh * T_PACKED).max(1) {
+                return Err(GdnError::Invalid(format!(
+                    "gated delta rule backward: the saved chunk inverses hold {} floats, expected {} ({} chunks x {} value heads x {T_PACKED}): they are not from this forward",
+                    b.len(),
+                    chh * T_PACKED,
+                    ch.count,
+                    s.hv
+                )));
+            }
+            ptr(b, st)
+        }
     };
     launch(
         gpu,
@@ -2590,6 +2817,7 @@ fn v6_prep(
             ptr(&w, st),
             ptr(&u, st),
             ptr(&a, st),
+            tp,
         ],
     )?;
     Ok(V6Prep {
@@ -2641,7 +2869,53 @@ pub fn prep_only(
         true,
         true,
         kind,
+        TSaved::No,
     )
+}
+
+/// Tests only: [`prep_only`]'s prep (`kind`: prep8 / prep9 or `Auto`) writing the packed chunk
+/// inverses the forward keeps, then the same prep reading them instead of solving
+/// (`gdr_prep8t` / `gdr_prep9t`): (the solving prep's outputs, the packed inverses
+/// `[chunks, Hv, T_PACKED]`, the reading prep's outputs).
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn prep_saved_t(
+    gpu: &Arc<Gpu>,
+    q: &DBuf,
+    k: &DBuf,
+    v: &DBuf,
+    g: &GBuf<f32>,
+    beta: &DBuf,
+    seqs: &Seqs,
+    shape: RuleShape,
+    opts: RuleOpts,
+    kind: PrepKernel,
+) -> Result<(V6Prep, GBuf<f32>, V6Prep)> {
+    check(gpu, q, k, v, g, beta, seqs, shape, None)?;
+    let ch = Chunks::new(gpu, seqs)?;
+    let tp = ws(gpu, ch.count * shape.hv * T_PACKED)?;
+    let run = |t: TSaved| {
+        v6_prep(
+            gpu,
+            q,
+            k,
+            v,
+            g,
+            beta,
+            &ch,
+            shape,
+            opts,
+            seqs.used(),
+            true,
+            true,
+            true,
+            kind,
+            t,
+        )
+    };
+    let solved = run(TSaved::Out(&tp))?;
+    let read = run(TSaved::In(&tp))?;
+    Ok((solved, tp, read))
 }
 
 /// The per-chunk gradients by `gdr_grad{kern}` ([`grad_kernel`]; bf16 states; Dk, Dv 64 or
@@ -2735,16 +3009,12 @@ fn grad7(
         let items = ch.count * s.hk;
         // td16: D, dD in bf16 (see the backward)
         let b16 = if td16 { "b" } else { "" };
-        let rs = if td16
-            && ks == "bf16"
-            && s.dk == 128
-            && s.dv == 128
-            && G10SPLIT0.with(|c| c.get())
-        {
-            "_r0"
-        } else {
-            ""
-        };
+        let rs =
+            if td16 && ks == "bf16" && s.dk == 128 && s.dv == 128 && G10SPLIT0.with(|c| c.get()) {
+                "_r0"
+            } else {
+                ""
+            };
         let name = format!("gdr_grad10{b16}{rs}_{ks}_d{}_v{}", s.dk, s.dv);
         launch_in_threads(
             gpu,

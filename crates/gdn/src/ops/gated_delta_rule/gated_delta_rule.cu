@@ -3258,18 +3258,28 @@ __device__ __forceinline__ void p8_pfrag(const float* sT, const float* sc, int r
 // per value head prep8's steps from the M / A epilogue on (its V, beta, g loaded after the
 // previous head is done, V by cp.async under the epilogue and the solve). Every output is
 // prep8's (and prep7's) bit for bit.
-template <int DK, bool NORM, bool SPLIT, bool V8 = false, bool GVA = false>
+// Saved T (V8 only): `tp`, when not null, holds each (chunk, value head)'s T packed as its ten
+// 16 x 16 blocks on or below the diagonal (block (a, b), b <= a, at a (a + 1) / 2 + b, 256 fp32
+// row-major each: GDR_TP floats per chunk and value head; the blocks above the diagonal are
+// zero). Without TIN (the forward) the kernel writes it after the solve; with TIN (gdr_prep8t /
+// gdr_prep9t, the backward) it reads it instead of solving: no K K^T, no M, no solve, the copy
+// of T in flight by cp.async with V. Everything after the solve reads the same T values, so every
+// output is the solving kernel's bit for bit.
+#define GDR_TP (10 * 256)
+template <int DK, bool NORM, bool SPLIT, bool V8 = false, bool GVA = false, bool TIN = false>
 __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                           const float* __restrict__ g, const bf16_t* __restrict__ beta,
                           const i64* __restrict__ ch_t0, const int* __restrict__ ch_len, int hk_n, int hv_n,
                           int dv, float* __restrict__ qn, bf16_t* __restrict__ qnb, float* __restrict__ kn,
                           bf16_t* __restrict__ knb, float* __restrict__ gam_ws, float* __restrict__ t_ws,
-                          bf16_t* __restrict__ w_ws, float* __restrict__ u_ws, bf16_t* __restrict__ a_ws) {
+                          bf16_t* __restrict__ w_ws, float* __restrict__ u_ws, bf16_t* __restrict__ a_ws,
+                          float* __restrict__ tp) {
     using L = P7Layout<DK>;
     constexpr bool KLO = SPLIT && NORM;  // caller-normalized bf16 rows are exact in bf16
     const int ratio = hv_n / hk_n;
     ChunkGeo G;
     static_assert(V8 || !GVA, "the key-head CTA is prep8's");
+    static_assert(V8 || !TIN, "a saved T is read by prep8 / prep9");
     if constexpr (V8) {
         // 32-bit block arithmetic (the grid is below 2^31); GVA: one CTA per (chunk, key head),
         // from its first value head
@@ -3312,6 +3322,15 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
             const bool ok = i < l;
             cp_async16(sV + i * lv + x, vg + (ok ? (i64)i * vrow + x : 0), ok);
         }
+        if constexpr (TIN) {
+            // the head's saved T: its ten blocks' rows as 16-byte pieces into the T region
+            const float* src = tp + cb * GDR_TP;
+            for (int e = tid; e < 10 * 64; e += GDR_NT) {
+                const int blk = e >> 6, r = (e >> 2) & 15, pc = e & 3;
+                const int a = blk < 1 ? 0 : blk < 3 ? 1 : blk < 6 ? 2 : 3, b = blk - a * (a + 1) / 2;
+                cp_async16(sT + (16 * a + r) * L::LF + 16 * b + 4 * pc, src + blk * 256 + r * 16 + 4 * pc, true);
+            }
+        }
         cp_async_commit();
         if (tid < GDR_C) {
             s_beta[tid] = tid < l ? ld(beta, (G.t0 + tid) * hv_n + G.hv) : 0.f;
@@ -3332,6 +3351,14 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
         }
     }
     load_head();
+    if constexpr (TIN) {
+        // the blocks above the diagonal, zero (only T's copy to t_ws reads them; nothing else
+        // writes the T region here: A is staged in the Q region)
+        for (int e = tid; e < GDR_C * GDR_C; e += GDR_NT) {
+            const int i = e >> 6, c = e & 63;
+            if ((c >> 4) > (i >> 4)) sT[i * L::LF + c] = 0.f;
+        }
+    }
     cp_async_wait_all();
     __syncthreads();
 
@@ -3425,7 +3452,7 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
     p7_zero<4>(akk);
     p7_zero<4>(aqk);
     if (32 * half <= rt + 15) {
-        p7_mma<4, true>(akk, sKh, KLO ? sKl : nullptr, L::LK, sKh, KLO ? sKl : nullptr, L::LK, rt, 32 * half, 0, DK);
+        if (!TIN) p7_mma<4, true>(akk, sKh, KLO ? sKl : nullptr, L::LK, sKh, KLO ? sKl : nullptr, L::LK, rt, 32 * half, 0, DK);
         p7_mma<4, true>(aqk, sQh, KLO ? sQl : nullptr, L::LK, sKh, KLO ? sKl : nullptr, L::LK, rt, 32 * half, 0, DK);
     }
     __syncthreads();  // every warp is done with Q before M overwrites it
@@ -3466,7 +3493,9 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
                 const float m1 = (j + 1 < i && ri) ? bi * akk[n][2 * h + 1] * e1 : 0.f;
                 const unsigned av = pack_bf16((j <= i && ri) ? aqk[n][2 * h] * e0 : 0.f,
                                               (j + 1 <= i && ri) ? aqk[n][2 * h + 1] * e1 : 0.f);
-                if constexpr (V8) {
+                if constexpr (TIN) {
+                    pa[n][h] = av;
+                } else if constexpr (V8) {
                     *reinterpret_cast<float2*>(sM + i * L::LF + j) = make_float2(m0, m1);
                     pa[n][h] = av;
                 } else {
@@ -3478,7 +3507,8 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
         if constexpr (V8) {
             // the warp's 16 x 32 tile of A through its own rows of the T region (10,240 bytes; T
             // is written only after the next barrier; at Dk 64 M reaches into the Q lo rows)
-            p8_tile_out<2, 40>(pa, reinterpret_cast<bf16_t*>(sT) + warp * 16 * 40,
+            // (TIN: in the Q region, free after the products, since the T region holds T)
+            p8_tile_out<2, 40>(pa, (TIN ? sQh : reinterpret_cast<bf16_t*>(sT)) + warp * 16 * 40,
                                a_ws + cb * (GDR_C * GDR_C) + (i64)rt * GDR_C + c0, GDR_C);
         }
     }
@@ -3486,7 +3516,11 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
 
     // 4. T = (I + M)^-1. Diagonal blocks: thread (a, c) (64 threads) computes column c of block
     // a by forward substitution with the column in registers; the other threads zero the
-    // blocks above the diagonal.
+    // blocks above the diagonal. TIN: T is the saved one (its copy, issued with V, done).
+    if constexpr (TIN) {
+        cp_async_wait_all();
+        __syncthreads();
+    } else {
     if (tid < GDR_C) {
         const int a = tid >> 4, c = tid & 15;
         const float* mb = sM + (16 * a) * L::LF + 16 * a;
@@ -3549,10 +3583,20 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
         }
         __syncthreads();
     }
+    }  // the solve
 
     if constexpr (V8) {
         static_assert(SPLIT, "prep8 splits every product");
-        // 5. T to memory (backward), 16-byte stores.
+        // 5. T to memory (backward), 16-byte stores; the packed T to keep (forward, tp).
+        if (!TIN && tp) {
+            float* dst = tp + cb * GDR_TP;
+            for (int e = tid; e < 10 * 64; e += GDR_NT) {
+                const int blk = e >> 6, r = (e >> 2) & 15, pc = e & 3;
+                const int a = blk < 1 ? 0 : blk < 3 ? 1 : blk < 6 ? 2 : 3, b = blk - a * (a + 1) / 2;
+                *reinterpret_cast<float4*>(dst + blk * 256 + r * 16 + 4 * pc) =
+                    *reinterpret_cast<const float4*>(sT + (16 * a + r) * L::LF + 16 * b + 4 * pc);
+            }
+        }
         if (t_ws) {
             for (int e = tid; e < GDR_C * GDR_C / 4; e += GDR_NT) {
                 const int i = e >> 4, c4 = 4 * (e & 15);
@@ -3691,9 +3735,9 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
     extern "C" __global__ void __launch_bounds__(GDR_NT, 2) NAME##_d##DK##_##NS(                        \
         const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* g, const bf16_t* beta,          \
         const i64* ch_t0, const int* ch_len, int hk, int hv, int dv, float* qn, bf16_t* qnb, float* kn, \
-        bf16_t* knb, float* gam_ws, float* t_ws, bf16_t* w_ws, float* u_ws, bf16_t* a_ws) {             \
+        bf16_t* knb, float* gam_ws, float* t_ws, bf16_t* w_ws, float* u_ws, bf16_t* a_ws, float* tp) {  \
         gdr_prep7<DK, __VA_ARGS__>(q, k, v, g, beta, ch_t0, ch_len, hk, hv, dv, qn, qnb, kn, knb, gam_ws,  \
-                                   t_ws, w_ws, u_ws, a_ws);                                             \
+                                   t_ws, w_ws, u_ws, a_ws, tp);                                         \
     }
 #define GDR_PREP7_ENTRY(SFX, SPLIT, DK, NS, NORM) GDR_PREP_ENTRY(gdr_prep7##SFX, DK, NS, NORM, SPLIT)
 
@@ -3718,6 +3762,18 @@ GDR_PREP9_ENTRY(64, bf16n, true)
 GDR_PREP9_ENTRY(64, bf16, false)
 GDR_PREP9_ENTRY(128, bf16n, true)
 GDR_PREP9_ENTRY(128, bf16, false)
+// gdr_prep8t / gdr_prep9t_d{64,128}_{bf16n,bf16}: prep8 / prep9 reading the forward's saved T
+// (`tp`, TIN above) instead of solving for it: the same outputs bit for bit (the backward)
+#define GDR_PREP8T_ENTRY(DK, NS, NORM) GDR_PREP_ENTRY(gdr_prep8t, DK, NS, NORM, true, true, false, true)
+#define GDR_PREP9T_ENTRY(DK, NS, NORM) GDR_PREP_ENTRY(gdr_prep9t, DK, NS, NORM, true, true, true, true)
+GDR_PREP8T_ENTRY(64, bf16n, true)
+GDR_PREP8T_ENTRY(64, bf16, false)
+GDR_PREP8T_ENTRY(128, bf16n, true)
+GDR_PREP8T_ENTRY(128, bf16, false)
+GDR_PREP9T_ENTRY(64, bf16n, true)
+GDR_PREP9T_ENTRY(64, bf16, false)
+GDR_PREP9T_ENTRY(128, bf16n, true)
+GDR_PREP9T_ENTRY(128, bf16, false)
 // gdr_grad7 (issue 13, the backward's per-chunk gradients, second bf16 version). One CTA of 8
 // warps per (chunk, key head) walks the GVA group's value heads in order; per value head it
 // runs gdr_grad6's products (the same formulas, operands and fragment mapping) with these
