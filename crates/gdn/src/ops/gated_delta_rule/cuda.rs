@@ -1221,6 +1221,7 @@ fn forward_v6(
         true,
         prep_kind,
         kept.as_ref().map_or(TSaved::No, TSaved::Out),
+        None,
     )?;
     let (qb, kb) = match &pre.norm {
         Some(o) => (&o[0].1, &o[1].1),
@@ -1800,6 +1801,16 @@ thread_local! {
     static GRAD10: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     static WS16: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     static G10SPLIT0: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static G10COPIES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Tests only: on the calling thread, `true` makes the backward's prep write the fp32
+/// normalized q, k (in-kernel norm) and gdr_grad10 read them, as before 2026-12-04, instead of
+/// the prep writing each row's rstd and gdr_grad10 normalizing the raw rows with it: the same
+/// values, so the same bits.
+#[doc(hidden)]
+pub fn set_g10_norm_copies(on: bool) {
+    G10COPIES.with(|c| c.set(on));
 }
 
 /// Tests only: on the calling thread, `true` runs the layer's gdr_grad10b variant (bf16 D / dD,
@@ -1944,10 +1955,25 @@ fn backward_v6(
     // (which also gives gam, T, W, U and A), else by gdr_l2norm2 (its fp32 output has v5's
     // gdr_l2norm bits).
     // The forward's chunk inverses, where this backward's prep reads them (prep8 / prep9).
+    let pk = resolve_prep(gpu, prep_kind, ch.count, s)?;
     let tsaved = match t_saved {
-        Some(t) if prep_keeps_t(resolve_prep(gpu, prep_kind, ch.count, s)?) => TSaved::In(t),
+        Some(t) if prep_keeps_t(pk) => TSaved::In(t),
         _ => TSaved::No,
     };
+    // gdr_grad10 after the recompute reads T from the forward's packed copy when there is one
+    // (the prep then writes no fp32 T), and with the in-kernel norm normalizes the raw q, k rows
+    // with the prep's rstd (the prep then writes no fp32 copies): the same values, fewer bytes.
+    let g10 = pieces.recompute && pieces.grad7 && kern == 10;
+    let t_pk = match tsaved {
+        TSaved::In(t) if g10 => Some(t),
+        _ => None,
+    };
+    let rstd =
+        if g10 && opts.l2norm_in_kernel && pk != PrepKernel::V6 && !G10COPIES.with(|c| c.get()) {
+            Some(ws(gpu, 2 * (q.len() / s.dk))?)
+        } else {
+            None
+        };
     let mut pre = if pieces.recompute {
         Some(v6_prep(
             gpu,
@@ -1960,32 +1986,40 @@ fn backward_v6(
             s,
             opts,
             seqs.used(),
-            true,
-            true,
+            rstd.is_none(),
+            t_pk.is_none(),
             pieces.scan,
             prep_kind,
             tsaved,
+            rstd.as_ref(),
         )?)
     } else {
         None
     };
     let norm = match pre.as_mut().map(|p| p.norm.take()) {
         Some(Some(v)) => {
-            let mut out = Vec::with_capacity(2);
-            for (f, b) in v {
-                let f = f.ok_or_else(|| {
-                    GdnError::Device("rule backward: the prep wrote no fp32 q, k".into())
-                })?;
-                out.push((f, b));
+            // (with the rstd the prep writes no fp32 copies: gdr_grad10 reads the raw rows)
+            if rstd.is_none() && v.iter().any(|(f, _)| f.is_none()) {
+                return Err(GdnError::Device(
+                    "rule backward: the prep wrote no fp32 q, k".into(),
+                ));
             }
-            Some(out)
+            Some(v)
         }
         Some(None) => None,
-        None => v6_norm(gpu, q, k, s, opts)?,
+        None => {
+            v6_norm(gpu, q, k, s, opts)?.map(|v| v.into_iter().map(|(f, b)| (Some(f), b)).collect())
+        }
     };
     let mut a_pre = pre.as_mut().and_then(|p| p.a.take());
+    // qq, kk: the fp32 normalized rows, or the raw ones where gdr_grad10 normalizes them itself
     let (qq, kk, qb, kb) = match &norm {
-        Some(o) => (&o[0].0, &o[1].0, &o[0].1, &o[1].1),
+        Some(o) => (
+            o[0].0.as_ref().unwrap_or(q),
+            o[1].0.as_ref().unwrap_or(k),
+            &o[0].1,
+            &o[1].1,
+        ),
         None => (q, k, q, k),
     };
     let ks = chunk_sfx(dt, opts);
@@ -2010,7 +2044,6 @@ fn backward_v6(
     // states h (fp32, or bf16 with bf16 states) and D (fp32), in v5's layouts.
     let (gam, t, u, mut w32, mut w16, h32, h16b, d) = if let Some(p) = pre {
         let V6Prep { gam, t, w, u, .. } = p;
-        let t = t.ok_or_else(|| GdnError::Device("rule backward: prep kept no T".into()))?;
         let (h32, h16b) = if h16 {
             (None, Some(ws_bf16(gpu, chh * s.dk * s.dv)?))
         } else {
@@ -2067,7 +2100,6 @@ fn backward_v6(
         let p = prep(gpu, ks, kk, v, g, beta, &ch, s, true)?;
         let (h, d) = scan_fwd(gpu, ks, kk, &p, &ch, seqs, s, initial_state, None)?;
         let Prep { gam, t, w, u } = p;
-        let t = t.ok_or_else(|| GdnError::Device("rule backward: prep kept no T".into()))?;
         (gam, t, u, Some(w), None, Some(h), None, d)
     };
     // W in the type the selected reverse scan reads.
@@ -2271,7 +2303,8 @@ fn backward_v6(
             gpu,
             (q, k, qq, kk, qb, kb),
             (v, beta, d_o),
-            (&gam, &t, h16b.as_ref(), dh16.as_ref(), &d, &dd),
+            (&gam, t.as_ref(), h16b.as_ref(), dh16.as_ref(), &d, &dd),
+            (t_pk, rstd.as_ref()),
             &ch,
             seqs,
             s,
@@ -2281,6 +2314,7 @@ fn backward_v6(
             td16,
         );
     }
+    let t = t.ok_or_else(|| GdnError::Device("rule backward: prep kept no T".into()))?;
     // The per-chunk gradients (U's workspace becomes dVb), then v5's GVA reduction.
     let dkb = ws(gpu, chh * C * s.dk)?;
     let dq_part = ws(gpu, tokens * s.hv * s.dk)?;
@@ -2635,10 +2669,16 @@ fn v6_prep(
     want_a: bool,
     kind: PrepKernel,
     tsaved: TSaved,
+    rstd: Option<&GBuf<f32>>,
 ) -> Result<V6Prep> {
     let st = gpu.stream();
     let chh = ch.count * s.hv;
     let kind = resolve_prep(gpu, kind, ch.count, s)?;
+    if rstd.is_some() && kind == PrepKernel::V6 {
+        return Err(GdnError::Device(
+            "rule: the rstd of q, k come from the prep7 template's kernels".into(),
+        ));
+    }
     if !matches!(tsaved, TSaved::No) && !prep_keeps_t(kind) {
         return Err(GdnError::Device(
             "rule: saved chunk inverses need the prep8 / prep9 kernels".into(),
@@ -2818,6 +2858,14 @@ fn v6_prep(
             ptr(&u, st),
             ptr(&a, st),
             tp,
+            optr(rstd, st),
+            match rstd {
+                Some(r) => match ptr(r, st) {
+                    Arg::Ptr(p) => Arg::Ptr(p + (rows * 4) as u64),
+                    x => x,
+                },
+                None => Arg::Ptr(0),
+            },
         ],
     )?;
     Ok(V6Prep {
@@ -2870,6 +2918,7 @@ pub fn prep_only(
         true,
         kind,
         TSaved::No,
+        None,
     )
 }
 
@@ -2911,6 +2960,7 @@ pub fn prep_saved_t(
             true,
             kind,
             t,
+            None,
         )
     };
     let solved = run(TSaved::Out(&tp))?;
@@ -2930,12 +2980,13 @@ fn grad7(
     vbo: (&DBuf, &DBuf, &DBuf),
     w: (
         &GBuf<f32>,
-        &GBuf<f32>,
+        Option<&GBuf<f32>>,
         Option<&GBuf<u16>>,
         Option<&GBuf<u16>>,
         &GBuf<f32>,
         &GBuf<f32>,
     ),
+    g10in: (Option<&GBuf<f32>>, Option<&GBuf<f32>>),
     ch: &Chunks,
     seqs: &Seqs,
     s: RuleShape,
@@ -2947,6 +2998,12 @@ fn grad7(
     let (q, k, qq, kk, qb, kb) = qk;
     let (v, beta, d_o) = vbo;
     let (gam, t, h16, dh16, d, dd) = w;
+    // gdr_grad10 only: T from the forward's packed copy (`t` may then be absent), and the rstd of
+    // q, k (`[2][tokens x Hk]`) to normalize the raw rows with
+    let (t_pk, rstd) = if kern == 10 { g10in } else { (None, None) };
+    if t.is_none() && t_pk.is_none() {
+        return Err(GdnError::Device("rule backward: prep kept no T".into()));
+    }
     let (Some(h16), Some(dh16)) = (h16, dh16) else {
         return Err(GdnError::Device(
             "rule backward: gdr_grad7 needs the bf16 states".into(),
@@ -2975,14 +3032,31 @@ fn grad7(
             dptr(beta, st),
             dptr(d_o, st),
             ptr(gam, st),
-            ptr(t, st),
+            optr(t, st),
+        ];
+        if items.is_some() {
+            // gdr_grad10: the packed T, the rstd of q and of k (null: unused)
+            let rows = q.len() / s.dk;
+            a.extend([
+                optr(t_pk, st),
+                optr(rstd, st),
+                match rstd {
+                    Some(r) => match ptr(r, st) {
+                        Arg::Ptr(p) => Arg::Ptr(p + (rows * 4) as u64),
+                        x => x,
+                    },
+                    None => Arg::Ptr(0),
+                },
+            ]);
+        }
+        a.extend([
             ptr(h16, st),
             ptr(dh16, st),
             ptr(d, st),
             ptr(dd, st),
             ptr(&ch.t0, st),
             ptr(&ch.len, st),
-        ];
+        ]);
         if let Some(n) = items {
             a.push(Arg::I64(n as i64));
         }

@@ -3273,7 +3273,7 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
                           int dv, float* __restrict__ qn, bf16_t* __restrict__ qnb, float* __restrict__ kn,
                           bf16_t* __restrict__ knb, float* __restrict__ gam_ws, float* __restrict__ t_ws,
                           bf16_t* __restrict__ w_ws, float* __restrict__ u_ws, bf16_t* __restrict__ a_ws,
-                          float* __restrict__ tp) {
+                          float* __restrict__ tp, float* __restrict__ q_rs, float* __restrict__ k_rs) {
     using L = P7Layout<DK>;
     constexpr bool KLO = SPLIT && NORM;  // caller-normalized bf16 rows are exact in bf16
     const int ratio = hv_n / hk_n;
@@ -3420,6 +3420,10 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
         bf16_t* ybo = (isq ? qnb : knb) + orow;
         const bool w32 = wr && yo != nullptr;
         if (w32) yo += orow;
+        // NORM: the row's rstd, when wanted ([rows], rows of [tokens, Hk]): gdr_grad10 normalizes
+        // the raw rows on the fly with it (the same products as the fp32 copies)
+        float* rso = isq ? q_rs : k_rs;
+        if (wr && hf == 0 && rso) rso[(G.t0 + i) * hk_n + G.kh] = rs;
 #pragma unroll
         for (int p = 0; p < NV; ++p) {
             const unsigned wv[4] = {raw[p].x, raw[p].y, raw[p].z, raw[p].w};
@@ -3735,9 +3739,10 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
     extern "C" __global__ void __launch_bounds__(GDR_NT, 2) NAME##_d##DK##_##NS(                        \
         const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* g, const bf16_t* beta,          \
         const i64* ch_t0, const int* ch_len, int hk, int hv, int dv, float* qn, bf16_t* qnb, float* kn, \
-        bf16_t* knb, float* gam_ws, float* t_ws, bf16_t* w_ws, float* u_ws, bf16_t* a_ws, float* tp) {  \
+        bf16_t* knb, float* gam_ws, float* t_ws, bf16_t* w_ws, float* u_ws, bf16_t* a_ws, float* tp,    \
+        float* q_rs, float* k_rs) {                                                                     \
         gdr_prep7<DK, __VA_ARGS__>(q, k, v, g, beta, ch_t0, ch_len, hk, hv, dv, qn, qnb, kn, knb, gam_ws,  \
-                                   t_ws, w_ws, u_ws, a_ws, tp);                                         \
+                                   t_ws, w_ws, u_ws, a_ws, tp, q_rs, k_rs);                             \
     }
 #define GDR_PREP7_ENTRY(SFX, SPLIT, DK, NS, NORM) GDR_PREP_ENTRY(gdr_prep7##SFX, DK, NS, NORM, SPLIT)
 
@@ -6518,6 +6523,38 @@ __device__ __forceinline__ void g10_rowdot(const float (&d)[R], const TX* x, i64
     }
 }
 
+// g10_rowdot on the q or k rows of the l2 norm: the normalized rows x, or, when rs is not null
+// (fp32 x: the in-kernel-norm kernels only), the raw bf16 rows xr times their rstd
+// rs[row * rss] (the prep's own products, so the values of its fp32 copies bit for bit, from
+// half the bytes and no fp32 copy written).
+template <int R, typename TX>
+__device__ __forceinline__ void g10_rowdot_n(const float (&d)[R], const TX* x, const bf16_t* xr, const float* rs,
+                                             int rss, i64 xs, int l, int c0, float& s0, float& s1) {
+    // (the caller-normalized kernels, TX = bf16, never get an rstd: no code for it there)
+    if (sizeof(TX) != 4 || !rs) {
+        g10_rowdot(d, x, xs, l, c0, s0, s1);
+        return;
+    }
+    const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
+    const int r0 = 16 * w + g;
+    const float a0 = r0 < l ? rs[r0 * rss] : 0.f, a1 = r0 + 8 < l ? rs[(r0 + 8) * rss] : 0.f;
+#pragma unroll
+    for (int j = 0; j < R / 4; ++j) {
+        if (r0 < l) {
+            const float2 u = g7_ld2(xr, r0 * xs + c0 + 8 * j + 2 * t);
+            const float y0 = u.x * a0, y1 = u.y * a0;
+            s0 += d[4 * j] * y0;
+            s0 += d[4 * j + 1] * y1;
+        }
+        if (r0 + 8 < l) {
+            const float2 u = g7_ld2(xr, (r0 + 8) * xs + c0 + 8 * j + 2 * t);
+            const float y0 = u.x * a1, y1 = u.y * a1;
+            s1 += d[4 * j + 2] * y0;
+            s1 += d[4 * j + 3] * y1;
+        }
+    }
+}
+
 // The quad sums of the row partials; lane t == 0 writes out[row].
 __device__ __forceinline__ void g10_rows_out(float s0, float s1, float* out) {
     const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
@@ -6612,6 +6649,32 @@ __device__ __forceinline__ void g10_cv32(char* dst, const float* src, i64 gs, in
     }
 }
 
+// g10_cv32<64> of T from the forward's packed copy (GDR_TP floats: the ten 16 x 16 blocks on or
+// below the diagonal, block (a, b) at a (a + 1) / 2 + b): the blocks above the diagonal, which
+// are zero in the full T, as zeros; the same bf16 tile.
+__device__ __forceinline__ void g10_cv32_pk(char* dst, const float* src, int p) {
+    constexpr int PER = GDR_C / 4, IT = GDR_C * PER / 128, U = 4;
+    static_assert(IT % U == 0, "g10_cv32_pk: whole batches");
+#pragma unroll 1
+    for (int u0 = 0; u0 < IT; u0 += U) {
+        float4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int e = p + (u0 + u) * 128, i = e / PER, x = (e - i * PER) * 4;
+            const int a = i >> 4, b = x >> 4;
+            v[u] = b > a ? make_float4(0.f, 0.f, 0.f, 0.f)
+                         : __ldg(reinterpret_cast<const float4*>(src + (a * (a + 1) / 2 + b) * 256 + (i & 15) * 16 +
+                                                                 (x & 15)));
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int e = p + (u0 + u) * 128, i = e / PER, x = (e - i * PER) * 4;
+            *reinterpret_cast<uint2*>(dst + wg_tile(GDR_C, i, x)) =
+                make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
+        }
+    }
+}
+
 // Producer: a 64 x N workspace tile (row stride N) into its bf16 SW128 tile, then the tile's
 // full barrier: fp32 rounded through registers (then the proxy fence and a plain arrival), bf16
 // by cp.async (an arrival when the copies land).
@@ -6645,8 +6708,10 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                            const bf16_t* __restrict__ kb, const bf16_t* __restrict__ v,
                            const bf16_t* __restrict__ beta, const bf16_t* __restrict__ d_o,
                            const float* __restrict__ gam_ws, const float* __restrict__ t_ws,
-                           const bf16_t* __restrict__ h_ws, const bf16_t* __restrict__ dh_ws,
-                           const TD* __restrict__ d_ws, const TD* __restrict__ dd_ws,
+                           const float* __restrict__ t_pk, const float* __restrict__ q_rs,
+                           const float* __restrict__ k_rs, const bf16_t* __restrict__ h_ws,
+                           const bf16_t* __restrict__ dh_ws, const TD* __restrict__ d_ws,
+                           const TD* __restrict__ dd_ws,
                            const i64* __restrict__ ch_t0, const int* __restrict__ ch_len, i64 n_items,
                            int hk_n, int hv_n, float scale, int l2norm, bf16_t* __restrict__ dq_out,
                            bf16_t* __restrict__ dk_out, bf16_t* __restrict__ dv_out, float* __restrict__ dg,
@@ -6758,7 +6823,8 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                 g10_cp16(sm + L::V_OFF, GDR_C, v + t0 * vrow + (i64)hv * dv, vrow, dv, GDR_C, l, p);
                 acp_cp_async_arrive_noinc(B(G10_FV));
                 if (s >= 1) acp_mbar_wait(B(G10_ET), ph);
-                g10_cv32<GDR_C>(sm + L::T_OFF, t_ws + cb * (GDR_C * GDR_C), GDR_C, p);
+                if (t_pk) g10_cv32_pk(sm + L::T_OFF, t_pk + cb * GDR_TP, p);
+                else g10_cv32<GDR_C>(sm + L::T_OFF, t_ws + cb * (GDR_C * GDR_C), GDR_C, p);
                 acp_fence_proxy_async();
                 acp_mbar_arrive(B(G10_FT));
                 // the next value head's operands into L2 (its loads start during this head)
@@ -6776,7 +6842,8 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                         g10_prefetch(dh_ws + ncb * (i64)dk * dv, (i64)dk * dv * 2, p);
                         g10_prefetch(d_ws + ncb * GDR_C * (i64)dv, (i64)GDR_C * dv * sizeof(TD), p);
                         g10_prefetch(dd_ws + ncb * GDR_C * (i64)dv, (i64)GDR_C * dv * sizeof(TD), p);
-                        g10_prefetch(t_ws + ncb * (GDR_C * GDR_C), (i64)GDR_C * GDR_C * 4, p);
+                        if (t_pk) g10_prefetch(t_pk + ncb * GDR_TP, (i64)GDR_TP * 4, p);
+                        else g10_prefetch(t_ws + ncb * (GDR_C * GDR_C), (i64)GDR_C * GDR_C * 4, p);
                     }
                 }
             }
@@ -6797,6 +6864,8 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
             const i64 t0 = ch_t0[c];
             const int l = ch_len[c];
             const TQ* qc = q + t0 * krow + (i64)kh * dk;
+            const bf16_t* qrc = q_raw + t0 * krow + (i64)kh * dk;
+            const float* qrs = q_rs ? q_rs + t0 * hk_n + kh : nullptr;
             for (int r = 0; r < ratio; ++r, ++s) {
                 const unsigned ph = (unsigned)s & 1u;
                 const int vb = s & 1;
@@ -6827,7 +6896,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                         float a[32];
                         g10_mma<32, false, true, DV, N0>(a, uO, GDR_C, uH, dk, false);
                         g10_each(a, [&](int i, int x, float& e) { e = s_eg[i] * (scale * e); });
-                        g10_rowdot(a, qc, krow, l, N0, s0, s1);
+                        g10_rowdot_n(a, qc, qrc, qrs, hk_n, krow, l, N0, s0, s1);
 #pragma unroll
                         for (int e = 0; e < 32; ++e) dq[N0 / 2 + e] = r == 0 ? a[e] : dq[N0 / 2 + e] + a[e];
                     };
@@ -6911,6 +6980,8 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
             const i64 t0 = ch_t0[c];
             const int l = ch_len[c];
             const TQ* kc = k + t0 * krow + (i64)kh * dk;
+            const bf16_t* krc = k_raw + t0 * krow + (i64)kh * dk;
+            const float* krs = k_rs ? k_rs + t0 * hk_n + kh : nullptr;
             for (int r = 0; r < ratio; ++r, ++s) {
                 const unsigned ph = (unsigned)s & 1u;
                 const int vb = s & 1;
@@ -6928,7 +6999,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                         float a[32];
                         g10_mma<32, false, true, DV, N0>(a, uD, GDR_C, uDH, dk, false);
                         g10_each(a, [&](int i, int x, float& e) { e = vv[2 * GDR_C + i] * e; });
-                        g10_rowdot(a, kc, krow, l, N0, s0, s1);
+                        g10_rowdot_n(a, kc, krc, krs, hk_n, krow, l, N0, s0, s1);
 #pragma unroll
                         for (int e = 0; e < 32; ++e) dkr[N0 / 2 + e] = r == 0 ? a[e] : dkr[N0 / 2 + e] + a[e];
                     };
@@ -6975,7 +7046,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                         constexpr int N0 = decltype(hc)::value * 64;
                         float a[32];
                         g10_mma<32, true, false, GDR_C, N0>(a, uT, GDR_C, uW, GDR_C, false);
-                        g10_rowdot(a, kc, krow, l, N0, s0, s1);
+                        g10_rowdot_n(a, kc, krc, krs, hk_n, krow, l, N0, s0, s1);
                         g10_each(a, [&](int i, int x, float& e) { e = (vv[3 * GDR_C + i] * vv[GDR_C + i]) * e; });
 #pragma unroll
                         for (int e = 0; e < 32; ++e) dkr[N0 / 2 + e] += a[e];
@@ -7243,12 +7314,13 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
     extern "C" __global__ void __launch_bounds__(512, 1) NAME##_##S##_d##DK##_v##DV(                    \
         const bf16_t* q_raw, const bf16_t* k_raw, const TQ* q, const TQ* k, const bf16_t* qb,           \
         const bf16_t* kb, const bf16_t* v, const bf16_t* beta, const bf16_t* d_o, const float* gam_ws,  \
-        const float* t_ws, const bf16_t* h_ws, const bf16_t* dh_ws, const TD* d_ws, const TD* dd_ws,    \
-        const i64* ch_t0, const int* ch_len, i64 n_items, int hk, int hv, float scale, int l2norm,      \
-        bf16_t* dq_out, bf16_t* dk_out, bf16_t* dv_out, float* dg, bf16_t* dbeta) {                     \
-        gdr_grad10<TQ, DK, DV, TD, RS>(q_raw, k_raw, q, k, qb, kb, v, beta, d_o, gam_ws, t_ws, h_ws,    \
-                                       dh_ws, d_ws, dd_ws, ch_t0, ch_len, n_items, hk, hv, scale,       \
-                                       l2norm, dq_out, dk_out, dv_out, dg, dbeta);                      \
+        const float* t_ws, const float* t_pk, const float* q_rs, const float* k_rs, const bf16_t* h_ws, \
+        const bf16_t* dh_ws, const TD* d_ws, const TD* dd_ws, const i64* ch_t0, const int* ch_len,      \
+        i64 n_items, int hk, int hv, float scale, int l2norm, bf16_t* dq_out, bf16_t* dk_out,           \
+        bf16_t* dv_out, float* dg, bf16_t* dbeta) {                                                     \
+        gdr_grad10<TQ, DK, DV, TD, RS>(q_raw, k_raw, q, k, qb, kb, v, beta, d_o, gam_ws, t_ws, t_pk, q_rs, \
+                                       k_rs, h_ws, dh_ws, d_ws, dd_ws, ch_t0, ch_len, n_items, hk, hv,  \
+                                       scale, l2norm, dq_out, dk_out, dv_out, dg, dbeta);               \
     }
 
 GDR_GRAD10_ENTRY(bf16_t, bf16, 64, 64, 0)
