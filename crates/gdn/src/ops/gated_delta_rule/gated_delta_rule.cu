@@ -6523,20 +6523,39 @@ __device__ __forceinline__ void g10_rowdot(const float (&d)[R], const TX* x, i64
     }
 }
 
-// g10_rowdot on the q or k rows of the l2 norm: the normalized rows x, or, when rs is not null
-// (fp32 x: the in-kernel-norm kernels only), the raw bf16 rows xr times their rstd
-// rs[row * rss] (the prep's own products, so the values of its fp32 copies bit for bit, from
-// half the bytes and no fp32 copy written).
+// g10_rowdot on the q or k rows of the l2 norm. Caller-normalized rows (TX = bf16): from the
+// item's Q or K tile in shared memory (`tile`, 64 x Dk SW128: the same bf16 values as x, so the
+// same bits, without a global load in the warpgroup's chain). fp32 normalized rows: x, or,
+// when rs is not null, the raw bf16 rows xr times their rstd rs[row * rss] (the prep's own
+// products, so the values of its fp32 copies bit for bit, from half the bytes and no fp32
+// copy written).
 template <int R, typename TX>
 __device__ __forceinline__ void g10_rowdot_n(const float (&d)[R], const TX* x, const bf16_t* xr, const float* rs,
-                                             int rss, i64 xs, int l, int c0, float& s0, float& s1) {
-    // (the caller-normalized kernels, TX = bf16, never get an rstd: no code for it there)
-    if (sizeof(TX) != 4 || !rs) {
+                                             int rss, i64 xs, const char* tile, int l, int c0, float& s0,
+                                             float& s1) {
+    const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
+    const int r0 = 16 * w + g;
+    if constexpr (sizeof(TX) == 2) {
+#pragma unroll
+        for (int j = 0; j < R / 4; ++j) {
+            const int c = c0 + 8 * j + 2 * t;
+            if (r0 < l) {
+                const float2 u = g7_ld2(reinterpret_cast<const bf16_t*>(tile + wg_tile(GDR_C, r0, c)), 0);
+                s0 += d[4 * j] * u.x;
+                s0 += d[4 * j + 1] * u.y;
+            }
+            if (r0 + 8 < l) {
+                const float2 u = g7_ld2(reinterpret_cast<const bf16_t*>(tile + wg_tile(GDR_C, r0 + 8, c)), 0);
+                s1 += d[4 * j + 2] * u.x;
+                s1 += d[4 * j + 3] * u.y;
+            }
+        }
+        return;
+    }
+    if (!rs) {
         g10_rowdot(d, x, xs, l, c0, s0, s1);
         return;
     }
-    const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
-    const int r0 = 16 * w + g;
     const float a0 = r0 < l ? rs[r0 * rss] : 0.f, a1 = r0 + 8 < l ? rs[(r0 + 8) * rss] : 0.f;
 #pragma unroll
     for (int j = 0; j < R / 4; ++j) {
@@ -6888,6 +6907,8 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                 acp_mbar_arrive(B(G10_FW));
                 acp_mbar_wait(B(G10_FO), ph);
                 wg_fence_proxy();
+                // (caller-normalized: the row dot reads the Q tile)
+                if (sizeof(TQ) == 2 && r == 0) acp_mbar_wait(B(G10_FQK), (unsigned)it & 1u);
                 {
                     // dq += e^gam scale dO S0^T (its row dot with q), by halves
                     float s0 = 0.f, s1 = 0.f;
@@ -6896,7 +6917,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                         float a[32];
                         g10_mma<32, false, true, DV, N0>(a, uO, GDR_C, uH, dk, false);
                         g10_each(a, [&](int i, int x, float& e) { e = s_eg[i] * (scale * e); });
-                        g10_rowdot_n(a, qc, qrc, qrs, hk_n, krow, l, N0, s0, s1);
+                        g10_rowdot_n(a, qc, qrc, qrs, hk_n, krow, sm + L::Q_OFF, l, N0, s0, s1);
 #pragma unroll
                         for (int e = 0; e < 32; ++e) dq[N0 / 2 + e] = r == 0 ? a[e] : dq[N0 / 2 + e] + a[e];
                     };
@@ -6991,6 +7012,8 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                 acp_mbar_wait(B(G10_FD), ph);
                 acp_mbar_wait(B(G10_FDH), ph);
                 wg_fence_proxy();
+                // (caller-normalized: the row dot reads the K tile)
+                if (sizeof(TQ) == 2 && r == 0) acp_mbar_wait(B(G10_FQK), (unsigned)it & 1u);
                 {
                     // dk += e^(gam_L - gam) D dS^T (its row dot with k), by halves
                     float s0 = 0.f, s1 = 0.f;
@@ -6999,7 +7022,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                         float a[32];
                         g10_mma<32, false, true, DV, N0>(a, uD, GDR_C, uDH, dk, false);
                         g10_each(a, [&](int i, int x, float& e) { e = vv[2 * GDR_C + i] * e; });
-                        g10_rowdot_n(a, kc, krc, krs, hk_n, krow, l, N0, s0, s1);
+                        g10_rowdot_n(a, kc, krc, krs, hk_n, krow, sm + L::K_OFF, l, N0, s0, s1);
 #pragma unroll
                         for (int e = 0; e < 32; ++e) dkr[N0 / 2 + e] = r == 0 ? a[e] : dkr[N0 / 2 + e] + a[e];
                     };
@@ -7046,7 +7069,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                         constexpr int N0 = decltype(hc)::value * 64;
                         float a[32];
                         g10_mma<32, true, false, GDR_C, N0>(a, uT, GDR_C, uW, GDR_C, false);
-                        g10_rowdot_n(a, kc, krc, krs, hk_n, krow, l, N0, s0, s1);
+                        g10_rowdot_n(a, kc, krc, krs, hk_n, krow, sm + L::K_OFF, l, N0, s0, s1);
                         g10_each(a, [&](int i, int x, float& e) { e = (vv[3 * GDR_C + i] * vv[GDR_C + i]) * e; });
 #pragma unroll
                         for (int e = 0; e < 32; ++e) dkr[N0 / 2 + e] += a[e];
