@@ -254,9 +254,14 @@ fn run_gpu_with(gpu: &Arc<Gpu>, c: &Case, dt: DType, bwd: Option<BwdKernel>) -> 
     assert_eq!(o.dtype(), dt);
     assert_eq!(gr.dq.dtype(), dt);
     assert_eq!(gr.dh0.is_some(), c.h0.is_some());
+    download_out(gpu, &o, fin.as_ref(), &gr)
+}
+
+/// The outputs and gradients of one GPU forward + backward, on the host.
+fn download_out(gpu: &Arc<Gpu>, o: &DBuf, fin: Option<&GBuf<f32>>, gr: &gdr::cuda::Grads) -> Out {
     Out {
         o: o.download().unwrap(),
-        fin: gpu.download(fin.as_ref().unwrap()).unwrap(),
+        fin: gpu.download(fin.unwrap()).unwrap(),
         dq: gr.dq.download().unwrap(),
         dk: gr.dk.download().unwrap(),
         dv: gr.dv.download().unwrap(),
@@ -3837,16 +3842,7 @@ fn backward_saved_is_bitwise() {
             t.as_ref(),
         )
         .unwrap();
-        let b = Out {
-            o: o.download().unwrap(),
-            fin: gpu.download(fin.as_ref().unwrap()).unwrap(),
-            dq: gr.dq.download().unwrap(),
-            dk: gr.dk.download().unwrap(),
-            dv: gr.dv.download().unwrap(),
-            dg: gpu.download(&gr.dg).unwrap(),
-            dbeta: gr.dbeta.download().unwrap(),
-            dh0: gr.dh0.as_ref().map(|d| gpu.download(d).unwrap()),
-        };
+        let b = download_out(&gpu, &o, fin.as_ref(), &gr);
         let same = a.bits() == b.bits();
         println!("gdr-check backward-saved {:<28} identical={same}", c.name);
         if !same {

@@ -6646,44 +6646,29 @@ __device__ __forceinline__ void g10_cp16(char* dst, int R, const bf16_t* src, i6
 }
 
 // Producer: 64 x N fp32 (row stride gs) -> bf16 SW128 tile [64][N] (round to nearest even),
-// four 16-byte pieces in flight per thread.
-template <int N>
+// four 16-byte pieces in flight per thread; PK: T (N = 64) from its packed copy.
+template <int N, bool PK = false>
 __device__ __forceinline__ void g10_cv32(char* dst, const float* src, i64 gs, int p) {
     constexpr int PER = N / 4, IT = GDR_C * PER / 128, U = 4;
     static_assert(IT % U == 0, "g10_cv32: whole batches");
+    static_assert(!PK || N == GDR_C, "g10_cv32: the packed form is T's");
 #pragma unroll 1
     for (int u0 = 0; u0 < IT; u0 += U) {
         float4 v[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int e = p + (u0 + u) * 128, i = e / PER, x = (e - i * PER) * 4;
-            v[u] = __ldg(reinterpret_cast<const float4*>(src + (i64)i * gs + x));
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int e = p + (u0 + u) * 128, i = e / PER, x = (e - i * PER) * 4;
-            *reinterpret_cast<uint2*>(dst + wg_tile(GDR_C, i, x)) =
-                make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
-        }
-    }
-}
-
-// g10_cv32<64> of T from the forward's packed copy (GDR_TP floats: the ten 16 x 16 blocks on or
-// below the diagonal, block (a, b) at a (a + 1) / 2 + b): the blocks above the diagonal, which
-// are zero in the full T, as zeros; the same bf16 tile.
-__device__ __forceinline__ void g10_cv32_pk(char* dst, const float* src, int p) {
-    constexpr int PER = GDR_C / 4, IT = GDR_C * PER / 128, U = 4;
-    static_assert(IT % U == 0, "g10_cv32_pk: whole batches");
-#pragma unroll 1
-    for (int u0 = 0; u0 < IT; u0 += U) {
-        float4 v[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int e = p + (u0 + u) * 128, i = e / PER, x = (e - i * PER) * 4;
-            const int a = i >> 4, b = x >> 4;
-            v[u] = b > a ? make_float4(0.f, 0.f, 0.f, 0.f)
-                         : __ldg(reinterpret_cast<const float4*>(src + (a * (a + 1) / 2 + b) * 256 + (i & 15) * 16 +
-                                                                 (x & 15)));
+            if constexpr (PK) {
+                // T's packed copy (GDR_TP floats: the ten 16 x 16 blocks on or below the
+                // diagonal, block (a, b) at a (a + 1) / 2 + b; gs unused): the blocks above the
+                // diagonal, zero in the full T, as zeros
+                const int a = i >> 4, b = x >> 4;
+                v[u] = b > a ? make_float4(0.f, 0.f, 0.f, 0.f)
+                             : __ldg(reinterpret_cast<const float4*>(src + (a * (a + 1) / 2 + b) * 256 +
+                                                                     (i & 15) * 16 + (x & 15)));
+            } else {
+                v[u] = __ldg(reinterpret_cast<const float4*>(src + (i64)i * gs + x));
+            }
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -6842,7 +6827,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                 g10_cp16(sm + L::V_OFF, GDR_C, v + t0 * vrow + (i64)hv * dv, vrow, dv, GDR_C, l, p);
                 acp_cp_async_arrive_noinc(B(G10_FV));
                 if (s >= 1) acp_mbar_wait(B(G10_ET), ph);
-                if (t_pk) g10_cv32_pk(sm + L::T_OFF, t_pk + cb * GDR_TP, p);
+                if (t_pk) g10_cv32<GDR_C, true>(sm + L::T_OFF, t_pk + cb * GDR_TP, 0, p);
                 else g10_cv32<GDR_C>(sm + L::T_OFF, t_ws + cb * (GDR_C * GDR_C), GDR_C, p);
                 acp_fence_proxy_async();
                 acp_mbar_arrive(B(G10_FT));

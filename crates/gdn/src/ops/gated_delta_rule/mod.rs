@@ -70,6 +70,20 @@ pub fn forward(
     }
 }
 
+impl RuleGrads {
+    /// The GPU backward's gradients as device buffers.
+    fn dev(r: cuda::Grads) -> RuleGrads {
+        RuleGrads {
+            dq: Act::Dev(r.dq),
+            dk: Act::Dev(r.dk),
+            dv: Act::Dev(r.dv),
+            dg: F32s::Dev(r.dg),
+            dbeta: Act::Dev(r.dbeta),
+            dh0: r.dh0.map(F32s::Dev),
+        }
+    }
+}
+
 /// What the rule's forward keeps for its backward besides the inputs ([`forward_saving`]): on
 /// a GPU, the chunks' inverses `T = (I + M)^-1` its chunk prep solved for (fp32, the ten 16 x 16
 /// blocks of T on or below the diagonal: 160 bytes per token and value head), so the
@@ -152,14 +166,7 @@ pub fn backward_saved(
             let (h0, d_final) = (dev_f32(h0)?, dev_f32(d_final)?);
             let r =
                 cuda::backward_saved(&gpu, q, k, v, g, b, seqs, s, o, h0, d_o, d_final, Some(t))?;
-            Ok(RuleGrads {
-                dq: Act::Dev(r.dq),
-                dk: Act::Dev(r.dk),
-                dv: Act::Dev(r.dv),
-                dg: F32s::Dev(r.dg),
-                dbeta: Act::Dev(r.dbeta),
-                dh0: r.dh0.map(F32s::Dev),
-            })
+            Ok(RuleGrads::dev(r))
         }
         _ => Err(mixed("rule backward")),
     }
@@ -197,14 +204,7 @@ pub fn backward(
             let gpu = q.gpu().clone();
             let (h0, d_final) = (dev_f32(h0)?, dev_f32(d_final)?);
             let r = cuda::backward(&gpu, q, k, v, g, b, seqs, s, o, h0, d_o, d_final)?;
-            Ok(RuleGrads {
-                dq: Act::Dev(r.dq),
-                dk: Act::Dev(r.dk),
-                dv: Act::Dev(r.dv),
-                dg: F32s::Dev(r.dg),
-                dbeta: Act::Dev(r.dbeta),
-                dh0: r.dh0.map(F32s::Dev),
-            })
+            Ok(RuleGrads::dev(r))
         }
         _ => Err(mixed("rule backward")),
     }
