@@ -239,7 +239,7 @@ fn main() {
             drop(r);
         };
         let t_f = time_ms(&gpu, 2, 10, fwd);
-        let fwd_bwd = || {
+        let run_saved = || {
             let (o, _, t) = forward_saving(
                 &gpu, &q, &kk, &vv, &g, &beta, &seqs, shape, opts, None, false,
             )
@@ -260,8 +260,9 @@ fn main() {
                 t.as_ref(),
             )
             .unwrap();
-            drop((o, gr, t));
+            (o, gr, t)
         };
+        let fwd_bwd = || drop(run_saved());
         let t_fb = time_ms(&gpu, 2, 10, fwd_bwd);
         let fwd_bwd_solve = || {
             let (o, _) = forward_cuda(
@@ -336,27 +337,7 @@ fn main() {
         gpu.reset_peak();
         // One more forward + backward with every kernel timed on its own.
         profile_start();
-        let (o, _, t) = forward_saving(
-            &gpu, &q, &kk, &vv, &g, &beta, &seqs, shape, opts, None, false,
-        )
-        .unwrap();
-        let gr = backward_saved(
-            &gpu,
-            &q,
-            &kk,
-            &vv,
-            &g,
-            &beta,
-            &seqs,
-            shape,
-            opts,
-            None,
-            &d_o,
-            None,
-            t.as_ref(),
-        )
-        .unwrap();
-        drop((o, gr, t));
+        drop(run_saved());
         let prof = profile_take();
         let line: Vec<String> = prof
             .iter()

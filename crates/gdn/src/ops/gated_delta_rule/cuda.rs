@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUdevice_attribute;
-use cudarc::driver::DeviceRepr;
+use cudarc::driver::{CudaStream, DeviceRepr};
 
 use super::{RuleOpts, RuleShape, CHUNK};
 use crate::backend::cuda::{DBuf, DType, GBuf, Gpu};
@@ -2643,6 +2643,23 @@ fn resolve_prep(gpu: &Gpu, kind: PrepKernel, n_chunks: usize, s: RuleShape) -> R
     })
 }
 
+/// A device-pointer argument `bytes` further on (other arguments unchanged).
+fn ptr_plus(a: Arg, bytes: usize) -> Arg {
+    match a {
+        Arg::Ptr(p) => Arg::Ptr(p + bytes as u64),
+        x => x,
+    }
+}
+
+/// The rstd of q and of k (`[2][rows]` fp32: q's `rows`, then k's) as two pointer arguments, or
+/// two nulls.
+fn rstd_args(rstd: Option<&GBuf<f32>>, rows: usize, st: &Arc<CudaStream>) -> [Arg; 2] {
+    match rstd {
+        Some(r) => [ptr(r, st), ptr_plus(ptr(r, st), rows * 4)],
+        None => [Arg::Ptr(0), Arg::Ptr(0)],
+    }
+}
+
 /// Whether the prep `kind` (resolved) writes and reads saved chunk inverses (prep8, prep9).
 fn prep_keeps_t(kind: PrepKernel) -> bool {
     matches!(kind, PrepKernel::V8 | PrepKernel::V9)
@@ -2776,10 +2793,7 @@ fn v6_prep(
     let pad_rows = rows - used * s.hk;
     if let (Some(o), true) = (&norm, pad_rows > 0) {
         let r0 = used * s.hk * s.dk;
-        let at = |a: Arg, elem: usize| match a {
-            Arg::Ptr(p) => Arg::Ptr(p + (r0 * elem) as u64),
-            x => x,
-        };
+        let at = |a: Arg, elem: usize| ptr_plus(a, r0 * elem);
         for (x, (y, yb)) in [q, k].into_iter().zip(o) {
             let Some(y) = y else {
                 continue;
@@ -2832,6 +2846,7 @@ fn v6_prep(
             ptr(b, st)
         }
     };
+    let [rq, rk] = rstd_args(rstd, rows, st);
     launch(
         gpu,
         &format!("{name}_d{}_{ks}", s.dk),
@@ -2858,14 +2873,8 @@ fn v6_prep(
             ptr(&u, st),
             ptr(&a, st),
             tp,
-            optr(rstd, st),
-            match rstd {
-                Some(r) => match ptr(r, st) {
-                    Arg::Ptr(p) => Arg::Ptr(p + (rows * 4) as u64),
-                    x => x,
-                },
-                None => Arg::Ptr(0),
-            },
+            rq,
+            rk,
         ],
     )?;
     Ok(V6Prep {
@@ -3036,18 +3045,8 @@ fn grad7(
         ];
         if items.is_some() {
             // gdr_grad10: the packed T, the rstd of q and of k (null: unused)
-            let rows = q.len() / s.dk;
-            a.extend([
-                optr(t_pk, st),
-                optr(rstd, st),
-                match rstd {
-                    Some(r) => match ptr(r, st) {
-                        Arg::Ptr(p) => Arg::Ptr(p + (rows * 4) as u64),
-                        x => x,
-                    },
-                    None => Arg::Ptr(0),
-                },
-            ]);
+            a.push(optr(t_pk, st));
+            a.extend(rstd_args(rstd, q.len() / s.dk, st));
         }
         a.extend([
             ptr(h16, st),

@@ -3266,6 +3266,11 @@ __device__ __forceinline__ void p8_pfrag(const float* sT, const float* sc, int r
 // of T in flight by cp.async with V. Everything after the solve reads the same T values, so every
 // output is the solving kernel's bit for bit.
 #define GDR_TP (10 * 256)
+// Block blk (0 .. 9) of the packed T: its block row a and column b (blk = a (a + 1) / 2 + b).
+__device__ __forceinline__ void gdr_tp_block(int blk, int& a, int& b) {
+    a = blk < 1 ? 0 : blk < 3 ? 1 : blk < 6 ? 2 : 3;
+    b = blk - a * (a + 1) / 2;
+}
 template <int DK, bool NORM, bool SPLIT, bool V8 = false, bool GVA = false, bool TIN = false>
 __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                           const float* __restrict__ g, const bf16_t* __restrict__ beta,
@@ -3327,7 +3332,8 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
             const float* src = tp + cb * GDR_TP;
             for (int e = tid; e < 10 * 64; e += GDR_NT) {
                 const int blk = e >> 6, r = (e >> 2) & 15, pc = e & 3;
-                const int a = blk < 1 ? 0 : blk < 3 ? 1 : blk < 6 ? 2 : 3, b = blk - a * (a + 1) / 2;
+                int a, b;
+                gdr_tp_block(blk, a, b);
                 cp_async16(sT + (16 * a + r) * L::LF + 16 * b + 4 * pc, src + blk * 256 + r * 16 + 4 * pc, true);
             }
         }
@@ -3596,7 +3602,8 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
             float* dst = tp + cb * GDR_TP;
             for (int e = tid; e < 10 * 64; e += GDR_NT) {
                 const int blk = e >> 6, r = (e >> 2) & 15, pc = e & 3;
-                const int a = blk < 1 ? 0 : blk < 3 ? 1 : blk < 6 ? 2 : 3, b = blk - a * (a + 1) / 2;
+                int a, b;
+                gdr_tp_block(blk, a, b);
                 *reinterpret_cast<float4*>(dst + blk * 256 + r * 16 + 4 * pc) =
                     *reinterpret_cast<const float4*>(sT + (16 * a + r) * L::LF + 16 * b + 4 * pc);
             }
