@@ -200,14 +200,21 @@ fn main() {
     );
     // Tokens x value heads per ms of fwd+bwd of the first row, for the few-heads row's ratio.
     let mut first_rate = None;
-    for Case {
-        label,
-        seqs,
-        hk,
-        hv,
-        fla,
-    } in cases()
-    {
+    // BENCH_RULE_ROWS=0,2: only those rows of the table (0-based), for short device calls.
+    let rows: Option<Vec<usize>> = std::env::var("BENCH_RULE_ROWS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect());
+    for (row, case) in cases().into_iter().enumerate() {
+        if rows.as_ref().is_some_and(|r| !r.contains(&row)) {
+            continue;
+        }
+        let Case {
+            label,
+            seqs,
+            hk,
+            hv,
+            fla,
+        } = case;
         let tokens = seqs.tokens();
         let shape = RuleShape { hk, hv, dk, dv };
         let opts = RuleOpts {

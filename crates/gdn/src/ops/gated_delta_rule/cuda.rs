@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUdevice_attribute;
-use cudarc::driver::{CudaStream, DeviceRepr};
+use cudarc::driver::DeviceRepr;
 
 use super::{RuleOpts, RuleShape, CHUNK};
 use crate::backend::cuda::{DBuf, DType, GBuf, Gpu};
@@ -1221,7 +1221,6 @@ fn forward_v6(
         true,
         prep_kind,
         kept.as_ref().map_or(TSaved::No, TSaved::Out),
-        None,
     )?;
     let (qb, kb) = match &pre.norm {
         Some(o) => (&o[0].1, &o[1].1),
@@ -1797,20 +1796,23 @@ pub fn g10_bytes(dk: usize, dv: usize) -> usize {
 }
 
 thread_local! {
+    static G10PROD0: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Tests only: on the calling thread, `true` runs gdr_grad10b at Dk = Dv = 128 (bf16 D / dD)
+/// with the producer it had before 2026-12-04 (`gdr_grad10b_p0_*`: its 128 threads load every
+/// buffer in one fixed order) instead of today's (each of its four warps loads its own buffers
+/// in its own order): the same bits.
+#[doc(hidden)]
+pub fn set_g10_producer0(on: bool) {
+    G10PROD0.with(|c| c.set(on));
+}
+
+thread_local! {
     static GRAD8: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     static GRAD10: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     static WS16: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     static G10SPLIT0: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    static G10COPIES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Tests only: on the calling thread, `true` makes the backward's prep write the fp32
-/// normalized q, k (in-kernel norm) and gdr_grad10 read them, as before 2026-12-04, instead of
-/// the prep writing each row's rstd and gdr_grad10 normalizing the raw rows with it: the same
-/// values, so the same bits.
-#[doc(hidden)]
-pub fn set_g10_norm_copies(on: bool) {
-    G10COPIES.with(|c| c.set(on));
 }
 
 /// Tests only: on the calling thread, `true` runs the layer's gdr_grad10b variant (bf16 D / dD,
@@ -1961,19 +1963,13 @@ fn backward_v6(
         _ => TSaved::No,
     };
     // gdr_grad10 after the recompute reads T from the forward's packed copy when there is one
-    // (the prep then writes no fp32 T), and with the in-kernel norm normalizes the raw q, k rows
-    // with the prep's rstd (the prep then writes no fp32 copies): the same values, fewer bytes.
+    // (the prep then writes no fp32 T); its q, k row dots read the bf16 normalized rows (the
+    // forward's mma operands), so the prep writes no fp32 copies of them for it.
     let g10 = pieces.recompute && pieces.grad7 && kern == 10;
     let t_pk = match tsaved {
         TSaved::In(t) if g10 => Some(t),
         _ => None,
     };
-    let rstd =
-        if g10 && opts.l2norm_in_kernel && pk != PrepKernel::V6 && !G10COPIES.with(|c| c.get()) {
-            Some(ws(gpu, 2 * (q.len() / s.dk))?)
-        } else {
-            None
-        };
     let mut pre = if pieces.recompute {
         Some(v6_prep(
             gpu,
@@ -1986,20 +1982,19 @@ fn backward_v6(
             s,
             opts,
             seqs.used(),
-            rstd.is_none(),
+            !g10,
             t_pk.is_none(),
             pieces.scan,
             prep_kind,
             tsaved,
-            rstd.as_ref(),
         )?)
     } else {
         None
     };
     let norm = match pre.as_mut().map(|p| p.norm.take()) {
         Some(Some(v)) => {
-            // (with the rstd the prep writes no fp32 copies: gdr_grad10 reads the raw rows)
-            if rstd.is_none() && v.iter().any(|(f, _)| f.is_none()) {
+            // (for gdr_grad10 the prep writes no fp32 copies: it reads the bf16 rows)
+            if !g10 && v.iter().any(|(f, _)| f.is_none()) {
                 return Err(GdnError::Device(
                     "rule backward: the prep wrote no fp32 q, k".into(),
                 ));
@@ -2304,7 +2299,7 @@ fn backward_v6(
             (q, k, qq, kk, qb, kb),
             (v, beta, d_o),
             (&gam, t.as_ref(), h16b.as_ref(), dh16.as_ref(), &d, &dd),
-            (t_pk, rstd.as_ref()),
+            t_pk,
             &ch,
             seqs,
             s,
@@ -2651,15 +2646,6 @@ fn ptr_plus(a: Arg, bytes: usize) -> Arg {
     }
 }
 
-/// The rstd of q and of k (`[2][rows]` fp32: q's `rows`, then k's) as two pointer arguments, or
-/// two nulls.
-fn rstd_args(rstd: Option<&GBuf<f32>>, rows: usize, st: &Arc<CudaStream>) -> [Arg; 2] {
-    match rstd {
-        Some(r) => [ptr(r, st), ptr_plus(ptr(r, st), rows * 4)],
-        None => [Arg::Ptr(0), Arg::Ptr(0)],
-    }
-}
-
 /// Whether the prep `kind` (resolved) writes and reads saved chunk inverses (prep8, prep9).
 fn prep_keeps_t(kind: PrepKernel) -> bool {
     matches!(kind, PrepKernel::V8 | PrepKernel::V9)
@@ -2686,16 +2672,10 @@ fn v6_prep(
     want_a: bool,
     kind: PrepKernel,
     tsaved: TSaved,
-    rstd: Option<&GBuf<f32>>,
 ) -> Result<V6Prep> {
     let st = gpu.stream();
     let chh = ch.count * s.hv;
     let kind = resolve_prep(gpu, kind, ch.count, s)?;
-    if rstd.is_some() && kind == PrepKernel::V6 {
-        return Err(GdnError::Device(
-            "rule: the rstd of q, k come from the prep7 template's kernels".into(),
-        ));
-    }
     if !matches!(tsaved, TSaved::No) && !prep_keeps_t(kind) {
         return Err(GdnError::Device(
             "rule: saved chunk inverses need the prep8 / prep9 kernels".into(),
@@ -2846,7 +2826,6 @@ fn v6_prep(
             ptr(b, st)
         }
     };
-    let [rq, rk] = rstd_args(rstd, rows, st);
     launch(
         gpu,
         &format!("{name}_d{}_{ks}", s.dk),
@@ -2873,8 +2852,6 @@ fn v6_prep(
             ptr(&u, st),
             ptr(&a, st),
             tp,
-            rq,
-            rk,
         ],
     )?;
     Ok(V6Prep {
@@ -2927,7 +2904,6 @@ pub fn prep_only(
         true,
         kind,
         TSaved::No,
-        None,
     )
 }
 
@@ -2969,7 +2945,6 @@ pub fn prep_saved_t(
             true,
             kind,
             t,
-            None,
         )
     };
     let solved = run(TSaved::Out(&tp))?;
@@ -2995,7 +2970,7 @@ fn grad7(
         &GBuf<f32>,
         &GBuf<f32>,
     ),
-    g10in: (Option<&GBuf<f32>>, Option<&GBuf<f32>>),
+    t_pk: Option<&GBuf<f32>>,
     ch: &Chunks,
     seqs: &Seqs,
     s: RuleShape,
@@ -3007,9 +2982,8 @@ fn grad7(
     let (q, k, qq, kk, qb, kb) = qk;
     let (v, beta, d_o) = vbo;
     let (gam, t, h16, dh16, d, dd) = w;
-    // gdr_grad10 only: T from the forward's packed copy (`t` may then be absent), and the rstd of
-    // q, k (`[2][tokens x Hk]`) to normalize the raw rows with
-    let (t_pk, rstd) = if kern == 10 { g10in } else { (None, None) };
+    // gdr_grad10 only: T from the forward's packed copy (`t` may then be absent)
+    let t_pk = if kern == 10 { t_pk } else { None };
     if t.is_none() && t_pk.is_none() {
         return Err(GdnError::Device("rule backward: prep kept no T".into()));
     }
@@ -3027,14 +3001,15 @@ fn grad7(
     let dv = out_d(gpu, tokens * s.hv * s.dv, dt)?;
     let dg = out_f32(gpu, tokens * s.hv)?;
     let dbeta = out_d(gpu, tokens * s.hv, dt)?;
-    // The kernels' arguments: gdr_grad10 takes the item count before the shape and no fp32 dq /
-    // dk accumulators; gdr_grad7 / 8 take the accumulators after it.
+    // The kernels' arguments: gdr_grad10 takes no q, k for its row dots (it reads the bf16 rows
+    // qb, kb), the packed T, the item count before the shape and no fp32 dq / dk accumulators;
+    // gdr_grad7 / 8 take the accumulators after it.
     let args = |items: Option<usize>, acc: Option<(&GBuf<f32>, &GBuf<f32>)>| {
-        let mut a = vec![
-            dptr(q, st),
-            dptr(k, st),
-            dptr(qq, st),
-            dptr(kk, st),
+        let mut a = vec![dptr(q, st), dptr(k, st)];
+        if items.is_none() {
+            a.extend([dptr(qq, st), dptr(kk, st)]);
+        }
+        a.extend([
             dptr(qb, st),
             dptr(kb, st),
             dptr(v, st),
@@ -3042,11 +3017,10 @@ fn grad7(
             dptr(d_o, st),
             ptr(gam, st),
             optr(t, st),
-        ];
+        ]);
         if items.is_some() {
-            // gdr_grad10: the packed T, the rstd of q and of k (null: unused)
+            // gdr_grad10: the packed T
             a.push(optr(t_pk, st));
-            a.extend(rstd_args(rstd, q.len() / s.dk, st));
         }
         a.extend([
             ptr(h16, st),
@@ -3082,13 +3056,18 @@ fn grad7(
         let items = ch.count * s.hk;
         // td16: D, dD in bf16 (see the backward)
         let b16 = if td16 { "b" } else { "" };
-        let rs =
-            if td16 && ks == "bf16" && s.dk == 128 && s.dv == 128 && G10SPLIT0.with(|c| c.get()) {
-                "_r0"
-            } else {
-                ""
-            };
-        let name = format!("gdr_grad10{b16}{rs}_{ks}_d{}_v{}", s.dk, s.dv);
+        // (tests: the register split and the producer before 2026-12-04, set_g10_split0 /
+        // set_g10_producer0)
+        let d128 = td16 && s.dk == 128 && s.dv == 128;
+        let var = if d128 && G10SPLIT0.with(|c| c.get()) {
+            "_r0"
+        } else if d128 && G10PROD0.with(|c| c.get()) {
+            "_p0"
+        } else {
+            ""
+        };
+        // one kernel for both norms (`l2norm` selects the l2 norm's backward at its end)
+        let name = format!("gdr_grad10{b16}{var}_bf16_d{}_v{}", s.dk, s.dv);
         launch_in_threads(
             gpu,
             MODULE,

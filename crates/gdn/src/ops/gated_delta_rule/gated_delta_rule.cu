@@ -3278,7 +3278,7 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
                           int dv, float* __restrict__ qn, bf16_t* __restrict__ qnb, float* __restrict__ kn,
                           bf16_t* __restrict__ knb, float* __restrict__ gam_ws, float* __restrict__ t_ws,
                           bf16_t* __restrict__ w_ws, float* __restrict__ u_ws, bf16_t* __restrict__ a_ws,
-                          float* __restrict__ tp, float* __restrict__ q_rs, float* __restrict__ k_rs) {
+                          float* __restrict__ tp) {
     using L = P7Layout<DK>;
     constexpr bool KLO = SPLIT && NORM;  // caller-normalized bf16 rows are exact in bf16
     const int ratio = hv_n / hk_n;
@@ -3426,10 +3426,6 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
         bf16_t* ybo = (isq ? qnb : knb) + orow;
         const bool w32 = wr && yo != nullptr;
         if (w32) yo += orow;
-        // NORM: the row's rstd, when wanted ([rows], rows of [tokens, Hk]): gdr_grad10 normalizes
-        // the raw rows on the fly with it (the same products as the fp32 copies)
-        float* rso = isq ? q_rs : k_rs;
-        if (wr && hf == 0 && rso) rso[(G.t0 + i) * hk_n + G.kh] = rs;
 #pragma unroll
         for (int p = 0; p < NV; ++p) {
             const unsigned wv[4] = {raw[p].x, raw[p].y, raw[p].z, raw[p].w};
@@ -3746,10 +3742,9 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
     extern "C" __global__ void __launch_bounds__(GDR_NT, 2) NAME##_d##DK##_##NS(                        \
         const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* g, const bf16_t* beta,          \
         const i64* ch_t0, const int* ch_len, int hk, int hv, int dv, float* qn, bf16_t* qnb, float* kn, \
-        bf16_t* knb, float* gam_ws, float* t_ws, bf16_t* w_ws, float* u_ws, bf16_t* a_ws, float* tp,    \
-        float* q_rs, float* k_rs) {                                                                     \
+        bf16_t* knb, float* gam_ws, float* t_ws, bf16_t* w_ws, float* u_ws, bf16_t* a_ws, float* tp) {  \
         gdr_prep7<DK, __VA_ARGS__>(q, k, v, g, beta, ch_t0, ch_len, hk, hv, dv, qn, qnb, kn, knb, gam_ws,  \
-                                   t_ws, w_ws, u_ws, a_ws, tp, q_rs, k_rs);                             \
+                                   t_ws, w_ws, u_ws, a_ws, tp);                                         \
     }
 #define GDR_PREP7_ENTRY(SFX, SPLIT, DK, NS, NORM) GDR_PREP_ENTRY(gdr_prep7##SFX, DK, NS, NORM, SPLIT)
 
@@ -6405,13 +6400,13 @@ __device__ __forceinline__ void sw_rows16(char* dst, int R, const bf16_t* src, i
 //       dT = dD Vb^T + dW Kb^T (-> sX), T^T dT (-> sX),
 //       dM = -(T^T dT) T^T, P = K K^T -> dbeta, dgam terms and dP (-> sP); then each row's dgam
 //       and dbeta, the reverse cumsum dg, the stores of dg and dbeta.
-//   WG3 producer (40 registers; the others 160 / 160 / 152 by setmaxnreg): every operand of the
-//       next value head into its single buffer as soon as the buffer's last reader releases it
-//       (bf16 tiles by cp.async, the fp32 D, dD, T rounded to bf16 through registers), the gate
-//       vectors (double-buffered), Q and K once per (chunk, key head); prefetches one head ahead
-//       into L2.
-// No CTA-wide barrier after the start: mbarriers order every hand-off (full: the producer's 128
-// threads, or a warpgroup's 128 writers; empty: lane 0 of each reading warp after its wgmma
+//   WG3 producer (56 registers, G10Regs): every operand of the next value head into its single
+//       buffer as soon as the buffer's last reader releases it (bf16 tiles by cp.async, the fp32
+//       D, dD, T rounded to bf16 through registers), the gate vectors (double-buffered), Q and K
+//       once per (chunk, key head); prefetches one head ahead into L2. Each of its four warps
+//       loads its own buffers in its own order (PV below).
+// No CTA-wide barrier after the start: mbarriers order every hand-off (full: the loading
+// producer warp's 32 threads, or a warpgroup's 128 writers; empty: lane 0 of each reading warp after its wgmma
 // completed). Phase parity: a barrier used once per value head step s completes phase s, so
 // waiters use s & 1 (per (chunk, key head) item for Q / K; per s / 2 for the two vector and part
 // buffers). No barrier can complete a phase twice ahead of its waiter: every full barrier's
@@ -6508,75 +6503,26 @@ __device__ __forceinline__ float g10_quad(float s) {
     return s;
 }
 
-// Row dots of the fragments (columns c0 ..) with x[row * rs + column] (global, rows < l), added
-// to this lane's partials s0 (row 16 w + g), s1 (row + 8).
-template <int R, typename TX>
-__device__ __forceinline__ void g10_rowdot(const float (&d)[R], const TX* x, i64 rs, int l, int c0, float& s0,
+// Row dots of the fragments (columns c0 ..) with the rows < l of the item's normalized q or k:
+// its bf16 Q or K tile in shared memory (`tile`, 64 x Dk SW128: the operands of the forward's
+// products), added to this lane's partials s0 (row 16 w + g), s1 (row + 8).
+template <int R>
+__device__ __forceinline__ void g10_rowdot(const float (&d)[R], const char* tile, int l, int c0, float& s0,
                                            float& s1) {
     const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
     const int r0 = 16 * w + g;
 #pragma unroll
     for (int j = 0; j < R / 4; ++j) {
+        const int c = c0 + 8 * j + 2 * t;
         if (r0 < l) {
-            const float2 u = g7_ld2(x, r0 * rs + c0 + 8 * j + 2 * t);
+            const float2 u = g7_ld2(reinterpret_cast<const bf16_t*>(tile + wg_tile(GDR_C, r0, c)), 0);
             s0 += d[4 * j] * u.x;
             s0 += d[4 * j + 1] * u.y;
         }
         if (r0 + 8 < l) {
-            const float2 u = g7_ld2(x, (r0 + 8) * rs + c0 + 8 * j + 2 * t);
+            const float2 u = g7_ld2(reinterpret_cast<const bf16_t*>(tile + wg_tile(GDR_C, r0 + 8, c)), 0);
             s1 += d[4 * j + 2] * u.x;
             s1 += d[4 * j + 3] * u.y;
-        }
-    }
-}
-
-// g10_rowdot on the q or k rows of the l2 norm. Caller-normalized rows (TX = bf16): from the
-// item's Q or K tile in shared memory (`tile`, 64 x Dk SW128: the same bf16 values as x, so the
-// same bits, without a global load in the warpgroup's chain). fp32 normalized rows: x, or,
-// when rs is not null, the raw bf16 rows xr times their rstd rs[row * rss] (the prep's own
-// products, so the values of its fp32 copies bit for bit, from half the bytes and no fp32
-// copy written).
-template <int R, typename TX>
-__device__ __forceinline__ void g10_rowdot_n(const float (&d)[R], const TX* x, const bf16_t* xr, const float* rs,
-                                             int rss, i64 xs, const char* tile, int l, int c0, float& s0,
-                                             float& s1) {
-    const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
-    const int r0 = 16 * w + g;
-    if constexpr (sizeof(TX) == 2) {
-#pragma unroll
-        for (int j = 0; j < R / 4; ++j) {
-            const int c = c0 + 8 * j + 2 * t;
-            if (r0 < l) {
-                const float2 u = g7_ld2(reinterpret_cast<const bf16_t*>(tile + wg_tile(GDR_C, r0, c)), 0);
-                s0 += d[4 * j] * u.x;
-                s0 += d[4 * j + 1] * u.y;
-            }
-            if (r0 + 8 < l) {
-                const float2 u = g7_ld2(reinterpret_cast<const bf16_t*>(tile + wg_tile(GDR_C, r0 + 8, c)), 0);
-                s1 += d[4 * j + 2] * u.x;
-                s1 += d[4 * j + 3] * u.y;
-            }
-        }
-        return;
-    }
-    if (!rs) {
-        g10_rowdot(d, x, xs, l, c0, s0, s1);
-        return;
-    }
-    const float a0 = r0 < l ? rs[r0 * rss] : 0.f, a1 = r0 + 8 < l ? rs[(r0 + 8) * rss] : 0.f;
-#pragma unroll
-    for (int j = 0; j < R / 4; ++j) {
-        if (r0 < l) {
-            const float2 u = g7_ld2(xr, r0 * xs + c0 + 8 * j + 2 * t);
-            const float y0 = u.x * a0, y1 = u.y * a0;
-            s0 += d[4 * j] * y0;
-            s0 += d[4 * j + 1] * y1;
-        }
-        if (r0 + 8 < l) {
-            const float2 u = g7_ld2(xr, (r0 + 8) * xs + c0 + 8 * j + 2 * t);
-            const float y0 = u.x * a1, y1 = u.y * a1;
-            s1 += d[4 * j + 2] * y0;
-            s1 += d[4 * j + 3] * y1;
         }
     }
 }
@@ -6647,16 +6593,17 @@ __device__ __forceinline__ void g10_l2_store(float (&d)[R], const bf16_t* xr, bf
 
 // The producer's copies and L2 prefetches are sw_rows16 / g7_prefetch over its 128 threads
 // (p = 0 .. 127).
+template <int NT = 128>
 __device__ __forceinline__ void g10_cp16(char* dst, int R, const bf16_t* src, i64 gs, int n, int rows, int l,
                                          int p) {
-    sw_rows16(dst, R, src, gs, n, rows, l, p, 128);
+    sw_rows16(dst, R, src, gs, n, rows, l, p, NT);
 }
 
 // Producer: 64 x N fp32 (row stride gs) -> bf16 SW128 tile [64][N] (round to nearest even),
 // four 16-byte pieces in flight per thread; PK: T (N = 64) from its packed copy.
-template <int N, bool PK = false>
+template <int N, bool PK = false, int NT = 128>
 __device__ __forceinline__ void g10_cv32(char* dst, const float* src, i64 gs, int p) {
-    constexpr int PER = N / 4, IT = GDR_C * PER / 128, U = 4;
+    constexpr int PER = N / 4, IT = GDR_C * PER / NT, U = 4;
     static_assert(IT % U == 0, "g10_cv32: whole batches");
     static_assert(!PK || N == GDR_C, "g10_cv32: the packed form is T's");
 #pragma unroll 1
@@ -6664,7 +6611,7 @@ __device__ __forceinline__ void g10_cv32(char* dst, const float* src, i64 gs, in
         float4 v[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const int e = p + (u0 + u) * 128, i = e / PER, x = (e - i * PER) * 4;
+            const int e = p + (u0 + u) * NT, i = e / PER, x = (e - i * PER) * 4;
             if constexpr (PK) {
                 // T's packed copy (GDR_TP floats: the ten 16 x 16 blocks on or below the
                 // diagonal, block (a, b) at a (a + 1) / 2 + b; gs unused): the blocks above the
@@ -6679,7 +6626,7 @@ __device__ __forceinline__ void g10_cv32(char* dst, const float* src, i64 gs, in
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const int e = p + (u0 + u) * 128, i = e / PER, x = (e - i * PER) * 4;
+            const int e = p + (u0 + u) * NT, i = e / PER, x = (e - i * PER) * 4;
             *reinterpret_cast<uint2*>(dst + wg_tile(GDR_C, i, x)) =
                 make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
         }
@@ -6689,15 +6636,15 @@ __device__ __forceinline__ void g10_cv32(char* dst, const float* src, i64 gs, in
 // Producer: a 64 x N workspace tile (row stride N) into its bf16 SW128 tile, then the tile's
 // full barrier: fp32 rounded through registers (then the proxy fence and a plain arrival), bf16
 // by cp.async (an arrival when the copies land).
-template <int N>
+template <int N, int NT = 128>
 __device__ __forceinline__ void g10_load_ws(char* dst, const float* src, int n, int p, unsigned bar) {
-    g10_cv32<N>(dst, src, n, p);
+    g10_cv32<N, false, NT>(dst, src, n, p);
     acp_fence_proxy_async();
     acp_mbar_arrive(bar);
 }
-template <int N>
+template <int N, int NT = 128>
 __device__ __forceinline__ void g10_load_ws(char* dst, const bf16_t* src, int n, int p, unsigned bar) {
-    g10_cp16(dst, GDR_C, src, n, N, GDR_C, GDR_C, p);
+    g10_cp16<NT>(dst, GDR_C, src, n, N, GDR_C, GDR_C, p);
     acp_cp_async_arrive_noinc(bar);
 }
 
@@ -6713,14 +6660,18 @@ __device__ __forceinline__ void g10_wgbar(int id) { asm volatile("bar.sync %0, 1
 
 // TD: the type of D and dD (float: rounded to bf16 by the producer through registers; bf16:
 // written so by gdr_hrec6b / gdr_bwd6b / gdr_bwd8b, copied by cp.async, the same bits).
-template <typename TQ, int DK, int DV, typename TD = float, int RS = 0>
+// PV: the producer. 1 (every kernel): its four warps load disjoint sets of buffers, each warp in
+// its own order (warp 0: the gates, S0, dS; 1: D, dO, Q / K; 2: dD, V; 3: T and the L2
+// prefetch), so a buffer released late holds up only its own warp's later copies; 0 (the
+// gdr_grad10b_p0_* test kernels, the producer before 2026-12-04): its 128 threads load every
+// buffer in one order. The same bits either way.
+template <int DK, int DV, typename TD = float, int RS = 0, int PV = 1>
 __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __restrict__ k_raw,
-                           const TQ* __restrict__ q, const TQ* __restrict__ k, const bf16_t* __restrict__ qb,
+                           const bf16_t* __restrict__ qb,
                            const bf16_t* __restrict__ kb, const bf16_t* __restrict__ v,
                            const bf16_t* __restrict__ beta, const bf16_t* __restrict__ d_o,
                            const float* __restrict__ gam_ws, const float* __restrict__ t_ws,
-                           const float* __restrict__ t_pk, const float* __restrict__ q_rs,
-                           const float* __restrict__ k_rs, const bf16_t* __restrict__ h_ws,
+                           const float* __restrict__ t_pk, const bf16_t* __restrict__ h_ws,
                            const bf16_t* __restrict__ dh_ws, const TD* __restrict__ d_ws,
                            const TD* __restrict__ dd_ws,
                            const i64* __restrict__ ch_t0, const int* __restrict__ ch_len, i64 n_items,
@@ -6751,33 +6702,35 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
     const int ratio = hv_n / hk_n;
     const i64 krow = (i64)hk_n * dk, vrow = (i64)hv_n * dv;
 
+    // the producer's arrivals per full barrier: its 128 threads, or the loading warp's 32
+    constexpr int FN = PV >= 1 ? 32 : 128;
     if (tid == 0) {
-        acp_mbar_init(B(G10_FQK), 128);
+        acp_mbar_init(B(G10_FQK), FN);
         acp_mbar_init(B(G10_EQK), 12);
         for (int i = 0; i < 2; ++i) {
-            acp_mbar_init(B(G10_FVEC0 + i), 128);
+            acp_mbar_init(B(G10_FVEC0 + i), FN);
             acp_mbar_init(B(G10_EVEC0 + i), 12);
             acp_mbar_init(B(G10_FPART0 + i), 256);
         }
-        acp_mbar_init(B(G10_FH), 128);
+        acp_mbar_init(B(G10_FH), FN);
         acp_mbar_init(B(G10_EH), 8);  // WG0 (dW, dq), WG1 (<S0, dS>)
-        acp_mbar_init(B(G10_FDH), 128);
+        acp_mbar_init(B(G10_FDH), FN);
         acp_mbar_init(B(G10_EDH), 4);  // WG1
-        acp_mbar_init(B(G10_FO), 128);
+        acp_mbar_init(B(G10_FO), FN);
         acp_mbar_init(B(G10_EO), 8);  // WG0, WG2
-        acp_mbar_init(B(G10_FD), 128);
+        acp_mbar_init(B(G10_FD), FN);
         acp_mbar_init(B(G10_ED), 8);  // WG1, WG2
-        acp_mbar_init(B(G10_FDD), 128);
+        acp_mbar_init(B(G10_FDD), FN);
         acp_mbar_init(B(G10_EDD), 8);  // WG0, WG2
-        acp_mbar_init(B(G10_FV), 128);
+        acp_mbar_init(B(G10_FV), FN);
         acp_mbar_init(B(G10_EV), 8);  // WG0 (<dVb, v>), WG2 (dT)
-        acp_mbar_init(B(G10_FT), 128);
+        acp_mbar_init(B(G10_FT), FN);
         acp_mbar_init(B(G10_ET), 12);  // WG0 (dVb), WG1 (dKb), WG2 (T^T dT, dM)
-        acp_mbar_init(B(G10_FW), 128);
+        acp_mbar_init(B(G10_FW), 128);  // WG0
         acp_mbar_init(B(G10_EW), 8);  // WG1, WG2
-        acp_mbar_init(B(G10_FG), 128);
+        acp_mbar_init(B(G10_FG), 128);  // WG2
         acp_mbar_init(B(G10_EG), 8);  // WG0, WG1
-        acp_mbar_init(B(G10_FP), 128);
+        acp_mbar_init(B(G10_FP), 128);  // WG2
         acp_mbar_init(B(G10_EP), 4);  // WG1
         acp_fence_mbar_init();
     }
@@ -6787,6 +6740,84 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
     if (wg == 3) {
         // ---- producer ----
         acp_setmaxnreg_dec<G10Regs<RS>::P>();
+        if constexpr (PV >= 1) {
+            const int pw = (tid - 384) >> 5;
+            int s = 0, it = 0;
+            for (i64 bi = blockIdx.x; bi < n_items; bi += gridDim.x, ++it) {
+                const int kh = (int)(bi % hk_n);
+                const i64 c = bi / hk_n;
+                const i64 t0 = ch_t0[c];
+                const int l = ch_len[c];
+                for (int r = 0; r < ratio; ++r, ++s) {
+                    const int hv = kh * ratio + r;
+                    const i64 cb = c * hv_n + hv;
+                    const unsigned ph = (unsigned)(s - 1) & 1u;
+                    const int vb = s & 1;
+                    if (pw == 0) {
+                        if (s >= 2) acp_mbar_wait(B(G10_EVEC0 + vb), (unsigned)((s >> 1) - 1) & 1u);
+                        float* vv = vec + vb * 4 * GDR_C;
+                        for (int e = lane; e < GDR_C; e += 32) {
+                            const float gm = gam_ws[cb * GDR_C + e], gl = gam_ws[cb * GDR_C + l - 1];
+                            vv[e] = gm;
+                            vv[GDR_C + e] = e < l ? expf(gm) : 0.f;
+                            vv[2 * GDR_C + e] = e < l ? expf(gl - gm) : 0.f;
+                            vv[3 * GDR_C + e] = e < l ? ld(beta, (t0 + e) * hv_n + hv) : 0.f;
+                        }
+                        acp_mbar_arrive(B(G10_FVEC0 + vb));
+                        if (s >= 1) acp_mbar_wait(B(G10_EH), ph);
+                        g10_cp16<32>(sm + L::H_OFF, dk, h_ws + cb * (i64)dk * dv, dv, dv, dk, dk, lane);
+                        acp_cp_async_arrive_noinc(B(G10_FH));
+                        if (s >= 1) acp_mbar_wait(B(G10_EDH), ph);
+                        g10_cp16<32>(sm + L::DH_OFF, dk, dh_ws + cb * (i64)dk * dv, dv, dv, dk, dk, lane);
+                        acp_cp_async_arrive_noinc(B(G10_FDH));
+                    } else if (pw == 1) {
+                        if (s >= 1) acp_mbar_wait(B(G10_ED), ph);
+                        g10_load_ws<DV, 32>(sm + L::D_OFF, d_ws + cb * GDR_C * (i64)dv, dv, lane, B(G10_FD));
+                        if (s >= 1) acp_mbar_wait(B(G10_EO), ph);
+                        g10_cp16<32>(sm + L::O_OFF, GDR_C, d_o + t0 * vrow + (i64)hv * dv, vrow, dv, GDR_C, l, lane);
+                        acp_cp_async_arrive_noinc(B(G10_FO));
+                        if (r == 0) {
+                            if (it >= 1) acp_mbar_wait(B(G10_EQK), (unsigned)(it - 1) & 1u);
+                            g10_cp16<32>(sm + L::Q_OFF, GDR_C, qb + t0 * krow + (i64)kh * dk, krow, dk, GDR_C, l, lane);
+                            g10_cp16<32>(sm + L::K_OFF, GDR_C, kb + t0 * krow + (i64)kh * dk, krow, dk, GDR_C, l, lane);
+                            acp_cp_async_arrive_noinc(B(G10_FQK));
+                        }
+                    } else if (pw == 2) {
+                        if (s >= 1) acp_mbar_wait(B(G10_EDD), ph);
+                        g10_load_ws<DV, 32>(sm + L::DD_OFF, dd_ws + cb * GDR_C * (i64)dv, dv, lane, B(G10_FDD));
+                        if (s >= 1) acp_mbar_wait(B(G10_EV), ph);
+                        g10_cp16<32>(sm + L::V_OFF, GDR_C, v + t0 * vrow + (i64)hv * dv, vrow, dv, GDR_C, l, lane);
+                        acp_cp_async_arrive_noinc(B(G10_FV));
+                    } else {
+                        if (s >= 1) acp_mbar_wait(B(G10_ET), ph);
+                        char* tt = sm + L::T_OFF;
+                        if (t_pk) g10_cv32<GDR_C, true, 32>(tt, t_pk + cb * GDR_TP, 0, lane);
+                        else g10_cv32<GDR_C, false, 32>(tt, t_ws + cb * (GDR_C * GDR_C), GDR_C, lane);
+                        acp_fence_proxy_async();
+                        acp_mbar_arrive(B(G10_FT));
+                        // the next value head's operands into L2
+                        i64 nb = bi, nr = r + 1;
+                        if (nr == ratio) {
+                            nr = 0;
+                            nb += gridDim.x;
+                        }
+                        if (nb < n_items) {
+                            const i64 nc = nb / hk_n;
+                            const int nhv = (int)(nb % hk_n) * ratio + (int)nr;
+                            const i64 ncb = nc * hv_n + nhv;
+                            g7_prefetch(h_ws + ncb * (i64)dk * dv, (i64)dk * dv * 2, lane, 32);
+                            g7_prefetch(dh_ws + ncb * (i64)dk * dv, (i64)dk * dv * 2, lane, 32);
+                            g7_prefetch(d_ws + ncb * GDR_C * (i64)dv, (i64)GDR_C * dv * sizeof(TD), lane, 32);
+                            g7_prefetch(dd_ws + ncb * GDR_C * (i64)dv, (i64)GDR_C * dv * sizeof(TD), lane, 32);
+                            if (t_pk) g7_prefetch(t_pk + ncb * GDR_TP, (i64)GDR_TP * 4, lane, 32);
+                            else g7_prefetch(t_ws + ncb * (GDR_C * GDR_C), (i64)GDR_C * GDR_C * 4, lane, 32);
+                        }
+                    }
+                }
+            }
+            cp_async_wait_all();
+            return;
+        }
         const int p = tid - 384;
         int s = 0, it = 0;
         for (i64 bi = blockIdx.x; bi < n_items; bi += gridDim.x, ++it) {
@@ -6874,9 +6905,6 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
             const i64 c = bi / hk_n;
             const i64 t0 = ch_t0[c];
             const int l = ch_len[c];
-            const TQ* qc = q + t0 * krow + (i64)kh * dk;
-            const bf16_t* qrc = q_raw + t0 * krow + (i64)kh * dk;
-            const float* qrs = q_rs ? q_rs + t0 * hk_n + kh : nullptr;
             for (int r = 0; r < ratio; ++r, ++s) {
                 const unsigned ph = (unsigned)s & 1u;
                 const int vb = s & 1;
@@ -6899,8 +6927,8 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                 acp_mbar_arrive(B(G10_FW));
                 acp_mbar_wait(B(G10_FO), ph);
                 wg_fence_proxy();
-                // (caller-normalized: the row dot reads the Q tile)
-                if (sizeof(TQ) == 2 && r == 0) acp_mbar_wait(B(G10_FQK), (unsigned)it & 1u);
+                // (the row dot reads the Q tile)
+                if (r == 0) acp_mbar_wait(B(G10_FQK), (unsigned)it & 1u);
                 {
                     // dq += e^gam scale dO S0^T (its row dot with q), by halves
                     float s0 = 0.f, s1 = 0.f;
@@ -6909,7 +6937,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                         float a[32];
                         g10_mma<32, false, true, DV, N0>(a, uO, GDR_C, uH, dk, false);
                         g10_each(a, [&](int i, int x, float& e) { e = s_eg[i] * (scale * e); });
-                        g10_rowdot_n(a, qc, qrc, qrs, hk_n, krow, sm + L::Q_OFF, l, N0, s0, s1);
+                        g10_rowdot(a, sm + L::Q_OFF, l, N0, s0, s1);
 #pragma unroll
                         for (int e = 0; e < 32; ++e) dq[N0 / 2 + e] = r == 0 ? a[e] : dq[N0 / 2 + e] + a[e];
                     };
@@ -6992,9 +7020,6 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
             const i64 c = bi / hk_n;
             const i64 t0 = ch_t0[c];
             const int l = ch_len[c];
-            const TQ* kc = k + t0 * krow + (i64)kh * dk;
-            const bf16_t* krc = k_raw + t0 * krow + (i64)kh * dk;
-            const float* krs = k_rs ? k_rs + t0 * hk_n + kh : nullptr;
             for (int r = 0; r < ratio; ++r, ++s) {
                 const unsigned ph = (unsigned)s & 1u;
                 const int vb = s & 1;
@@ -7004,8 +7029,8 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                 acp_mbar_wait(B(G10_FD), ph);
                 acp_mbar_wait(B(G10_FDH), ph);
                 wg_fence_proxy();
-                // (caller-normalized: the row dot reads the K tile)
-                if (sizeof(TQ) == 2 && r == 0) acp_mbar_wait(B(G10_FQK), (unsigned)it & 1u);
+                // (the row dot reads the K tile)
+                if (r == 0) acp_mbar_wait(B(G10_FQK), (unsigned)it & 1u);
                 {
                     // dk += e^(gam_L - gam) D dS^T (its row dot with k), by halves
                     float s0 = 0.f, s1 = 0.f;
@@ -7014,7 +7039,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                         float a[32];
                         g10_mma<32, false, true, DV, N0>(a, uD, GDR_C, uDH, dk, false);
                         g10_each(a, [&](int i, int x, float& e) { e = vv[2 * GDR_C + i] * e; });
-                        g10_rowdot_n(a, kc, krc, krs, hk_n, krow, sm + L::K_OFF, l, N0, s0, s1);
+                        g10_rowdot(a, sm + L::K_OFF, l, N0, s0, s1);
 #pragma unroll
                         for (int e = 0; e < 32; ++e) dkr[N0 / 2 + e] = r == 0 ? a[e] : dkr[N0 / 2 + e] + a[e];
                     };
@@ -7061,7 +7086,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                         constexpr int N0 = decltype(hc)::value * 64;
                         float a[32];
                         g10_mma<32, true, false, GDR_C, N0>(a, uT, GDR_C, uW, GDR_C, false);
-                        g10_rowdot_n(a, kc, krc, krs, hk_n, krow, sm + L::K_OFF, l, N0, s0, s1);
+                        g10_rowdot(a, sm + L::K_OFF, l, N0, s0, s1);
                         g10_each(a, [&](int i, int x, float& e) { e = (vv[3 * GDR_C + i] * vv[GDR_C + i]) * e; });
 #pragma unroll
                         for (int e = 0; e < 32; ++e) dkr[N0 / 2 + e] += a[e];
@@ -7318,33 +7343,31 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
 #endif
 }
 
-// gdr_grad10 (bf16 states; TQ: the q, k the row dots read, as gdr_grad7). Persistent grid
-// (<= items = chunks x key heads CTAs), 512 threads.
+// gdr_grad10 (bf16 states). Persistent grid (<= items = chunks x key heads CTAs), 512 threads. One
+// kernel for both norms: its row dots read the bf16 normalized q, k tiles either way, and
+// `l2norm` applies the l2 norm's backward to dq, dk at the end.
 // gdr_grad10b: D, dD in bf16 (RSB: its register split, G10Regs).
-#define GDR_GRAD10_ENTRY(TQ, S, DK, DV, RSB)                                                            \
-    GDR_GRAD10_ENTRY_TD(TQ, S, DK, DV, float, gdr_grad10, 0)                                            \
-    GDR_GRAD10_ENTRY_TD(TQ, S, DK, DV, bf16_t, gdr_grad10b, RSB)
-// RS: the register split (G10Regs)
-#define GDR_GRAD10_ENTRY_TD(TQ, S, DK, DV, TD, NAME, RS)                                                \
-    extern "C" __global__ void __launch_bounds__(512, 1) NAME##_##S##_d##DK##_v##DV(                    \
-        const bf16_t* q_raw, const bf16_t* k_raw, const TQ* q, const TQ* k, const bf16_t* qb,           \
-        const bf16_t* kb, const bf16_t* v, const bf16_t* beta, const bf16_t* d_o, const float* gam_ws,  \
-        const float* t_ws, const float* t_pk, const float* q_rs, const float* k_rs, const bf16_t* h_ws, \
-        const bf16_t* dh_ws, const TD* d_ws, const TD* dd_ws, const i64* ch_t0, const int* ch_len,      \
-        i64 n_items, int hk, int hv, float scale, int l2norm, bf16_t* dq_out, bf16_t* dk_out,           \
-        bf16_t* dv_out, float* dg, bf16_t* dbeta) {                                                     \
-        gdr_grad10<TQ, DK, DV, TD, RS>(q_raw, k_raw, q, k, qb, kb, v, beta, d_o, gam_ws, t_ws, t_pk, q_rs, \
-                                       k_rs, h_ws, dh_ws, d_ws, dd_ws, ch_t0, ch_len, n_items, hk, hv,  \
-                                       scale, l2norm, dq_out, dk_out, dv_out, dg, dbeta);               \
+#define GDR_GRAD10_ENTRY(DK, DV, RSB)                                                                   \
+    GDR_GRAD10_ENTRY_TD(DK, DV, float, gdr_grad10, 0, 1)                                                \
+    GDR_GRAD10_ENTRY_TD(DK, DV, bf16_t, gdr_grad10b, RSB, 1)
+// RS: the register split (G10Regs); PV: the producer
+#define GDR_GRAD10_ENTRY_TD(DK, DV, TD, NAME, RS, PV)                                                   \
+    extern "C" __global__ void __launch_bounds__(512, 1) NAME##_bf16_d##DK##_v##DV(                     \
+        const bf16_t* q_raw, const bf16_t* k_raw, const bf16_t* qb, const bf16_t* kb, const bf16_t* v,  \
+        const bf16_t* beta, const bf16_t* d_o, const float* gam_ws, const float* t_ws, const float* t_pk, \
+        const bf16_t* h_ws, const bf16_t* dh_ws, const TD* d_ws, const TD* dd_ws, const i64* ch_t0,     \
+        const int* ch_len, i64 n_items, int hk, int hv, float scale, int l2norm, bf16_t* dq_out,        \
+        bf16_t* dk_out, bf16_t* dv_out, float* dg, bf16_t* dbeta) {                                     \
+        gdr_grad10<DK, DV, TD, RS, PV>(q_raw, k_raw, qb, kb, v, beta, d_o, gam_ws, t_ws, t_pk, h_ws, dh_ws, \
+                                       d_ws, dd_ws, ch_t0, ch_len, n_items, hk, hv, scale, l2norm, dq_out, \
+                                       dk_out, dv_out, dg, dbeta);                                      \
     }
 
-GDR_GRAD10_ENTRY(bf16_t, bf16, 64, 64, 0)
-GDR_GRAD10_ENTRY(bf16_t, bf16, 64, 128, 0)
-GDR_GRAD10_ENTRY(bf16_t, bf16, 128, 64, 0)
-GDR_GRAD10_ENTRY(bf16_t, bf16, 128, 128, 1)
-GDR_GRAD10_ENTRY(float, bf16n, 64, 64, 0)
-GDR_GRAD10_ENTRY(float, bf16n, 64, 128, 0)
-GDR_GRAD10_ENTRY(float, bf16n, 128, 64, 0)
-GDR_GRAD10_ENTRY(float, bf16n, 128, 128, 0)
-// gdr_grad10b_r0_bf16_d128_v128: the layer's variant at RS 0 (tests: the same bits as RS 1)
-GDR_GRAD10_ENTRY_TD(bf16_t, bf16, 128, 128, bf16_t, gdr_grad10b_r0, 0)
+GDR_GRAD10_ENTRY(64, 64, 0)
+GDR_GRAD10_ENTRY(64, 128, 0)
+GDR_GRAD10_ENTRY(128, 64, 0)
+GDR_GRAD10_ENTRY(128, 128, 1)
+// gdr_grad10b_r0_bf16_d128_v128: the d128 / v128 kernel at RS 0 (tests: the same bits as RS 1)
+GDR_GRAD10_ENTRY_TD(128, 128, bf16_t, gdr_grad10b_r0, 0, 1)
+// gdr_grad10b_p0_bf16_d128_v128: the single-order producer (PV 0; tests: the same bits)
+GDR_GRAD10_ENTRY_TD(128, 128, bf16_t, gdr_grad10b_p0, 1, 0)
