@@ -55,6 +55,10 @@
 //!   wgmma, sm_90a) against `gdr_grad7`; `GDN_RULE_GRAD=v10` also makes the default table run it;
 //! - `ws16`: the default backward (gdr_grad10 on sm_90a) with fp32 D / dD workspaces against
 //!   bf16 ones (`set_ws16`, the default); every output must be bitwise equal (diff 0);
+//! - `cluster`: the step of a fused reverse scan + gradients over a head's four column CTAs
+//!   (`bench/notes/fused-bwd-plan.md`): `cluster_probe.cu`'s clusters of 4 CTAs each reducing a
+//!   64 x 128 fp32 partial through distributed shared memory in rank order, 512 steps, 32 and
+//!   132 clusters, with and without the reads (the cluster barrier alone): us per step;
 //! - `bwd9`: the same with the reverse scan `gdr_bwd9` (`GDN_RULE_BWD_SCAN=v9`: gdr_bwd8 with a
 //!   producer warp) against the default's; its outputs must equal bwd8's bitwise (diff 0).
 
@@ -179,6 +183,7 @@ fn main() {
             )
         }
         Some("prep") => return prep_variants(&gpu),
+        Some("cluster") => return cluster_probe(&gpu),
         _ => {}
     }
     println!(
@@ -1117,5 +1122,33 @@ fn bwd_piece_variants(gpu: &Arc<Gpu>, what: &str, base: &str, new: &str, set: fn
         }
         set(None);
         gpu.reset_peak();
+    }
+}
+
+/// `cluster` mode: us per step of `cl_probe` (a cluster barrier per step, and with `read` the
+/// fixed-order DSMEM reduction of a 64 x 128 fp32 partial), 512 steps, medians of 10.
+fn cluster_probe(gpu: &Arc<Gpu>) {
+    if !gpu.arch().starts_with("sm_9") && !gpu.arch().starts_with("sm_1") {
+        println!(
+            "bench-rule-cluster | skipped: clusters need sm_90 ({})",
+            gpu.arch()
+        );
+        return;
+    }
+    let steps = 512i32;
+    for clusters in [32usize, 132] {
+        let mut out = gpu.zeros::<f32>(clusters * 64 * 128).unwrap();
+        for read in [0i32, 1] {
+            let mut run = || {
+                gdn::backend::launch::cluster_probe(gpu, clusters, steps, read == 1, &mut out)
+                    .unwrap()
+            };
+            let ms = time_ms(gpu, 2, 10, &mut run);
+            println!(
+                "bench-rule-cluster | {clusters} clusters of 4 CTAs | {} | {ms:.3} ms for {steps} steps | {:.2} us per step",
+                if read == 1 { "barrier + 64 x 128 fp32 DSMEM reduction" } else { "barrier only" },
+                ms * 1e3 / steps as f64
+            );
+        }
     }
 }

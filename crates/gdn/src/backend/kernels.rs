@@ -55,6 +55,9 @@ pub const MODULES: &[(&str, &str)] = &[
     ("smoke", include_str!("kernels/smoke.cu")),
     // The wgmma primitives' probes (tests/gpu_wgmma.rs).
     ("wgmma_probe", include_str!("kernels/wgmma_probe.cu")),
+    // A thread-block cluster's fixed-order reduction through distributed shared memory
+    // (tests/gpu_cluster.rs; bench_rule `cluster`).
+    ("cluster_probe", include_str!("kernels/cluster_probe.cu")),
     ("layout", include_str!("../ops/layout/layout.cu")),
     (
         "gated_delta_rule",

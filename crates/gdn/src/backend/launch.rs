@@ -306,6 +306,45 @@ pub(crate) fn launch_on(
     Ok(())
 }
 
+/// Tests and benchmarks only: one launch of `cluster_probe.cu`'s `cl_probe` (`clusters` clusters
+/// of 4 CTAs, `steps` steps, `read`: the distributed-shared-memory reduction as well as the
+/// cluster barrier) into `out` (`clusters x 64 x 128` fp32). Needs sm_90 or newer.
+#[doc(hidden)]
+pub fn cluster_probe(
+    gpu: &Gpu,
+    clusters: usize,
+    steps: i32,
+    read: bool,
+    out: &mut GBuf<f32>,
+) -> Result<()> {
+    if out.len() < clusters * 64 * 128 {
+        return Err(GdnError::Invalid(format!(
+            "cluster probe: out holds {} floats, {clusters} clusters need {}",
+            out.len(),
+            clusters * 64 * 128
+        )));
+    }
+    let f = gpu.function("cluster_probe", "cl_probe")?;
+    let smem: i32 = 2 * 64 * 128 * 4;
+    f.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem,
+    )
+    .map_err(|e| dev_err("shared memory of cl_probe", e))?;
+    let read = read as i32;
+    let mut b = gpu.stream().launch_builder(&f);
+    b.arg(&mut out.slice).arg(&steps).arg(&read);
+    let cfg = LaunchConfig {
+        grid_dim: (4 * clusters as u32, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    // SAFETY: cl_probe(float* out, int steps, int read) writes clusters x 64 x 128 floats of
+    // out, whose length was checked above.
+    unsafe { b.launch(cfg) }.map_err(|e| dev_err("launching cl_probe", e))?;
+    Ok(())
+}
+
 static PROFILING: AtomicBool = AtomicBool::new(false);
 static PROFILE: Mutex<Vec<(String, f64, usize)>> = Mutex::new(Vec::new());
 
