@@ -6417,9 +6417,10 @@ __device__ __forceinline__ void sw_rows16(char* dst, int R, const bf16_t* src, i
 
 // Registers per thread after setmaxnreg (producer / q side / k side / 64 x 64 side; 512 in all,
 // 65,536 for 512 threads). RS 0: 56 / 160 / 152 / 144, every variant but one; RS 1: 56 / 168 /
-// 160 / 128, gdr_grad10b_bf16_d128_v128 (the layer's: ptxas serializes its wgmma at RS 0 and
-// spills less at RS 1; measured 2.15 -> 2.05 ms at B1 T32768 16/32, session 15). The same code
-// and bits either way (gdr_grad10b_r0_bf16_d128_v128 keeps RS 0 for the bitwise check).
+// 160 / 128, gdr_grad10b_bf16_d128_v128 (ptxas serializes its wgmma at RS 0 and spills less at
+// RS 1; measured 2.15 -> 2.05 ms at B1 T32768 16/32, session 15, then the caller-normalized
+// variant only; since session 17 the one kernel of both norms). The same code and bits either
+// way (gdr_grad10b_r0_bf16_d128_v128 keeps RS 0 for the bitwise check).
 template <int RS>
 struct G10Regs {
     static constexpr int P = 56, Q = RS == 0 ? 160 : 168, K = RS == 0 ? 152 : 160, A = RS == 0 ? 144 : 128;
