@@ -2007,7 +2007,8 @@ fn backward_v6(
         }
     };
     let mut a_pre = pre.as_mut().and_then(|p| p.a.take());
-    // qq, kk: the fp32 normalized rows, or the raw ones where gdr_grad10 normalizes them itself
+    // qq, kk: the fp32 normalized rows for gdr_grad7 / 8 (gdr_grad10 takes none: the raw rows
+    // stand in where the prep wrote no copies)
     let (qq, kk, qb, kb) = match &norm {
         Some(o) => (
             o[0].0.as_ref().unwrap_or(q),
@@ -2982,8 +2983,8 @@ fn grad7(
     let (q, k, qq, kk, qb, kb) = qk;
     let (v, beta, d_o) = vbo;
     let (gam, t, h16, dh16, d, dd) = w;
-    // gdr_grad10 only: T from the forward's packed copy (`t` may then be absent)
-    let t_pk = if kern == 10 { t_pk } else { None };
+    // `t_pk`: T's packed copy from the forward, which the caller passes only for gdr_grad10
+    // (`t` may then be absent)
     if t.is_none() && t_pk.is_none() {
         return Err(GdnError::Device("rule backward: prep kept no T".into()));
     }
