@@ -352,12 +352,33 @@ fn rule_shape(qs: &[usize], vs: &[usize]) -> PyResult<(RuleShape, usize)> {
 
 // ---- the rule ----
 
+/// What the rule's forward kept for its backward (`rule_forward(..., keep_saved=True)`): on a
+/// GPU the chunk inverses T its chunk prep solved for (`bytes` of them; 0 on the CPU, whose
+/// backward solves again). Opaque; pass it to `rule_backward(..., saved=...)` with the same
+/// inputs: the same gradients bit for bit, with less recomputed.
+#[pyclass(module = "gdn._gdn", name = "RuleSaved")]
+struct RuleSavedPy {
+    inner: rule::RuleSaved,
+}
+
+#[pymethods]
+impl RuleSavedPy {
+    /// Bytes held on the GPU.
+    #[getter]
+    fn bytes(&self) -> usize {
+        self.inner.bytes()
+    }
+    fn __repr__(&self) -> String {
+        format!("gdn.RuleSaved(bytes={})", self.inner.bytes())
+    }
+}
+
 /// Gated delta rule forward. q, k `[..., Hk, Dk]`, v `[..., Hv, Dv]`, g (log decay), beta
 /// `[..., Hv]` over `tokens` rows (the leading dims' product) as `seqs` describes: uniform
 /// `batch` x `len` or packed by `cu_seqlens`. Returns (o like v, final states `[N, Hv, Dk, Dv]`
-/// or None).
+/// or None), and with `keep_saved` a third item, the [`RuleSavedPy`] for `rule_backward`.
 #[pyfunction]
-#[pyo3(signature = (q, k, v, g, beta, batch, seq_len, scale, cu_seqlens=None, initial_state=None, output_final_state=false, l2norm_in_kernel=false))]
+#[pyo3(signature = (q, k, v, g, beta, batch, seq_len, scale, cu_seqlens=None, initial_state=None, output_final_state=false, l2norm_in_kernel=false, keep_saved=false))]
 #[allow(clippy::too_many_arguments)]
 fn rule_forward(
     py: Python<'_>,
@@ -373,8 +394,18 @@ fn rule_forward(
     initial_state: Option<&Bound<'_, PyAny>>,
     output_final_state: bool,
     l2norm_in_kernel: bool,
-) -> PyResult<(PyObject, Option<PyObject>)> {
+    keep_saved: bool,
+) -> PyResult<PyObject> {
     let seqs = seqs_of(cu_seqlens, batch, seq_len)?;
+    // (o, final state) or, with keep_saved, (o, final state, saved)
+    let out = |py: Python<'_>, o: PyObject, fin: Option<PyObject>, saved: rule::RuleSaved| {
+        if keep_saved {
+            let saved = Py::new(py, RuleSavedPy { inner: saved })?;
+            Ok::<PyObject, PyErr>((o, fin, saved).into_pyobject(py)?.into_any().unbind())
+        } else {
+            Ok((o, fin).into_pyobject(py)?.into_any().unbind())
+        }
+    };
     let opts = RuleOpts {
         scale,
         l2norm_in_kernel,
@@ -402,18 +433,34 @@ fn rule_forward(
             }
             None => None,
         };
-        let (o, fin) = rule::forward(
-            b.a(iq),
-            b.a(ik),
-            b.a(iv),
-            b.f(ig),
-            b.a(ib),
-            &seqs,
-            s,
-            opts,
-            ih.map(|i| b.f(i)),
-            output_final_state,
-        )
+        let (o, fin, saved) = if keep_saved {
+            rule::forward_saving(
+                b.a(iq),
+                b.a(ik),
+                b.a(iv),
+                b.f(ig),
+                b.a(ib),
+                &seqs,
+                s,
+                opts,
+                ih.map(|i| b.f(i)),
+                output_final_state,
+            )
+        } else {
+            rule::forward(
+                b.a(iq),
+                b.a(ik),
+                b.a(iv),
+                b.f(ig),
+                b.a(ib),
+                &seqs,
+                s,
+                opts,
+                ih.map(|i| b.f(i)),
+                output_final_state,
+            )
+            .map(|(o, fin)| (o, fin, rule::RuleSaved::default()))
+        }
         .map_err(err)?;
         drop(b);
         let Act::Dev(o) = o else {
@@ -428,7 +475,7 @@ fn rule_forward(
             )?),
             _ => None,
         };
-        return Ok((o, fin));
+        return out(py, o, fin, saved);
     }
     let (q, k, v, g, beta) = (
         np_f32("q", q)?,
@@ -466,7 +513,7 @@ fn rule_forward(
     let fin = fin
         .map(|f| to_np(py, f, &[seqs.count(), s.hv, s.dk, s.dv]))
         .transpose()?;
-    Ok((o, fin))
+    out(py, o, fin, rule::RuleSaved::default())
 }
 
 fn same_gpu(views: &[DevView]) -> PyResult<Arc<cuda::Gpu>> {
@@ -499,9 +546,10 @@ fn check_same(gpu: &Arc<cuda::Gpu>, name: &str, v: &DevView) -> PyResult<()> {
 }
 
 /// Gated delta rule backward: the forward's inputs, `d_o` like v and optionally the gradient
-/// of the final states. Returns (dq, dk, dv, dg, dbeta, dh0 or None).
+/// of the final states; `saved`: what `rule_forward(..., keep_saved=True)` kept on these same
+/// inputs (the same gradients, less recomputed). Returns (dq, dk, dv, dg, dbeta, dh0 or None).
 #[pyfunction]
-#[pyo3(signature = (q, k, v, g, beta, d_o, batch, seq_len, scale, cu_seqlens=None, initial_state=None, d_final_state=None, l2norm_in_kernel=false))]
+#[pyo3(signature = (q, k, v, g, beta, d_o, batch, seq_len, scale, cu_seqlens=None, initial_state=None, d_final_state=None, l2norm_in_kernel=false, saved=None))]
 #[allow(clippy::too_many_arguments)]
 fn rule_backward(
     py: Python<'_>,
@@ -518,6 +566,7 @@ fn rule_backward(
     initial_state: Option<&Bound<'_, PyAny>>,
     d_final_state: Option<&Bound<'_, PyAny>>,
     l2norm_in_kernel: bool,
+    saved: Option<PyRef<'_, RuleSavedPy>>,
 ) -> PyResult<Vec<Option<PyObject>>> {
     let seqs = seqs_of(cu_seqlens, batch, seq_len)?;
     let opts = RuleOpts {
@@ -557,19 +606,35 @@ fn rule_backward(
         };
         let ih = opt("initial_state", initial_state)?;
         let idf = opt("d_final_state", d_final_state)?;
-        let r = rule::backward(
-            b.a(iq),
-            b.a(ik),
-            b.a(iv),
-            b.f(ig),
-            b.a(ib),
-            &seqs,
-            s,
-            opts,
-            ih.map(|i| b.f(i)),
-            b.a(io),
-            idf.map(|i| b.f(i)),
-        )
+        let r = match &saved {
+            Some(sv) => rule::backward_saved(
+                b.a(iq),
+                b.a(ik),
+                b.a(iv),
+                b.f(ig),
+                b.a(ib),
+                &seqs,
+                s,
+                opts,
+                ih.map(|i| b.f(i)),
+                b.a(io),
+                idf.map(|i| b.f(i)),
+                &sv.inner,
+            ),
+            None => rule::backward(
+                b.a(iq),
+                b.a(ik),
+                b.a(iv),
+                b.f(ig),
+                b.a(ib),
+                &seqs,
+                s,
+                opts,
+                ih.map(|i| b.f(i)),
+                b.a(io),
+                idf.map(|i| b.f(i)),
+            ),
+        }
         .map_err(err)?;
         drop(b);
         let act = |a: Act| match a {
@@ -589,6 +654,11 @@ fn rule_backward(
             Some(export(py, act(r.dbeta), &views[4].shape)?),
             r.dh0.map(|d| export(py, f(d), &st)).transpose()?,
         ]);
+    }
+    if saved.as_ref().is_some_and(|sv| sv.inner.bytes() > 0) {
+        return Err(verr(
+            "saved holds GPU memory (from a CUDA forward) but the inputs are on the CPU",
+        ));
     }
     let arrs = [
         ("q", q),
@@ -976,6 +1046,7 @@ fn _gdn(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_live_bytes, m)?)?;
     m.add_class::<Layer>()?;
     m.add_class::<Saved>()?;
+    m.add_class::<RuleSavedPy>()?;
     m.add("KDL_CPU", KDL_CPU)?;
     Ok(())
 }

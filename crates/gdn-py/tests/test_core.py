@@ -112,6 +112,28 @@ class TestRule(unittest.TestCase):
                 np.testing.assert_array_equal(got[0], ref[name], err_msg=name)
             np.testing.assert_array_equal(dh0, ref["dh0"])
 
+    def test_keep_saved_on_the_cpu_keeps_nothing_and_changes_no_bit(self):
+        # The CPU rule keeps no chunk inverses (its backward solves again): the third item holds
+        # 0 bytes, and a backward given it returns what one without it does, bit for bit.
+        x = self.inputs()
+        cu = [0, 40, 41, 150]
+        kw = dict(scale=0.3, initial_state=x["h0"], l2norm_in_kernel=True, cu_seqlens=cu)
+        o, fin = gdn.rule_forward(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                  output_final_state=True, **kw)
+        o2, fin2, saved = gdn.rule_forward(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                           output_final_state=True, keep_saved=True, **kw)
+        self.assertIsInstance(saved, gdn.RuleSaved)
+        self.assertEqual(saved.bytes, 0)
+        np.testing.assert_array_equal(o, o2)
+        np.testing.assert_array_equal(fin, fin2)
+        args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["d_o"])
+        want = gdn.rule_backward(*args, **kw)
+        got = gdn.rule_backward(*args, saved=saved, **kw)
+        for a, b in zip(want, got):
+            np.testing.assert_array_equal(a, b)
+        with self.assertRaises(TypeError):
+            gdn.rule_backward(*args, saved="not a RuleSaved", **kw)
+
     def test_no_silent_copies_or_conversions(self):
         x = self.inputs()
         with self.assertRaisesRegex(ValueError, "contiguous"):

@@ -207,6 +207,54 @@ class TestCuda(unittest.TestCase):
         cap = gdn.as_core(o)
         self.assertEqual(torch.utils.dlpack.from_dlpack(cap).data_ptr(), o.data_ptr())
 
+    def test_rule_backward_reads_the_forwards_chunk_inverses(self):
+        # With a gradient asked for, the forward keeps its chunk inverses T (fp32, 2560 floats per
+        # 64-token chunk and value head) under a handle, and the backward reads them: every
+        # gradient bit for bit that of the core backward that solves again. Without a gradient
+        # nothing is kept; the graph's end drops them; a RuleSaved of another shape is an error.
+        import gc
+        dev = "cuda"
+        q, k, v, g, b = _rule_inputs(torch.float64, "cpu", B=1, T=300, H=2, HV=4, K=64, V=64,
+                                     seed=4)
+        q, k, v, b = (x.to(dev, torch.bfloat16) for x in (q, k, v, b))
+        g = g.to(dev, torch.float32)
+        cu = [0, 100, 300]
+        chunks = 2 + 4  # 100 and 200 tokens in 64-token chunks
+        n0 = len(gt._SAVED)
+        with torch.no_grad():
+            gt.chunk_gated_delta_rule(q, k, v, g, b, use_qk_l2norm_in_kernel=True,
+                                      cu_seqlens=torch.tensor(cu))
+        self.assertEqual(len(gt._SAVED), n0)
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, g, b)]
+        torch.cuda.synchronize()
+        live0 = gdn.cuda_live_bytes(0)
+        o, _ = gt.chunk_gated_delta_rule(*leaves, use_qk_l2norm_in_kernel=True,
+                                         cu_seqlens=torch.tensor(cu))
+        torch.cuda.synchronize()
+        self.assertEqual(len(gt._SAVED), n0 + 1)
+        saved = gt._SAVED[max(gt._SAVED)]
+        self.assertIsInstance(saved, gdn.RuleSaved)
+        self.assertEqual(saved.bytes, chunks * 4 * 2560 * 4)
+        self.assertEqual(gdn.cuda_live_bytes(0) - live0, o.numel() * o.element_size() + saved.bytes)
+        gen = torch.Generator().manual_seed(5)
+        do = torch.randn(o.shape, generator=gen).to(dev, torch.bfloat16)
+        grads = torch.autograd.grad(o, leaves, do, retain_graph=True)
+        again = torch.autograd.grad(o, leaves, do)  # the kept T is read, not consumed
+        core = gdn.rule_backward(q, k, v, g, b, do, l2norm_in_kernel=True, cu_seqlens=cu)
+        for name, got, rerun, want in zip(("dq", "dk", "dv", "dg", "dbeta"), grads, again, core):
+            want = torch.utils.dlpack.from_dlpack(want)
+            self.assertTrue(torch.equal(got, want), name)
+            self.assertTrue(torch.equal(rerun, want), name)
+        del o, grads, again
+        gc.collect()
+        self.assertEqual(len(gt._SAVED), n0)
+        # a RuleSaved from a forward over other chunks
+        short = [x[:, :200].contiguous() for x in (q, k, v, g, b)]
+        _, _, other = gdn.rule_forward(*short, l2norm_in_kernel=True, keep_saved=True)
+        with self.assertRaisesRegex(ValueError, "not from this forward"):
+            gdn.rule_backward(q, k, v, g, b, do, l2norm_in_kernel=True, cu_seqlens=cu,
+                              saved=other)
+
     def test_stream_and_device_mismatches_are_errors(self):
         q, k, v, g, b = _rule_inputs(torch.float32, "cuda", T=16, K=16, V=16)
         s = torch.cuda.Stream()

@@ -676,3 +676,65 @@ fn nccl_grid_cp2_train_matches_in_process() {
         "ranks disagree"
     );
 }
+
+/// The rule's saved chunk inverses (`forward_saving` on cuda:0) given to a backward whose
+/// inputs are on cuda:1: an error naming both devices (the kernels would read another GPU's
+/// memory), not a launch.
+#[test]
+#[ignore = "needs 2 CUDA GPUs"]
+fn rule_saved_on_another_gpu_is_an_error() {
+    use gdn::backend::{Act, F32s};
+    use gdn::ops::gated_delta_rule::{self as rule, RuleOpts, RuleShape};
+    if !have_gpus(2, "rule_saved_on_another_gpu_is_an_error") {
+        return;
+    }
+    let s = RuleShape {
+        hk: 1,
+        hv: 2,
+        dk: 64,
+        dv: 64,
+    };
+    let seqs = Seqs::uniform(1, 128);
+    let n = seqs.tokens();
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let (q, k) = (randv(&mut rng, n * s.dk), randv(&mut rng, n * s.dk));
+    let (v, d_o) = (
+        randv(&mut rng, n * s.hv * s.dv),
+        randv(&mut rng, n * s.hv * s.dv),
+    );
+    let g: Vec<f32> = (0..n * s.hv).map(|_| -rng.gen_range(0.0f32..0.2)).collect();
+    let beta: Vec<f32> = (0..n * s.hv).map(|_| rng.gen_range(0.1f32..0.9)).collect();
+    let opts = RuleOpts {
+        scale: 0.125,
+        l2norm_in_kernel: true,
+    };
+    let on = |i: usize| {
+        let gpu = cuda::gpu(i).unwrap();
+        let a = |x: &[f32]| Act::Dev(DBuf::upload(&gpu, x, DType::Bf16).unwrap());
+        (
+            a(&q),
+            a(&k),
+            a(&v),
+            F32s::Dev(gpu.upload(&g).unwrap()),
+            a(&beta),
+            a(&d_o),
+        )
+    };
+    let (q0, k0, v0, g0, b0, _) = on(0);
+    let (_, _, saved) =
+        rule::forward_saving(&q0, &k0, &v0, &g0, &b0, &seqs, s, opts, None, false).unwrap();
+    assert!(
+        saved.bytes() > 0,
+        "the bf16 Dk 64 forward keeps its chunk inverses"
+    );
+    let (q1, k1, v1, g1, b1, o1) = on(1);
+    let e = rule::backward_saved(
+        &q1, &k1, &v1, &g1, &b1, &seqs, s, opts, None, &o1, None, &saved,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("saved chunk inverses are on cuda:0, the inputs on cuda:1"),
+        "{e}"
+    );
+}

@@ -9,10 +9,11 @@ imports torch only when imported itself.
 """
 
 from . import _gdn
-from ._gdn import Layer, Saved, convert, cuda_live_bytes, load_weights
+from ._gdn import Layer, RuleSaved, Saved, convert, cuda_live_bytes, load_weights
 
 __all__ = [
     "Layer",
+    "RuleSaved",
     "Saved",
     "convert",
     "load_weights",
@@ -57,22 +58,26 @@ def _dims(q, cu_seqlens):
 
 
 def rule_forward(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                 l2norm_in_kernel=False, cu_seqlens=None):
+                 l2norm_in_kernel=False, cu_seqlens=None, keep_saved=False):
     """The gated delta rule's forward in FLA's layouts: q, k ``[B, T, H, K]``, v ``[B, T, HV, V]``,
     g (log decay, float32) and beta ``[B, T, HV]``; ``cu_seqlens`` packs sequences (B = 1).
-    Returns ``(o, final_state or None)`` as NumPy arrays (CPU) or DLPack capsules (CUDA)."""
+    Returns ``(o, final_state or None)`` as NumPy arrays (CPU) or DLPack capsules (CUDA); with
+    ``keep_saved`` also a third item, a :class:`RuleSaved` (on a GPU the chunk inverses the
+    forward solved for: 160 bytes per token and value head) for ``rule_backward(saved=...)``."""
     b, t, cu = _dims(q, cu_seqlens)
     k_dim = int(q.shape[-1])
     scale = k_dim ** -0.5 if scale is None else float(scale)
     h0 = None if initial_state is None else as_core(initial_state, "initial_state")
     return _gdn.rule_forward(
         as_core(q, "q"), as_core(k, "k"), as_core(v, "v"), as_core(g, "g"), as_core(beta, "beta"),
-        b, t, scale, cu, h0, bool(output_final_state), bool(l2norm_in_kernel))
+        b, t, scale, cu, h0, bool(output_final_state), bool(l2norm_in_kernel), bool(keep_saved))
 
 
 def rule_backward(q, k, v, g, beta, d_o, scale=None, initial_state=None, d_final_state=None,
-                  l2norm_in_kernel=False, cu_seqlens=None):
-    """The rule's backward: returns ``[dq, dk, dv, dg, dbeta, dh0 or None]``."""
+                  l2norm_in_kernel=False, cu_seqlens=None, saved=None):
+    """The rule's backward: returns ``[dq, dk, dv, dg, dbeta, dh0 or None]``. ``saved``: what
+    ``rule_forward(..., keep_saved=True)`` returned for these same inputs; the backward then
+    reads the forward's chunk inverses instead of solving again (the same bits)."""
     b, t, cu = _dims(q, cu_seqlens)
     k_dim = int(q.shape[-1])
     scale = k_dim ** -0.5 if scale is None else float(scale)
@@ -80,4 +85,4 @@ def rule_backward(q, k, v, g, beta, d_o, scale=None, initial_state=None, d_final
     return _gdn.rule_backward(
         as_core(q, "q"), as_core(k, "k"), as_core(v, "v"), as_core(g, "g"), as_core(beta, "beta"),
         as_core(d_o, "d_o"), b, t, scale, cu, opt(initial_state, "initial_state"),
-        opt(d_final_state, "d_final_state"), bool(l2norm_in_kernel))
+        opt(d_final_state, "d_final_state"), bool(l2norm_in_kernel), saved)

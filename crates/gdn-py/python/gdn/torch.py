@@ -81,6 +81,28 @@ def _cu_list(cu_seqlens) -> Optional[List[int]]:
 
 
 # ---------------------------------------------------------------------------------------------
+# what a forward keeps for its backward, by handle
+
+# A forward op returns a handle (a one-element int64 CPU tensor) naming what it kept for its
+# backward in `_SAVED` (the layer's gdn `Saved`, the rule's `RuleSaved`). Autograd keeps the
+# handle for backward; when the graph is freed (without a backward, or no gradient was asked
+# for) the handle dies and a finalizer drops what it named.
+_SAVED: dict = {}
+_HANDLES = itertools.count(1)
+
+
+def _handle_for(saved) -> torch.Tensor:
+    h = next(_HANDLES)
+    handle = torch.tensor([h], dtype=torch.int64)
+    _SAVED[h] = saved
+    weakref.finalize(handle, _SAVED.pop, h, None)
+    return handle
+
+
+_NO_HANDLE = 0  # a handle naming nothing (handles count from 1)
+
+
+# ---------------------------------------------------------------------------------------------
 # the rule: custom ops (opaque to torch.compile) with our backward
 
 
@@ -93,52 +115,65 @@ def _prep(q, k, v, g, beta, initial_state):
     return q, k, v, g, beta, h0
 
 
+# The forward keeps, when a gradient will be asked for (`keep`), what the backward can read
+# instead of recomputing: on a GPU the chunk inverses T its chunk prep solved for (160 bytes per
+# token and value head; the backward then skips the K K^T product and the solve, the same bits).
+# The third output is the handle naming it (`_NO_HANDLE` when nothing was kept).
 @torch.library.custom_op("gdn::chunk_gated_delta_rule_fwd", mutates_args=())
 def _rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
               beta: torch.Tensor, scale: float, initial_state: Optional[torch.Tensor],
-              output_final_state: bool, l2norm: bool,
-              cu_seqlens: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+              output_final_state: bool, l2norm: bool, cu_seqlens: Optional[torch.Tensor],
+              keep: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     like_o, like_s = v, (initial_state if initial_state is not None else g)
     q, k, v, g, beta, h0 = _prep(q, k, v, g, beta, initial_state)
     b, t = q.shape[0], q.shape[1]
-    o, fin = _gdn.rule_forward(
+    r = _gdn.rule_forward(
         _core(q, "q"), _core(k, "k"), _core(v, "v"), _core(g, "g"), _core(beta, "beta"), b, t,
         float(scale), _cu_list(cu_seqlens), None if h0 is None else _core(h0, "initial_state"),
-        bool(output_final_state), bool(l2norm))
+        bool(output_final_state), bool(l2norm), bool(keep))
+    o, fin = r[0], r[1]
+    if keep and r[2].bytes > 0:
+        handle = _handle_for(r[2])
+    else:
+        handle = torch.tensor([_NO_HANDLE], dtype=torch.int64)
     o = _back(o, like_o)
     if fin is None:
-        return o, o.new_empty((0,), dtype=torch.float32)
+        return o, o.new_empty((0,), dtype=torch.float32), handle
     fin = _back(fin)
     if like_s.dtype == torch.float64:
         fin = fin.to(torch.float64)
-    return o, fin
+    return o, fin, handle
 
 
 @_rule_fwd.register_fake
-def _(q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, cu_seqlens):
+def _(q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, cu_seqlens, keep):
     o = v.new_empty(v.shape)
+    handle = torch.empty((1,), dtype=torch.int64, device="cpu")
     if not output_final_state:
-        return o, v.new_empty((0,), dtype=torch.float32)
+        return o, v.new_empty((0,), dtype=torch.float32), handle
     n = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
     dt = torch.float64 if q.dtype == torch.float64 else torch.float32
-    return o, v.new_empty((n, v.shape[2], q.shape[3], v.shape[3]), dtype=dt)
+    return o, v.new_empty((n, v.shape[2], q.shape[3], v.shape[3]), dtype=dt), handle
 
 
 @torch.library.custom_op("gdn::chunk_gated_delta_rule_bwd", mutates_args=())
 def _rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
               beta: torch.Tensor, do: torch.Tensor, scale: float,
               initial_state: Optional[torch.Tensor], dht: Optional[torch.Tensor], l2norm: bool,
-              cu_seqlens: Optional[torch.Tensor]) -> List[torch.Tensor]:
+              cu_seqlens: Optional[torch.Tensor], handle: torch.Tensor) -> List[torch.Tensor]:
     likes = (q, k, v, g, beta)
     q, k, v, g, beta, h0 = _prep(q, k, v, g, beta, initial_state)
     do = do.to(q.dtype).contiguous()
     dht = None if dht is None else dht.to(torch.float32).contiguous()
     b, t = q.shape[0], q.shape[1]
+    # what the forward kept (None: it kept nothing, or its handle is gone: solve again, the
+    # same bits); not consumed, so a second backward over a retained graph reads it too
+    saved = _SAVED.get(int(handle[0]))
     r = _gdn.rule_backward(
         _core(q, "q"), _core(k, "k"), _core(v, "v"), _core(g, "g"), _core(beta, "beta"),
         _core(do, "do"), b, t, float(scale), _cu_list(cu_seqlens),
         None if h0 is None else _core(h0, "initial_state"),
-        None if dht is None else _core(dht, "dht"), bool(l2norm))
+        None if dht is None else _core(dht, "dht"), bool(l2norm), saved)
     out = [_back(x, like) for x, like in zip(r[:5], likes)]
     if r[5] is None:
         out.append(q.new_empty((0,), dtype=torch.float32))
@@ -148,7 +183,7 @@ def _rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
 
 
 @_rule_bwd.register_fake
-def _(q, k, v, g, beta, do, scale, initial_state, dht, l2norm, cu_seqlens):
+def _(q, k, v, g, beta, do, scale, initial_state, dht, l2norm, cu_seqlens, handle):
     h = (initial_state.new_empty(initial_state.shape) if initial_state is not None
          else q.new_empty((0,), dtype=torch.float32))
     return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
@@ -156,20 +191,20 @@ def _(q, k, v, g, beta, do, scale, initial_state, dht, l2norm, cu_seqlens):
 
 
 def _rule_setup(ctx, inputs, output):
-    q, k, v, g, beta, scale, h0, out_final, l2norm, cu = inputs
-    ctx.save_for_backward(q, k, v, g, beta, h0, cu)
+    q, k, v, g, beta, scale, h0, out_final, l2norm, cu, _keep = inputs
+    ctx.save_for_backward(q, k, v, g, beta, h0, cu, output[2])
     ctx.scale, ctx.l2norm, ctx.out_final = scale, l2norm, out_final
 
 
-def _rule_backward(ctx, do, dht):
-    q, k, v, g, beta, h0, cu = ctx.saved_tensors
+def _rule_backward(ctx, do, dht, _dhandle):
+    q, k, v, g, beta, h0, cu, handle = ctx.saved_tensors
     if do is None:
         do = torch.zeros_like(v)
     if not ctx.out_final or dht is None or dht.numel() == 0:
         dht = None
     dq, dk, dv, dg, db, dh0 = _rule_bwd(q, k, v, g, beta, do.contiguous(), ctx.scale, h0, dht,
-                                        ctx.l2norm, cu)
-    return dq, dk, dv, dg, db, None, (dh0 if h0 is not None else None), None, None, None
+                                        ctx.l2norm, cu, handle)
+    return dq, dk, dv, dg, db, None, (dh0 if h0 is not None else None), None, None, None, None
 
 
 _rule_fwd.register_autograd(_rule_backward, setup_context=_rule_setup)
@@ -195,8 +230,12 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         cu_seqlens = torch.tensor(cu_seqlens, dtype=torch.int64)
     if cu_seqlens is not None:
         cu_seqlens = cu_seqlens.to("cpu", torch.int64)
-    o, fin = _rule_fwd(q, k, v, g, beta, float(scale), initial_state, bool(output_final_state),
-                       bool(use_qk_l2norm_in_kernel), cu_seqlens)
+    # keep the forward's chunk inverses only when autograd will run a backward
+    keep = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in (q, k, v, g, beta, initial_state))
+    o, fin, _ = _rule_fwd(q, k, v, g, beta, float(scale), initial_state,
+                          bool(output_final_state), bool(use_qk_l2norm_in_kernel), cu_seqlens,
+                          keep)
     return o, (fin if output_final_state else None)
 
 
@@ -236,8 +275,6 @@ def _toml(cfg: dict) -> str:
 # the Saved. Nothing else is saved for backward (unless ``retain_inputs``).
 
 _LAYERS: "weakref.WeakValueDictionary[int, GatedDeltaNet]" = weakref.WeakValueDictionary()
-_SAVED: dict = {}
-_HANDLES = itertools.count(1)
 
 
 def _layer(layer: int) -> "GatedDeltaNet":
@@ -260,11 +297,7 @@ def _layer_fwd(x: torch.Tensor, cu_seqlens: Optional[torch.Tensor], layer: int,
     _, y, saved = _layer_forward(m, x, cu_seqlens, params)
     m._last_saved = weakref.ref(saved)
     m.last_saved_bytes = saved.bytes
-    h = next(_HANDLES)
-    handle = torch.tensor([h], dtype=torch.int64)
-    _SAVED[h] = saved
-    weakref.finalize(handle, _SAVED.pop, h, None)
-    return _back(y, x), handle
+    return _back(y, x), _handle_for(saved)
 
 
 @_layer_fwd.register_fake

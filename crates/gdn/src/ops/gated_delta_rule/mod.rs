@@ -23,7 +23,7 @@ mod tests;
 pub use crate::ops::common::rule::{RuleOpts, RuleShape, CHUNK};
 
 use crate::backend::{dev_f32, host_f32, mixed, Act, F32s};
-use crate::error::Result;
+use crate::error::{GdnError, Result};
 use crate::seqs::Seqs;
 
 /// Gradients of the rule's inputs: dq, dk `[tokens, Hk, Dk]`, dv `[tokens, Hv, Dv]` and dbeta
@@ -163,6 +163,13 @@ pub fn backward_saved(
     match (q, k, v, g, beta, d_o) {
         (Act::Dev(q), Act::Dev(k), Act::Dev(v), F32s::Dev(g), Act::Dev(b), Act::Dev(d_o)) => {
             let gpu = q.gpu().clone();
+            if t.gpu().ordinal() != gpu.ordinal() {
+                return Err(GdnError::Invalid(format!(
+                    "rule backward: the saved chunk inverses are on cuda:{}, the inputs on cuda:{}",
+                    t.gpu().ordinal(),
+                    gpu.ordinal()
+                )));
+            }
             let (h0, d_final) = (dev_f32(h0)?, dev_f32(d_final)?);
             let r =
                 cuda::backward_saved(&gpu, q, k, v, g, b, seqs, s, o, h0, d_o, d_final, Some(t))?;
