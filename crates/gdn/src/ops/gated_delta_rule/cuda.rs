@@ -1796,19 +1796,6 @@ pub fn g10_bytes(dk: usize, dv: usize) -> usize {
 }
 
 thread_local! {
-    static G10PROD0: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Tests only: on the calling thread, `true` runs gdr_grad10b at Dk = Dv = 128 (bf16 D / dD)
-/// with the producer it had before 2026-12-04 (`gdr_grad10b_p0_*`: its 128 threads load every
-/// buffer in one fixed order) instead of today's (each of its four warps loads its own buffers
-/// in its own order): the same bits.
-#[doc(hidden)]
-pub fn set_g10_producer0(on: bool) {
-    G10PROD0.with(|c| c.set(on));
-}
-
-thread_local! {
     static GRAD8: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     static GRAD10: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     static WS16: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
@@ -3057,13 +3044,10 @@ fn grad7(
         let items = ch.count * s.hk;
         // td16: D, dD in bf16 (see the backward)
         let b16 = if td16 { "b" } else { "" };
-        // (tests: the register split and the producer before 2026-12-04, set_g10_split0 /
-        // set_g10_producer0)
+        // (tests: the other register split, set_g10_split0)
         let d128 = td16 && s.dk == 128 && s.dv == 128;
         let var = if d128 && G10SPLIT0.with(|c| c.get()) {
             "_r0"
-        } else if d128 && G10PROD0.with(|c| c.get()) {
-            "_p0"
         } else {
             ""
         };

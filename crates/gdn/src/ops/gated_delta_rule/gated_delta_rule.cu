@@ -6404,7 +6404,7 @@ __device__ __forceinline__ void sw_rows16(char* dst, int R, const bf16_t* src, i
 //       buffer as soon as the buffer's last reader releases it (bf16 tiles by cp.async, the fp32
 //       D, dD, T rounded to bf16 through registers), the gate vectors (double-buffered), Q and K
 //       once per (chunk, key head); prefetches one head ahead into L2. Each of its four warps
-//       loads its own buffers in its own order (PV below).
+//       loads its own buffers in its own order (see gdr_grad10).
 // No CTA-wide barrier after the start: mbarriers order every hand-off (full: the loading
 // producer warp's 32 threads, or a warpgroup's 128 writers; empty: lane 0 of each reading warp after its wgmma
 // completed). Phase parity: a barrier used once per value head step s completes phase s, so
@@ -6649,8 +6649,6 @@ __device__ __forceinline__ void g10_load_ws(char* dst, const bf16_t* src, int n,
     acp_cp_async_arrive_noinc(bar);
 }
 
-__device__ __forceinline__ void g10_prefetch(const void* ptr, i64 bytes, int p) { g7_prefetch(ptr, bytes, p, 128); }
-
 // lane 0 of each warp arrives (the warp's reads are complete: wgmma waited / values used).
 __device__ __forceinline__ void g10_release(unsigned bar) {
     __syncwarp();
@@ -6661,12 +6659,11 @@ __device__ __forceinline__ void g10_wgbar(int id) { asm volatile("bar.sync %0, 1
 
 // TD: the type of D and dD (float: rounded to bf16 by the producer through registers; bf16:
 // written so by gdr_hrec6b / gdr_bwd6b / gdr_bwd8b, copied by cp.async, the same bits).
-// PV: the producer. 1 (every kernel): its four warps load disjoint sets of buffers, each warp in
-// its own order (warp 0: the gates, S0, dS; 1: D, dO, Q / K; 2: dD, V; 3: T and the L2
-// prefetch), so a buffer released late holds up only its own warp's later copies; 0 (the
-// gdr_grad10b_p0_* test kernels, the producer before 2026-12-04): its 128 threads load every
-// buffer in one order. The same bits either way.
-template <int DK, int DV, typename TD = float, int RS = 0, int PV = 1>
+// The producer: its four warps load disjoint sets of buffers, each warp in its own order (warp 0:
+// the gates, S0, dS; 1: D, dO, Q / K; 2: dD, V; 3: T and the L2 prefetch), so a buffer released
+// late holds up only its own warp's later copies (before 2026-12-04 its 128 threads loaded every
+// buffer in one order: the same bits, checked then by grad10_producer_is_bitwise).
+template <int DK, int DV, typename TD = float, int RS = 0>
 __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __restrict__ k_raw,
                            const bf16_t* __restrict__ qb,
                            const bf16_t* __restrict__ kb, const bf16_t* __restrict__ v,
@@ -6703,8 +6700,8 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
     const int ratio = hv_n / hk_n;
     const i64 krow = (i64)hk_n * dk, vrow = (i64)hv_n * dv;
 
-    // the producer's arrivals per full barrier: its 128 threads, or the loading warp's 32
-    constexpr int FN = PV >= 1 ? 32 : 128;
+    // the producer's arrivals per full barrier: the loading warp's 32 threads
+    constexpr int FN = 32;
     if (tid == 0) {
         acp_mbar_init(B(G10_FQK), FN);
         acp_mbar_init(B(G10_EQK), 12);
@@ -6741,85 +6738,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
     if (wg == 3) {
         // ---- producer ----
         acp_setmaxnreg_dec<G10Regs<RS>::P>();
-        if constexpr (PV >= 1) {
-            const int pw = (tid - 384) >> 5;
-            int s = 0, it = 0;
-            for (i64 bi = blockIdx.x; bi < n_items; bi += gridDim.x, ++it) {
-                const int kh = (int)(bi % hk_n);
-                const i64 c = bi / hk_n;
-                const i64 t0 = ch_t0[c];
-                const int l = ch_len[c];
-                for (int r = 0; r < ratio; ++r, ++s) {
-                    const int hv = kh * ratio + r;
-                    const i64 cb = c * hv_n + hv;
-                    const unsigned ph = (unsigned)(s - 1) & 1u;
-                    const int vb = s & 1;
-                    if (pw == 0) {
-                        if (s >= 2) acp_mbar_wait(B(G10_EVEC0 + vb), (unsigned)((s >> 1) - 1) & 1u);
-                        float* vv = vec + vb * 4 * GDR_C;
-                        for (int e = lane; e < GDR_C; e += 32) {
-                            const float gm = gam_ws[cb * GDR_C + e], gl = gam_ws[cb * GDR_C + l - 1];
-                            vv[e] = gm;
-                            vv[GDR_C + e] = e < l ? expf(gm) : 0.f;
-                            vv[2 * GDR_C + e] = e < l ? expf(gl - gm) : 0.f;
-                            vv[3 * GDR_C + e] = e < l ? ld(beta, (t0 + e) * hv_n + hv) : 0.f;
-                        }
-                        acp_mbar_arrive(B(G10_FVEC0 + vb));
-                        if (s >= 1) acp_mbar_wait(B(G10_EH), ph);
-                        g10_cp16<32>(sm + L::H_OFF, dk, h_ws + cb * (i64)dk * dv, dv, dv, dk, dk, lane);
-                        acp_cp_async_arrive_noinc(B(G10_FH));
-                        if (s >= 1) acp_mbar_wait(B(G10_EDH), ph);
-                        g10_cp16<32>(sm + L::DH_OFF, dk, dh_ws + cb * (i64)dk * dv, dv, dv, dk, dk, lane);
-                        acp_cp_async_arrive_noinc(B(G10_FDH));
-                    } else if (pw == 1) {
-                        if (s >= 1) acp_mbar_wait(B(G10_ED), ph);
-                        g10_load_ws<DV, 32>(sm + L::D_OFF, d_ws + cb * GDR_C * (i64)dv, dv, lane, B(G10_FD));
-                        if (s >= 1) acp_mbar_wait(B(G10_EO), ph);
-                        g10_cp16<32>(sm + L::O_OFF, GDR_C, d_o + t0 * vrow + (i64)hv * dv, vrow, dv, GDR_C, l, lane);
-                        acp_cp_async_arrive_noinc(B(G10_FO));
-                        if (r == 0) {
-                            if (it >= 1) acp_mbar_wait(B(G10_EQK), (unsigned)(it - 1) & 1u);
-                            g10_cp16<32>(sm + L::Q_OFF, GDR_C, qb + t0 * krow + (i64)kh * dk, krow, dk, GDR_C, l, lane);
-                            g10_cp16<32>(sm + L::K_OFF, GDR_C, kb + t0 * krow + (i64)kh * dk, krow, dk, GDR_C, l, lane);
-                            acp_cp_async_arrive_noinc(B(G10_FQK));
-                        }
-                    } else if (pw == 2) {
-                        if (s >= 1) acp_mbar_wait(B(G10_EDD), ph);
-                        g10_load_ws<DV, 32>(sm + L::DD_OFF, dd_ws + cb * GDR_C * (i64)dv, dv, lane, B(G10_FDD));
-                        if (s >= 1) acp_mbar_wait(B(G10_EV), ph);
-                        g10_cp16<32>(sm + L::V_OFF, GDR_C, v + t0 * vrow + (i64)hv * dv, vrow, dv, GDR_C, l, lane);
-                        acp_cp_async_arrive_noinc(B(G10_FV));
-                    } else {
-                        if (s >= 1) acp_mbar_wait(B(G10_ET), ph);
-                        char* tt = sm + L::T_OFF;
-                        if (t_pk) g10_cv32<GDR_C, true, 32>(tt, t_pk + cb * GDR_TP, 0, lane);
-                        else g10_cv32<GDR_C, false, 32>(tt, t_ws + cb * (GDR_C * GDR_C), GDR_C, lane);
-                        acp_fence_proxy_async();
-                        acp_mbar_arrive(B(G10_FT));
-                        // the next value head's operands into L2
-                        i64 nb = bi, nr = r + 1;
-                        if (nr == ratio) {
-                            nr = 0;
-                            nb += gridDim.x;
-                        }
-                        if (nb < n_items) {
-                            const i64 nc = nb / hk_n;
-                            const int nhv = (int)(nb % hk_n) * ratio + (int)nr;
-                            const i64 ncb = nc * hv_n + nhv;
-                            g7_prefetch(h_ws + ncb * (i64)dk * dv, (i64)dk * dv * 2, lane, 32);
-                            g7_prefetch(dh_ws + ncb * (i64)dk * dv, (i64)dk * dv * 2, lane, 32);
-                            g7_prefetch(d_ws + ncb * GDR_C * (i64)dv, (i64)GDR_C * dv * sizeof(TD), lane, 32);
-                            g7_prefetch(dd_ws + ncb * GDR_C * (i64)dv, (i64)GDR_C * dv * sizeof(TD), lane, 32);
-                            if (t_pk) g7_prefetch(t_pk + ncb * GDR_TP, (i64)GDR_TP * 4, lane, 32);
-                            else g7_prefetch(t_ws + ncb * (GDR_C * GDR_C), (i64)GDR_C * GDR_C * 4, lane, 32);
-                        }
-                    }
-                }
-            }
-            cp_async_wait_all();
-            return;
-        }
-        const int p = tid - 384;
+        const int pw = (tid - 384) >> 5;
         int s = 0, it = 0;
         for (i64 bi = blockIdx.x; bi < n_items; bi += gridDim.x, ++it) {
             const int kh = (int)(bi % hk_n);
@@ -6831,47 +6750,49 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                 const i64 cb = c * hv_n + hv;
                 const unsigned ph = (unsigned)(s - 1) & 1u;
                 const int vb = s & 1;
-                if (s >= 2) acp_mbar_wait(B(G10_EVEC0 + vb), (unsigned)((s >> 1) - 1) & 1u);
-                if (p < GDR_C) {
+                if (pw == 0) {
+                    if (s >= 2) acp_mbar_wait(B(G10_EVEC0 + vb), (unsigned)((s >> 1) - 1) & 1u);
                     float* vv = vec + vb * 4 * GDR_C;
-                    const float gm = gam_ws[cb * GDR_C + p], gl = gam_ws[cb * GDR_C + l - 1];
-                    vv[p] = gm;
-                    vv[GDR_C + p] = p < l ? expf(gm) : 0.f;
-                    vv[2 * GDR_C + p] = p < l ? expf(gl - gm) : 0.f;
-                    vv[3 * GDR_C + p] = p < l ? ld(beta, (t0 + p) * hv_n + hv) : 0.f;
-                }
-                acp_mbar_arrive(B(G10_FVEC0 + vb));
-                if (s >= 1) acp_mbar_wait(B(G10_EH), ph);
-                g10_cp16(sm + L::H_OFF, dk, h_ws + cb * (i64)dk * dv, dv, dv, dk, dk, p);
-                acp_cp_async_arrive_noinc(B(G10_FH));
-                if (s >= 1) acp_mbar_wait(B(G10_EDD), ph);
-                g10_load_ws<DV>(sm + L::DD_OFF, dd_ws + cb * GDR_C * (i64)dv, dv, p, B(G10_FDD));
-                if (s >= 1) acp_mbar_wait(B(G10_EO), ph);
-                g10_cp16(sm + L::O_OFF, GDR_C, d_o + t0 * vrow + (i64)hv * dv, vrow, dv, GDR_C, l, p);
-                acp_cp_async_arrive_noinc(B(G10_FO));
-                if (s >= 1) acp_mbar_wait(B(G10_EDH), ph);
-                g10_cp16(sm + L::DH_OFF, dk, dh_ws + cb * (i64)dk * dv, dv, dv, dk, dk, p);
-                acp_cp_async_arrive_noinc(B(G10_FDH));
-                if (s >= 1) acp_mbar_wait(B(G10_ED), ph);
-                g10_load_ws<DV>(sm + L::D_OFF, d_ws + cb * GDR_C * (i64)dv, dv, p, B(G10_FD));
-                // Q, K of a new item after the operands of the first products (the previous
-                // item's last readers of Q, K finish late in its last head)
-                if (r == 0) {
-                    if (it >= 1) acp_mbar_wait(B(G10_EQK), (unsigned)(it - 1) & 1u);
-                    g10_cp16(sm + L::Q_OFF, GDR_C, qb + t0 * krow + (i64)kh * dk, krow, dk, GDR_C, l, p);
-                    g10_cp16(sm + L::K_OFF, GDR_C, kb + t0 * krow + (i64)kh * dk, krow, dk, GDR_C, l, p);
-                    acp_cp_async_arrive_noinc(B(G10_FQK));
-                }
-                if (s >= 1) acp_mbar_wait(B(G10_EV), ph);
-                g10_cp16(sm + L::V_OFF, GDR_C, v + t0 * vrow + (i64)hv * dv, vrow, dv, GDR_C, l, p);
-                acp_cp_async_arrive_noinc(B(G10_FV));
-                if (s >= 1) acp_mbar_wait(B(G10_ET), ph);
-                if (t_pk) g10_cv32<GDR_C, true>(sm + L::T_OFF, t_pk + cb * GDR_TP, 0, p);
-                else g10_cv32<GDR_C>(sm + L::T_OFF, t_ws + cb * (GDR_C * GDR_C), GDR_C, p);
-                acp_fence_proxy_async();
-                acp_mbar_arrive(B(G10_FT));
-                // the next value head's operands into L2 (its loads start during this head)
-                {
+                    for (int e = lane; e < GDR_C; e += 32) {
+                        const float gm = gam_ws[cb * GDR_C + e], gl = gam_ws[cb * GDR_C + l - 1];
+                        vv[e] = gm;
+                        vv[GDR_C + e] = e < l ? expf(gm) : 0.f;
+                        vv[2 * GDR_C + e] = e < l ? expf(gl - gm) : 0.f;
+                        vv[3 * GDR_C + e] = e < l ? ld(beta, (t0 + e) * hv_n + hv) : 0.f;
+                    }
+                    acp_mbar_arrive(B(G10_FVEC0 + vb));
+                    if (s >= 1) acp_mbar_wait(B(G10_EH), ph);
+                    g10_cp16<32>(sm + L::H_OFF, dk, h_ws + cb * (i64)dk * dv, dv, dv, dk, dk, lane);
+                    acp_cp_async_arrive_noinc(B(G10_FH));
+                    if (s >= 1) acp_mbar_wait(B(G10_EDH), ph);
+                    g10_cp16<32>(sm + L::DH_OFF, dk, dh_ws + cb * (i64)dk * dv, dv, dv, dk, dk, lane);
+                    acp_cp_async_arrive_noinc(B(G10_FDH));
+                } else if (pw == 1) {
+                    if (s >= 1) acp_mbar_wait(B(G10_ED), ph);
+                    g10_load_ws<DV, 32>(sm + L::D_OFF, d_ws + cb * GDR_C * (i64)dv, dv, lane, B(G10_FD));
+                    if (s >= 1) acp_mbar_wait(B(G10_EO), ph);
+                    g10_cp16<32>(sm + L::O_OFF, GDR_C, d_o + t0 * vrow + (i64)hv * dv, vrow, dv, GDR_C, l, lane);
+                    acp_cp_async_arrive_noinc(B(G10_FO));
+                    if (r == 0) {
+                        if (it >= 1) acp_mbar_wait(B(G10_EQK), (unsigned)(it - 1) & 1u);
+                        g10_cp16<32>(sm + L::Q_OFF, GDR_C, qb + t0 * krow + (i64)kh * dk, krow, dk, GDR_C, l, lane);
+                        g10_cp16<32>(sm + L::K_OFF, GDR_C, kb + t0 * krow + (i64)kh * dk, krow, dk, GDR_C, l, lane);
+                        acp_cp_async_arrive_noinc(B(G10_FQK));
+                    }
+                } else if (pw == 2) {
+                    if (s >= 1) acp_mbar_wait(B(G10_EDD), ph);
+                    g10_load_ws<DV, 32>(sm + L::DD_OFF, dd_ws + cb * GDR_C * (i64)dv, dv, lane, B(G10_FDD));
+                    if (s >= 1) acp_mbar_wait(B(G10_EV), ph);
+                    g10_cp16<32>(sm + L::V_OFF, GDR_C, v + t0 * vrow + (i64)hv * dv, vrow, dv, GDR_C, l, lane);
+                    acp_cp_async_arrive_noinc(B(G10_FV));
+                } else {
+                    if (s >= 1) acp_mbar_wait(B(G10_ET), ph);
+                    char* tt = sm + L::T_OFF;
+                    if (t_pk) g10_cv32<GDR_C, true, 32>(tt, t_pk + cb * GDR_TP, 0, lane);
+                    else g10_cv32<GDR_C, false, 32>(tt, t_ws + cb * (GDR_C * GDR_C), GDR_C, lane);
+                    acp_fence_proxy_async();
+                    acp_mbar_arrive(B(G10_FT));
+                    // the next value head's operands into L2
                     i64 nb = bi, nr = r + 1;
                     if (nr == ratio) {
                         nr = 0;
@@ -6881,12 +6802,12 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                         const i64 nc = nb / hk_n;
                         const int nhv = (int)(nb % hk_n) * ratio + (int)nr;
                         const i64 ncb = nc * hv_n + nhv;
-                        g10_prefetch(h_ws + ncb * (i64)dk * dv, (i64)dk * dv * 2, p);
-                        g10_prefetch(dh_ws + ncb * (i64)dk * dv, (i64)dk * dv * 2, p);
-                        g10_prefetch(d_ws + ncb * GDR_C * (i64)dv, (i64)GDR_C * dv * sizeof(TD), p);
-                        g10_prefetch(dd_ws + ncb * GDR_C * (i64)dv, (i64)GDR_C * dv * sizeof(TD), p);
-                        if (t_pk) g10_prefetch(t_pk + ncb * GDR_TP, (i64)GDR_TP * 4, p);
-                        else g10_prefetch(t_ws + ncb * (GDR_C * GDR_C), (i64)GDR_C * GDR_C * 4, p);
+                        g7_prefetch(h_ws + ncb * (i64)dk * dv, (i64)dk * dv * 2, lane, 32);
+                        g7_prefetch(dh_ws + ncb * (i64)dk * dv, (i64)dk * dv * 2, lane, 32);
+                        g7_prefetch(d_ws + ncb * GDR_C * (i64)dv, (i64)GDR_C * dv * sizeof(TD), lane, 32);
+                        g7_prefetch(dd_ws + ncb * GDR_C * (i64)dv, (i64)GDR_C * dv * sizeof(TD), lane, 32);
+                        if (t_pk) g7_prefetch(t_pk + ncb * GDR_TP, (i64)GDR_TP * 4, lane, 32);
+                        else g7_prefetch(t_ws + ncb * (GDR_C * GDR_C), (i64)GDR_C * GDR_C * 4, lane, 32);
                     }
                 }
             }
@@ -7349,19 +7270,19 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
 // `l2norm` applies the l2 norm's backward to dq, dk at the end.
 // gdr_grad10b: D, dD in bf16 (RSB: its register split, G10Regs).
 #define GDR_GRAD10_ENTRY(DK, DV, RSB)                                                                   \
-    GDR_GRAD10_ENTRY_TD(DK, DV, float, gdr_grad10, 0, 1)                                                \
-    GDR_GRAD10_ENTRY_TD(DK, DV, bf16_t, gdr_grad10b, RSB, 1)
-// RS: the register split (G10Regs); PV: the producer
-#define GDR_GRAD10_ENTRY_TD(DK, DV, TD, NAME, RS, PV)                                                   \
+    GDR_GRAD10_ENTRY_TD(DK, DV, float, gdr_grad10, 0)                                                   \
+    GDR_GRAD10_ENTRY_TD(DK, DV, bf16_t, gdr_grad10b, RSB)
+// RS: the register split (G10Regs)
+#define GDR_GRAD10_ENTRY_TD(DK, DV, TD, NAME, RS)                                                       \
     extern "C" __global__ void __launch_bounds__(512, 1) NAME##_bf16_d##DK##_v##DV(                     \
         const bf16_t* q_raw, const bf16_t* k_raw, const bf16_t* qb, const bf16_t* kb, const bf16_t* v,  \
         const bf16_t* beta, const bf16_t* d_o, const float* gam_ws, const float* t_ws, const float* t_pk, \
         const bf16_t* h_ws, const bf16_t* dh_ws, const TD* d_ws, const TD* dd_ws, const i64* ch_t0,     \
         const int* ch_len, i64 n_items, int hk, int hv, float scale, int l2norm, bf16_t* dq_out,        \
         bf16_t* dk_out, bf16_t* dv_out, float* dg, bf16_t* dbeta) {                                     \
-        gdr_grad10<DK, DV, TD, RS, PV>(q_raw, k_raw, qb, kb, v, beta, d_o, gam_ws, t_ws, t_pk, h_ws, dh_ws, \
-                                       d_ws, dd_ws, ch_t0, ch_len, n_items, hk, hv, scale, l2norm, dq_out, \
-                                       dk_out, dv_out, dg, dbeta);                                      \
+        gdr_grad10<DK, DV, TD, RS>(q_raw, k_raw, qb, kb, v, beta, d_o, gam_ws, t_ws, t_pk, h_ws, dh_ws, \
+                                   d_ws, dd_ws, ch_t0, ch_len, n_items, hk, hv, scale, l2norm, dq_out, \
+                                   dk_out, dv_out, dg, dbeta);                                          \
     }
 
 GDR_GRAD10_ENTRY(64, 64, 0)
@@ -7369,6 +7290,4 @@ GDR_GRAD10_ENTRY(64, 128, 0)
 GDR_GRAD10_ENTRY(128, 64, 0)
 GDR_GRAD10_ENTRY(128, 128, 1)
 // gdr_grad10b_r0_bf16_d128_v128: the d128 / v128 kernel at RS 0 (tests: the same bits as RS 1)
-GDR_GRAD10_ENTRY_TD(128, 128, bf16_t, gdr_grad10b_r0, 0, 1)
-// gdr_grad10b_p0_bf16_d128_v128: the single-order producer (PV 0; tests: the same bits)
-GDR_GRAD10_ENTRY_TD(128, 128, bf16_t, gdr_grad10b_p0, 1, 0)
+GDR_GRAD10_ENTRY_TD(128, 128, bf16_t, gdr_grad10b_r0, 0)
