@@ -433,33 +433,20 @@ fn rule_forward(
             }
             None => None,
         };
+        let (q, k, v, g, bt, h0) = (
+            b.a(iq),
+            b.a(ik),
+            b.a(iv),
+            b.f(ig),
+            b.a(ib),
+            ih.map(|i| b.f(i)),
+        );
+        let fin_too = output_final_state;
         let (o, fin, saved) = if keep_saved {
-            rule::forward_saving(
-                b.a(iq),
-                b.a(ik),
-                b.a(iv),
-                b.f(ig),
-                b.a(ib),
-                &seqs,
-                s,
-                opts,
-                ih.map(|i| b.f(i)),
-                output_final_state,
-            )
+            rule::forward_saving(q, k, v, g, bt, &seqs, s, opts, h0, fin_too)
         } else {
-            rule::forward(
-                b.a(iq),
-                b.a(ik),
-                b.a(iv),
-                b.f(ig),
-                b.a(ib),
-                &seqs,
-                s,
-                opts,
-                ih.map(|i| b.f(i)),
-                output_final_state,
-            )
-            .map(|(o, fin)| (o, fin, rule::RuleSaved::default()))
+            rule::forward(q, k, v, g, bt, &seqs, s, opts, h0, fin_too)
+                .map(|(o, fin)| (o, fin, rule::RuleSaved::default()))
         }
         .map_err(err)?;
         drop(b);
@@ -606,35 +593,22 @@ fn rule_backward(
         };
         let ih = opt("initial_state", initial_state)?;
         let idf = opt("d_final_state", d_final_state)?;
-        let r = match &saved {
-            Some(sv) => rule::backward_saved(
-                b.a(iq),
-                b.a(ik),
-                b.a(iv),
-                b.f(ig),
-                b.a(ib),
-                &seqs,
-                s,
-                opts,
-                ih.map(|i| b.f(i)),
-                b.a(io),
-                idf.map(|i| b.f(i)),
-                &sv.inner,
-            ),
-            None => rule::backward(
-                b.a(iq),
-                b.a(ik),
-                b.a(iv),
-                b.f(ig),
-                b.a(ib),
-                &seqs,
-                s,
-                opts,
-                ih.map(|i| b.f(i)),
-                b.a(io),
-                idf.map(|i| b.f(i)),
-            ),
-        }
+        // (an empty RuleSaved: the backward solves again, as rule::backward)
+        let none = rule::RuleSaved::default();
+        let r = rule::backward_saved(
+            b.a(iq),
+            b.a(ik),
+            b.a(iv),
+            b.f(ig),
+            b.a(ib),
+            &seqs,
+            s,
+            opts,
+            ih.map(|i| b.f(i)),
+            b.a(io),
+            idf.map(|i| b.f(i)),
+            saved.as_ref().map_or(&none, |sv| &sv.inner),
+        )
         .map_err(err)?;
         drop(b);
         let act = |a: Act| match a {

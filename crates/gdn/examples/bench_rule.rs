@@ -59,6 +59,9 @@
 //!   (`bench/notes/fused-bwd-plan.md`): `cluster_probe.cu`'s clusters of 4 CTAs each reducing a
 //!   64 x 128 fp32 partial through distributed shared memory in rank order, 512 steps, 32 and
 //!   132 clusters, with and without the reads (the cluster barrier alone): us per step;
+//! - `g10ratio`: the default backward at B8 T4096, 16 value heads over 16 / 8 / 4 key heads, fp32
+//!   and bf16 D / dD workspaces: per-kernel times (gdr_grad10's cost per item against per value
+//!   head);
 //! - `bwd9`: the same with the reverse scan `gdr_bwd9` (`GDN_RULE_BWD_SCAN=v9`: gdr_bwd8 with a
 //!   producer warp) against the default's; its outputs must equal bwd8's bitwise (diff 0).
 
@@ -184,6 +187,7 @@ fn main() {
         }
         Some("prep") => return prep_variants(&gpu),
         Some("cluster") => return cluster_probe(&gpu),
+        Some("g10ratio") => return g10_ratio(&gpu),
         _ => {}
     }
     println!(
@@ -1122,6 +1126,33 @@ fn bwd_piece_variants(gpu: &Arc<Gpu>, what: &str, base: &str, new: &str, set: fn
         }
         set(None);
         gpu.reset_peak();
+    }
+}
+
+/// `g10ratio` mode: the default backward at B8 T4096 with 16 value heads over 16, 8 and 4 key
+/// heads (GVA ratio 1, 2, 4: the same value-head work, one gdr_grad10 item per 1, 2, 4 value
+/// heads), fp32 and bf16 D / dD workspaces: per-kernel times, so that gdr_grad10's cost per
+/// item boundary (the Q / K reload, the dq / dk sums and stores, the restart of its chain)
+/// separates from its cost per value head (bench/notes/fused-bwd-plan.md, session 18).
+fn g10_ratio(gpu: &Arc<Gpu>) {
+    println!("bench-g10ratio | case | D / dD | bwd ms (median of 10) | grad10 ms | per kernel");
+    let kernel = BwdKernel::from_env();
+    let (b, t, hv) = (8usize, 4096usize, 16usize);
+    for hk in [16usize, 8, 4] {
+        let x = inputs(gpu, b, t, hk, hv, 128, 128);
+        let d_o = DBuf::upload(gpu, &normals(b * t * hv * 128, 6), DType::Bf16).unwrap();
+        for ws16 in [false, true] {
+            set_ws16(Some(ws16));
+            let base = bwd(gpu, &x, &d_o, kernel);
+            let (ms, p, _) = bwd_row(gpu, &x, &d_o, kernel, &base);
+            println!(
+                "bench-g10ratio | B{b} T{t} {hk}/{hv} | {} | {ms:.3} | {:.3} | {}",
+                if ws16 { "bf16" } else { "fp32" },
+                kernel_ms(&p, "gdr_grad10"),
+                fmt_times(&p)
+            );
+        }
+        set_ws16(None);
     }
 }
 
