@@ -59,6 +59,9 @@
 //!   (`bench/notes/fused-bwd-plan.md`): `cluster_probe.cu`'s clusters of 4 CTAs each reducing a
 //!   64 x 128 fp32 partial through distributed shared memory in rank order, 512 steps, 32 and
 //!   132 clusters, with and without the reads (the cluster barrier alone): us per step;
+//! - `v10`: the default forward (v9) against the opt-in v10 (`GDN_RULE_FWD=v10`: D rebuilt in
+//!   the scan, the prep without W and U) at B1 / B4 16/32 and B8 16/16: forward ms, per-kernel
+//!   times, o against v9's;
 //! - `g10ratio`: the default backward at B8 T4096, 16 value heads over 16 / 8 / 4 key heads, fp32
 //!   and bf16 D / dD workspaces: per-kernel times (gdr_grad10's cost per item against per value
 //!   head);
@@ -188,6 +191,7 @@ fn main() {
         Some("prep") => return prep_variants(&gpu),
         Some("cluster") => return cluster_probe(&gpu),
         Some("g10ratio") => return g10_ratio(&gpu),
+        Some("v10") => return v10(&gpu),
         _ => {}
     }
     println!(
@@ -1126,6 +1130,42 @@ fn bwd_piece_variants(gpu: &Arc<Gpu>, what: &str, base: &str, new: &str, set: fn
         }
         set(None);
         gpu.reset_peak();
+    }
+}
+
+/// `v10` mode: the default forward (v9) against v10 (`FwdKernel::V10`: D rebuilt in the scan,
+/// the prep without W and U) at B1 T32768 16/32, B4 T8192 16/32 and B8 T4096 16/16: forward ms
+/// (medians of 10, twice each, alternating), per-kernel times, o against v9's (RMS relative).
+fn v10(gpu: &Arc<Gpu>) {
+    println!("bench-v10 | case | forward | fwd ms (median of 10) | per kernel | o vs v9 (RMS rel)");
+    for &(b, t, hk, hv) in &[
+        (1usize, 32768usize, 16usize, 32usize),
+        (4, 8192, 16, 32),
+        (8, 4096, 16, 16),
+    ] {
+        let x = inputs(gpu, b, t, hk, hv, 128, 128);
+        let v9 = FwdKernel::V9 { warps: 0 };
+        let o9 = fwd(gpu, &x, v9).download().unwrap();
+        for kernel in [
+            v9,
+            FwdKernel::V10 { warps: 0 },
+            v9,
+            FwdKernel::V10 { warps: 0 },
+        ] {
+            let ms = time_ms(gpu, 2, 10, || drop(fwd(gpu, &x, kernel)));
+            let p = kernel_times(gpu, &x, kernel);
+            let o = fwd(gpu, &x, kernel).download().unwrap();
+            let (mut num, mut den) = (0f64, 0f64);
+            for (a, r) in o.iter().zip(&o9) {
+                num += ((a - r) as f64).powi(2);
+                den += (*r as f64).powi(2);
+            }
+            println!(
+                "bench-v10 | B{b} T{t} {hk}/{hv} | {kernel:?} | {ms:.3} | {} | {:.2e}",
+                fmt_times(&p),
+                (num / den).sqrt()
+            );
+        }
     }
 }
 

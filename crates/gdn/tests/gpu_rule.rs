@@ -1383,12 +1383,13 @@ fn check_v8(gpu: &Arc<Gpu>, c: &Case, warps: usize, fails: &mut Vec<String>) {
     );
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn v8_forward_matches_f64() {
-    let gpu = gpu();
-    let mut fails = Vec::new();
-    // lengths around the chunk size and long sequences, GVA 1/2/4, in-kernel norm
+/// The split-Dk forwards' cases (v8, v10): lengths around the chunk size and long sequences
+/// with GVA 1 / 2 / 4 and the in-kernel norm; states and weak decay at every width; Dk 64 with
+/// Dv 48 (a width that does not divide Dv falls back to one that does) and Dv 128 with strong
+/// decay; packed sequences (empty, length 1, 63, 64, 65 and 507, then 5 padding rows); many
+/// sequences. Each case with the widths (warps, 0: by shape) to run it at.
+fn split_fwd_cases() -> Vec<(Case, Vec<usize>)> {
+    let mut v = Vec::new();
     for (i, &t) in [1usize, 63, 64, 65, 1000, 4096].iter().enumerate() {
         for (j, &(hk, hv)) in [(2usize, 2usize), (1, 2), (1, 4)].iter().enumerate() {
             let c = case(
@@ -1401,11 +1402,9 @@ fn v8_forward_matches_f64() {
                 900 + 10 * i as u64 + j as u64,
                 true,
             );
-            check_v8(&gpu, &c, 0, &mut fails);
+            v.push((c, vec![0]));
         }
     }
-    // every CTA width (and the two-stage kernels through set_v6_stages' process-wide switch is
-    // not used here: the bench runs those) with states and weak decay
     let c = case(
         "T300 1/2 d128 states weak decay",
         Seqs::uniform(1, 300),
@@ -1416,11 +1415,7 @@ fn v8_forward_matches_f64() {
         950,
         true,
     );
-    for w in [2, 4, 8] {
-        check_v8(&gpu, &c, w, &mut fails);
-    }
-    // Dk 64, Dv 48 (only 2-warp tiles: 16 columns), caller-side normalization; a width that
-    // does not divide Dv falls back to the one that does
+    v.push((c, vec![2, 4, 8]));
     let c = case(
         "T200 1/2 dk64 dv48 caller states",
         Seqs::uniform(1, 200),
@@ -1431,9 +1426,7 @@ fn v8_forward_matches_f64() {
         951,
         true,
     );
-    for w in [0, 4] {
-        check_v8(&gpu, &c, w, &mut fails);
-    }
+    v.push((c, vec![0, 4]));
     let c = case(
         "T130 2/4 dk64 dv128 norm",
         Seqs::uniform(2, 130),
@@ -1444,10 +1437,7 @@ fn v8_forward_matches_f64() {
         952,
         true,
     );
-    for w in [0, 2, 4, 8] {
-        check_v8(&gpu, &c, w, &mut fails);
-    }
-    // packed: empty, length 1, 63, 64, 65 and 507 sequences, then 5 padding rows
+    v.push((c, vec![0, 2, 4, 8]));
     let cu = [0u64, 0, 1, 64, 128, 193, 193, 700];
     let c = case(
         "packed+pad 1/2 d128 states",
@@ -1459,9 +1449,7 @@ fn v8_forward_matches_f64() {
         953,
         true,
     );
-    for w in [0, 2, 4, 8] {
-        check_v8(&gpu, &c, w, &mut fails);
-    }
+    v.push((c, vec![0, 2, 4, 8]));
     let c = case(
         "B34 T70 1/2 d128 caller",
         Seqs::uniform(34, 70),
@@ -1472,7 +1460,84 @@ fn v8_forward_matches_f64() {
         954,
         true,
     );
-    check_v8(&gpu, &c, 0, &mut fails);
+    v.push((c, vec![0]));
+    v
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn v8_forward_matches_f64() {
+    let gpu = gpu();
+    let mut fails = Vec::new();
+    for (c, widths) in split_fwd_cases() {
+        for w in widths {
+            check_v8(&gpu, &c, w, &mut fails);
+        }
+    }
+    finish(fails);
+}
+
+/// gdr_fwd10 (`FwdKernel::V10`: D rebuilt in the scan from K, V and the prep's T diag(beta)):
+/// o and the final states against the f64 recurrence (`check_v6_with`), and the RMS difference
+/// from gdr_fwd9 on the same inputs (printed: another rounding of D, not the same bits).
+fn check_v10(gpu: &Arc<Gpu>, c: &Case, warps: usize, fails: &mut Vec<String>) {
+    check_v6_with(gpu, c, FwdKernel::V10 { warps }, fails);
+    let a = run_fwd(gpu, c, DType::Bf16, FwdKernel::V9 { warps });
+    let b = run_fwd(gpu, c, DType::Bf16, FwdKernel::V10 { warps });
+    let e = |x: &[f32], y: &[f32]| {
+        let y64: Vec<f64> = y.iter().map(|&v| v as f64).collect();
+        rms_rel(x, &y64)
+    };
+    println!(
+        "gdr-check v10 vs v9 {:<34} w{warps}: o RMS rel diff {:.2e}, final state {:.2e}",
+        c.name,
+        e(&b.0, &a.0),
+        e(&b.1, &a.1)
+    );
+}
+
+/// The v10 forward (written in session 18 without a device) on the split-Dk forwards' cases
+/// (`split_fwd_cases`), and its prep requirement as an error.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn v10_forward_matches_f64() {
+    let Some(gpu) = wgmma_gpu("gdr_fwd10") else {
+        return;
+    };
+    let mut fails = Vec::new();
+    let cases = split_fwd_cases();
+    for (c, widths) in &cases {
+        for &w in widths {
+            check_v10(&gpu, c, w, &mut fails);
+        }
+    }
+    let c = &cases[0].0;
+    // v10 takes its operand from prep8o / prep9o: another prep is an error, not a wrong result
+    let up = |x: &[f32]| DBuf::upload(&gpu, x, DType::Bf16).unwrap();
+    let g: GBuf<f32> = gpu.upload(&c.g).unwrap();
+    let e = forward_with_prep(
+        &gpu,
+        &up(&c.q),
+        &up(&c.k),
+        &up(&c.v),
+        &g,
+        &up(&c.beta),
+        &c.seqs,
+        c.shape,
+        c.opts,
+        None,
+        false,
+        FwdKernel::V10 { warps: 0 },
+        PrepKernel::V7,
+    )
+    .err()
+    .map(|e| e.to_string())
+    .unwrap_or_default();
+    if !e.contains("needs the prep8 / prep9 kernels") {
+        fails.push(format!(
+            "v10 with prep7: expected an error naming prep8 / prep9, got {e:?}"
+        ));
+    }
     finish(fails);
 }
 

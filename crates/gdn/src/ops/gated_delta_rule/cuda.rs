@@ -545,6 +545,8 @@ fn forward_inner(
         FwdKernel::V8 { warps } => Some((warps, V6Loads::Split)),
         FwdKernel::V9 { warps } if gpu_has_bulk_copies(gpu) => Some((warps, V6Loads::Ring)),
         FwdKernel::V9 { warps } => Some((warps, V6Loads::Split)),
+        FwdKernel::V10 { warps } if gpu_has_bulk_copies(gpu) => Some((warps, V6Loads::Ring10)),
+        FwdKernel::V10 { warps } => Some((warps, V6Loads::Split)),
         FwdKernel::Auto => {
             let sms = gpu.sm_count().unwrap_or(132);
             if gpu_has_bulk_copies(gpu) {
@@ -1035,6 +1037,13 @@ pub enum FwdKernel {
     /// as [`FwdKernel::V8`] at every width. sm_90 and newer; `V8` below. `warps` as `V8`'s
     /// (`GDN_RULE_V8_WARPS` from the environment).
     V9 { warps: usize },
+    /// v10 (opt-in, `GDN_RULE_FWD=v10`; written in session 18 without a device, not yet run on
+    /// one): v9 with D rebuilt in the scan as `T diag(beta) (V - diag(e^gam) K S0)` from the
+    /// input V and the prep's `T diag(beta)` (bf16 hi + lo, `gdr_prep8o` / `gdr_prep9o`), so the
+    /// prep writes neither W nor U (`gdr_fwd10*`). Not v9's bits (D from other roundings); held
+    /// to the f64 tests. sm_90 and newer (`V8` below); `warps` as `V8`'s; the prep must be
+    /// prep8 / prep9 (the default).
+    V10 { warps: usize },
     /// The default: on sm_90 and newer [`FwdKernel::V9`] at every shape (since 2026-12-03,
     /// session 13, when its full-chunk step and staged output stores made it the fastest
     /// everywhere measured: B1 T32768 16/32 0.81 ms, B8 T4096 16/16 0.33 against v6 lean's
@@ -1063,6 +1072,8 @@ enum V6Loads {
     Split,
     /// Not a v6 load path: the v9 kernel (`gdr_fwd9*`, v8 with a producer warp and mbarriers).
     Ring,
+    /// Not a v6 load path: the v10 kernel (`gdr_fwd10*`: v9 rebuilding D, after prep8o / 9o).
+    Ring10,
 }
 
 /// Whether the GPU has the bulk-copy engine (sm_90 and newer).
@@ -1082,7 +1093,7 @@ impl FwdKernel {
     /// `v6l` [`FwdKernel::V6Lean`] everywhere; unset (or `auto`), [`FwdKernel::Auto`].
     pub fn from_env() -> FwdKernel {
         let fwd = std::env::var("GDN_RULE_FWD").ok();
-        let warps = if matches!(fwd.as_deref(), Some("v8" | "v9")) {
+        let warps = if matches!(fwd.as_deref(), Some("v8" | "v9" | "v10")) {
             "GDN_RULE_V8_WARPS"
         } else {
             "GDN_RULE_V6_WARPS"
@@ -1099,6 +1110,7 @@ impl FwdKernel {
             Some("v6b") => FwdKernel::V6Bulk { warps },
             Some("v8") => FwdKernel::V8 { warps },
             Some("v9") => FwdKernel::V9 { warps },
+            Some("v10") => FwdKernel::V10 { warps },
             Some("v6l") => FwdKernel::V6Lean { warps },
             _ if warps != 0 => FwdKernel::V6Lean { warps },
             _ => FwdKernel::Auto,
@@ -1204,7 +1216,8 @@ fn forward_v6(
     } else {
         None
     };
-    // Prep: the normalized q, k (fp32 and bf16, with the in-kernel norm), gam, W (bf16), U, A.
+    // Prep: the normalized q, k (fp32 and bf16, with the in-kernel norm), gam, W (bf16), U, A
+    // (v10: T diag(beta) hi + lo instead of W and U).
     let pre = v6_prep(
         gpu,
         q,
@@ -1221,6 +1234,7 @@ fn forward_v6(
         true,
         prep_kind,
         kept.as_ref().map_or(TSaved::No, TSaved::Out),
+        loads == V6Loads::Ring10,
     )?;
     let (qb, kb) = match &pre.norm {
         Some(o) => (&o[0].1, &o[1].1),
@@ -1237,11 +1251,12 @@ fn forward_v6(
         None
     };
     let mut o = out_d(gpu, seqs.tokens() * s.hv * s.dv, dt)?;
-    if loads == V6Loads::Split || loads == V6Loads::Ring {
+    if matches!(loads, V6Loads::Split | V6Loads::Ring | V6Loads::Ring10) {
         launch_fwd8(
             gpu,
             qb,
             kb,
+            v,
             &pre,
             a,
             &ch,
@@ -1252,7 +1267,7 @@ fn forward_v6(
             fin.as_ref(),
             &o,
             warps,
-            loads == V6Loads::Ring,
+            loads,
         )?;
         zero_tail(
             "gated delta rule",
@@ -1280,7 +1295,9 @@ fn forward_v6(
         (V6Loads::NoReload, _) => ("gdr_fwd6n", 0),
         (V6Loads::Lean, 3) => ("gdr_fwd6ls3", 0),
         (V6Loads::Lean, _) => ("gdr_fwd6l", 0),
-        (V6Loads::Split | V6Loads::Ring, _) => unreachable!("launched by launch_fwd8"),
+        (V6Loads::Split | V6Loads::Ring | V6Loads::Ring10, _) => {
+            unreachable!("launched by launch_fwd8")
+        }
     };
     launch_in_threads(
         gpu,
@@ -1405,12 +1422,28 @@ fn v9_producer_warps(gpu: &Gpu, nw: usize) -> usize {
     }
 }
 
-/// The v8 fused scan + output on v6's prep outputs (`ring`: v9's, `gdr_fwd9*`, sm_90+).
+/// Bytes of one pipeline stage of `gdr_fwd10` (the .cu file's `V10S<DK, NC>::STAGE`, BV = 16 NC
+/// columns): K, Q (64 rows of Dk + 8 bf16), T diag(beta) hi and lo and A (64 rows of 72 bf16),
+/// the V tile (64 rows of BV + 8 bf16), gam (64 fp32).
+pub fn v10_stage_bytes(dk: usize, bv: usize) -> usize {
+    2 * C * (dk + 8) * 2 + 3 * C * (C + 8) * 2 + C * (bv + 8) * 2 + C * 4
+}
+
+/// Shared-memory bytes of `gdr_fwd10` (`NS * STAGE + NW * XB + 16 NS`) at `warps` compute warps
+/// (16 `warps / 2` columns).
+pub fn v10_bytes(dk: usize, warps: usize, stages: usize) -> usize {
+    stages * v10_stage_bytes(dk, 8 * warps) + warps * 4096 + 16 * stages
+}
+
+/// The v8 fused scan + output on v6's prep outputs (`loads`: `Split` v8's `gdr_fwd8*`; `Ring`
+/// v9's `gdr_fwd9*`, sm_90+; `Ring10` v10's `gdr_fwd10*` on prep8o / 9o's outputs and the input
+/// `v`, sm_90+).
 #[allow(clippy::too_many_arguments)]
 fn launch_fwd8(
     gpu: &Arc<Gpu>,
     qb: &DBuf,
     kb: &DBuf,
+    v: &DBuf,
     pre: &V6Prep,
     a: &GBuf<u16>,
     ch: &Chunks,
@@ -1421,12 +1454,27 @@ fn launch_fwd8(
     fin: Option<&GBuf<f32>>,
     o: &DBuf,
     warps: usize,
-    ring: bool,
+    loads: V6Loads,
 ) -> Result<()> {
     let st = gpu.stream();
-    let nw = v8_warps(gpu, seqs.count(), s, warps);
-    let mut ns = v8_stages(gpu, s.dk, nw);
-    let (name, threads, bytes) = if ring {
+    let mut nw = v8_warps(gpu, seqs.count(), s, warps);
+    let (name, threads, bytes) = if loads == V6Loads::Ring10 {
+        // its 8-warp kernels take a producer warpgroup (setmaxnreg: sm_90a)
+        if nw == 8 && gpu.arch() != "sm_90a" {
+            nw = 4;
+        }
+        let three = V6_STAGES.load(Ordering::Relaxed) != 2
+            && v10_bytes(s.dk, nw, 3) <= smem_optin(gpu)
+            && !(s.dk == 128 && nw == 8);
+        let ns = if three { 3 } else { 2 };
+        let pw = if nw == 8 { 4 } else { 1 };
+        (
+            format!("gdr_fwd10_d{}_w{nw}_s{ns}_p{pw}", s.dk),
+            32 * (nw + pw),
+            v10_bytes(s.dk, nw, ns),
+        )
+    } else if loads == V6Loads::Ring {
+        let mut ns = v8_stages(gpu, s.dk, nw);
         // v9's 16 NS bytes of mbarriers fit wherever v8's stages do (w4 s3 at Dk 128: 229,168
         // of 232,448); two stages if a device says otherwise.
         if v9_bytes(s.dk, nw, ns) > smem_optin(gpu) {
@@ -1439,6 +1487,7 @@ fn launch_fwd8(
             v9_bytes(s.dk, nw, ns),
         )
     } else {
+        let ns = v8_stages(gpu, s.dk, nw);
         (
             format!("gdr_fwd8_d{}_w{nw}_s{ns}", s.dk),
             32 * nw,
@@ -1456,8 +1505,14 @@ fn launch_fwd8(
             dptr(qb, st),
             dptr(kb, st),
             ptr(&pre.gam, st),
+            // W, or v10's T diag(beta) hi + lo
             ptr(&pre.w, st),
-            ptr(&pre.u, st),
+            // U, or v10's input V
+            if loads == V6Loads::Ring10 {
+                dptr(v, st)
+            } else {
+                ptr(&pre.u, st)
+            },
             ptr(a, st),
             ptr(&ch.seq, st),
             ptr(&ch.t0, st),
@@ -1974,6 +2029,7 @@ fn backward_v6(
             pieces.scan,
             prep_kind,
             tsaved,
+            false,
         )?)
     } else {
         None
@@ -2660,6 +2716,7 @@ fn v6_prep(
     want_a: bool,
     kind: PrepKernel,
     tsaved: TSaved,
+    tout: bool,
 ) -> Result<V6Prep> {
     let st = gpu.stream();
     let chh = ch.count * s.hv;
@@ -2669,6 +2726,12 @@ fn v6_prep(
             "rule: saved chunk inverses need the prep8 / prep9 kernels".into(),
         ));
     }
+    if tout && (!prep_keeps_t(kind) || matches!(tsaved, TSaved::In(_))) {
+        return Err(GdnError::Invalid(format!(
+            "gated delta rule: the v10 forward (GDN_RULE_FWD=v10) needs the prep8 / prep9 kernels \
+             (GDN_RULE_PREP unset, v8 or v9), got {kind:?}"
+        )));
+    }
     let ks = chunk_sfx(DType::Bf16, opts);
     let gam = ws(gpu, chh * C)?;
     let t = if keep_t {
@@ -2676,8 +2739,9 @@ fn v6_prep(
     } else {
         None
     };
-    let w = ws_bf16(gpu, chh * C * s.dk)?;
-    let u = ws(gpu, chh * C * s.dv)?;
+    // tout (prep8o / 9o, for gdr_fwd10): w holds T diag(beta) hi + lo, and there is no U
+    let w = ws_bf16(gpu, chh * if tout { 2 * C * C } else { C * s.dk })?;
+    let u = ws(gpu, if tout { 0 } else { chh * C * s.dv })?;
     if kind == PrepKernel::V6 {
         let norm = v6_norm(gpu, q, k, s, opts)?;
         let (qf, kf) = match &norm {
@@ -2792,9 +2856,11 @@ fn v6_prep(
     let (name, grid) = match kind {
         PrepKernel::V7Fast => ("gdr_prep7f", chh),
         PrepKernel::V8 if tin => ("gdr_prep8t", chh),
+        PrepKernel::V8 if tout => ("gdr_prep8o", chh),
         PrepKernel::V8 => ("gdr_prep8", chh),
         // one CTA per (chunk, key head)
         PrepKernel::V9 if tin => ("gdr_prep9t", ch.count * s.hk),
+        PrepKernel::V9 if tout => ("gdr_prep9o", ch.count * s.hk),
         PrepKernel::V9 => ("gdr_prep9", ch.count * s.hk),
         _ => ("gdr_prep7", chh),
     };
@@ -2892,6 +2958,7 @@ pub fn prep_only(
         true,
         kind,
         TSaved::No,
+        false,
     )
 }
 
@@ -2933,6 +3000,7 @@ pub fn prep_saved_t(
             true,
             kind,
             t,
+            false,
         )
     };
     let solved = run(TSaved::Out(&tp))?;

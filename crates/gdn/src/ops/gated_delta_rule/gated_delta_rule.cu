@@ -3271,7 +3271,7 @@ __device__ __forceinline__ void gdr_tp_block(int blk, int& a, int& b) {
     a = blk < 1 ? 0 : blk < 3 ? 1 : blk < 6 ? 2 : 3;
     b = blk - a * (a + 1) / 2;
 }
-template <int DK, bool NORM, bool SPLIT, bool V8 = false, bool GVA = false, bool TIN = false>
+template <int DK, bool NORM, bool SPLIT, bool V8 = false, bool GVA = false, bool TIN = false, bool TOUT = false>
 __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                           const float* __restrict__ g, const bf16_t* __restrict__ beta,
                           const i64* __restrict__ ch_t0, const int* __restrict__ ch_len, int hk_n, int hv_n,
@@ -3285,6 +3285,7 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
     ChunkGeo G;
     static_assert(V8 || !GVA, "the key-head CTA is prep8's");
     static_assert(V8 || !TIN, "a saved T is read by prep8 / prep9");
+    static_assert((V8 && !TIN) || !TOUT, "prep8o / prep9o: the forward's prep8 / prep9");
     if constexpr (V8) {
         // 32-bit block arithmetic (the grid is below 2^31); GVA: one CTA per (chunk, key head),
         // from its first value head
@@ -3322,7 +3323,8 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
     // value head G.hv's V rows (by cp.async, committed), beta and g
     auto load_head = [&]() {
         const int pv = dv / 8;
-        for (int e = tid; e < GDR_C * pv; e += GDR_NT) {
+        // (TOUT: no U, so no V)
+        for (int e = tid; e < (TOUT ? 0 : GDR_C * pv); e += GDR_NT) {
             const int i = e / pv, x = 8 * (e - i * pv);
             const bool ok = i < l;
             cp_async16(sV + i * lv + x, vg + (ok ? (i64)i * vrow + x : 0), ok);
@@ -3611,6 +3613,24 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
                     *reinterpret_cast<const float4*>(sT + i * L::LF + c4);
             }
         }
+        if constexpr (TOUT) {
+            // 6'. Instead of W and U (gdr_fwd10 rebuilds D from K, V and this): PT = T diag(beta)
+            // as bf16 hi + lo, p8_pfrag's values (U's operand), [2][64][64] per (chunk, value
+            // head) at w_ws (hi, then lo), zero above the diagonal.
+            unsigned* dst = reinterpret_cast<unsigned*>(w_ws + cb * (2 * GDR_C * GDR_C));
+            for (int e = tid; e < GDR_C * GDR_C / 2; e += GDR_NT) {
+                const int i = e >> 5, m = 2 * (e & 31);
+                const float2 tv = *reinterpret_cast<const float2*>(sT + i * L::LF + m);
+                const float2 sv = *reinterpret_cast<const float2*>(s_beta + m);
+                const float x0 = m <= i ? __fmul_rn(tv.x, sv.x) : 0.f;
+                const float x1 = m + 1 <= i ? __fmul_rn(tv.y, sv.y) : 0.f;
+                const unsigned h = pack_bf16(x0, x1);
+                dst[e] = h;
+                dst[GDR_C * GDR_C / 2 + e] =
+                    pack_bf16(x0 - __uint_as_float(h << 16), x1 - __uint_as_float(h & 0xffff0000u));
+            }
+            continue;
+        }
         const int mi = lane >> 3, r8 = lane & 7;
         // 6. W = (T diag(beta e^gam)) K: rows 16 (warp & 3), columns half (DK / 2) ..; the k
         // blocks on or below the row block, each product hi hi, lo hi, hi lo as p7_mma adds them.
@@ -3781,6 +3801,19 @@ GDR_PREP9T_ENTRY(64, bf16n, true)
 GDR_PREP9T_ENTRY(64, bf16, false)
 GDR_PREP9T_ENTRY(128, bf16n, true)
 GDR_PREP9T_ENTRY(128, bf16, false)
+// gdr_prep8o / gdr_prep9o_d{64,128}_{bf16n,bf16}: prep8 / prep9 for gdr_fwd10 (TOUT above): T
+// diag(beta) as bf16 hi + lo at w_ws instead of W and U (u_ws unused); A, gam, the normalized
+// q / k and the kept T as prep8 / prep9's
+#define GDR_PREP8O_ENTRY(DK, NS, NORM) GDR_PREP_ENTRY(gdr_prep8o, DK, NS, NORM, true, true, false, false, true)
+#define GDR_PREP9O_ENTRY(DK, NS, NORM) GDR_PREP_ENTRY(gdr_prep9o, DK, NS, NORM, true, true, true, false, true)
+GDR_PREP8O_ENTRY(64, bf16n, true)
+GDR_PREP8O_ENTRY(64, bf16, false)
+GDR_PREP8O_ENTRY(128, bf16n, true)
+GDR_PREP8O_ENTRY(128, bf16, false)
+GDR_PREP9O_ENTRY(64, bf16n, true)
+GDR_PREP9O_ENTRY(64, bf16, false)
+GDR_PREP9O_ENTRY(128, bf16n, true)
+GDR_PREP9O_ENTRY(128, bf16, false)
 // gdr_grad7 (issue 13, the backward's per-chunk gradients, second bf16 version). One CTA of 8
 // warps per (chunk, key head) walks the GVA group's value heads in order; per value head it
 // runs gdr_grad6's products (the same formulas, operands and fragment mapping) with these
@@ -5501,6 +5534,381 @@ GDR_FWD9_ENTRY(128, 4, 2, 1)
 GDR_FWD9_ENTRY(128, 4, 3, 1)
 GDR_FWD9_ENTRY(128, 8, 2, 1)
 GDR_FWD9_ENTRY(128, 8, 2, 4)
+
+// =============================================================================================
+// v10 forward (issue 13, opt-in `FwdKernel::V10`, GDN_RULE_FWD=v10; written in session 18 with
+// no device: compiled and inspected with ptxas, not yet run): gdr_fwd9 with D rebuilt in the
+// scan instead of read as U - W S0, so the prep writes neither W (bf16) nor U (fp32):
+//   D = U - W S0 = PT (V - diag(e^gam) K S0),   PT = T diag(beta)   (U = PT V, W = PT diag(e^gam) K)
+// Per chunk, per warp (pair cg, half hh as in gdr_fwd8):
+//   KS_hh^T = S_hh^T K_hh^T           (16 x 64 partial, k = DH; v8's X product with K for W)
+//   KS^T    = KS_0^T + KS_1^T         (the same exchange and pair barrier as v8)
+//   Y^T     = V^T - KS^T diag(e^gam)  (V: the input rows, bf16; this lane's elements)
+//   D^T     = Y^T PT^T                (PT hi, then lo: gdr_prep8o / 9o's split, the values of U's
+//                                      operand in prep8; PT's blocks on or below the diagonal)
+// then v8's update with D^T and the output (v9_output) unchanged. One more product on the chain
+// (Y^T PT^T: 20 mma.sync per half-operand) for ~48 KB less written and read per (chunk, value
+// head) at Dk = Dv = 128 (W 16 KB, U 32 KB) and the prep's W / U products gone. Numerics: D
+// from bf16 Y and a hi + lo PT (fwd9: fp32 U from a hi + lo P, minus W S0 with bf16 W and S0):
+// not fwd9's bits; held to the f64 tests (v10_matches_f64, v10_close_to_v9).
+// Stage (V10S): K, Q (64 x DK + 8 bf16), PT hi, PT lo, A (64 x 72 bf16), the pair columns' V tile
+// (64 x BV + 8 bf16, rows >= l zero-filled), gam (64 fp32).
+
+template <int DK, int NC>
+struct V10S {
+    static constexpr int BV = 16 * NC;
+    static constexpr int LK = DK + 8;
+    static constexpr int LA = GDR_C + 8;
+    static constexpr int LV = BV + 8;
+    static constexpr int K_OFF = 0;
+    static constexpr int Q_OFF = K_OFF + GDR_C * LK * 2;
+    static constexpr int TH_OFF = Q_OFF + GDR_C * LK * 2;
+    static constexpr int TL_OFF = TH_OFF + GDR_C * LA * 2;
+    static constexpr int A_OFF = TL_OFF + GDR_C * LA * 2;
+    static constexpr int V_OFF = A_OFF + GDR_C * LA * 2;
+    static constexpr int G_OFF = V_OFF + GDR_C * LV * 2;
+    static constexpr int STAGE = G_OFF + GDR_C * 4;
+    static_assert(V_OFF % 16 == 0 && G_OFF % 16 == 0 && STAGE % 16 == 0, "16-byte aligned regions");
+};
+
+// One chunk's copies into a V10S stage from a producer of PT threads (`ptid` 0 .. PT - 1),
+// without the commit (the caller arrives on the stage's mbarrier). pc: the chunk's PT hi (lo at
+// + 64 x 64); vc: its first V row at the CTA's first column (row stride vrow).
+template <int DK, int BV, int PT>
+__device__ __forceinline__ void v10_load_stage(char* st, int ptid, const bf16_t* kc, const bf16_t* qc, i64 krow,
+                                               int l, const bf16_t* pc, const bf16_t* ac, const bf16_t* vc,
+                                               i64 vrow, const float* gc) {
+    typedef V10S<DK, BV / 16> L;
+    const int tid = ptid;
+    const unsigned sb = smem_addr(st);
+    {
+        constexpr int CPR = DK / 8;    // 16-byte pieces per row of K, Q
+        constexpr int RPP = PT / CPR;  // rows per pass
+        static_assert(PT % CPR == 0 && GDR_C % RPP == 0, "whole rows per pass");
+        const int i0 = tid / CPR, x = (tid % CPR) * 8;
+        const unsigned so = sb + (unsigned)((i0 * L::LK + x) * 2);
+        const bf16_t* gk = kc + i0 * krow + x;
+        const bf16_t* gq = qc + i0 * krow + x;
+        const i64 step = RPP * krow;
+#pragma unroll
+        for (int m = 0; m < GDR_C / RPP; ++m) {
+            const bool ok = i0 + RPP * m < l;
+            const unsigned n = ok ? 16u : 0u;
+            const unsigned sr = so + (unsigned)(RPP * m * L::LK * 2);
+            cp_async16_s(sr + L::K_OFF, ok ? gk : kc, n);
+            cp_async16_s(sr + L::Q_OFF, ok ? gq : qc, n);
+            gk += step;
+            gq += step;
+        }
+    }
+    {
+        constexpr int RPA = PT / 8;  // PT hi / lo, A: 8 pieces per row
+        static_assert(GDR_C % RPA == 0, "whole rows of A per pass");
+        const int i0 = tid >> 3, x = (tid & 7) * 8;
+        const unsigned so = sb + (unsigned)((i0 * L::LA + x) * 2);
+        const bf16_t* gh = pc + i0 * GDR_C + x;
+        const bf16_t* ga = ac + i0 * GDR_C + x;
+#pragma unroll
+        for (int m = 0; m < GDR_C / RPA; ++m) {
+            const unsigned sr = so + (unsigned)(RPA * m * L::LA * 2);
+            cp_async16_s(sr + L::TH_OFF, gh + RPA * m * GDR_C, 16u);
+            cp_async16_s(sr + L::TL_OFF, gh + GDR_C * GDR_C + RPA * m * GDR_C, 16u);
+            cp_async16_s(sr + L::A_OFF, ga + RPA * m * GDR_C, 16u);
+        }
+    }
+    {
+        constexpr int UPR = BV / 8;    // V: 16-byte pieces per row of the tile
+        constexpr int RPU = PT / UPR;  // rows per pass
+        static_assert(PT % UPR == 0 && GDR_C % RPU == 0, "whole rows of V per pass");
+        const int i0 = tid / UPR, x = (tid % UPR) * 8;
+        const unsigned so = sb + L::V_OFF + (unsigned)((i0 * L::LV + x) * 2);
+        const bf16_t* gv = vc + i0 * vrow + x;
+        const i64 step = RPU * vrow;
+#pragma unroll
+        for (int m = 0; m < GDR_C / RPU; ++m) {
+            const bool ok = i0 + RPU * m < l;
+            cp_async16_s(so + (unsigned)(RPU * m * L::LV * 2), ok ? gv : vc, ok ? 16u : 0u);
+            gv += step;
+        }
+    }
+    if (tid < GDR_C / 4) cp_async16_s(sb + L::G_OFF + tid * 16, gc + tid * 4, 16u);
+}
+
+// gdr_fwd10's chunk step for this warp (see the v10 header; v8_chain_step's interface with K,
+// PT and V in place of W and U): on entry s holds this warp's half of S^T; on exit the half of
+// S1^T, sa the half of S0^T as bf16 A fragments, da D^T (all 64 chunk rows, bf16) for the
+// output. sk: the stage's K offset to this warp's DH columns; pth / ptl: PT hi / lo (row stride
+// la); sv: the V tile offset to the pair's first column (row stride lv).
+template <int DK>
+__device__ __forceinline__ void v10_chain_step(float (&s)[DK / 16][4], unsigned (&sa)[DK / 32][4],
+                                               unsigned (&da)[4][4], const bf16_t* sk, int lk, const bf16_t* pth,
+                                               const bf16_t* ptl, int la, const bf16_t* sv, int lv,
+                                               const float* s_gam, int l, float4* xme, const float4* xot,
+                                               int bar) {
+    constexpr int DH = DK / 2;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, mi = lane >> 3, r = lane & 7;
+    v6_s_frags<DH>(s, sa);
+    float x[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) x[j][c] = 0.f;
+    v6_mul_rows_t<DH>(x, sa, sk, lk);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) xme[j * 32 + lane] = make_float4(x[j][0], x[j][1], x[j][2], x[j][3]);
+    // Independent of the exchange: the decay factors, e^gam and this lane's V values.
+    const float gl = s_gam[l - 1];
+    float ed[8][2], eg[8][2], vv[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int i0 = 8 * j + 2 * t;
+        ed[j][0] = i0 < l ? __expf(gl - s_gam[i0]) : 0.f;
+        ed[j][1] = i0 + 1 < l ? __expf(gl - s_gam[i0 + 1]) : 0.f;
+        eg[j][0] = i0 < l ? __expf(s_gam[i0]) : 0.f;
+        eg[j][1] = i0 + 1 < l ? __expf(s_gam[i0 + 1]) : 0.f;
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+            vv[j][2 * rr] = bf16_to_f32(sv[i0 * lv + g + 8 * rr]);
+            vv[j][2 * rr + 1] = bf16_to_f32(sv[(i0 + 1) * lv + g + 8 * rr]);
+        }
+    }
+    pair_bar(bar);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const float4 o = xot[j * 32 + lane];
+        x[j][0] += o.x;
+        x[j][1] += o.y;
+        x[j][2] += o.z;
+        x[j][3] += o.w;
+    }
+    // Y^T = V^T - KS^T diag(e^gam) as A fragments (k = the chunk rows)
+    unsigned ya[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int j = 2 * kk + h;
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr)
+                ya[kk][rr + 2 * h] = pack_bf16(vv[j][2 * rr] - eg[j][0] * x[j][2 * rr],
+                                               vv[j][2 * rr + 1] - eg[j][1] * x[j][2 * rr + 1]);
+        }
+    // D^T = Y^T PT^T: B[k][n] = PT[n][k] (row-major PT), the blocks kk <= jp; hi, then lo
+    float d[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) d[j][c] = 0.f;
+#pragma unroll
+    for (int jp = 0; jp < 4; ++jp)
+#pragma unroll
+        for (int kk = 0; kk <= jp; ++kk) {
+            const int off = (16 * jp + 8 * (mi >> 1) + r) * la + 16 * kk + 8 * (mi & 1);
+            unsigned bh[4], bl[4];
+            ldsm_x4(bh, pth + off);
+            ldsm_x4(bl, ptl + off);
+            mma_bf16(d[2 * jp], ya[kk], bh[0], bh[1]);
+            mma_bf16(d[2 * jp + 1], ya[kk], bh[2], bh[3]);
+            mma_bf16(d[2 * jp], ya[kk], bl[0], bl[1]);
+            mma_bf16(d[2 * jp + 1], ya[kk], bl[2], bl[3]);
+        }
+    unsigned dsa[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int j = 2 * kk + h;
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+                const float d0 = d[j][2 * rr], d1 = d[j][2 * rr + 1];
+                da[kk][rr + 2 * h] = pack_bf16(d0, d1);
+                dsa[kk][rr + 2 * h] = pack_bf16(ed[j][0] * d0, ed[j][1] * d1);
+            }
+        }
+    const float egl = __expf(gl);
+#pragma unroll
+    for (int nt = 0; nt < DH / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) s[nt][c] *= egl;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int np = 0; np < DH / 16; ++np) {
+            unsigned b[4];
+            ldsm_x4_t(b, sk + (16 * kk + 8 * (mi & 1) + r) * lk + 16 * np + 8 * (mi >> 1));
+            mma_bf16(s[2 * np], dsa[kk], b[0], b[1]);
+            mma_bf16(s[2 * np + 1], dsa[kk], b[2], b[3]);
+        }
+}
+
+// gdr_fwd9 on V10S stages and v10_chain_step (see the v10 header): the same producer, ring,
+// exchange and output (kept a copy of gdr_fwd9 while v10 is unmeasured, so that the GPU-tested
+// gdr_fwd9's machine code stays as it is; one template for both once v10 has run). Grid as
+// gdr_fwd9; 32 (NW + PW) threads; dynamic shared memory NS * V10S::STAGE + NW * 4096 + 16 NS.
+// pt_ws: gdr_prep8o / 9o's PT hi + lo ([chunk][value head][2][64][64] bf16); v: the input values.
+template <int DK, int NW, int NS, int PW>
+__device__ void gdr_fwd10(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+                          const float* __restrict__ gam_ws, const bf16_t* __restrict__ pt_ws,
+                          const bf16_t* __restrict__ v, const bf16_t* __restrict__ a_ws,
+                          const i64* __restrict__ seq_ch, const i64* __restrict__ ch_t0,
+                          const int* __restrict__ ch_len, int hk_n, int hv_n, int dv, float scale,
+                          const float* __restrict__ h0, bf16_t* __restrict__ o, float* __restrict__ fin) {
+#if __CUDA_ARCH__ >= 900
+    typedef V8<DK, NW> P;
+    typedef V10S<DK, NW / 2> L;
+    constexpr int DH = P::DH;
+    constexpr int PT = 32 * PW;
+    constexpr unsigned BAR_OFF = NS * L::STAGE + NW * P::XB;
+    static_assert(NS == 2 || NS == 3, "2 or 3 stages");
+    static_assert(NW == 2 || NW == 4 || NW == 8, "1, 2 or 4 warp pairs");
+    static_assert(PW == 1 || (PW == 4 && NW % 4 == 0), "one producer warp or one producer warpgroup");
+    static_assert(BAR_OFF % 8 == 0, "mbarriers 8-byte aligned");
+    // A launch with too little shared memory writes nothing (tests see the poisoned output).
+    if (dyn_smem_bytes() < BAR_OFF + 16u * NS) return;
+    char* sm = reinterpret_cast<char*>(gdr_smem);
+    const unsigned full0 = smem_addr(sm + BAR_OFF), empty0 = full0 + 8u * NS;
+    const int nvt = dv / P::BV;
+    const i64 b = blockIdx.x;
+    const int vt = (int)(b % nvt);
+    const int hv = (int)((b / nvt) % hv_n);
+    const i64 n = b / ((i64)nvt * hv_n);
+    const int kh = hv / (hv_n / hk_n);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const i64 col0 = (i64)vt * P::BV;  // the CTA's first state column
+    const i64 krow = (i64)hk_n * DK, vrow = (i64)hv_n * dv;
+    const i64 c_beg = seq_ch[n], c_end = seq_ch[n + 1];
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < NS; ++s) {
+            acp_mbar_init(full0 + 8u * s, PT);
+            acp_mbar_init(empty0 + 8u * s, NW);
+        }
+        acp_fence_mbar_init();
+    }
+    // The only CTA-wide barrier: the mbarriers are initialized before anyone uses them.
+    __syncthreads();
+
+    if (warp >= NW) {
+        // The producer: chunk i into stage i % NS once the stage's previous chunk is released.
+        if (PW == 4 && NW == 8) acp_setmaxnreg_dec<GDR_V9_PREG>();
+        const int ptid = threadIdx.x - 32 * NW;
+        int stg = 0;
+        unsigned eph = 1;  // parity of the empty phase to wait for (the previous round's)
+        for (i64 c = c_beg; c < c_end; ++c) {
+            if (c - c_beg >= NS) acp_mbar_wait(empty0 + 8u * stg, eph);
+            const i64 cb = c * hv_n + hv;
+            const i64 t0 = ch_t0[c];
+            v10_load_stage<DK, P::BV, PT>(sm + stg * L::STAGE, ptid, k + t0 * krow + (i64)kh * DK,
+                                          q + t0 * krow + (i64)kh * DK, krow, ch_len[c],
+                                          pt_ws + cb * (2 * GDR_C * GDR_C), a_ws + cb * GDR_C * GDR_C,
+                                          v + t0 * vrow + (i64)hv * dv + col0, vrow, gam_ws + cb * GDR_C);
+            acp_cp_async_arrive_noinc(full0 + 8u * stg);
+            if (++stg == NS) {
+                stg = 0;
+                eph ^= 1u;
+            }
+        }
+        // Leave no copy in flight behind an exiting thread.
+        cp_async_wait_all();
+        return;
+    }
+    if (PW == 4 && NW == 8) acp_setmaxnreg_inc<GDR_V9_CREG>();
+
+    const int cg = warp >> 1, hh = warp & 1;
+    const int bar = 1 + cg;
+    float4* xme = reinterpret_cast<float4*>(sm + NS * L::STAGE + warp * P::XB);
+    float4* xot = reinterpret_cast<float4*>(sm + NS * L::STAGE + (warp ^ 1) * P::XB);
+    const int wc0 = 16 * cg;  // the pair's first column inside the tile
+    const int r0 = DH * hh;   // this warp's first state row
+    const i64 st_base = (n * hv_n + hv) * (i64)DK * dv;
+
+    // s[nt][c] = S[r0 + 8 nt + 2t + (c & 1)][col0 + wc0 + g + 8 (c >> 1)]
+    float s[DH / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < DH / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            s[nt][c] = h0 ? h0[st_base + (i64)(r0 + 8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)]
+                          : 0.f;
+
+    // The next chunk's length and first token, read one chunk ahead (off the chain's path).
+    int l_next = c_beg < c_end ? ch_len[c_beg] : 0;
+    i64 t0_next = c_beg < c_end ? ch_t0[c_beg] : 0;
+    int stg = 0;
+    unsigned fph = 0;  // parity of the full phase to wait for
+    for (i64 c = c_beg; c < c_end; ++c) {
+        const int l = l_next;
+        const i64 t0 = t0_next;
+        if (c + 1 < c_end) {
+            l_next = ch_len[c + 1];
+            t0_next = ch_t0[c + 1];
+        }
+        acp_mbar_wait(full0 + 8u * stg, fph);  // chunk c's copies have landed
+        const char* sp = sm + stg * L::STAGE;
+        const bf16_t* sK = reinterpret_cast<const bf16_t*>(sp + L::K_OFF) + r0;
+        const bf16_t* sQ = reinterpret_cast<const bf16_t*>(sp + L::Q_OFF) + r0;
+        const bf16_t* sTh = reinterpret_cast<const bf16_t*>(sp + L::TH_OFF);
+        const bf16_t* sTl = reinterpret_cast<const bf16_t*>(sp + L::TL_OFF);
+        const bf16_t* sA = reinterpret_cast<const bf16_t*>(sp + L::A_OFF);
+        const bf16_t* sV = reinterpret_cast<const bf16_t*>(sp + L::V_OFF) + wc0;
+        const float* sG = reinterpret_cast<const float*>(sp + L::G_OFF);
+
+        unsigned sa[DH / 16][4], da[4][4];
+        bf16_t* oc = o + t0 * vrow + (i64)hv * dv + col0 + wc0;
+        if (l == GDR_C) {
+            v10_chain_step<DK>(s, sa, da, sK, L::LK, sTh, sTl, L::LA, sV, L::LV, sG, GDR_C, xme, xot, bar);
+            if (hh)
+                v9_output<DK, 1, GDR_C>(sa, da, sQ, L::LK, sA, L::LA, sG, l, xme, xot, bar, scale, oc, vrow);
+            else
+                v9_output<DK, 0, GDR_C>(sa, da, sQ, L::LK, sA, L::LA, sG, l, xme, xot, bar, scale, oc, vrow);
+        } else {
+            v10_chain_step<DK>(s, sa, da, sK, L::LK, sTh, sTl, L::LA, sV, L::LV, sG, l, xme, xot, bar);
+            if (hh)
+                v9_output<DK, 1, 0>(sa, da, sQ, L::LK, sA, L::LA, sG, l, xme, xot, bar, scale, oc, vrow);
+            else
+                v9_output<DK, 0, 0>(sa, da, sQ, L::LK, sA, L::LA, sG, l, xme, xot, bar, scale, oc, vrow);
+        }
+        // This warp is done with the stage; release it to the producer.
+        __syncwarp();
+        if (lane == 0) acp_mbar_arrive(empty0 + 8u * stg);
+        if (++stg == NS) {
+            stg = 0;
+            fph ^= 1u;
+        }
+    }
+    if (fin) {
+#pragma unroll
+        for (int nt = 0; nt < DH / 8; ++nt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                fin[st_base + (i64)(r0 + 8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)] = s[nt][c];
+    }
+#endif
+}
+
+#define GDR_FWD10_ENTRY(DK, NW, NS, PW)                                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * (NW + PW), 1)                                     \
+        gdr_fwd10_d##DK##_w##NW##_s##NS##_p##PW(const bf16_t* q, const bf16_t* k, const float* gam_ws,   \
+                                                const bf16_t* pt_ws, const bf16_t* v, const bf16_t* a_ws, \
+                                                const i64* seq_ch, const i64* ch_t0, const int* ch_len,  \
+                                                int hk, int hv, int dv, float scale, const float* h0,    \
+                                                bf16_t* o, float* fin) {                                 \
+        gdr_fwd10<DK, NW, NS, PW>(q, k, gam_ws, pt_ws, v, a_ws, seq_ch, ch_t0, ch_len, hk, hv, dv, scale, \
+                                  h0, o, fin);                                                           \
+    }
+
+// The widths and stages gdr_fwd9 runs (cuda.rs picks them the same way for both).
+GDR_FWD10_ENTRY(64, 2, 3, 1)
+GDR_FWD10_ENTRY(64, 4, 3, 1)
+GDR_FWD10_ENTRY(64, 8, 3, 4)
+GDR_FWD10_ENTRY(128, 2, 3, 1)
+GDR_FWD10_ENTRY(128, 4, 3, 1)
+GDR_FWD10_ENTRY(128, 8, 2, 4)
+GDR_FWD10_ENTRY(64, 2, 2, 1)
+GDR_FWD10_ENTRY(64, 4, 2, 1)
+GDR_FWD10_ENTRY(64, 8, 2, 4)
+GDR_FWD10_ENTRY(128, 2, 2, 1)
+GDR_FWD10_ENTRY(128, 4, 2, 1)
 
 // =============================================================================================
 // gdr_bwd9 (issue 13; opt-in GDN_RULE_BWD_SCAN=v9 / set_bwd9, sm_90): gdr_bwd8 with its loads
