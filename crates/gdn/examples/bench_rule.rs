@@ -60,8 +60,8 @@
 //!   64 x 128 fp32 partial through distributed shared memory in rank order, 512 steps, 32 and
 //!   132 clusters, with and without the reads (the cluster barrier alone): us per step;
 //! - `v10`: the default forward (v9) against the opt-in v10 (`GDN_RULE_FWD=v10`: D rebuilt in
-//!   the scan, the prep without W and U) at B1 / B4 16/32 and B8 16/16: forward ms, per-kernel
-//!   times, o against v9's;
+//!   the scan, the prep without W and U) and v10f (`v10f`: T diag(beta)'s hi part only) at B1 /
+//!   B4 16/32 and B8 16/16: forward ms, per-kernel times, o against v9's;
 //! - `g10ratio`: the default backward at B8 T4096, 16 value heads over 16 / 8 / 4 key heads, fp32
 //!   and bf16 D / dD workspaces: per-kernel times (gdr_grad10's cost per item against per value
 //!   head);
@@ -1134,7 +1134,8 @@ fn bwd_piece_variants(gpu: &Arc<Gpu>, what: &str, base: &str, new: &str, set: fn
 }
 
 /// `v10` mode: the default forward (v9) against v10 (`FwdKernel::V10`: D rebuilt in the scan,
-/// the prep without W and U) at B1 T32768 16/32, B4 T8192 16/32 and B8 T4096 16/16: forward ms
+/// the prep without W and U) and v10f (`V10Fast`: T diag(beta)'s hi part only) at B1 T32768
+/// 16/32, B4 T8192 16/32 and B8 T4096 16/16: forward ms
 /// (medians of 10, twice each, alternating), per-kernel times, o against v9's (RMS relative).
 fn v10(gpu: &Arc<Gpu>) {
     println!("bench-v10 | case | forward | fwd ms (median of 10) | per kernel | o vs v9 (RMS rel)");
@@ -1146,12 +1147,8 @@ fn v10(gpu: &Arc<Gpu>) {
         let x = inputs(gpu, b, t, hk, hv, 128, 128);
         let v9 = FwdKernel::V9 { warps: 0 };
         let o9 = fwd(gpu, &x, v9).download().unwrap();
-        for kernel in [
-            v9,
-            FwdKernel::V10 { warps: 0 },
-            v9,
-            FwdKernel::V10 { warps: 0 },
-        ] {
+        let (v10, v10f) = (FwdKernel::V10 { warps: 0 }, FwdKernel::V10Fast { warps: 0 });
+        for kernel in [v9, v10, v10f, v9, v10, v10f] {
             let ms = time_ms(gpu, 2, 10, || drop(fwd(gpu, &x, kernel)));
             let p = kernel_times(gpu, &x, kernel);
             let o = fwd(gpu, &x, kernel).download().unwrap();

@@ -1477,23 +1477,26 @@ fn v8_forward_matches_f64() {
     finish(fails);
 }
 
-/// gdr_fwd10 (`FwdKernel::V10`: D rebuilt in the scan from K, V and the prep's T diag(beta)):
-/// o and the final states against the f64 recurrence (`check_v6_with`), and the RMS difference
-/// from gdr_fwd9 on the same inputs (printed: another rounding of D, not the same bits).
+/// gdr_fwd10 (`FwdKernel::V10`: D rebuilt in the scan from K, V and the prep's T diag(beta)) and
+/// gdr_fwd10f (`V10Fast`: T diag(beta)'s hi part only): o and the final states against the f64
+/// recurrence (`check_v6_with`), and the RMS difference from gdr_fwd9 on the same inputs
+/// (printed: another rounding of D, not the same bits).
 fn check_v10(gpu: &Arc<Gpu>, c: &Case, warps: usize, fails: &mut Vec<String>) {
-    check_v6_with(gpu, c, FwdKernel::V10 { warps }, fails);
     let a = run_fwd(gpu, c, DType::Bf16, FwdKernel::V9 { warps });
-    let b = run_fwd(gpu, c, DType::Bf16, FwdKernel::V10 { warps });
     let e = |x: &[f32], y: &[f32]| {
         let y64: Vec<f64> = y.iter().map(|&v| v as f64).collect();
         rms_rel(x, &y64)
     };
-    println!(
-        "gdr-check v10 vs v9 {:<34} w{warps}: o RMS rel diff {:.2e}, final state {:.2e}",
-        c.name,
-        e(&b.0, &a.0),
-        e(&b.1, &a.1)
-    );
+    for kernel in [FwdKernel::V10 { warps }, FwdKernel::V10Fast { warps }] {
+        check_v6_with(gpu, c, kernel, fails);
+        let b = run_fwd(gpu, c, DType::Bf16, kernel);
+        println!(
+            "gdr-check {kernel:?} vs v9 {:<34}: o RMS rel diff {:.2e}, final state {:.2e}",
+            c.name,
+            e(&b.0, &a.0),
+            e(&b.1, &a.1)
+        );
+    }
 }
 
 /// The v10 forward (written in session 18 without a device) on the split-Dk forwards' cases

@@ -546,7 +546,10 @@ fn forward_inner(
         FwdKernel::V9 { warps } if gpu_has_bulk_copies(gpu) => Some((warps, V6Loads::Ring)),
         FwdKernel::V9 { warps } => Some((warps, V6Loads::Split)),
         FwdKernel::V10 { warps } if gpu_has_bulk_copies(gpu) => Some((warps, V6Loads::Ring10)),
-        FwdKernel::V10 { warps } => Some((warps, V6Loads::Split)),
+        FwdKernel::V10Fast { warps } if gpu_has_bulk_copies(gpu) => {
+            Some((warps, V6Loads::Ring10Fast))
+        }
+        FwdKernel::V10 { warps } | FwdKernel::V10Fast { warps } => Some((warps, V6Loads::Split)),
         FwdKernel::Auto => {
             let sms = gpu.sm_count().unwrap_or(132);
             if gpu_has_bulk_copies(gpu) {
@@ -1044,6 +1047,10 @@ pub enum FwdKernel {
     /// to the f64 tests. sm_90 and newer (`V8` below); `warps` as `V8`'s; the prep must be
     /// prep8 / prep9 (the default).
     V10 { warps: usize },
+    /// v10 with the hi part of `T diag(beta)` only (`GDN_RULE_FWD=v10f`, `gdr_fwd10f*`): one
+    /// product less on the scan's chain; D from a bf16-rounded `T diag(beta)`, as v9's `W S0`
+    /// takes a bf16 W. Not yet run on a device either.
+    V10Fast { warps: usize },
     /// The default: on sm_90 and newer [`FwdKernel::V9`] at every shape (since 2026-12-03,
     /// session 13, when its full-chunk step and staged output stores made it the fastest
     /// everywhere measured: B1 T32768 16/32 0.81 ms, B8 T4096 16/16 0.33 against v6 lean's
@@ -1074,6 +1081,8 @@ enum V6Loads {
     Ring,
     /// Not a v6 load path: the v10 kernel (`gdr_fwd10*`: v9 rebuilding D, after prep8o / 9o).
     Ring10,
+    /// Not a v6 load path: v10 with T diag(beta)'s hi part only (`gdr_fwd10f*`).
+    Ring10Fast,
 }
 
 /// Whether the GPU has the bulk-copy engine (sm_90 and newer).
@@ -1093,7 +1102,7 @@ impl FwdKernel {
     /// `v6l` [`FwdKernel::V6Lean`] everywhere; unset (or `auto`), [`FwdKernel::Auto`].
     pub fn from_env() -> FwdKernel {
         let fwd = std::env::var("GDN_RULE_FWD").ok();
-        let warps = if matches!(fwd.as_deref(), Some("v8" | "v9" | "v10")) {
+        let warps = if matches!(fwd.as_deref(), Some("v8" | "v9" | "v10" | "v10f")) {
             "GDN_RULE_V8_WARPS"
         } else {
             "GDN_RULE_V6_WARPS"
@@ -1111,6 +1120,7 @@ impl FwdKernel {
             Some("v8") => FwdKernel::V8 { warps },
             Some("v9") => FwdKernel::V9 { warps },
             Some("v10") => FwdKernel::V10 { warps },
+            Some("v10f") => FwdKernel::V10Fast { warps },
             Some("v6l") => FwdKernel::V6Lean { warps },
             _ if warps != 0 => FwdKernel::V6Lean { warps },
             _ => FwdKernel::Auto,
@@ -1234,7 +1244,7 @@ fn forward_v6(
         true,
         prep_kind,
         kept.as_ref().map_or(TSaved::No, TSaved::Out),
-        loads == V6Loads::Ring10,
+        matches!(loads, V6Loads::Ring10 | V6Loads::Ring10Fast),
     )?;
     let (qb, kb) = match &pre.norm {
         Some(o) => (&o[0].1, &o[1].1),
@@ -1251,7 +1261,10 @@ fn forward_v6(
         None
     };
     let mut o = out_d(gpu, seqs.tokens() * s.hv * s.dv, dt)?;
-    if matches!(loads, V6Loads::Split | V6Loads::Ring | V6Loads::Ring10) {
+    if matches!(
+        loads,
+        V6Loads::Split | V6Loads::Ring | V6Loads::Ring10 | V6Loads::Ring10Fast
+    ) {
         launch_fwd8(
             gpu,
             qb,
@@ -1295,7 +1308,7 @@ fn forward_v6(
         (V6Loads::NoReload, _) => ("gdr_fwd6n", 0),
         (V6Loads::Lean, 3) => ("gdr_fwd6ls3", 0),
         (V6Loads::Lean, _) => ("gdr_fwd6l", 0),
-        (V6Loads::Split | V6Loads::Ring | V6Loads::Ring10, _) => {
+        (V6Loads::Split | V6Loads::Ring | V6Loads::Ring10 | V6Loads::Ring10Fast, _) => {
             unreachable!("launched by launch_fwd8")
         }
     };
@@ -1436,8 +1449,8 @@ pub fn v10_bytes(dk: usize, warps: usize, stages: usize) -> usize {
 }
 
 /// The v8 fused scan + output on v6's prep outputs (`loads`: `Split` v8's `gdr_fwd8*`; `Ring`
-/// v9's `gdr_fwd9*`, sm_90+; `Ring10` v10's `gdr_fwd10*` on prep8o / 9o's outputs and the input
-/// `v`, sm_90+).
+/// v9's `gdr_fwd9*`, sm_90+; `Ring10` / `Ring10Fast` v10's `gdr_fwd10*` / `gdr_fwd10f*` on
+/// prep8o / 9o's outputs and the input `v`, sm_90+).
 #[allow(clippy::too_many_arguments)]
 fn launch_fwd8(
     gpu: &Arc<Gpu>,
@@ -1458,7 +1471,8 @@ fn launch_fwd8(
 ) -> Result<()> {
     let st = gpu.stream();
     let mut nw = v8_warps(gpu, seqs.count(), s, warps);
-    let (name, threads, bytes) = if loads == V6Loads::Ring10 {
+    let rebuild = matches!(loads, V6Loads::Ring10 | V6Loads::Ring10Fast);
+    let (name, threads, bytes) = if rebuild {
         // its 8-warp kernels take a producer warpgroup (setmaxnreg: sm_90a)
         if nw == 8 && gpu.arch() != "sm_90a" {
             nw = 4;
@@ -1468,8 +1482,13 @@ fn launch_fwd8(
             && !(s.dk == 128 && nw == 8);
         let ns = if three { 3 } else { 2 };
         let pw = if nw == 8 { 4 } else { 1 };
+        let f = if loads == V6Loads::Ring10Fast {
+            "f"
+        } else {
+            ""
+        };
         (
-            format!("gdr_fwd10_d{}_w{nw}_s{ns}_p{pw}", s.dk),
+            format!("gdr_fwd10{f}_d{}_w{nw}_s{ns}_p{pw}", s.dk),
             32 * (nw + pw),
             v10_bytes(s.dk, nw, ns),
         )
@@ -1508,7 +1527,7 @@ fn launch_fwd8(
             // W, or v10's T diag(beta) hi + lo
             ptr(&pre.w, st),
             // U, or v10's input V
-            if loads == V6Loads::Ring10 {
+            if rebuild {
                 dptr(v, st)
             } else {
                 ptr(&pre.u, st)

@@ -5574,7 +5574,7 @@ struct V10S {
 // One chunk's copies into a V10S stage from a producer of PT threads (`ptid` 0 .. PT - 1),
 // without the commit (the caller arrives on the stage's mbarrier). pc: the chunk's PT hi (lo at
 // + 64 x 64); vc: its first V row at the CTA's first column (row stride vrow).
-template <int DK, int BV, int PT>
+template <int DK, int BV, int PT, bool LO = true>
 __device__ __forceinline__ void v10_load_stage(char* st, int ptid, const bf16_t* kc, const bf16_t* qc, i64 krow,
                                                int l, const bf16_t* pc, const bf16_t* ac, const bf16_t* vc,
                                                i64 vrow, const float* gc) {
@@ -5612,7 +5612,7 @@ __device__ __forceinline__ void v10_load_stage(char* st, int ptid, const bf16_t*
         for (int m = 0; m < GDR_C / RPA; ++m) {
             const unsigned sr = so + (unsigned)(RPA * m * L::LA * 2);
             cp_async16_s(sr + L::TH_OFF, gh + RPA * m * GDR_C, 16u);
-            cp_async16_s(sr + L::TL_OFF, gh + GDR_C * GDR_C + RPA * m * GDR_C, 16u);
+            if (LO) cp_async16_s(sr + L::TL_OFF, gh + GDR_C * GDR_C + RPA * m * GDR_C, 16u);
             cp_async16_s(sr + L::A_OFF, ga + RPA * m * GDR_C, 16u);
         }
     }
@@ -5639,7 +5639,7 @@ __device__ __forceinline__ void v10_load_stage(char* st, int ptid, const bf16_t*
 // S1^T, sa the half of S0^T as bf16 A fragments, da D^T (all 64 chunk rows, bf16) for the
 // output. sk: the stage's K offset to this warp's DH columns; pth / ptl: PT hi / lo (row stride
 // la); sv: the V tile offset to the pair's first column (row stride lv).
-template <int DK>
+template <int DK, bool LO = true>
 __device__ __forceinline__ void v10_chain_step(float (&s)[DK / 16][4], unsigned (&sa)[DK / 32][4],
                                                unsigned (&da)[4][4], const bf16_t* sk, int lk, const bf16_t* pth,
                                                const bf16_t* ptl, int la, const bf16_t* sv, int lv,
@@ -5704,13 +5704,16 @@ __device__ __forceinline__ void v10_chain_step(float (&s)[DK / 16][4], unsigned 
 #pragma unroll
         for (int kk = 0; kk <= jp; ++kk) {
             const int off = (16 * jp + 8 * (mi >> 1) + r) * la + 16 * kk + 8 * (mi & 1);
-            unsigned bh[4], bl[4];
+            unsigned bh[4];
             ldsm_x4(bh, pth + off);
-            ldsm_x4(bl, ptl + off);
             mma_bf16(d[2 * jp], ya[kk], bh[0], bh[1]);
             mma_bf16(d[2 * jp + 1], ya[kk], bh[2], bh[3]);
-            mma_bf16(d[2 * jp], ya[kk], bl[0], bl[1]);
-            mma_bf16(d[2 * jp + 1], ya[kk], bl[2], bl[3]);
+            if constexpr (LO) {
+                unsigned bl[4];
+                ldsm_x4(bl, ptl + off);
+                mma_bf16(d[2 * jp], ya[kk], bl[0], bl[1]);
+                mma_bf16(d[2 * jp + 1], ya[kk], bl[2], bl[3]);
+            }
         }
     unsigned dsa[4][4];
 #pragma unroll
@@ -5746,7 +5749,7 @@ __device__ __forceinline__ void v10_chain_step(float (&s)[DK / 16][4], unsigned 
 // gdr_fwd9's machine code stays as it is; one template for both once v10 has run). Grid as
 // gdr_fwd9; 32 (NW + PW) threads; dynamic shared memory NS * V10S::STAGE + NW * 4096 + 16 NS.
 // pt_ws: gdr_prep8o / 9o's PT hi + lo ([chunk][value head][2][64][64] bf16); v: the input values.
-template <int DK, int NW, int NS, int PW>
+template <int DK, int NW, int NS, int PW, bool LO = true>
 __device__ void gdr_fwd10(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
                           const float* __restrict__ gam_ws, const bf16_t* __restrict__ pt_ws,
                           const bf16_t* __restrict__ v, const bf16_t* __restrict__ a_ws,
@@ -5798,7 +5801,7 @@ __device__ void gdr_fwd10(const bf16_t* __restrict__ q, const bf16_t* __restrict
             if (c - c_beg >= NS) acp_mbar_wait(empty0 + 8u * stg, eph);
             const i64 cb = c * hv_n + hv;
             const i64 t0 = ch_t0[c];
-            v10_load_stage<DK, P::BV, PT>(sm + stg * L::STAGE, ptid, k + t0 * krow + (i64)kh * DK,
+            v10_load_stage<DK, P::BV, PT, LO>(sm + stg * L::STAGE, ptid, k + t0 * krow + (i64)kh * DK,
                                           q + t0 * krow + (i64)kh * DK, krow, ch_len[c],
                                           pt_ws + cb * (2 * GDR_C * GDR_C), a_ws + cb * GDR_C * GDR_C,
                                           v + t0 * vrow + (i64)hv * dv + col0, vrow, gam_ws + cb * GDR_C);
@@ -5856,13 +5859,13 @@ __device__ void gdr_fwd10(const bf16_t* __restrict__ q, const bf16_t* __restrict
         unsigned sa[DH / 16][4], da[4][4];
         bf16_t* oc = o + t0 * vrow + (i64)hv * dv + col0 + wc0;
         if (l == GDR_C) {
-            v10_chain_step<DK>(s, sa, da, sK, L::LK, sTh, sTl, L::LA, sV, L::LV, sG, GDR_C, xme, xot, bar);
+            v10_chain_step<DK, LO>(s, sa, da, sK, L::LK, sTh, sTl, L::LA, sV, L::LV, sG, GDR_C, xme, xot, bar);
             if (hh)
                 v9_output<DK, 1, GDR_C>(sa, da, sQ, L::LK, sA, L::LA, sG, l, xme, xot, bar, scale, oc, vrow);
             else
                 v9_output<DK, 0, GDR_C>(sa, da, sQ, L::LK, sA, L::LA, sG, l, xme, xot, bar, scale, oc, vrow);
         } else {
-            v10_chain_step<DK>(s, sa, da, sK, L::LK, sTh, sTl, L::LA, sV, L::LV, sG, l, xme, xot, bar);
+            v10_chain_step<DK, LO>(s, sa, da, sK, L::LK, sTh, sTl, L::LA, sV, L::LV, sG, l, xme, xot, bar);
             if (hh)
                 v9_output<DK, 1, 0>(sa, da, sQ, L::LK, sA, L::LA, sG, l, xme, xot, bar, scale, oc, vrow);
             else
@@ -5886,16 +5889,21 @@ __device__ void gdr_fwd10(const bf16_t* __restrict__ q, const bf16_t* __restrict
 #endif
 }
 
-#define GDR_FWD10_ENTRY(DK, NW, NS, PW)                                                                  \
+// gdr_fwd10_*: PT hi + lo (LO); gdr_fwd10f_*: PT's hi part only (one product less on the chain, D
+// from a bf16-rounded PT as fwd9's W S0 is; GDN_RULE_FWD=v10f).
+#define GDR_FWD10_ENTRY_LO(NAME, DK, NW, NS, PW, LO)                                                     \
     extern "C" __global__ void __launch_bounds__(32 * (NW + PW), 1)                                     \
-        gdr_fwd10_d##DK##_w##NW##_s##NS##_p##PW(const bf16_t* q, const bf16_t* k, const float* gam_ws,   \
-                                                const bf16_t* pt_ws, const bf16_t* v, const bf16_t* a_ws, \
-                                                const i64* seq_ch, const i64* ch_t0, const int* ch_len,  \
-                                                int hk, int hv, int dv, float scale, const float* h0,    \
-                                                bf16_t* o, float* fin) {                                 \
-        gdr_fwd10<DK, NW, NS, PW>(q, k, gam_ws, pt_ws, v, a_ws, seq_ch, ch_t0, ch_len, hk, hv, dv, scale, \
-                                  h0, o, fin);                                                           \
+        NAME##_d##DK##_w##NW##_s##NS##_p##PW(const bf16_t* q, const bf16_t* k, const float* gam_ws,      \
+                                             const bf16_t* pt_ws, const bf16_t* v, const bf16_t* a_ws,   \
+                                             const i64* seq_ch, const i64* ch_t0, const int* ch_len,     \
+                                             int hk, int hv, int dv, float scale, const float* h0,       \
+                                             bf16_t* o, float* fin) {                                    \
+        gdr_fwd10<DK, NW, NS, PW, LO>(q, k, gam_ws, pt_ws, v, a_ws, seq_ch, ch_t0, ch_len, hk, hv, dv,   \
+                                      scale, h0, o, fin);                                                \
     }
+#define GDR_FWD10_ENTRY(DK, NW, NS, PW)                  \
+    GDR_FWD10_ENTRY_LO(gdr_fwd10, DK, NW, NS, PW, true) \
+    GDR_FWD10_ENTRY_LO(gdr_fwd10f, DK, NW, NS, PW, false)
 
 // The widths and stages gdr_fwd9 runs (cuda.rs picks them the same way for both).
 GDR_FWD10_ENTRY(64, 2, 3, 1)
