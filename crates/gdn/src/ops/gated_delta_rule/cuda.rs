@@ -3275,6 +3275,20 @@ mod tests {
         assert_eq!(v9_bytes(128, 4, 3), 229_168);
         assert_eq!(v9_bytes(128, 2, 3), 208_688);
         assert_eq!(v9_bytes(128, 8, 2), 191_008);
+        // gdr_fwd10 (the .cu file's V10S: K, Q 2 x 64 x 136 x 2; PT hi, lo, A 3 x 64 x 72 x 2;
+        // V 64 x (BV + 8) x 2; gam 256; then 4 KB of exchange per warp and 16 NS of mbarriers)
+        assert_eq!(v10_bytes(128, 4, 3), 3 * 67_840 + 4 * 4096 + 48);
+        assert_eq!(v10_bytes(128, 4, 3), 219_952);
+        assert_eq!(v10_bytes(128, 2, 3), 205_616);
+        assert_eq!(v10_bytes(128, 8, 2), 176_672);
+        assert_eq!(
+            FwdKernel::named(Some("v10"), Some("4")),
+            FwdKernel::V10 { warps: 4 }
+        );
+        assert_eq!(
+            FwdKernel::named(Some("v10f"), None),
+            FwdKernel::V10Fast { warps: 0 }
+        );
         // gdr_bwd8 (the .cu file's table), and w4 beside gdr_hrec6 w2 within an SM's 233,472
         // bytes less 1 KB reserved per CTA.
         assert_eq!(bwd8_bytes(128, 2), 133_632);
