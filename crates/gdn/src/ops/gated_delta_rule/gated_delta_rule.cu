@@ -5550,7 +5550,8 @@ GDR_FWD9_ENTRY(128, 8, 2, 4)
 // (Y^T PT^T: 20 mma.sync per half-operand) for ~48 KB less written and read per (chunk, value
 // head) at Dk = Dv = 128 (W 16 KB, U 32 KB) and the prep's W / U products gone. Numerics: D
 // from bf16 Y and a hi + lo PT (fwd9: fp32 U from a hi + lo P, minus W S0 with bf16 W and S0):
-// not fwd9's bits; held to the f64 tests (v10_matches_f64, v10_close_to_v9).
+// not fwd9's bits; held to the f64 tests (gpu_rule's v10_forward_matches_f64, which prints the
+// difference from v9). gdr_fwd10f (LO false): PT's hi part only (20 mma, the lo tile not loaded).
 // Stage (V10S): K, Q (64 x DK + 8 bf16), PT hi, PT lo, A (64 x 72 bf16), the pair columns' V tile
 // (64 x BV + 8 bf16, rows >= l zero-filled), gam (64 fp32).
 
