@@ -746,18 +746,12 @@ fn v8(gpu: &Arc<Gpu>) {
             let ms = time_ms(gpu, 2, 10, || drop(fwd(gpu, &x, kernel)));
             let p = kernel_times(gpu, &x, kernel);
             let o = fwd(gpu, &x, kernel).download().unwrap();
-            let (mut num, mut den) = (0f64, 0f64);
-            let mut finite = true;
-            for (a, b) in o.iter().zip(&base) {
-                finite &= a.is_finite();
-                num += ((a - b) as f64).powi(2);
-                den += (*b as f64).powi(2);
-            }
+            let finite = o.iter().all(|a| a.is_finite());
             println!(
                 "bench-v8 | B{b} T{t} {hk}/{hv} | {kernel:?}{} | {ms:.3} | {} | RMS rel diff {:.2e}, finite {finite}",
                 if two { " 2 stages" } else { "" },
                 fmt_times(&p),
-                (num / den).sqrt()
+                rms_rel_diff(&o, &base)
             );
             set_v6_stages(0);
         }
@@ -851,16 +845,10 @@ fn variants(gpu: &Arc<Gpu>) {
                 String::new()
             } else {
                 let o6 = fwd(gpu, &x, kernel).download().unwrap();
-                let (mut num, mut den) = (0f64, 0f64);
-                let mut finite = true;
-                for (a, b) in o6.iter().zip(&o5) {
-                    finite &= a.is_finite();
-                    num += ((a - b) as f64).powi(2);
-                    den += (*b as f64).powi(2);
-                }
+                let finite = o6.iter().all(|a| a.is_finite());
                 format!(
                     " | o vs v5: RMS rel diff {:.2e}, finite {finite}",
-                    (num / den).sqrt()
+                    rms_rel_diff(&o6, &o5)
                 )
             };
             println!(
@@ -894,14 +882,7 @@ fn bwd_row(
     let diff = bwd(gpu, x, d_o, kernel)
         .iter()
         .zip(base)
-        .map(|((n, a), (_, b))| {
-            let (mut num, mut den) = (0f64, 0f64);
-            for (a, b) in a.iter().zip(b) {
-                num += ((a - b) as f64).powi(2);
-                den += (*b as f64).powi(2);
-            }
-            format!("{n}={:.2e}", (num / den).sqrt())
-        })
+        .map(|((n, a), (_, b))| format!("{n}={:.2e}", rms_rel_diff(a, b)))
         .collect::<Vec<_>>()
         .join(" ");
     (ms, p, diff)
@@ -983,16 +964,10 @@ fn bwd_variants(gpu: &Arc<Gpu>) {
                     .iter()
                     .zip(&g5)
                     .map(|((n, a), (_, b))| {
-                        let (mut num, mut den) = (0f64, 0f64);
-                        let mut finite = true;
-                        for (a, b) in a.iter().zip(b) {
-                            finite &= a.is_finite();
-                            num += ((a - b) as f64).powi(2);
-                            den += (*b as f64).powi(2);
-                        }
+                        let finite = a.iter().all(|x| x.is_finite());
                         format!(
                             "{n}={:.2e}{}",
-                            (num / den).sqrt(),
+                            rms_rel_diff(a, b),
                             if finite { "" } else { "(NaN)" }
                         )
                     })
@@ -1084,15 +1059,10 @@ fn prep_variants(gpu: &Arc<Gpu>) {
             );
             let ms = time_ms(gpu, 2, 10, || drop(fwdp(kind)));
             let o = fwdp(kind).download().unwrap();
-            let (mut num, mut den) = (0f64, 0f64);
-            for (a, b) in o.iter().zip(&o6) {
-                num += ((a - b) as f64).powi(2);
-                den += (*b as f64).powi(2);
-            }
             println!(
                 "bench-prep | B{b} T{t} {hk}/{hv} | {kind:?} | v6 forward | {ms:.3} | {} | o vs v6 prep: RMS rel diff {:.2e}, finite {}",
                 profile(&|| drop(fwdp(kind))),
-                (num / den).sqrt(),
+                rms_rel_diff(&o, &o6),
                 o.iter().all(|a| a.is_finite())
             );
             let ms = time_ms(gpu, 2, 10, bwdp);
@@ -1152,15 +1122,10 @@ fn v10(gpu: &Arc<Gpu>) {
             let ms = time_ms(gpu, 2, 10, || drop(fwd(gpu, &x, kernel)));
             let p = kernel_times(gpu, &x, kernel);
             let o = fwd(gpu, &x, kernel).download().unwrap();
-            let (mut num, mut den) = (0f64, 0f64);
-            for (a, r) in o.iter().zip(&o9) {
-                num += ((a - r) as f64).powi(2);
-                den += (*r as f64).powi(2);
-            }
             println!(
                 "bench-v10 | B{b} T{t} {hk}/{hv} | {kernel:?} | {ms:.3} | {} | {:.2e}",
                 fmt_times(&p),
-                (num / den).sqrt()
+                rms_rel_diff(&o, &o9)
             );
         }
     }

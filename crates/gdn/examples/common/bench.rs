@@ -29,6 +29,18 @@ pub fn normals(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// RMS relative difference of `a` from the reference `r`: sqrt(sum (a - r)^2 / sum r^2), f64
+/// sums in element order.
+#[allow(dead_code)] // not every bench compares outputs
+pub fn rms_rel_diff(a: &[f32], r: &[f32]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (a, r) in a.iter().zip(r) {
+        num += ((a - r) as f64).powi(2);
+        den += (*r as f64).powi(2);
+    }
+    (num / den).sqrt()
+}
+
 pub fn median(mut x: Vec<f32>) -> f64 {
     x.sort_by(|a, b| a.partial_cmp(b).unwrap());
     x[x.len() / 2] as f64

@@ -1393,9 +1393,11 @@ fn v8_warps(gpu: &Gpu, n_seq: usize, s: RuleShape, forced: usize) -> usize {
 }
 
 /// Pipeline stages of `gdr_fwd8` at this width: three where they fit in the device's shared
-/// memory (and [`set_v6_stages`] does not ask for two), else two.
-fn v8_stages(gpu: &Gpu, dk: usize, warps: usize) -> usize {
-    let three = v8_bytes(dk, warps, 3) <= smem_optin(gpu) && !(dk == 128 && warps == 8);
+/// memory (and [`set_v6_stages`] does not ask for two), else two. `bytes`: the kernel's shared
+/// memory by (Dk, warps, stages) (`v8_bytes`; `v10_bytes` for gdr_fwd10, which takes the same
+/// rule).
+fn v8_stages(gpu: &Gpu, dk: usize, warps: usize, bytes: fn(usize, usize, usize) -> usize) -> usize {
+    let three = bytes(dk, warps, 3) <= smem_optin(gpu) && !(dk == 128 && warps == 8);
     if three && V6_STAGES.load(Ordering::Relaxed) != 2 {
         3
     } else {
@@ -1477,10 +1479,7 @@ fn launch_fwd8(
         if nw == 8 && gpu.arch() != "sm_90a" {
             nw = 4;
         }
-        let three = V6_STAGES.load(Ordering::Relaxed) != 2
-            && v10_bytes(s.dk, nw, 3) <= smem_optin(gpu)
-            && !(s.dk == 128 && nw == 8);
-        let ns = if three { 3 } else { 2 };
+        let ns = v8_stages(gpu, s.dk, nw, v10_bytes);
         let pw = if nw == 8 { 4 } else { 1 };
         let f = if loads == V6Loads::Ring10Fast {
             "f"
@@ -1493,7 +1492,7 @@ fn launch_fwd8(
             v10_bytes(s.dk, nw, ns),
         )
     } else if loads == V6Loads::Ring {
-        let mut ns = v8_stages(gpu, s.dk, nw);
+        let mut ns = v8_stages(gpu, s.dk, nw, v8_bytes);
         // v9's 16 NS bytes of mbarriers fit wherever v8's stages do (w4 s3 at Dk 128: 229,168
         // of 232,448); two stages if a device says otherwise.
         if v9_bytes(s.dk, nw, ns) > smem_optin(gpu) {
@@ -1506,7 +1505,7 @@ fn launch_fwd8(
             v9_bytes(s.dk, nw, ns),
         )
     } else {
-        let ns = v8_stages(gpu, s.dk, nw);
+        let ns = v8_stages(gpu, s.dk, nw, v8_bytes);
         (
             format!("gdr_fwd8_d{}_w{nw}_s{ns}", s.dk),
             32 * nw,
