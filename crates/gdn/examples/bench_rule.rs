@@ -66,7 +66,12 @@
 //!   and bf16 D / dD workspaces: per-kernel times (gdr_grad10's cost per item against per value
 //!   head);
 //! - `bwd9`: the same with the reverse scan `gdr_bwd9` (`GDN_RULE_BWD_SCAN=v9`: gdr_bwd8 with a
-//!   producer warp) against the default's; its outputs must equal bwd8's bitwise (diff 0).
+//!   producer warp) against the default's; its outputs must equal bwd8's bitwise (diff 0);
+//! - `bwd10`: the same with the v10 backward scans (`GDN_RULE_BWD_SCAN=v10`: the prep writes T
+//!   diag(beta) instead of W and U, `gdr_hrec10` and `gdr_bwd10` rebuild them) against the
+//!   default's (another rounding: the diff is the difference, not zero). Both solve for T here
+//!   (`backward_with`); the default table with `GDN_RULE_BWD_SCAN=v10` runs them after a
+//!   forward that keeps T, as the layer does (`gdr_prep9to`).
 
 #[path = "common/bench.rs"]
 mod bench;
@@ -79,8 +84,8 @@ use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_saved, backward_with, backward_with_prep, chain6, chain8,
     forward as forward_cuda, forward_saving, forward_with, forward_with_prep, prep_only,
-    set_backward_overlap, set_bwd8, set_bwd9, set_grad10, set_grad8, set_hrec8, set_v6_stages,
-    set_v9_producer, set_ws16, BwdKernel, ChainInputs, FwdKernel, PrepKernel,
+    set_backward_overlap, set_bwd10, set_bwd8, set_bwd9, set_grad10, set_grad8, set_hrec8,
+    set_v6_stages, set_v9_producer, set_ws16, BwdKernel, ChainInputs, FwdKernel, PrepKernel,
 };
 use gdn::ops::gated_delta_rule::{RuleOpts, RuleShape, CHUNK};
 use gdn::Seqs;
@@ -186,6 +191,15 @@ fn main() {
                 "the default scan",
                 "gdr_bwd9",
                 set_bwd9,
+            )
+        }
+        Some("bwd10") => {
+            return bwd_piece_variants(
+                &gpu,
+                "backward scans",
+                "the default scans",
+                "gdr_bwd10",
+                set_bwd10,
             )
         }
         Some("prep") => return prep_variants(&gpu),

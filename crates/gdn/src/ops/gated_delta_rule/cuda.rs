@@ -1809,6 +1809,44 @@ pub fn bwd8_bytes(dk: usize, warps: usize) -> usize {
     2 * v6g_stage_bytes(dk, warps / 2) + warps * 2048
 }
 
+thread_local! {
+    static BWD10: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Tests and benchmarks: on the calling thread, `Some(true)` makes the v6 backward run its two
+/// scans on the v10 forward's operands (issue 13, opt-in; written in session 19, not yet run on a
+/// GPU): the prep reads the kept T and writes PT = T diag(beta) (bf16 hi + lo) instead of W and U
+/// (`gdr_prep8to` / `gdr_prep9to`, or `gdr_prep8o` / `gdr_prep9o` when no T was kept), the
+/// recompute is `gdr_hrec10` (D = PT (V - diag(e^gam) K S0), gdr_hrec6's layout and width) and
+/// the reverse scan `gdr_bwd10` (gdr_bwd8's, its W product rebuilt from PT and K, at gdr_bwd8's
+/// width), whatever [`set_bwd8`], [`set_bwd9`] and [`set_hrec8`] say. Another summation order
+/// and rounding than the default's: held to the f64 tests, not to its bits. `Some(false)` the
+/// default scans; `None` follows `GDN_RULE_BWD_SCAN` (`v10` selects these).
+#[doc(hidden)]
+pub fn set_bwd10(on: Option<bool>) {
+    BWD10.with(|c| c.set(on));
+}
+
+fn bwd10_on() -> bool {
+    BWD10
+        .with(|c| c.get())
+        .unwrap_or_else(|| std::env::var("GDN_RULE_BWD_SCAN").as_deref() == Ok("v10"))
+}
+
+/// Bytes of one pipeline stage of `gdr_hrec10` (the .cu file's `V10R<DK, NW>::STAGE`): K (64
+/// rows of Dk + 8 bf16), PT hi and lo (64 rows of 72 bf16 each), the CTA's V tile (64 rows of
+/// 16 NW + 8 bf16), gam.
+pub fn v10r_stage_bytes(dk: usize, warps: usize) -> usize {
+    C * (dk + 8) * 2 + 2 * C * (C + 8) * 2 + C * (16 * warps + 8) * 2 + C * 4
+}
+
+/// Dynamic shared memory of `gdr_bwd10` (`2 * V10S<DK, NW / 2>::STAGE + NW * 2048`): two of
+/// gdr_fwd10's stages (the dO tile in V's place) for 16 `warps / 2` columns plus gdr_bwd8's
+/// 2 KB exchange buffer per warp (143,872 bytes at Dk 128, 4 warps).
+pub fn bwd10_bytes(dk: usize, warps: usize) -> usize {
+    2 * v10_stage_bytes(dk, 8 * warps) + warps * 2048
+}
+
 /// The backward's state-recompute launch (`gdr_hrec6` or `gdr_hrec8`), held back to run beside
 /// `gdr_bwd6` on the second stream.
 struct HrecLaunch {
@@ -1998,14 +2036,23 @@ fn backward_v6(
     // gdr_grad10 reads them and both scans have the variant (not gdr_hrec8 / gdr_bwd9). Their
     // workspaces stay f32-typed buffers of half the length (the kernels see raw pointers).
     let kern = grad_kernel(gpu);
+    // The v10 scans (opt-in, set_bwd10): PT from the prep instead of W and U.
+    let v10 = bwd10_on();
+    if v10 && !(pieces.recompute && pieces.scan && pieces.grad7) {
+        return Err(GdnError::Invalid(
+            "gated delta rule: the v10 backward scans (GDN_RULE_BWD_SCAN=v10) need the default \
+             backward's pieces (the recompute, the reverse scan and the grad7 / grad10 \
+             gradients), not the ones GDN_RULE_BWD selects"
+                .into(),
+        ));
+    }
     let td16 = pieces.grad7
         && pieces.recompute
         && pieces.scan
         && pieces.bf16_states
         && kern == 10
         && ws16_on(s)
-        && !hrec8_on()
-        && !bwd9_on(gpu);
+        && (v10 || (!hrec8_on() && !bwd9_on(gpu)));
     let dn = if td16 {
         chh * C * s.dv / 2
     } else {
@@ -2047,7 +2094,7 @@ fn backward_v6(
             pieces.scan,
             prep_kind,
             tsaved,
-            false,
+            v10,
         )?)
     } else {
         None
@@ -2109,7 +2156,14 @@ fn backward_v6(
         let d = ws(gpu, dn)?;
         // gdr_hrec8 (opt-in): the same outputs from v8's split chain, width by v8's model.
         let nw8 = v8_warps(gpu, n_seq, s, pieces.warps);
-        let (name, grid, threads, smem) = if hrec8_on() {
+        let (name, grid, threads, smem) = if v10 {
+            (
+                format!("gdr_hrec10{b16}_d{}_w{nw}", s.dk),
+                ctas,
+                32 * nw as u32,
+                2 * v10r_stage_bytes(s.dk, nw),
+            )
+        } else if hrec8_on() {
             (
                 format!("gdr_hrec8_d{}_w{nw8}", s.dk),
                 n_seq * s.hv * (s.dv / (8 * nw8)),
@@ -2124,11 +2178,17 @@ fn backward_v6(
                 2 * v6r_stage_bytes(s.dk, nw),
             )
         };
+        // gdr_hrec10 reads V and PT (in w) where the others read W and U
+        let (a1, a2, a3) = if v10 {
+            (dptr(v, st), ptr(&gam, st), ptr(&w, st))
+        } else {
+            (ptr(&gam, st), ptr(&w, st), ptr(&u, st))
+        };
         let args = vec![
             dptr(kb, st),
-            ptr(&gam, st),
-            ptr(&w, st),
-            ptr(&u, st),
+            a1,
+            a2,
+            a3,
             ptr(&ch.seq, st),
             ptr(&ch.t0, st),
             ptr(&ch.len, st),
@@ -2215,8 +2275,16 @@ fn backward_v6(
         // gdr_bwd8 (opt-in): the same outputs from v8's split of dS, width by v8's model.
         // gdr_bwd9 (opt-in): gdr_bwd8 with a producer warp, one more warp per CTA and the ring's
         // four mbarriers (32 bytes).
-        let v9 = bwd9_on(gpu);
-        let (bwd6, bgrid, bthreads, bsmem) = if v9 || bwd8_on(gpu, n_seq, s) {
+        let v9 = !v10 && bwd9_on(gpu);
+        let (bwd6, bgrid, bthreads, bsmem) = if v10 {
+            let nw8 = v8_warps(gpu, n_seq, s, pieces.warps);
+            (
+                format!("gdr_bwd10{b16}_d{}_w{nw8}", s.dk),
+                n_seq * s.hv * (s.dv / (8 * nw8)),
+                32 * nw8 as u32,
+                bwd10_bytes(s.dk, nw8),
+            )
+        } else if v9 || bwd8_on(gpu, n_seq, s) {
             let nw8 = v8_warps(gpu, n_seq, s, pieces.warps);
             (
                 if v9 {
@@ -2744,10 +2812,10 @@ fn v6_prep(
             "rule: saved chunk inverses need the prep8 / prep9 kernels".into(),
         ));
     }
-    if tout && (!prep_keeps_t(kind) || matches!(tsaved, TSaved::In(_))) {
+    if tout && !prep_keeps_t(kind) {
         return Err(GdnError::Invalid(format!(
-            "gated delta rule: the v10 forward (GDN_RULE_FWD=v10) needs the prep8 / prep9 kernels \
-             (GDN_RULE_PREP unset, v8 or v9), got {kind:?}"
+            "gated delta rule: the v10 kernels (GDN_RULE_FWD=v10, GDN_RULE_BWD_SCAN=v10) need the \
+             prep8 / prep9 kernels (GDN_RULE_PREP unset, v8 or v9), got {kind:?}"
         )));
     }
     let ks = chunk_sfx(DType::Bf16, opts);
@@ -2757,7 +2825,8 @@ fn v6_prep(
     } else {
         None
     };
-    // tout (prep8o / 9o, for gdr_fwd10): w holds T diag(beta) hi + lo, and there is no U
+    // tout (prep8o / 9o for gdr_fwd10; prep8to / 9to or prep8o / 9o for the v10 backward scans):
+    // w holds T diag(beta) hi + lo, and there is no U
     let w = ws_bf16(gpu, chh * if tout { 2 * C * C } else { C * s.dk })?;
     let u = ws(gpu, if tout { 0 } else { chh * C * s.dv })?;
     if kind == PrepKernel::V6 {
@@ -2873,10 +2942,12 @@ fn v6_prep(
     let tin = matches!(tsaved, TSaved::In(_));
     let (name, grid) = match kind {
         PrepKernel::V7Fast => ("gdr_prep7f", chh),
+        PrepKernel::V8 if tin && tout => ("gdr_prep8to", chh),
         PrepKernel::V8 if tin => ("gdr_prep8t", chh),
         PrepKernel::V8 if tout => ("gdr_prep8o", chh),
         PrepKernel::V8 => ("gdr_prep8", chh),
         // one CTA per (chunk, key head)
+        PrepKernel::V9 if tin && tout => ("gdr_prep9to", ch.count * s.hk),
         PrepKernel::V9 if tin => ("gdr_prep9t", ch.count * s.hk),
         PrepKernel::V9 if tout => ("gdr_prep9o", ch.count * s.hk),
         PrepKernel::V9 => ("gdr_prep9", ch.count * s.hk),
@@ -3297,6 +3368,16 @@ mod tests {
         assert!(bwd8_bytes(128, 4) + 2 * v6r_stage_bytes(128, 2) <= 233_472 - 2 * 1024);
         // gdr_bwd9 (bwd8's bytes and 4 mbarriers) still fits beside gdr_hrec6 w2
         assert!(bwd8_bytes(128, 4) + 32 + 2 * v6r_stage_bytes(128, 2) <= 233_472 - 2 * 1024);
+        // The v10 backward scans (session 19): gdr_hrec10's V10R (K 64 x 136 x 2, PT hi and lo 2
+        // x 64 x 72 x 2, the V tile 64 x (16 NW + 8) x 2, gam 256) and gdr_bwd10 (two V10S stages
+        // and 2 KB per warp); w4 beside gdr_hrec10 w2 still within an SM, as bwd8 beside hrec6.
+        assert_eq!(v10r_stage_bytes(128, 2), 17_408 + 18_432 + 5_120 + 256);
+        assert_eq!(v10r_stage_bytes(128, 2), 41_216);
+        assert_eq!(v10r_stage_bytes(64, 1), 9_216 + 18_432 + 3_072 + 256);
+        assert_eq!(bwd10_bytes(128, 4), 2 * 67_840 + 8_192);
+        assert_eq!(bwd10_bytes(128, 4), 143_872);
+        assert_eq!(bwd10_bytes(128, 2), 2 * 65_792 + 4_096);
+        assert!(bwd10_bytes(128, 4) + 2 * v10r_stage_bytes(128, 2) <= 233_472 - 2 * 1024);
         // prep7's shared memory fits the H200's 227 KB at every shape the v6 pipeline takes.
         for dk in [64, 128] {
             for dv in (16..=256).step_by(16) {

@@ -3285,7 +3285,7 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
     ChunkGeo G;
     static_assert(V8 || !GVA, "the key-head CTA is prep8's");
     static_assert(V8 || !TIN, "a saved T is read by prep8 / prep9");
-    static_assert((V8 && !TIN) || !TOUT, "prep8o / prep9o: the forward's prep8 / prep9");
+    static_assert(V8 || !TOUT, "prep8o / prep9o / prep8to / prep9to: prep8 / prep9");
     if constexpr (V8) {
         // 32-bit block arithmetic (the grid is below 2^31); GVA: one CTA per (chunk, key head),
         // from its first value head
@@ -3814,6 +3814,18 @@ GDR_PREP9O_ENTRY(64, bf16n, true)
 GDR_PREP9O_ENTRY(64, bf16, false)
 GDR_PREP9O_ENTRY(128, bf16n, true)
 GDR_PREP9O_ENTRY(128, bf16, false)
+// gdr_prep8to / gdr_prep9to_d{64,128}_{bf16n,bf16}: both (TIN and TOUT), for the v10 backward
+// scans (gdr_hrec10, gdr_bwd10): the kept T read instead of solved, PT written instead of W, U
+#define GDR_PREP8TO_ENTRY(DK, NS, NORM) GDR_PREP_ENTRY(gdr_prep8to, DK, NS, NORM, true, true, false, true, true)
+#define GDR_PREP9TO_ENTRY(DK, NS, NORM) GDR_PREP_ENTRY(gdr_prep9to, DK, NS, NORM, true, true, true, true, true)
+GDR_PREP8TO_ENTRY(64, bf16n, true)
+GDR_PREP8TO_ENTRY(64, bf16, false)
+GDR_PREP8TO_ENTRY(128, bf16n, true)
+GDR_PREP8TO_ENTRY(128, bf16, false)
+GDR_PREP9TO_ENTRY(64, bf16n, true)
+GDR_PREP9TO_ENTRY(64, bf16, false)
+GDR_PREP9TO_ENTRY(128, bf16n, true)
+GDR_PREP9TO_ENTRY(128, bf16, false)
 // gdr_grad7 (issue 13, the backward's per-chunk gradients, second bf16 version). One CTA of 8
 // warps per (chunk, key head) walks the GVA group's value heads in order; per value head it
 // runs gdr_grad6's products (the same formulas, operands and fragment mapping) with these
@@ -7708,3 +7720,469 @@ GDR_GRAD10_ENTRY(128, 64, 0)
 GDR_GRAD10_ENTRY(128, 128, 1)
 // gdr_grad10b_r0_bf16_d128_v128: the d128 / v128 kernel at RS 0 (tests: the same bits as RS 1)
 GDR_GRAD10_ENTRY_TD(128, 128, bf16_t, gdr_grad10b_r0, 0)
+
+// =============================================================================================
+// v10 backward scans (issue 13, opt-in GDN_RULE_BWD_SCAN=v10 / set_bwd10; written in session 19
+// with no device: compiled and inspected with ptxas, not yet run). The backward's two scans on
+// gdr_fwd10's operands, so that the backward's prep (gdr_prep8to / gdr_prep9to: the kept T in,
+// PT = T diag(beta) hi + lo out) writes neither W (bf16) nor U (fp32):
+//   U = PT V,   W = PT diag(e^gam) K,   D = U - W S0 = PT (V - diag(e^gam) K S0).
+// gdr_hrec10 (gdr_hrec6's v6 layout: warp w owns 16 state columns over all DK rows, no
+// exchange): per chunk X^T = S^T K^T, Y^T = V^T - X^T diag(e^gam) (bf16), D^T = Y^T PT^T (PT hi,
+// then lo: 40 mma), then v6's update; h and D stored as gdr_hrec6 / gdr_hrec6b store them (the
+// bf16 tiles staged through the warp's own columns of the stage's V tile, done with after the
+// step: D in one pass of 64 rows, h in DK / 64 passes).
+// gdr_bwd10 (gdr_bwd8's v8 split: warp pair, Dk halves): dD exactly as gdr_bwd8 (v8g_dd), then
+// the update's -dD^T W_hh as
+//   Z^T = (-dD^T) PT                (16 x 64, k = the chunk rows: PT's blocks on or below the
+//                                    diagonal, hi then lo: 20 + 20 mma, both warps of the pair)
+//   -dD^T W_hh = (Z^T diag(e^gam)) K_hh   (bf16 A fragments times the K rows gdr_bwd8's W rows
+//                                          were: the same 32 mma)
+// 146 mma per warp per step against gdr_bwd8's 106. Numerics: Z^T diag(e^gam) rounded to bf16
+// where gdr_bwd8 reads a bf16 W (both one rounding of an fp32 product), so not gdr_bwd8's bits;
+// held to the f64 tests (gpu_rule's v10_backward_matches_f64). dD (and dh, dh0) of the last
+// chunk step agree with gdr_bwd8's; the later ones differ by the dS rounding above.
+// Stages: gdr_hrec10 V10R (K, PT hi, PT lo, the CTA's V tile, gam: 41,216 bytes at Dk 128, w2);
+// gdr_bwd10 gdr_fwd10's V10S with the dO tile in V's place (67,840 at Dk 128, BV 32). Shared
+// memory at Dk 128: gdr_bwd10 w4 2 x 67,840 + 8,192 = 143,872, gdr_hrec10 w2 2 x 41,216 =
+// 82,432: 226,304 together, so they still share an SM as gdr_bwd8b and gdr_hrec6b do.
+
+template <int DK, int NW>
+struct V10R {
+    static constexpr int BV = 16 * NW;
+    static constexpr int NT = 32 * NW;
+    static constexpr int LK = DK + 8;
+    static constexpr int LA = GDR_C + 8;
+    static constexpr int LV = BV + 8;
+    static constexpr int K_OFF = 0;
+    static constexpr int TH_OFF = K_OFF + GDR_C * LK * 2;
+    static constexpr int TL_OFF = TH_OFF + GDR_C * LA * 2;
+    static constexpr int V_OFF = TL_OFF + GDR_C * LA * 2;
+    static constexpr int G_OFF = V_OFF + GDR_C * LV * 2;
+    static constexpr int STAGE = G_OFF + GDR_C * 4;
+    static_assert(TH_OFF % 16 == 0 && V_OFF % 16 == 0 && G_OFF % 16 == 0 && STAGE % 16 == 0,
+                  "16-byte aligned regions");
+};
+
+// One V10R stage by all NT threads, committed as one cp.async group: K rows (rows >= l
+// zero-filled), PT hi and lo (pc: the chunk's hi, lo at + 64 x 64), the CTA's V tile (vc: its
+// first row at the CTA's first column, row stride vrow; rows >= l zero-filled), gam.
+template <int DK, int NW>
+__device__ __forceinline__ void v10r_load_stage(char* st, const bf16_t* kc, i64 krow, int l, const bf16_t* pc,
+                                                const bf16_t* vc, i64 vrow, const float* gc) {
+    typedef V10R<DK, NW> L;
+    const int tid = threadIdx.x;
+    constexpr int CPR = DK / 8;
+    for (int e = tid; e < GDR_C * CPR; e += L::NT) {
+        const int i = e / CPR, x = (e % CPR) * 8;
+        const bool ok = i < l;
+        cp_async16(st + L::K_OFF + (i * L::LK + x) * 2, kc + (ok ? (i64)i * krow + x : 0), ok);
+    }
+    // PT hi rows 0 .. 63, then lo (contiguous in both places): 8 pieces per row
+    for (int e = tid; e < 2 * GDR_C * 8; e += L::NT) {
+        const int i = e >> 3, x = (e & 7) * 8;
+        cp_async16(st + L::TH_OFF + (i * L::LA + x) * 2, pc + (i64)i * GDR_C + x, true);
+    }
+    constexpr int VPR = L::BV / 8;
+    for (int e = tid; e < GDR_C * VPR; e += L::NT) {
+        const int i = e / VPR, x = (e % VPR) * 8;
+        const bool ok = i < l;
+        cp_async16(st + L::V_OFF + (i * L::LV + x) * 2, vc + (ok ? (i64)i * vrow + x : 0), ok);
+    }
+    if (tid < GDR_C / 4) cp_async16(st + L::G_OFF + tid * 16, gc + tid * 4, true);
+    cp_async_commit();
+}
+
+// gdr_hrec10's chunk step for this warp (v6_chain_step's interface with K, PT and V in place of
+// W and U; see the v10 backward header): on exit s holds S1^T, sa S0^T as bf16 A fragments, da
+// D^T (bf16, unscaled). sv: the stage's V tile offset to this warp's first column (row stride
+// lv). SD: D (fp32, before its rounding) also stored at dst as v6_chain_step stores it.
+template <int DK, bool SD = false, typename TD = float>
+__device__ __forceinline__ void v10r_chain_step(float (&s)[DK / 8][4], unsigned (&sa)[DK / 16][4],
+                                                unsigned (&da)[4][4], const bf16_t* sk, int lk, const bf16_t* pth,
+                                                const bf16_t* ptl, int la, const bf16_t* sv, int lv,
+                                                const float* s_gam, int l, TD* dst = nullptr, i64 ldd = 0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, mi = lane >> 3, r = lane & 7;
+    v6_s_frags<DK>(s, sa);
+    float x[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) x[j][c] = 0.f;
+    v6_mul_rows_t<DK>(x, sa, sk, lk);
+    // Y^T = V^T - (S^T K^T) diag(e^gam) as A fragments (k = the chunk rows; rows >= l: 0)
+    unsigned ya[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int j = 2 * kk + h, i0 = 8 * j + 2 * t;
+            const float e0 = i0 < l ? __expf(s_gam[i0]) : 0.f;
+            const float e1 = i0 + 1 < l ? __expf(s_gam[i0 + 1]) : 0.f;
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+                const int v = g + 8 * rr;
+                ya[kk][rr + 2 * h] = pack_bf16(bf16_to_f32(sv[i0 * lv + v]) - e0 * x[j][2 * rr],
+                                               bf16_to_f32(sv[(i0 + 1) * lv + v]) - e1 * x[j][2 * rr + 1]);
+            }
+        }
+    // D^T = Y^T PT^T: B[k][n] = PT[n][k] (row-major PT), the blocks kk <= jp; hi, then lo
+    float d[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) d[j][c] = 0.f;
+#pragma unroll
+    for (int jp = 0; jp < 4; ++jp)
+#pragma unroll
+        for (int kk = 0; kk <= jp; ++kk) {
+            const int off = (16 * jp + 8 * (mi >> 1) + r) * la + 16 * kk + 8 * (mi & 1);
+            unsigned bh[4], bl[4];
+            ldsm_x4(bh, pth + off);
+            ldsm_x4(bl, ptl + off);
+            mma_bf16(d[2 * jp], ya[kk], bh[0], bh[1]);
+            mma_bf16(d[2 * jp + 1], ya[kk], bh[2], bh[3]);
+            mma_bf16(d[2 * jp], ya[kk], bl[0], bl[1]);
+            mma_bf16(d[2 * jp + 1], ya[kk], bl[2], bl[3]);
+        }
+    const float gl = s_gam[l - 1];
+    unsigned dsa[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int j = 2 * kk + h, i0 = 8 * j + 2 * t;
+            const float e0 = i0 < l ? __expf(gl - s_gam[i0]) : 0.f;
+            const float e1 = i0 + 1 < l ? __expf(gl - s_gam[i0 + 1]) : 0.f;
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+                const int v = g + 8 * rr;
+                const float d0 = d[j][2 * rr], d1 = d[j][2 * rr + 1];
+                if (SD) {
+                    st_ws(dst, (i64)i0 * ldd + v, d0);
+                    st_ws(dst, (i64)(i0 + 1) * ldd + v, d1);
+                }
+                da[kk][rr + 2 * h] = pack_bf16(d0, d1);
+                dsa[kk][rr + 2 * h] = pack_bf16(e0 * d0, e1 * d1);
+            }
+        }
+    const float egl = __expf(gl);
+#pragma unroll
+    for (int nt = 0; nt < DK / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) s[nt][c] *= egl;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int np = 0; np < DK / 16; ++np) {
+            unsigned b[4];
+            ldsm_x4_t(b, sk + (16 * kk + 8 * (mi & 1) + r) * lk + 16 * np + 8 * (mi >> 1));
+            mma_bf16(s[2 * np], dsa[kk], b[0], b[1]);
+            mma_bf16(s[2 * np + 1], dsa[kk], b[2], b[3]);
+        }
+}
+
+// gdr_hrec6 on V10R stages and v10r_chain_step (see the v10 backward header). Grid: N * Hv *
+// (dv / BV) CTAs of 32 NW threads; dynamic shared memory 2 * V10R<DK, NW>::STAGE. pt_ws:
+// gdr_prep8to / 9to's PT hi + lo ([chunk][value head][2][64][64] bf16); v: the input values.
+// Outputs as gdr_hrec6 (TD: D's type, bf16 for gdr_grad10b: gdr_hrec10b).
+template <int DK, int NW, typename TD = float>
+__device__ void gdr_hrec10(const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+                           const float* __restrict__ gam_ws, const bf16_t* __restrict__ pt_ws,
+                           const i64* __restrict__ seq_ch, const i64* __restrict__ ch_t0,
+                           const int* __restrict__ ch_len, int hk_n, int hv_n, int dv,
+                           const float* __restrict__ h0, float* __restrict__ h_ws, bf16_t* __restrict__ h16_ws,
+                           TD* __restrict__ d_ws) {
+    typedef V10R<DK, NW> L;
+    // A launch with too little shared memory writes nothing (tests see the poisoned output).
+    if (dyn_smem_bytes() < 2u * L::STAGE) return;
+    char* sm = reinterpret_cast<char*>(gdr_smem);
+    const int nvt = dv / L::BV;
+    const i64 b = blockIdx.x;
+    const int vt = (int)(b % nvt);
+    const int hv = (int)((b / nvt) % hv_n);
+    const i64 n = b / ((i64)nvt * hv_n);
+    const int kh = hv / (hv_n / hk_n);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const i64 col0 = (i64)vt * L::BV;
+    const int wc0 = 16 * warp;
+    const i64 st_base = (n * hv_n + hv) * (i64)DK * dv;
+    const i64 krow = (i64)hk_n * DK, vrow = (i64)hv_n * dv;
+
+    // s[nt][c] = S[8 nt + 2t + (c & 1)][col0 + wc0 + g + 8 (c >> 1)]
+    float s[DK / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < DK / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            s[nt][c] = h0 ? h0[st_base + (i64)(8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)] : 0.f;
+
+    const i64 c_beg = seq_ch[n], c_end = seq_ch[n + 1];
+    auto issue = [&](i64 c, int stage, i64 t0, int l) {
+        const i64 cb = c * hv_n + hv;
+        v10r_load_stage<DK, NW>(sm + stage * L::STAGE, k + t0 * krow + (i64)kh * DK, krow, l,
+                                pt_ws + cb * (2 * GDR_C * GDR_C), v + t0 * vrow + (i64)hv * dv + col0, vrow,
+                                gam_ws + cb * GDR_C);
+    };
+    // Chunk tables one chunk ahead of their use, as gdr_hrec6.
+    int l_cur = 0, l_nxt = 0;
+    i64 t0_nxt = 0;
+    if (c_beg < c_end) {
+        l_cur = ch_len[c_beg];
+        issue(c_beg, 0, ch_t0[c_beg], l_cur);
+        if (c_beg + 1 < c_end) {
+            t0_nxt = ch_t0[c_beg + 1];
+            l_nxt = ch_len[c_beg + 1];
+        }
+    } else {
+        cp_async_commit();
+    }
+    for (i64 c = c_beg; c < c_end; ++c) {
+        const int stg = (int)((c - c_beg) & 1);
+        cp_async_wait_group<0>();
+        // Chunk c's stage is complete and visible; every warp is done with the other stage.
+        __syncthreads();
+        if (c + 1 < c_end) issue(c + 1, stg ^ 1, t0_nxt, l_nxt);
+        else cp_async_commit();
+        const int l = l_cur;
+        l_cur = l_nxt;
+        if (c + 2 < c_end) {
+            t0_nxt = ch_t0[c + 2];
+            l_nxt = ch_len[c + 2];
+        }
+        char* sp = sm + stg * L::STAGE;
+        const bf16_t* sK = reinterpret_cast<const bf16_t*>(sp + L::K_OFF);
+        const bf16_t* sTh = reinterpret_cast<const bf16_t*>(sp + L::TH_OFF);
+        const bf16_t* sTl = reinterpret_cast<const bf16_t*>(sp + L::TL_OFF);
+        bf16_t* sV = reinterpret_cast<bf16_t*>(sp + L::V_OFF) + wc0;
+        const float* sG = reinterpret_cast<const float*>(sp + L::G_OFF);
+        const i64 cb = c * hv_n + hv;
+        if (h_ws) v6_store_state<DK>(s, h_ws, h16_ws, cb * (i64)DK * dv + col0 + wc0 + g, dv);
+        unsigned sa[DK / 16][4], da[4][4];
+        constexpr bool D16 = sizeof(TD) == 2;
+        TD* dc = d_ws + cb * GDR_C * (i64)dv + col0 + wc0;
+        // a full chunk with its length known at compile time (the masks fold away; the same bits)
+        if (l == GDR_C)
+            v10r_chain_step<DK, !D16, TD>(s, sa, da, sK, L::LK, sTh, sTl, L::LA, sV, L::LV, sG, GDR_C, dc,
+                                          (i64)dv);
+        else
+            v10r_chain_step<DK, !D16, TD>(s, sa, da, sK, L::LK, sTh, sTl, L::LA, sV, L::LV, sG, l, dc, (i64)dv);
+        if (!h_ws || D16) {
+            // Through this warp's 16 columns of the stage's V tile (read by this warp only, in the
+            // step above; refilled after the next CTA barrier): tile row R at V row R.
+            const unsigned vb = smem_addr(sV);
+            auto row = [&](int R, int h) { return vb + (unsigned)(R * L::LV * 2 + 16 * h); };
+            auto same = [](int R) { return R; };
+            if (D16) v6_tile_out<4>(da, row, same, reinterpret_cast<bf16_t*>(dc), (i64)dv);
+            // h[c] = S before the step: sa is its bf16 rounding (v6_s_frags), 64 rows a pass
+            if (!h_ws) {
+#pragma unroll
+                for (int p = 0; p < DK / 64; ++p)
+                    v6_tile_out<4>(*reinterpret_cast<const unsigned(*)[4][4]>(&sa[4 * p]), row, same,
+                                   h16_ws + cb * (i64)DK * dv + (i64)(64 * p) * dv + col0 + wc0, (i64)dv);
+            }
+        }
+    }
+}
+
+// gdr_bwd8 on V10S stages (the dO tile in V's place) with the update's W product rebuilt from
+// PT and K (see the v10 backward header). Grid as gdr_bwd8; dynamic shared memory 2 *
+// V10S<DK, NW / 2>::STAGE + NW * 2048. pt_ws: PT hi + lo as gdr_hrec10's.
+template <int DK, int NW, typename TD = float>
+__device__ void gdr_bwd10(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+                          const bf16_t* __restrict__ d_o, const float* __restrict__ gam_ws,
+                          const bf16_t* __restrict__ pt_ws, const bf16_t* __restrict__ a_ws,
+                          const i64* __restrict__ seq_ch, const i64* __restrict__ ch_t0,
+                          const int* __restrict__ ch_len, int hk_n, int hv_n, int dv, float scale,
+                          const float* __restrict__ dht, float* __restrict__ dh_ws, bf16_t* __restrict__ dh16_ws,
+                          TD* __restrict__ dd_ws, float* __restrict__ dh0) {
+    typedef V10S<DK, NW / 2> L;
+    constexpr int BV = 8 * NW, NT = 32 * NW, DH = DK / 2, XB = 4 * 32 * 16;
+    static_assert(NW == 2 || NW == 4 || NW == 8, "1, 2 or 4 warp pairs");
+    if (dyn_smem_bytes() < (unsigned)(2 * L::STAGE + NW * XB)) return;
+    char* sm = reinterpret_cast<char*>(gdr_smem);
+    const int nvt = dv / BV;
+    const i64 b = blockIdx.x;
+    const int vt = (int)(b % nvt);
+    const int hv = (int)((b / nvt) % hv_n);
+    const i64 n = b / ((i64)nvt * hv_n);
+    const int kh = hv / (hv_n / hk_n);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int mi = lane >> 3, r = lane & 7;
+    const int cg = warp >> 1, hh = warp & 1, bar = 1 + cg;
+    float4* xme = reinterpret_cast<float4*>(sm + 2 * L::STAGE + warp * XB);
+    float4* xot = reinterpret_cast<float4*>(sm + 2 * L::STAGE + (warp ^ 1) * XB);
+    const i64 col0 = (i64)vt * BV;
+    const int wc0 = 16 * cg, r0 = DH * hh;
+    const i64 st_base = (n * hv_n + hv) * (i64)DK * dv;
+    const i64 krow = (i64)hk_n * DK, vrow = (i64)hv_n * dv;
+
+    // s[nt][c] = dS[r0 + 8 nt + 2t + (c & 1)][col0 + wc0 + g + 8 (c >> 1)]
+    float s[DH / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < DH / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            s[nt][c] = dht ? dht[st_base + (i64)(r0 + 8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)]
+                           : 0.f;
+
+    const i64 c_beg = seq_ch[n], c_end = seq_ch[n + 1];
+    auto issue = [&](i64 c, int stage) {
+        const i64 cb = c * hv_n + hv;
+        const i64 t0 = ch_t0[c];
+        v10_load_stage<DK, BV, NT, true>(sm + stage * L::STAGE, threadIdx.x, k + t0 * krow + (i64)kh * DK,
+                                         q + t0 * krow + (i64)kh * DK, krow, ch_len[c],
+                                         pt_ws + cb * (2 * GDR_C * GDR_C), a_ws + cb * GDR_C * GDR_C,
+                                         d_o + t0 * vrow + (i64)hv * dv + col0, vrow, gam_ws + cb * GDR_C);
+        cp_async_commit();
+    };
+    if (c_end > c_beg) issue(c_end - 1, 0);
+    else cp_async_commit();
+    const float inv_scale = 1.f / scale;
+    for (i64 c = c_end - 1; c >= c_beg; --c) {
+        const int stg = (int)((c_end - 1 - c) & 1);
+        cp_async_wait_group<0>();
+        __syncthreads();
+        if (c > c_beg) issue(c - 1, stg ^ 1);
+        else cp_async_commit();
+        const int l = ch_len[c];
+        const char* sp = sm + stg * L::STAGE;
+        const bf16_t* sK = reinterpret_cast<const bf16_t*>(sp + L::K_OFF) + r0;
+        const bf16_t* sQ = reinterpret_cast<const bf16_t*>(sp + L::Q_OFF) + r0;
+        const bf16_t* sTh = reinterpret_cast<const bf16_t*>(sp + L::TH_OFF);
+        const bf16_t* sTl = reinterpret_cast<const bf16_t*>(sp + L::TL_OFF);
+        const bf16_t* sA = reinterpret_cast<const bf16_t*>(sp + L::A_OFF);
+        const bf16_t* sO = reinterpret_cast<const bf16_t*>(sp + L::V_OFF);
+        const float* sG = reinterpret_cast<const float*>(sp + L::G_OFF);
+        const i64 cb = c * hv_n + hv;
+
+        float x[8][4];
+        {
+            unsigned sa[DH / 16][4];
+            v6_s_frags<DH>(s, sa);
+            // dh[c] = dS (this warp's rows), as gdr_bwd8
+            if (dh_ws) {
+                v6_store_state<DH>(s, dh_ws, dh16_ws, cb * (i64)DK * dv + (i64)r0 * dv + col0 + wc0 + g, dv);
+            } else {
+                const unsigned xb = smem_addr(xme);
+                v6_tile_out<DH / 16>(sa, SwRow32{xb}, [](int R) { return R; },
+                                     dh16_ws + cb * (i64)DK * dv + (i64)r0 * dv + col0 + wc0, (i64)dv);
+                pair_bar(bar);
+            }
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int cc = 0; cc < 4; ++cc) x[j][cc] = 0.f;
+            v6_mul_rows_t<DH>(x, sa, sK, L::LK);
+        }
+        const float gl = sG[l - 1];
+        if (l == GDR_C) v8g_scale_x<GDR_C>(x, sG, l, gl, inv_scale);
+        else v8g_scale_x<0>(x, sG, l, gl, inv_scale);
+        unsigned of[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) ldsm_x4_t(of[kk], sO + (16 * kk + 8 * (mi >> 1) + r) * L::LV + wc0 + 8 * (mi & 1));
+        unsigned nd[4][4];
+        TD* ddc = dd_ws + cb * GDR_C * (i64)dv + col0 + wc0 + g;
+        if (hh) v8g_dd<1, TD, true>(x, of, sA, L::LA, scale, ddc, dv, xme, xot, bar, nd);
+        else v8g_dd<0, TD, true>(x, of, sA, L::LA, scale, ddc, dv, xme, xot, bar, nd);
+        if (l == GDR_C) v8g_scale_o<GDR_C>(of, sG, l, scale);
+        else v8g_scale_o<0>(of, sG, l, scale);
+        // Z^T = (-dD^T) PT: B[k = i][n = m] = PT[i][m], nonzero for m <= i (blocks kk >= jp)
+        unsigned za[4][4];
+        {
+            float z[8][4];
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int cc = 0; cc < 4; ++cc) z[j][cc] = 0.f;
+#pragma unroll
+            for (int jp = 0; jp < 4; ++jp)
+#pragma unroll
+                for (int kk = jp; kk < 4; ++kk) {
+                    const int off = (16 * kk + 8 * (mi & 1) + r) * L::LA + 16 * jp + 8 * (mi >> 1);
+                    unsigned bh[4], bl[4];
+                    ldsm_x4_t(bh, sTh + off);
+                    ldsm_x4_t(bl, sTl + off);
+                    mma_bf16(z[2 * jp], nd[kk], bh[0], bh[1]);
+                    mma_bf16(z[2 * jp + 1], nd[kk], bh[2], bh[3]);
+                    mma_bf16(z[2 * jp], nd[kk], bl[0], bl[1]);
+                    mma_bf16(z[2 * jp + 1], nd[kk], bl[2], bl[3]);
+                }
+            // times e^gam of the column (rows >= l: 0), as A fragments (k = the chunk rows)
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int j = 2 * kk + h, i0 = 8 * j + 2 * t;
+                    const float e0 = i0 < l ? __expf(sG[i0]) : 0.f;
+                    const float e1 = i0 + 1 < l ? __expf(sG[i0 + 1]) : 0.f;
+#pragma unroll
+                    for (int rr = 0; rr < 2; ++rr)
+                        za[kk][rr + 2 * h] = pack_bf16(e0 * z[j][2 * rr], e1 * z[j][2 * rr + 1]);
+                }
+        }
+        const float egl = __expf(gl);
+#pragma unroll
+        for (int nt = 0; nt < DH / 8; ++nt)
+#pragma unroll
+            for (int cc = 0; cc < 4; ++cc) s[nt][cc] *= egl;
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int np = 0; np < DH / 16; ++np) {
+                unsigned bq[4], bk[4];
+                ldsm_x4_t(bq, sQ + (16 * kk + 8 * (mi & 1) + r) * L::LK + 16 * np + 8 * (mi >> 1));
+                ldsm_x4_t(bk, sK + (16 * kk + 8 * (mi & 1) + r) * L::LK + 16 * np + 8 * (mi >> 1));
+                mma_bf16(s[2 * np], of[kk], bq[0], bq[1]);
+                mma_bf16(s[2 * np + 1], of[kk], bq[2], bq[3]);
+                mma_bf16(s[2 * np], za[kk], bk[0], bk[1]);
+                mma_bf16(s[2 * np + 1], za[kk], bk[2], bk[3]);
+            }
+    }
+    if (dh0) {
+#pragma unroll
+        for (int nt = 0; nt < DH / 8; ++nt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                dh0[st_base + (i64)(r0 + 8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)] = s[nt][c];
+    }
+}
+
+// gdr_hrec10{,b}_d{DK}_w{NW} (b: D in bf16), gdr_bwd10{,b}_d{DK}_w{NW} (b: dD in bf16): the
+// widths gdr_hrec6 (1, 2, 4, 8) and gdr_bwd8 (2, 4, 8) run.
+#define GDR_HREC10_ENTRY(NAME, DK, NW, TD)                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * NW, 1) gdr_hrec##NAME##_d##DK##_w##NW(            \
+        const bf16_t* k, const bf16_t* v, const float* gam_ws, const bf16_t* pt_ws, const i64* seq_ch,  \
+        const i64* ch_t0, const int* ch_len, int hk, int hv, int dv, const float* h0, float* h_ws,      \
+        bf16_t* h16_ws, TD* d_ws) {                                                                     \
+        gdr_hrec10<DK, NW, TD>(k, v, gam_ws, pt_ws, seq_ch, ch_t0, ch_len, hk, hv, dv, h0, h_ws, h16_ws, \
+                               d_ws);                                                                   \
+    }
+#define GDR_BWD10_ENTRY(NAME, DK, NW, TD)                                                               \
+    extern "C" __global__ void __launch_bounds__(32 * NW, 1) gdr_bwd##NAME##_d##DK##_w##NW(             \
+        const bf16_t* q, const bf16_t* k, const bf16_t* d_o, const float* gam_ws, const bf16_t* pt_ws,  \
+        const bf16_t* a_ws, const i64* seq_ch, const i64* ch_t0, const int* ch_len, int hk, int hv,     \
+        int dv, float scale, const float* dht, float* dh_ws, bf16_t* dh16_ws, TD* dd_ws, float* dh0) {  \
+        gdr_bwd10<DK, NW, TD>(q, k, d_o, gam_ws, pt_ws, a_ws, seq_ch, ch_t0, ch_len, hk, hv, dv, scale,  \
+                              dht, dh_ws, dh16_ws, dd_ws, dh0);                                         \
+    }
+#define GDR_HREC10_ENTRIES(DK, NW)         \
+    GDR_HREC10_ENTRY(10, DK, NW, float)    \
+    GDR_HREC10_ENTRY(10b, DK, NW, bf16_t)
+#define GDR_BWD10_ENTRIES(DK, NW)          \
+    GDR_BWD10_ENTRY(10, DK, NW, float)     \
+    GDR_BWD10_ENTRY(10b, DK, NW, bf16_t)
+GDR_HREC10_ENTRIES(64, 1)
+GDR_HREC10_ENTRIES(64, 2)
+GDR_HREC10_ENTRIES(64, 4)
+GDR_HREC10_ENTRIES(64, 8)
+GDR_HREC10_ENTRIES(128, 1)
+GDR_HREC10_ENTRIES(128, 2)
+GDR_HREC10_ENTRIES(128, 4)
+GDR_HREC10_ENTRIES(128, 8)
+GDR_BWD10_ENTRIES(64, 2)
+GDR_BWD10_ENTRIES(64, 4)
+GDR_BWD10_ENTRIES(64, 8)
+GDR_BWD10_ENTRIES(128, 2)
+GDR_BWD10_ENTRIES(128, 4)
+GDR_BWD10_ENTRIES(128, 8)
