@@ -71,7 +71,9 @@
 //!   diag(beta) instead of W and U, `gdr_hrec10` and `gdr_bwd10` rebuild them) against the
 //!   default's (another rounding: the diff is the difference, not zero). Both solve for T here
 //!   (`backward_with`); the default table with `GDN_RULE_BWD_SCAN=v10` runs them after a
-//!   forward that keeps T, as the layer does (`gdr_prep9to`).
+//!   forward that keeps T, as the layer does (`gdr_prep9to`);
+//! - `hrec10`: the same with only the recompute on v10's operands (`GDN_RULE_HREC=v10`:
+//!   `gdr_hrec10` beside the default reverse scan, the prep writing T diag(beta) and W, no U).
 
 #[path = "common/bench.rs"]
 mod bench;
@@ -84,8 +86,9 @@ use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_saved, backward_with, backward_with_prep, chain6, chain8,
     forward as forward_cuda, forward_saving, forward_with, forward_with_prep, prep_only,
-    set_backward_overlap, set_bwd10, set_bwd8, set_bwd9, set_grad10, set_grad8, set_hrec8,
-    set_v6_stages, set_v9_producer, set_ws16, BwdKernel, ChainInputs, FwdKernel, PrepKernel,
+    set_backward_overlap, set_bwd10, set_bwd8, set_bwd9, set_grad10, set_grad8, set_hrec10,
+    set_hrec8, set_v6_stages, set_v9_producer, set_ws16, BwdKernel, ChainInputs, FwdKernel,
+    PrepKernel,
 };
 use gdn::ops::gated_delta_rule::{RuleOpts, RuleShape, CHUNK};
 use gdn::Seqs;
@@ -191,6 +194,15 @@ fn main() {
                 "the default scan",
                 "gdr_bwd9",
                 set_bwd9,
+            )
+        }
+        Some("hrec10") => {
+            return bwd_piece_variants(
+                &gpu,
+                "state recompute",
+                "the default recompute",
+                "gdr_hrec10",
+                set_hrec10,
             )
         }
         Some("bwd10") => {

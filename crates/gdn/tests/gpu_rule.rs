@@ -16,8 +16,8 @@ use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_saved, backward_with, backward_with_prep, chain6, chain8,
     forward as forward_cuda, forward_saving, forward_with, forward_with_prep, prep_only,
     prep_saved_t, set_backward_overlap, set_bwd10, set_bwd8, set_bwd9, set_g10_split0, set_grad10,
-    set_grad8, set_hrec8, set_poison, set_v6_stages, set_v9_producer, set_ws16, v6_supports,
-    BwdKernel, ChainInputs, FwdKernel, PrepKernel, V6Prep, T_PACKED,
+    set_grad8, set_hrec10, set_hrec8, set_poison, set_v6_stages, set_v9_producer, set_ws16,
+    v6_supports, BwdKernel, ChainInputs, FwdKernel, PrepKernel, V6Prep, T_PACKED,
 };
 use gdn::ops::gated_delta_rule::reference::{self, RefInputs};
 use gdn::ops::gated_delta_rule::{self as gdr, RuleOpts, RuleShape};
@@ -3961,15 +3961,31 @@ fn backward_saved_is_bitwise() {
     finish(fails);
 }
 
-/// The v10 backward scans (`set_bwd10`, opt-in `GDN_RULE_BWD_SCAN=v10`; written in session 19
-/// without a device): the prep writes T diag(beta) instead of W and U, gdr_hrec10 rebuilds D from
-/// K, V and it, gdr_bwd10 rebuilds its W product from it and K. On the v6 backward's cases (Dk 64
-/// / 128, Dv 48 / 128, GVA 1 / 2 / 4, partial chunks, states, packed, both norms) and every width
-/// on one case: every gradient against the f64 recurrence (check_v6_bwd), with fp32 and bf16 D /
-/// dD workspaces (gdr_hrec10 / 10b, gdr_bwd10 / 10b), which give the same bits; the difference
-/// from the default scans printed, and not zero on a multi-chunk case (else v10 did not run);
-/// two runs, overlapped and sequential, and the forward's kept T (gdr_prep8to / 9to) against
-/// solving for it again (gdr_prep8o / 9o): the same bits. Pieces other than the default's, and a
+/// Which of the v10 backward scans run (`set_bwd10`, `set_hrec10` on this thread): none, the
+/// recompute alone (gdr_hrec10 beside the default reverse scan, which reads the W the prep still
+/// writes), or both (gdr_hrec10 and gdr_bwd10, the prep writing T diag(beta) only).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum V10Bwd {
+    Off,
+    Hrec,
+    Both,
+}
+
+fn set_v10_bwd(m: V10Bwd) {
+    set_hrec10(Some(m == V10Bwd::Hrec));
+    set_bwd10(Some(m == V10Bwd::Both));
+}
+
+/// The v10 backward scans (opt-in `GDN_RULE_HREC=v10` / `GDN_RULE_BWD_SCAN=v10`; written in
+/// session 19 without a device), each mode of [`V10Bwd`]: the prep writes T diag(beta) instead
+/// of U (and of W with both), gdr_hrec10 rebuilds D from K, V and it, gdr_bwd10 its W product
+/// from it and K. On the v6 backward's cases (Dk 64 / 128, Dv 48 / 128, GVA 1 / 2 / 4, partial
+/// chunks, states, packed, both norms) and every width on one case: every gradient against the
+/// f64 recurrence (check_v6_bwd), with fp32 and bf16 D / dD workspaces (gdr_hrec10 / 10b,
+/// gdr_bwd10 / 10b), which give the same bits; the difference from the default scans printed,
+/// and not zero on a multi-chunk case (else the kernels did not run); two runs, overlapped and
+/// sequential, and the forward's kept T (gdr_prep8to / 9to, 8tow / 9tow) against solving for it
+/// again (gdr_prep8o / 9o, 8ow / 9ow): the same bits. Pieces other than the default's, and a
 /// prep other than 8 / 9, are errors.
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -3987,31 +4003,33 @@ fn v10_backward_matches_f64() {
             })
             .collect()
     };
+    let modes = [V10Bwd::Hrec, V10Bwd::Both];
     for c in &v6_bwd_cases() {
         let b = base(&gpu, c);
-        set_bwd10(Some(false));
+        set_v10_bwd(V10Bwd::Off);
         let dflt = run_gpu_with(&gpu, c, DType::Bf16, Some(v7b(0)));
-        set_bwd10(Some(true));
-        set_ws16(Some(false));
-        check_v6_bwd(&gpu, c, &b, v7b(0), &mut fails);
-        let w32 = run_gpu_with(&gpu, c, DType::Bf16, Some(v7b(0)));
-        set_ws16(Some(true));
-        let w16 = run_gpu_with(&gpu, c, DType::Bf16, Some(v7b(0)));
-        set_ws16(None);
-        check_written(c, &w16, &mut fails);
-        let same = w32.bits() == w16.bits();
-        println!(
-            "gdr-check v10-bwd {:<34} bf16 D / dD same bits={same}; vs default:{}",
-            c.name,
-            diff(&w32, &dflt)
-        );
-        if !same {
-            fails.push(format!(
-                "{}: v10 backward with bf16 D / dD differs from fp32",
-                c.name
-            ));
+        for m in modes {
+            set_v10_bwd(m);
+            set_ws16(Some(false));
+            check_v6_bwd(&gpu, c, &b, v7b(0), &mut fails);
+            let w32 = run_gpu_with(&gpu, c, DType::Bf16, Some(v7b(0)));
+            set_ws16(Some(true));
+            let w16 = run_gpu_with(&gpu, c, DType::Bf16, Some(v7b(0)));
+            set_ws16(None);
+            check_written(c, &w16, &mut fails);
+            let same = w32.bits() == w16.bits();
+            println!(
+                "gdr-check v10-bwd {m:?} {:<34} bf16 D / dD same bits={same}; vs default:{}",
+                c.name,
+                diff(&w32, &dflt)
+            );
+            if !same {
+                fails.push(format!(
+                    "{} {m:?}: v10 backward with bf16 D / dD differs from fp32",
+                    c.name
+                ));
+            }
         }
-        set_bwd10(None);
     }
     let c = case(
         "T300 1/2 d128 norm states",
@@ -4024,97 +4042,30 @@ fn v10_backward_matches_f64() {
         true,
     );
     let b = base(&gpu, &c);
-    set_bwd10(Some(false));
+    set_v10_bwd(V10Bwd::Off);
     let dflt = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
-    set_bwd10(Some(true));
-    for warps in [0, 1, 2, 4, 8] {
-        check_v6_bwd(&gpu, &c, &b, v7b(warps), &mut fails);
-    }
-    let x = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
-    let y = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
-    if x.bits() != y.bits() {
-        fails.push("v10 backward: two runs differ".into());
-    }
-    if x.bits() == dflt.bits() {
-        fails.push("v10 backward: the default's bits on 5 chunks (did gdr_bwd10 run?)".into());
-    }
-    // Pieces other than the default's: an error, not a silent fallback.
     let up = |x: &[f32]| DBuf::upload(&gpu, x, DType::Bf16).unwrap();
     let (q, k, v, beta, d_o) = (up(&c.q), up(&c.k), up(&c.v), up(&c.beta), up(&c.d_o));
     let g: GBuf<f32> = gpu.upload(&c.g).unwrap();
     let h0: Option<GBuf<f32>> = c.h0.as_deref().map(|h| gpu.upload(h).unwrap());
     let dht: Option<GBuf<f32>> = c.dht.as_deref().map(|h| gpu.upload(h).unwrap());
-    let e = backward_with(
-        &gpu,
-        &q,
-        &k,
-        &v,
-        &g,
-        &beta,
-        &c.seqs,
-        c.shape,
-        c.opts,
-        h0.as_ref(),
-        &d_o,
-        dht.as_ref(),
-        v6b(true, false, false, false, 0),
-    )
-    .err()
-    .map(|e| e.to_string())
-    .unwrap_or_default();
-    if !e.contains("v10 backward scans") {
-        fails.push(format!(
-            "v10 backward with the v5 reverse scan: expected an error, got {e:?}"
-        ));
-    }
-    let e = backward_with_prep(
-        &gpu,
-        &q,
-        &k,
-        &v,
-        &g,
-        &beta,
-        &c.seqs,
-        c.shape,
-        c.opts,
-        h0.as_ref(),
-        &d_o,
-        dht.as_ref(),
-        v7b(0),
-        PrepKernel::V7,
-    )
-    .err()
-    .map(|e| e.to_string())
-    .unwrap_or_default();
-    if !e.contains("needs the prep8 / prep9 kernels") {
-        fails.push(format!(
-            "v10 backward with prep7: expected an error naming prep8 / prep9, got {e:?}"
-        ));
-    }
-    // The forward's kept T read (prep8to / 9to) or solved again (prep8o / 9o): the same bits.
-    for c in &prep_fwd_bwd_cases() {
-        let solved = run_gpu(&gpu, c, DType::Bf16);
-        let up = |x: &[f32]| DBuf::upload(&gpu, x, DType::Bf16).unwrap();
-        let up32 = |x: &[f32]| -> GBuf<f32> { gpu.upload(x).unwrap() };
-        let (q, k, v, beta, d_o) = (up(&c.q), up(&c.k), up(&c.v), up(&c.beta), up(&c.d_o));
-        let g = up32(&c.g);
-        let h0 = c.h0.as_deref().map(up32);
-        let dht = c.dht.as_deref().map(up32);
-        let (o, fin, t) = forward_saving(
-            &gpu,
-            &q,
-            &k,
-            &v,
-            &g,
-            &beta,
-            &c.seqs,
-            c.shape,
-            c.opts,
-            h0.as_ref(),
-            true,
-        )
-        .unwrap();
-        let gr = backward_saved(
+    for m in modes {
+        set_v10_bwd(m);
+        for warps in [0, 1, 2, 4, 8] {
+            check_v6_bwd(&gpu, &c, &b, v7b(warps), &mut fails);
+        }
+        let x = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
+        let y = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
+        if x.bits() != y.bits() {
+            fails.push(format!("v10 backward {m:?}: two runs differ"));
+        }
+        if x.bits() == dflt.bits() {
+            fails.push(format!(
+                "v10 backward {m:?}: the default's bits on 5 chunks (did gdr_hrec10 run?)"
+            ));
+        }
+        // Pieces other than the default's: an error, not a silent fallback.
+        let e = backward_with(
             &gpu,
             &q,
             &k,
@@ -4127,23 +4078,97 @@ fn v10_backward_matches_f64() {
             h0.as_ref(),
             &d_o,
             dht.as_ref(),
-            t.as_ref(),
+            v6b(true, false, false, false, 0),
         )
-        .unwrap();
-        let kept = download_out(&gpu, &o, fin.as_ref(), &gr);
-        let same = kept.bits() == solved.bits();
-        println!(
-            "gdr-check v10-bwd kept T {:<28} same bits as solved={same}",
-            c.name
-        );
-        if !same {
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        if !e.contains("v10 backward scans") {
             fails.push(format!(
-                "{}: v10 backward from the kept T differs from solving again",
-                c.name
+                "v10 backward {m:?} with the v5 reverse scan: expected an error, got {e:?}"
+            ));
+        }
+        let e = backward_with_prep(
+            &gpu,
+            &q,
+            &k,
+            &v,
+            &g,
+            &beta,
+            &c.seqs,
+            c.shape,
+            c.opts,
+            h0.as_ref(),
+            &d_o,
+            dht.as_ref(),
+            v7b(0),
+            PrepKernel::V7,
+        )
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        if !e.contains("needs the prep8 / prep9 kernels") {
+            fails.push(format!(
+                "v10 backward {m:?} with prep7: expected an error naming prep8 / prep9, got {e:?}"
             ));
         }
     }
-    // Overlapped (hrec10 on the second stream) and sequential: the same bits.
+    // The forward's kept T read or solved again: the same bits.
+    for c in &prep_fwd_bwd_cases() {
+        for m in modes {
+            set_v10_bwd(m);
+            let solved = run_gpu(&gpu, c, DType::Bf16);
+            let up = |x: &[f32]| DBuf::upload(&gpu, x, DType::Bf16).unwrap();
+            let up32 = |x: &[f32]| -> GBuf<f32> { gpu.upload(x).unwrap() };
+            let (q, k, v, beta, d_o) = (up(&c.q), up(&c.k), up(&c.v), up(&c.beta), up(&c.d_o));
+            let g = up32(&c.g);
+            let h0 = c.h0.as_deref().map(up32);
+            let dht = c.dht.as_deref().map(up32);
+            let (o, fin, t) = forward_saving(
+                &gpu,
+                &q,
+                &k,
+                &v,
+                &g,
+                &beta,
+                &c.seqs,
+                c.shape,
+                c.opts,
+                h0.as_ref(),
+                true,
+            )
+            .unwrap();
+            let gr = backward_saved(
+                &gpu,
+                &q,
+                &k,
+                &v,
+                &g,
+                &beta,
+                &c.seqs,
+                c.shape,
+                c.opts,
+                h0.as_ref(),
+                &d_o,
+                dht.as_ref(),
+                t.as_ref(),
+            )
+            .unwrap();
+            let kept = download_out(&gpu, &o, fin.as_ref(), &gr);
+            let same = kept.bits() == solved.bits();
+            println!(
+                "gdr-check v10-bwd {m:?} kept T {:<28} same bits as solved={same}",
+                c.name
+            );
+            if !same {
+                fails.push(format!(
+                    "{} {m:?}: v10 backward from the kept T differs from solving again",
+                    c.name
+                ));
+            }
+        }
+    }
+    // Overlapped (gdr_hrec10 on the second stream) and sequential: the same bits.
     let long = case(
         "v10 overlap long states",
         Seqs::uniform(1, 8192),
@@ -4154,14 +4179,20 @@ fn v10_backward_matches_f64() {
         1032,
         true,
     );
-    set_backward_overlap(false);
-    let seq = run_gpu_with(&gpu, &long, DType::Bf16, Some(v7b(0)));
-    set_backward_overlap(true);
-    let ovl = run_gpu_with(&gpu, &long, DType::Bf16, Some(v7b(0)));
-    check_written(&long, &ovl, &mut fails);
-    if seq.bits() != ovl.bits() {
-        fails.push("v10 backward: overlapped and sequential differ".into());
+    for m in modes {
+        set_v10_bwd(m);
+        set_backward_overlap(false);
+        let seq = run_gpu_with(&gpu, &long, DType::Bf16, Some(v7b(0)));
+        set_backward_overlap(true);
+        let ovl = run_gpu_with(&gpu, &long, DType::Bf16, Some(v7b(0)));
+        check_written(&long, &ovl, &mut fails);
+        if seq.bits() != ovl.bits() {
+            fails.push(format!(
+                "v10 backward {m:?}: overlapped and sequential differ"
+            ));
+        }
     }
+    set_hrec10(None);
     set_bwd10(None);
     finish(fails);
 }

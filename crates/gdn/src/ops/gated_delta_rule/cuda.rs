@@ -1244,7 +1244,11 @@ fn forward_v6(
         true,
         prep_kind,
         kept.as_ref().map_or(TSaved::No, TSaved::Out),
-        matches!(loads, V6Loads::Ring10 | V6Loads::Ring10Fast),
+        if matches!(loads, V6Loads::Ring10 | V6Loads::Ring10Fast) {
+            PrepOut::Pt
+        } else {
+            PrepOut::WU
+        },
     )?;
     let (qb, kb) = match &pre.norm {
         Some(o) => (&o[0].1, &o[1].1),
@@ -1827,6 +1831,26 @@ pub fn set_bwd10(on: Option<bool>) {
     BWD10.with(|c| c.set(on));
 }
 
+thread_local! {
+    static HREC10: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Tests and benchmarks: on the calling thread, `Some(true)` makes the v6 backward's recompute
+/// `gdr_hrec10` (see [`set_bwd10`]) beside the default reverse scan, which still reads W: the
+/// prep writes T diag(beta) and W but no U (`gdr_prep8tow` / `gdr_prep9tow`, or `gdr_prep8ow` /
+/// `9ow` when no T was kept), whatever [`set_hrec8`] says. [`set_bwd10`] implies it. `None`
+/// follows `GDN_RULE_HREC` (`v10` selects it).
+#[doc(hidden)]
+pub fn set_hrec10(on: Option<bool>) {
+    HREC10.with(|c| c.set(on));
+}
+
+fn hrec10_on() -> bool {
+    HREC10
+        .with(|c| c.get())
+        .unwrap_or_else(|| std::env::var("GDN_RULE_HREC").as_deref() == Ok("v10"))
+}
+
 fn bwd10_on() -> bool {
     BWD10
         .with(|c| c.get())
@@ -2037,12 +2061,15 @@ fn backward_v6(
     // workspaces stay f32-typed buffers of half the length (the kernels see raw pointers).
     let kern = grad_kernel(gpu);
     // The v10 scans (opt-in, set_bwd10): PT from the prep instead of W and U.
+    // v10: both scans (gdr_hrec10, gdr_bwd10; the prep writes PT only); h10: gdr_hrec10 at
+    // least (alone: beside the default reverse scan, the prep writing PT and W).
     let v10 = bwd10_on();
-    if v10 && !(pieces.recompute && pieces.scan && pieces.grad7) {
+    let h10 = v10 || hrec10_on();
+    if h10 && !(pieces.recompute && pieces.scan && pieces.grad7) {
         return Err(GdnError::Invalid(
-            "gated delta rule: the v10 backward scans (GDN_RULE_BWD_SCAN=v10) need the default \
-             backward's pieces (the recompute, the reverse scan and the grad7 / grad10 \
-             gradients), not the ones GDN_RULE_BWD selects"
+            "gated delta rule: the v10 backward scans (GDN_RULE_BWD_SCAN=v10, GDN_RULE_HREC=v10) \
+             need the default backward's pieces (the recompute, the reverse scan and the grad7 / \
+             grad10 gradients), not the ones GDN_RULE_BWD selects"
                 .into(),
         ));
     }
@@ -2052,7 +2079,8 @@ fn backward_v6(
         && pieces.bf16_states
         && kern == 10
         && ws16_on(s)
-        && (v10 || (!hrec8_on() && !bwd9_on(gpu)));
+        && (h10 || !hrec8_on())
+        && (v10 || !bwd9_on(gpu));
     let dn = if td16 {
         chh * C * s.dv / 2
     } else {
@@ -2094,7 +2122,13 @@ fn backward_v6(
             pieces.scan,
             prep_kind,
             tsaved,
-            v10,
+            if v10 {
+                PrepOut::Pt
+            } else if h10 {
+                PrepOut::PtW
+            } else {
+                PrepOut::WU
+            },
         )?)
     } else {
         None
@@ -2156,7 +2190,7 @@ fn backward_v6(
         let d = ws(gpu, dn)?;
         // gdr_hrec8 (opt-in): the same outputs from v8's split chain, width by v8's model.
         let nw8 = v8_warps(gpu, n_seq, s, pieces.warps);
-        let (name, grid, threads, smem) = if v10 {
+        let (name, grid, threads, smem) = if h10 {
             (
                 format!("gdr_hrec10{b16}_d{}_w{nw}", s.dk),
                 ctas,
@@ -2178,9 +2212,13 @@ fn backward_v6(
                 2 * v6r_stage_bytes(s.dk, nw),
             )
         };
-        // gdr_hrec10 reads V and PT (in w) where the others read W and U
-        let (a1, a2, a3) = if v10 {
-            (dptr(v, st), ptr(&gam, st), ptr(&w, st))
+        // gdr_hrec10 reads V and PT (in w, or in u beside W) where the others read W and U
+        let (a1, a2, a3) = if h10 {
+            (
+                dptr(v, st),
+                ptr(&gam, st),
+                if v10 { ptr(&w, st) } else { ptr(&u, st) },
+            )
         } else {
             (ptr(&gam, st), ptr(&w, st), ptr(&u, st))
         };
@@ -2781,6 +2819,19 @@ fn prep_keeps_t(kind: PrepKernel) -> bool {
     matches!(kind, PrepKernel::V8 | PrepKernel::V9)
 }
 
+/// What the v6 pipeline's prep writes for the scans besides A, gam and the normalized rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PrepOut {
+    /// W (bf16) and U (fp32): the default scans.
+    WU,
+    /// T diag(beta) as bf16 hi + lo in `w`, no U (gdr_prep8o / 9o, 8to / 9to): gdr_fwd10, or
+    /// the backward's gdr_hrec10 with gdr_bwd10.
+    Pt,
+    /// T diag(beta) in `u` (its bytes as bf16) and W in `w`, no U (gdr_prep8ow / 9ow, 8tow /
+    /// 9tow): gdr_hrec10 beside a reverse scan that reads W.
+    PtW,
+}
+
 /// The chunk prep of the v6 pipeline (bf16 storage, Dk 64 / 128, checked inputs) by `kind`.
 /// `want_f32`: the fp32 copies of the normalized q, k are needed (backward; v6's prep always
 /// writes them); `keep_t`: store T (backward); `want_a`: A is needed (prep7 always computes it);
@@ -2802,7 +2853,7 @@ fn v6_prep(
     want_a: bool,
     kind: PrepKernel,
     tsaved: TSaved,
-    tout: bool,
+    out: PrepOut,
 ) -> Result<V6Prep> {
     let st = gpu.stream();
     let chh = ch.count * s.hv;
@@ -2812,6 +2863,8 @@ fn v6_prep(
             "rule: saved chunk inverses need the prep8 / prep9 kernels".into(),
         ));
     }
+    let tout = out != PrepOut::WU;
+    let tw = out == PrepOut::PtW;
     if tout && !prep_keeps_t(kind) {
         return Err(GdnError::Invalid(format!(
             "gated delta rule: the v10 kernels (GDN_RULE_FWD=v10, GDN_RULE_BWD_SCAN=v10) need the \
@@ -2825,10 +2878,24 @@ fn v6_prep(
     } else {
         None
     };
-    // tout (prep8o / 9o for gdr_fwd10; prep8to / 9to or prep8o / 9o for the v10 backward scans):
-    // w holds T diag(beta) hi + lo, and there is no U
-    let w = ws_bf16(gpu, chh * if tout { 2 * C * C } else { C * s.dk })?;
-    let u = ws(gpu, if tout { 0 } else { chh * C * s.dv })?;
+    // PrepOut::Pt: w holds T diag(beta) hi + lo, and there is no U; PtW: w holds W and u T
+    // diag(beta) (2 x 64 x 64 bf16 in the bytes of 64 x 64 floats per chunk and value head)
+    let w = ws_bf16(
+        gpu,
+        chh * if out == PrepOut::Pt {
+            2 * C * C
+        } else {
+            C * s.dk
+        },
+    )?;
+    let u = ws(
+        gpu,
+        chh * match out {
+            PrepOut::WU => C * s.dv,
+            PrepOut::Pt => 0,
+            PrepOut::PtW => C * C,
+        },
+    )?;
     if kind == PrepKernel::V6 {
         let norm = v6_norm(gpu, q, k, s, opts)?;
         let (qf, kf) = match &norm {
@@ -2942,11 +3009,15 @@ fn v6_prep(
     let tin = matches!(tsaved, TSaved::In(_));
     let (name, grid) = match kind {
         PrepKernel::V7Fast => ("gdr_prep7f", chh),
+        PrepKernel::V8 if tin && tw => ("gdr_prep8tow", chh),
+        PrepKernel::V8 if tw => ("gdr_prep8ow", chh),
         PrepKernel::V8 if tin && tout => ("gdr_prep8to", chh),
         PrepKernel::V8 if tin => ("gdr_prep8t", chh),
         PrepKernel::V8 if tout => ("gdr_prep8o", chh),
         PrepKernel::V8 => ("gdr_prep8", chh),
         // one CTA per (chunk, key head)
+        PrepKernel::V9 if tin && tw => ("gdr_prep9tow", ch.count * s.hk),
+        PrepKernel::V9 if tw => ("gdr_prep9ow", ch.count * s.hk),
         PrepKernel::V9 if tin && tout => ("gdr_prep9to", ch.count * s.hk),
         PrepKernel::V9 if tin => ("gdr_prep9t", ch.count * s.hk),
         PrepKernel::V9 if tout => ("gdr_prep9o", ch.count * s.hk),
@@ -3047,7 +3118,7 @@ pub fn prep_only(
         true,
         kind,
         TSaved::No,
-        false,
+        PrepOut::WU,
     )
 }
 
@@ -3089,7 +3160,7 @@ pub fn prep_saved_t(
             true,
             kind,
             t,
-            false,
+            PrepOut::WU,
         )
     };
     let solved = run(TSaved::Out(&tp))?;

@@ -3271,7 +3271,8 @@ __device__ __forceinline__ void gdr_tp_block(int blk, int& a, int& b) {
     a = blk < 1 ? 0 : blk < 3 ? 1 : blk < 6 ? 2 : 3;
     b = blk - a * (a + 1) / 2;
 }
-template <int DK, bool NORM, bool SPLIT, bool V8 = false, bool GVA = false, bool TIN = false, bool TOUT = false>
+template <int DK, bool NORM, bool SPLIT, bool V8 = false, bool GVA = false, bool TIN = false, bool TOUT = false,
+          bool TW = false>
 __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                           const float* __restrict__ g, const bf16_t* __restrict__ beta,
                           const i64* __restrict__ ch_t0, const int* __restrict__ ch_len, int hk_n, int hv_n,
@@ -3286,6 +3287,7 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
     static_assert(V8 || !GVA, "the key-head CTA is prep8's");
     static_assert(V8 || !TIN, "a saved T is read by prep8 / prep9");
     static_assert(V8 || !TOUT, "prep8o / prep9o / prep8to / prep9to: prep8 / prep9");
+    static_assert(TOUT || !TW, "W beside PT: the TOUT kernels");
     if constexpr (V8) {
         // 32-bit block arithmetic (the grid is below 2^31); GVA: one CTA per (chunk, key head),
         // from its first value head
@@ -3616,8 +3618,11 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
         if constexpr (TOUT) {
             // 6'. Instead of W and U (gdr_fwd10 rebuilds D from K, V and this): PT = T diag(beta)
             // as bf16 hi + lo, p8_pfrag's values (U's operand), [2][64][64] per (chunk, value
-            // head) at w_ws (hi, then lo), zero above the diagonal.
-            unsigned* dst = reinterpret_cast<unsigned*>(w_ws + cb * (2 * GDR_C * GDR_C));
+            // head) at w_ws (hi, then lo), zero above the diagonal. TW (gdr_prep8ow / 9ow /
+            // 8tow / 9tow, for gdr_hrec10 beside a reverse scan that reads W): PT at u_ws (its
+            // bytes as bf16), then W as prep8 writes it at w_ws; still no U.
+            bf16_t* pt_out = TW ? reinterpret_cast<bf16_t*>(u_ws) : w_ws;
+            unsigned* dst = reinterpret_cast<unsigned*>(pt_out + cb * (2 * GDR_C * GDR_C));
             for (int e = tid; e < GDR_C * GDR_C / 2; e += GDR_NT) {
                 const int i = e >> 5, m = 2 * (e & 31);
                 const float2 tv = *reinterpret_cast<const float2*>(sT + i * L::LF + m);
@@ -3629,7 +3634,7 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
                 dst[GDR_C * GDR_C / 2 + e] =
                     pack_bf16(x0 - __uint_as_float(h << 16), x1 - __uint_as_float(h & 0xffff0000u));
             }
-            continue;
+            if constexpr (!TW) continue;
         }
         const int mi = lane >> 3, r8 = lane & 7;
         // 6. W = (T diag(beta e^gam)) K: rows 16 (warp & 3), columns half (DK / 2) ..; the k
@@ -3670,6 +3675,7 @@ __device__ void gdr_prep7(const bf16_t* __restrict__ q, const bf16_t* __restrict
             constexpr int LDW = DK / 2 + 8;
             p8_tile_out<NT8 / 2, LDW>(pw, sQh + warp * 16 * LDW, w_ws + cb * GDR_C * DK + (i64)rw * DK + c0, DK);
         }
+        if constexpr (TOUT) continue;  // (TW: W only)
         // 7. U = (T diag(beta)) V: rows 16 (3 - (warp & 3)), this half's 16-column groups
         // (alternating, as prep7), the products hi V, lo V.
         if (GVA && hj > 0) {  // this head's V rows
@@ -3826,6 +3832,28 @@ GDR_PREP9TO_ENTRY(64, bf16n, true)
 GDR_PREP9TO_ENTRY(64, bf16, false)
 GDR_PREP9TO_ENTRY(128, bf16n, true)
 GDR_PREP9TO_ENTRY(128, bf16, false)
+// gdr_prep8ow / 9ow / 8tow / 9tow_d{64,128}_{bf16n,bf16}: TOUT with W (TW above), without and with
+// the kept T: for gdr_hrec10 beside the default reverse scans, which read W (GDN_RULE_HREC=v10)
+#define GDR_PREP8OW_ENTRY(DK, NS, NORM) GDR_PREP_ENTRY(gdr_prep8ow, DK, NS, NORM, true, true, false, false, true, true)
+#define GDR_PREP9OW_ENTRY(DK, NS, NORM) GDR_PREP_ENTRY(gdr_prep9ow, DK, NS, NORM, true, true, true, false, true, true)
+#define GDR_PREP8TOW_ENTRY(DK, NS, NORM) GDR_PREP_ENTRY(gdr_prep8tow, DK, NS, NORM, true, true, false, true, true, true)
+#define GDR_PREP9TOW_ENTRY(DK, NS, NORM) GDR_PREP_ENTRY(gdr_prep9tow, DK, NS, NORM, true, true, true, true, true, true)
+GDR_PREP8OW_ENTRY(64, bf16n, true)
+GDR_PREP8OW_ENTRY(64, bf16, false)
+GDR_PREP8OW_ENTRY(128, bf16n, true)
+GDR_PREP8OW_ENTRY(128, bf16, false)
+GDR_PREP9OW_ENTRY(64, bf16n, true)
+GDR_PREP9OW_ENTRY(64, bf16, false)
+GDR_PREP9OW_ENTRY(128, bf16n, true)
+GDR_PREP9OW_ENTRY(128, bf16, false)
+GDR_PREP8TOW_ENTRY(64, bf16n, true)
+GDR_PREP8TOW_ENTRY(64, bf16, false)
+GDR_PREP8TOW_ENTRY(128, bf16n, true)
+GDR_PREP8TOW_ENTRY(128, bf16, false)
+GDR_PREP9TOW_ENTRY(64, bf16n, true)
+GDR_PREP9TOW_ENTRY(64, bf16, false)
+GDR_PREP9TOW_ENTRY(128, bf16n, true)
+GDR_PREP9TOW_ENTRY(128, bf16, false)
 // gdr_grad7 (issue 13, the backward's per-chunk gradients, second bf16 version). One CTA of 8
 // warps per (chunk, key head) walks the GVA group's value heads in order; per value head it
 // runs gdr_grad6's products (the same formulas, operands and fragment mapping) with these
@@ -7746,6 +7774,8 @@ GDR_GRAD10_ENTRY_TD(128, 128, bf16_t, gdr_grad10b_r0, 0)
 // gdr_bwd10 gdr_fwd10's V10S with the dO tile in V's place (67,840 at Dk 128, BV 32). Shared
 // memory at Dk 128: gdr_bwd10 w4 2 x 67,840 + 8,192 = 143,872, gdr_hrec10 w2 2 x 41,216 =
 // 82,432: 226,304 together, so they still share an SM as gdr_bwd8b and gdr_hrec6b do.
+// gdr_hrec10 also runs alone beside the default reverse scans (GDN_RULE_HREC=v10), which read
+// W: the prep then writes PT and W, no U (gdr_prep8ow / 9ow / 8tow / 9tow, TW above).
 
 template <int DK, int NW>
 struct V10R {
