@@ -1,0 +1,28 @@
+# Builds h/kern.h: the session-19 v10 backward scans (gdr_hrec10, gdr_bwd10) with the helpers
+# they use (v6 fragments, the tile stores, gdr_bwd8's dD step, gdr_fwd10's stage and loads), as host C++ (see main.cpp: one std::thread per CUDA thread, the warp
+# collectives from the PTX fragment maps, as the h-bwd8 / h-ld8 emulators do). The inline asm of
+# stmatrix and of the tile flush is replaced by emulated equivalents. Run from this folder:
+#   python3 extract.py && g++ -std=c++20 -O2 -pthread -w main.cpp -o h/main && h/main
+import os, re
+here = os.path.dirname(os.path.abspath(__file__))
+src = open(os.path.join(here, '../../../crates/gdn/src/ops/gated_delta_rule/gated_delta_rule.cu')).read()
+def cut(a, b):
+    i = src.index(a); j = src.index(b, i); return src[i:j]
+frags = cut('// S^T (16 x DK fp32 accumulator fragments) as bf16 A fragments', '// One chunk step of the chain for this warp: D^T')
+store = cut('template <int DK>\n__device__ __forceinline__ void v6_store_state', '// One stage of gdr_hrec6')
+# stmatrix: emulated in main.cpp (stsm_x4_t_emu)
+i = store.index('__device__ __forceinline__ void stsm_x4_t(')
+j = store.index('#endif\n}\n', i) + len('#endif\n}\n')
+store = store[:i] + store[j:]
+# the flush's 16-byte shared load and global store
+store = re.sub(r'asm volatile\("ld\.shared\.v4\.u32 \{%0,%1,%2,%3\}, \[%4\];"\s*:[^;]*;',
+               'std::memcpy(&v, (const char*)gdr_smem + row(R, hf), 16);', store)
+store = re.sub(r'asm volatile\("st\.global\.v4\.b32 \[%0\], \{%1,%2,%3,%4\};"[^;]*;',
+               'std::memcpy(d, &v, 16);', store)
+assert 'asm' not in store, store
+scale = cut('__device__ __forceinline__ unsigned scale_bf16x2', '// Grid: N * Hv * (dv / BV) CTAs of 32 NW threads; dynamic shared memory 2 * V6G')
+dd = cut('// The dD part of one step for warp half H', '// Grid: N * Hv * (dv / BV) CTAs of 32 NW threads (BV = 16 NW / 2)')
+v10s = cut('template <int DK, int NC>\nstruct V10S', '// gdr_fwd9 on V10S stages')
+v10b = cut('template <int DK, int NW>\nstruct V10R', '// gdr_hrec10{,b}_d{DK}_w{NW}')
+os.makedirs(os.path.join(here, 'h'), exist_ok=True)
+open(os.path.join(here, 'h/kern.h'), 'w').write(frags + store + scale + dd + v10s + v10b)
