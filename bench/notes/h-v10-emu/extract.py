@@ -1,8 +1,10 @@
 # Builds h/kern.h: the session-19 v10 backward scans (gdr_hrec10, gdr_bwd10) with the helpers
-# they use (v6 fragments, the tile stores, gdr_bwd8's dD step, gdr_fwd10's stage and loads), as host C++ (see main.cpp: one std::thread per CUDA thread, the warp
+# they use (v6 fragments, the tile stores, gdr_bwd8's dD step, gdr_fwd10's stage and loads), and
+# h/fwd10.h: session 18's gdr_fwd10 with the v8 / v9 forward pieces it uses, as host C++ (see main.cpp: one std::thread per CUDA thread, the warp
 # collectives from the PTX fragment maps, as the h-bwd8 / h-ld8 emulators do). The inline asm of
 # stmatrix and of the tile flush is replaced by emulated equivalents. Run from this folder:
 #   python3 extract.py && g++ -std=c++20 -O2 -pthread -w main.cpp -o h/main && h/main
+#   g++ -std=c++20 -O2 -pthread -w fwd10.cpp -o h/fwd10 && h/fwd10
 import os, re
 here = os.path.dirname(os.path.abspath(__file__))
 src = open(os.path.join(here, '../../../crates/gdn/src/ops/gated_delta_rule/gated_delta_rule.cu')).read()
@@ -26,3 +28,12 @@ v10s = cut('template <int DK, int NC>\nstruct V10S', '// gdr_fwd9 on V10S stages
 v10b = cut('template <int DK, int NW>\nstruct V10R', '// gdr_hrec10{,b}_d{DK}_w{NW}')
 os.makedirs(os.path.join(here, 'h'), exist_ok=True)
 open(os.path.join(here, 'h/kern.h'), 'w').write(frags + store + scale + dd + v10s + v10b)
+# h/fwd10.h (fwd10.cpp): gdr_fwd10 with gdr_fwd8's chain pieces and output, gdr_fwd9's output
+# staging, its own stage and chain step (pair_bar comes from the harness)
+v8 = cut('// v8 forward (issue 13', '// Chain microbenchmark of v8')
+v8 = re.sub(r'__device__ __forceinline__ void pair_bar\(int id\) \{[^\n]*\}\n', '', v8)
+v9 = cut('// v9 forward (issue 13', '#define GDR_FWD9_ENTRY')
+v10f = cut('template <int DK, int NC>\nstruct V10S', '// gdr_fwd10_*: PT hi + lo (LO)')
+assert 'asm' not in v8 + v9 + v10f
+v6 = cut('template <int DK, int NW>\nstruct V6 {', '// Issue one chunk')
+open(os.path.join(here, 'h/fwd10.h'), 'w').write(v6 + frags + store + v8 + v9 + v10f)

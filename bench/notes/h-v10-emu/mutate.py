@@ -3,7 +3,8 @@
 #   python3 mutate.py
 #  1. gdr_bwd10's Z product without one of PT's lo products (a precision loss: the RMS check);
 #  2. gdr_hrec10's bf16 state staged with every 64-row pass at rows 0 (the staging / bf16 twins);
-#  3. gdr_bwd10's PT tile read without the transpose (a fragment-map error: O(1)).
+#  3. gdr_bwd10's PT tile read without the transpose (a fragment-map error: O(1));
+#  4, 5: gdr_fwd10's (below).
 import os, subprocess
 here = os.path.dirname(os.path.abspath(__file__))
 h = os.path.join(here, 'h')
@@ -24,5 +25,31 @@ for n, (a, b, only) in enumerate(muts, 1):
     r = subprocess.run([exe], env=dict(os.environ, ONLY=only), capture_output=True, text=True)
     print(f'mutant {n}: exit {r.returncode}: {r.stdout.strip().splitlines()[0]}')
     caught += r.returncode != 0
-print(f'{caught} of {len(muts)} mutants caught')
-raise SystemExit(0 if caught == len(muts) else 1)
+# gdr_fwd10 (fwd10.cpp): 4. one of PT's lo products dropped from v10_chain_step; 5. the
+# producer's empty-barrier wait dropped (MUTATE=1: the ring's protocol checks)
+f = open(os.path.join(h, 'fwd10.h')).read()
+fmain = open(os.path.join(here, 'fwd10.cpp')).read()
+fmuts = [
+    ('mma_bf16(d[2 * jp], ya[kk], bl[0], bl[1]);', '', {}),
+    (None, None, {'MUTATE': '1'}),
+]
+for n, (a, b, env) in enumerate(fmuts, len(muts) + 1):
+    src = f if a is None else f.replace(a, b, 1)
+    assert a is None or f.count(a) >= 1, a
+    open(os.path.join(h, f'fwd10_m{n}.h'), 'w').write(src)
+    open(os.path.join(h, 'fm.cpp'), 'w').write(fmain.replace('"h/fwd10.h"', f'"h/fwd10_m{n}.h"'))
+    exe = os.path.join(h, f'fm{n}')
+    subprocess.run(['g++', '-std=c++20', '-O2', '-pthread', '-w', '-I', here, os.path.join(h, 'fm.cpp'), '-o', exe], check=True)
+    # (a broken ring may also deadlock after its checks fired: a timeout with a failed check counts)
+    try:
+        r = subprocess.run([exe], env=dict(os.environ, ONLY='0', **env), capture_output=True, text=True, timeout=60)
+        out, rc = r.stdout, r.returncode
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or '')
+        rc = 'timeout' if 'CHECK FAILED' in out else 0
+    lines = [x for x in out.strip().splitlines() if x.startswith('fwd10') or x.startswith('CHECK')]
+    print(f'mutant {n}: exit {rc}: {lines[0] if lines else out.strip()[:200]}')
+    caught += rc != 0
+total = len(muts) + len(fmuts)
+print(f'{caught} of {total} mutants caught')
+raise SystemExit(0 if caught == total else 1)
