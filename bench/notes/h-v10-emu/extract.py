@@ -1,10 +1,12 @@
 # Builds h/kern.h: the session-19 v10 backward scans (gdr_hrec10, gdr_bwd10) with the helpers
 # they use (v6 fragments, the tile stores, gdr_bwd8's dD step, gdr_fwd10's stage and loads), and
-# h/fwd10.h: session 18's gdr_fwd10 with the v8 / v9 forward pieces it uses, as host C++ (see main.cpp: one std::thread per CUDA thread, the warp
+# h/fwd10.h: session 18's gdr_fwd10 with the v8 / v9 forward pieces it uses, and h/prep.h: the
+# prep (gdr_prep7's template: prep8 / prep9 and their o / to / ow / tow variants), as host C++ (see main.cpp: one std::thread per CUDA thread, the warp
 # collectives from the PTX fragment maps, as the h-bwd8 / h-ld8 emulators do). The inline asm of
 # stmatrix and of the tile flush is replaced by emulated equivalents. Run from this folder:
 #   python3 extract.py && g++ -std=c++20 -O2 -pthread -w main.cpp -o h/main && h/main
 #   g++ -std=c++20 -O2 -pthread -w fwd10.cpp -o h/fwd10 && h/fwd10
+#   g++ -std=c++20 -O2 -pthread -w prep.cpp -o h/prep && h/prep
 import os, re
 here = os.path.dirname(os.path.abspath(__file__))
 src = open(os.path.join(here, '../../../crates/gdn/src/ops/gated_delta_rule/gated_delta_rule.cu')).read()
@@ -36,4 +38,12 @@ v9 = cut('// v9 forward (issue 13', '#define GDR_FWD9_ENTRY')
 v10f = cut('template <int DK, int NC>\nstruct V10S', '// gdr_fwd10_*: PT hi + lo (LO)')
 assert 'asm' not in v8 + v9 + v10f
 v6 = cut('template <int DK, int NW>\nstruct V6 {', '// Issue one chunk')
+# h/prep.h (prep.cpp): gdr_prep7 (prep8 / prep9 and the session-18 / 19 TIN / TOUT / TW variants)
+geo = cut('struct ChunkGeo {', '// gam (cumsum of the chunk')
+prep = cut('template <int DK>\nstruct P7Layout', '// Entries: gdr_prep7{,f}')
+i = prep.index('__device__ __forceinline__ void stsm_x4(')
+j = prep.index('#endif\n}\n', i) + len('#endif\n}\n')
+prep = prep[:i] + prep[j:]  # stmatrix (not transposed): emulated in prep.cpp
+assert 'asm' not in prep
+open(os.path.join(here, 'h/prep.h'), 'w').write(geo + prep)
 open(os.path.join(here, 'h/fwd10.h'), 'w').write(v6 + frags + store + v8 + v9 + v10f)

@@ -4,7 +4,7 @@
 #  1. gdr_bwd10's Z product without one of PT's lo products (a precision loss: the RMS check);
 #  2. gdr_hrec10's bf16 state staged with every 64-row pass at rows 0 (the staging / bf16 twins);
 #  3. gdr_bwd10's PT tile read without the transpose (a fragment-map error: O(1));
-#  4, 5: gdr_fwd10's (below).
+#  4, 5: gdr_fwd10's; 6: the prep's (below).
 import os, subprocess
 here = os.path.dirname(os.path.abspath(__file__))
 h = os.path.join(here, 'h')
@@ -50,6 +50,20 @@ for n, (a, b, env) in enumerate(fmuts, len(muts) + 1):
     lines = [x for x in out.strip().splitlines() if x.startswith('fwd10') or x.startswith('CHECK')]
     print(f'mutant {n}: exit {rc}: {lines[0] if lines else out.strip()[:200]}')
     caught += rc != 0
-total = len(muts) + len(fmuts)
+# the prep (prep.cpp): 6. TW writing T diag(beta) over W instead of into U's bytes
+p = open(os.path.join(h, 'prep.h')).read()
+pmain = open(os.path.join(here, 'prep.cpp')).read()
+a = 'bf16_t* pt_out = TW ? reinterpret_cast<bf16_t*>(u_ws) : w_ws;'
+assert p.count(a) == 1, a
+n = len(muts) + len(fmuts) + 1
+open(os.path.join(h, f'prep_m{n}.h'), 'w').write(p.replace(a, 'bf16_t* pt_out = w_ws;'))
+open(os.path.join(h, 'pm.cpp'), 'w').write(pmain.replace('"h/prep.h"', f'"h/prep_m{n}.h"'))
+exe = os.path.join(h, f'pm{n}')
+subprocess.run(['g++', '-std=c++20', '-O2', '-pthread', '-w', '-I', here, os.path.join(h, 'pm.cpp'), '-o', exe], check=True)
+r = subprocess.run([exe], env=dict(os.environ, ONLY='0'), capture_output=True, text=True, timeout=300)
+fails = [x.strip() for x in r.stdout.splitlines() if 'FAIL' in x]
+print(f'mutant {n}: exit {r.returncode}: {fails[0] if fails else r.stdout.strip()[-200:]}')
+caught += r.returncode != 0
+total = len(muts) + len(fmuts) + 1
 print(f'{caught} of {total} mutants caught')
 raise SystemExit(0 if caught == total else 1)
