@@ -10,39 +10,15 @@
 // share of o elements that are not the reference rounded to bf16 is printed (rounding flips
 // only: < 2% required; 0.00-0.01% seen). MUTATE=1 drops the producer's empty-barrier wait (the
 // protocol checks must fire; see mutate.py).
-#include <barrier>
-#include <thread>
+#include "base.h"
 #include <mutex>
 #include <condition_variable>
 #include <atomic>
 #include <chrono>
 #include <map>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <cstdint>
-#include <vector>
-#include <random>
 #include <functional>
-typedef long long i64;
-typedef unsigned short bf16_t;
-struct D3 { int x; };
-thread_local D3 threadIdx, blockIdx;
-#define __device__
-#define __forceinline__ inline
-#define __restrict__ __restrict
-#define __CUDA_ARCH__ 900
-#define GDR_C 64
-struct float4 { float x, y, z, w; };
-inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
-struct uint4 { unsigned x, y, z, w; };
-inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
-alignas(16) float gdr_smem[232448 / 4];
+// ---- the h-ld8 emulator's asynchronous model of the producer and the mbarrier ring (its copy)
 int g_tag[232448 / 16];  // chunk index that last wrote each 16-byte piece (-1: never)
-unsigned g_dyn;
-inline unsigned dyn_smem_bytes() { return g_dyn; }
-inline unsigned smem_addr(const void* p) { return (unsigned)((const char*)p - (const char*)gdr_smem); }
 std::atomic<int> g_fail{0};
 #define CHECK(c, ...) do { if (!(c)) { if (g_fail++ < 10) { printf("CHECK FAILED: " __VA_ARGS__); printf("\n"); } } } while (0)
 
@@ -160,75 +136,10 @@ inline void acp_mbar_wait(unsigned bar, unsigned parity) {
 template <int N> inline void acp_setmaxnreg_dec() {}
 template <int N> inline void acp_setmaxnreg_inc() {}
 
-std::barrier<>* g_block; std::barrier<>* g_pair[8]; std::barrier<>* g_warp[16];
+std::barrier<>* g_block; std::barrier<>* g_pair[8];
 inline void __syncthreads() { g_block->arrive_and_wait(); }
 inline void pair_bar(int id) { jitter(); g_pair[id]->arrive_and_wait(); }
-inline float bf(bf16_t x) { unsigned u = (unsigned)x << 16; float f; std::memcpy(&f, &u, 4); return f; }
-inline bf16_t f32_to_bf16(float f) { unsigned u; std::memcpy(&u, &f, 4); u += 0x7fffu + ((u >> 16) & 1u); return (bf16_t)(u >> 16); }
-inline unsigned pack_bf16(float lo, float hi) { return (unsigned)f32_to_bf16(lo) | ((unsigned)f32_to_bf16(hi) << 16); }
-inline void st(bf16_t* p, i64 i, float v) { p[i] = f32_to_bf16(v); }
-inline float __expf(float x) { return std::exp(x); }
-inline float bf16_to_f32(bf16_t x) { return bf(x); }
-inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
-inline void st_ws(float* p, i64 i, float v) { p[i] = v; }
-inline void st_ws(bf16_t* p, i64 i, float v) { p[i] = f32_to_bf16(v); }
-struct WX { const void* addr[32]; unsigned sa[32]; unsigned a[32][4], b[32][2]; };
-WX g_wx[16];
-inline void wbar() { g_warp[threadIdx.x >> 5]->arrive_and_wait(); }
-inline void __syncwarp() { wbar(); }
-inline void ldsm_x4(unsigned (&r)[4], const void* p) {
-    WX& W = g_wx[threadIdx.x >> 5]; const int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
-    W.addr[l] = p; wbar();
-    for (int m = 0; m < 4; ++m) r[m] = ((const unsigned*)W.addr[8 * m + g])[t];
-    wbar();
-}
-inline void ldsm_x4_t(unsigned (&r)[4], const void* p) {
-    WX& W = g_wx[threadIdx.x >> 5]; const int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
-    W.addr[l] = p; wbar();
-    for (int m = 0; m < 4; ++m) {
-        const bf16_t* r0 = (const bf16_t*)W.addr[8 * m + 2 * t];
-        const bf16_t* r1 = (const bf16_t*)W.addr[8 * m + 2 * t + 1];
-        r[m] = (unsigned)r0[g] | ((unsigned)r1[g] << 16);
-    }
-    wbar();
-}
-inline void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    WX& W = g_wx[threadIdx.x >> 5]; const int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
-    for (int i = 0; i < 4; ++i) W.a[l][i] = a[i];
-    W.b[l][0] = b0; W.b[l][1] = b1; wbar();
-    float A[16][16], B[16][8];
-    for (int L = 0; L < 32; ++L) {
-        const int gg = L >> 2, tt = L & 3;
-        for (int i = 0; i < 4; ++i) {
-            const int row = gg + 8 * (i & 1), k = 2 * tt + 8 * (i >> 1);
-            A[row][k] = bf(W.a[L][i] & 0xffff); A[row][k + 1] = bf(W.a[L][i] >> 16);
-        }
-        for (int i = 0; i < 2; ++i) {
-            const int k = 2 * tt + 8 * i;
-            B[k][gg] = bf(W.b[L][i] & 0xffff); B[k + 1][gg] = bf(W.b[L][i] >> 16);
-        }
-    }
-    wbar();
-    for (int i = 0; i < 4; ++i) {
-        const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
-        double s = 0; for (int k = 0; k < 16; ++k) s += (double)A[row][k] * B[k][col];
-        c[i] = (float)(c[i] + s);
-    }
-}
-// stmatrix.m8n8.x4.trans: lanes 8m .. 8m + 7 give the shared addresses of matrix m's 8 rows;
-// register m of lane (g, t) holds elements (g, 2t), (g, 2t + 1), stored at (2t, g), (2t + 1, g).
-inline void stsm_x4_t(unsigned a, unsigned r0, unsigned r1, unsigned r2, unsigned r3) {
-    WX& W = g_wx[threadIdx.x >> 5]; const int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
-    W.sa[l] = a; wbar();
-    const unsigned r[4] = {r0, r1, r2, r3};
-    for (int m = 0; m < 4; ++m) {
-        bf16_t* p0 = (bf16_t*)((char*)gdr_smem + W.sa[8 * m + 2 * t]);
-        bf16_t* p1 = (bf16_t*)((char*)gdr_smem + W.sa[8 * m + 2 * t + 1]);
-        p0[g] = (bf16_t)(r[m] & 0xffffu);
-        p1[g] = (bf16_t)(r[m] >> 16);
-    }
-    wbar();
-}
+#include "warp.h"
 #include "h/fwd10.h"
 
 // The tags of a V10S stage a compute warp is about to read: every piece v10_load_stage writes
