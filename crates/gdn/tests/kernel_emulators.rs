@@ -1,0 +1,145 @@
+//! The host emulators of `bench/notes/h-v10-emu/` on the CPU (no GPU): the v10 kernels' own CUDA
+//! source (gdr_fwd10, gdr_hrec10, gdr_bwd10 and the prep variants that feed them), extracted from
+//! `gated_delta_rule.cu` and compiled as host C++ with one thread per CUDA thread and the warp
+//! collectives (ldmatrix, stmatrix, mma.sync) emulated from their fragment maps. Each emulator
+//! checks its kernels against f64 references with the kernels' roundings, or bit for bit against
+//! the GPU-tested kernels, and exits nonzero on any failure (its mutants, `mutate.py`, show that
+//! the checks fire). So an edit that breaks these kernels' algebra, fragment mapping, exchanges,
+//! staging or mbarrier ring fails here, in CI, before a GPU runs them.
+//!
+//! Needs `python3` (the extraction) and a C++20 `g++` (std::barrier); both are on the CI
+//! machine. Without them the tests fail (set `GDN_EMU_OPTIONAL=1` to skip them instead).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+fn emu_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/notes/h-v10-emu")
+}
+
+fn optional() -> bool {
+    std::env::var("GDN_EMU_OPTIONAL").as_deref() == Ok("1")
+}
+
+/// Runs a command in the emulators' folder to completion within `limit`, killing it after; the
+/// outcome: Ok(stdout) on exit status 0, else Err(a description with its output's tail).
+fn run(mut cmd: Command, limit: Duration) -> Result<String, String> {
+    let what = format!("{cmd:?}");
+    let mut child = cmd
+        .current_dir(emu_dir())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{what}: could not start: {e}"))?;
+    // Drain the pipes on threads so a chatty child cannot block on a full pipe.
+    let mut out = child.stdout.take().expect("piped stdout");
+    let mut err = child.stderr.take().expect("piped stderr");
+    let to = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut out, &mut s).ok();
+        s
+    });
+    let te = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut err, &mut s).ok();
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break Some(s),
+            Ok(None) if start.elapsed() > limit => {
+                child.kill().ok();
+                child.wait().ok();
+                break None;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => return Err(format!("{what}: {e}")),
+        }
+    };
+    let (out, err) = (to.join().unwrap_or_default(), te.join().unwrap_or_default());
+    let tail = |s: &str| {
+        s.lines()
+            .rev()
+            .take(12)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    match status {
+        Some(s) if s.success() => Ok(out),
+        Some(s) => Err(format!("{what}: {s}\n{}\n{}", tail(&out), tail(&err))),
+        None => Err(format!(
+            "{what}: still running after {limit:?}, killed\n{}",
+            tail(&out)
+        )),
+    }
+}
+
+/// The extraction and the three builds, once per test process.
+fn built() -> &'static Result<(), String> {
+    static B: OnceLock<Result<(), String>> = OnceLock::new();
+    B.get_or_init(|| {
+        let mut py = Command::new("python3");
+        py.arg("extract.py");
+        run(py, Duration::from_secs(60))?;
+        for name in ["main", "fwd10", "prep"] {
+            let mut cc = Command::new("g++");
+            cc.args([
+                "-std=c++20",
+                "-O2",
+                "-pthread",
+                "-w",
+                &format!("{name}.cpp"),
+                "-o",
+            ])
+            .arg(format!("h/{name}"));
+            run(cc, Duration::from_secs(300))?;
+        }
+        Ok(())
+    })
+}
+
+/// Builds (once) and runs one emulator; its report lines are printed (`--nocapture`).
+fn emulate(name: &str) {
+    if let Err(e) = built() {
+        if optional() {
+            eprintln!("kernel emulators skipped (GDN_EMU_OPTIONAL=1): {e}");
+            return;
+        }
+        panic!("building the kernel emulators failed (python3 and a C++20 g++ are needed; GDN_EMU_OPTIONAL=1 skips): {e}");
+    }
+    let exe = emu_dir().join("h").join(name);
+    match run(Command::new(exe), Duration::from_secs(600)) {
+        Ok(out) => {
+            print!("{out}");
+            assert!(out.contains("all ok"), "{name}: no verdict line in\n{out}");
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// gdr_hrec10 (h and D) and gdr_bwd10 (dh, dD, dh0) against step-by-step f64 recurrences, and
+/// their bf16 twins against the fp32 outputs rounded, bit for bit.
+#[test]
+fn v10_backward_scans_emulated() {
+    emulate("main");
+}
+
+/// gdr_fwd10 / gdr_fwd10f under the asynchronous model of the producer warp and the mbarrier
+/// ring: o against the f64 forward rounded to bf16, final states, the ring's protocol.
+#[test]
+fn v10_forward_emulated() {
+    emulate("fwd10");
+}
+
+/// The prep's TOUT / TIN + TOUT / TW variants (prep8 and prep9) bit for bit against prep8's
+/// outputs and T diag(beta) split as the kernels split it.
+#[test]
+fn v10_preps_emulated() {
+    emulate("prep");
+}
