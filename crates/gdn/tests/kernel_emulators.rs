@@ -1,5 +1,6 @@
-//! The host emulators of `bench/notes/h-v10-emu/` on the CPU (no GPU): the v10 kernels' own CUDA
-//! source (gdr_fwd10, gdr_hrec10, gdr_bwd10 and the prep variants that feed them), extracted from
+//! The host emulators of `bench/notes/emu/` on the CPU (no GPU): the rule's scan kernels' own CUDA
+//! source (the v10 kernels gdr_fwd10, gdr_hrec10, gdr_bwd10 and the prep variants that feed them;
+//! the GPU-tested defaults gdr_fwd9 / gdr_fwd8, gdr_hrec6, gdr_bwd8 and gdr_bwd6), extracted from
 //! `gated_delta_rule.cu` and compiled as host C++ with one thread per CUDA thread and the warp
 //! collectives (ldmatrix, stmatrix, mma.sync) emulated from their fragment maps. Each emulator
 //! checks its kernels against f64 references with the kernels' roundings, or bit for bit against
@@ -16,7 +17,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 fn emu_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/notes/h-v10-emu")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/notes/emu")
 }
 
 fn optional() -> bool {
@@ -123,23 +124,25 @@ fn emulate(name: &str) {
     }
 }
 
-/// gdr_hrec10 (h and D) and gdr_bwd10 (dh, dD, dh0) against step-by-step f64 recurrences, and
-/// their bf16 twins against the fp32 outputs rounded, bit for bit.
+/// gdr_hrec10 / gdr_hrec6 (h and D) and gdr_bwd10 / gdr_bwd8 / gdr_bwd6 (dh, dD, dh0) against
+/// step-by-step f64 recurrences, and their bf16 twins against the fp32 outputs rounded, bit for
+/// bit.
 #[test]
-fn v10_backward_scans_emulated() {
+fn backward_scans_emulated() {
     emulate("main");
 }
 
-/// gdr_fwd10 / gdr_fwd10f under the asynchronous model of the producer warp and the mbarrier
-/// ring: o against the f64 forward rounded to bf16, final states, the ring's protocol.
+/// gdr_fwd10 / gdr_fwd10f and gdr_fwd9 under the asynchronous model of the producer warp and the
+/// mbarrier ring: o against the f64 forward rounded to bf16, final states, the ring's protocol;
+/// gdr_fwd9 bit for bit against gdr_fwd8.
 #[test]
-fn v10_forward_emulated() {
+fn fused_forward_emulated() {
     emulate("fwd10");
 }
 
 /// The prep's TOUT / TIN + TOUT / TW variants (prep8 and prep9) bit for bit against prep8's
 /// outputs and T diag(beta) split as the kernels split it.
 #[test]
-fn v10_preps_emulated() {
+fn prep_variants_emulated() {
     emulate("prep");
 }

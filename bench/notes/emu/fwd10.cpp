@@ -1,4 +1,5 @@
-// Host emulator of gdr_fwd10 (session 18's v10 forward; see extract.py): runs the kernel's own
+// Host emulator of the forward's fused scans: gdr_fwd10 (session 18's v10 forward; see
+// extract.py) and the GPU-tested default gdr_fwd9 (bit for bit against gdr_fwd8, below): runs the kernel's own
 // code, one std::thread per CUDA thread, with the h-ld8 emulator's model of gdr_fwd9's producer
 // warp and mbarrier ring (deferred cp.async copies landing after random delays, the protocol
 // checks on every copy and wait, a 16-byte chunk tag on every piece of shared memory checked
@@ -289,6 +290,128 @@ int run(int hk, int hv, int dv, std::vector<int> lens, bool h0on, unsigned seed,
     return bad_runs;
 }
 
+// The tags of a gdr_fwd9 stage (V6's layout at BV = 16 NW / 2 columns): every piece
+// v9_load_stage writes holds `chunk`.
+template <int DK, int BV>
+void check_stage9(unsigned base, int chunk) {
+    typedef V6<DK, BV / 16> L;
+    auto rng = [&](int off, int rows, int bytes, int ld) {
+        for (int i = 0; i < rows; ++i) for (int b = 0; b < bytes; b += 16) {
+            const int t = g_tag[(base + off + i * ld + b) / 16];
+            CHECK(t == chunk, "stage at %u piece (%d, %d) of offset %d holds chunk %d, expected %d", base, i, b, off, t, chunk);
+        }
+    };
+    rng(L::W_OFF, 64, DK * 2, L::LK * 2); rng(L::K_OFF, 64, DK * 2, L::LK * 2); rng(L::Q_OFF, 64, DK * 2, L::LK * 2);
+    rng(L::A_OFF, 64, 128, L::LA * 2); rng(L::U_OFF, 64, BV * 4, L::LU * 4); rng(L::G_OFF, 1, 256, 256);
+}
+
+// The GPU-tested default forward, gdr_fwd9 (the ring), bit for bit against gdr_fwd8 (the same
+// chunk step with a CTA barrier per chunk, copies immediate) and both against the f64 forward
+// with their roundings (D = U - W S0 with S0, W bf16): the h-ld8 emulator's check, kept in step
+// with the .cu file here.
+template <int DK, int NW, int NS, int PW>
+int run9(int hk, int hv, int dv, std::vector<int> lens, bool h0on, unsigned seed, int orders) {
+    std::mt19937 rng(seed); std::normal_distribution<float> nd;
+    const int nseq = (int)lens.size();
+    std::vector<i64> seq_ch{0}, t0; std::vector<int> len; i64 tok = 0;
+    for (int L : lens) {
+        for (int s = 0; s < L; s += 64) { t0.push_back(tok + s); len.push_back(std::min(64, L - s)); }
+        seq_ch.push_back((i64)len.size()); tok += L;
+    }
+    const int nch = (int)len.size();
+    auto rb = [&](size_t n, float sc) { std::vector<bf16_t> v(n); for (auto& x : v) x = f32_to_bf16(sc * nd(rng)); return v; };
+    std::vector<bf16_t> q = rb(tok * hk * DK + 1, 1.f / std::sqrt((float)DK)), k = rb(tok * hk * DK + 1, 1.f / std::sqrt((float)DK));
+    std::vector<bf16_t> w = rb((size_t)nch * hv * 64 * DK + 1, 0.05f), a = rb((size_t)nch * hv * 64 * 64 + 1, 0.1f);
+    std::vector<float> u((size_t)nch * hv * 64 * dv + 1), gam((size_t)nch * hv * 64 + 1);
+    for (auto& x : u) x = nd(rng);
+    for (int c = 0; c < nch; ++c) for (int h = 0; h < hv; ++h) {
+        float acc = 0; i64 cb = (i64)c * hv + h;
+        for (int i = 0; i < 64; ++i) {
+            if (i < len[c]) acc += -0.05f * std::fabs(nd(rng));
+            gam[cb * 64 + i] = i < len[c] ? acc : 0.f;
+            if (i >= len[c]) { for (int x = 0; x < DK; ++x) w[(cb * 64 + i) * DK + x] = 0; for (int v = 0; v < dv; ++v) u[(cb * 64 + i) * dv + v] = 0; }
+            for (int j = 0; j < 64; ++j) if (j > i || i >= len[c]) a[(cb * 64 + i) * 64 + j] = 0;
+        }
+    }
+    std::vector<float> h0((size_t)nseq * hv * DK * dv); for (auto& x : h0) x = 0.3f * nd(rng);
+    const float scale = 1.f / std::sqrt((float)DK);
+    typedef V8<DK, NW> P;
+    std::vector<i64> sc = seq_ch, tt = t0; std::vector<int> ll = len;
+    std::vector<bf16_t> o8(tok * hv * dv, 0x7fc0); std::vector<float> f8(h0.size(), NAN);
+    g_async = false; g_dyn = NS * P::STAGE + NW * P::XB;
+    launch(nseq * hv * (dv / P::BV), 32 * NW, [&] {
+        gdr_fwd8<DK, NW, NS>(q.data(), k.data(), gam.data(), w.data(), u.data(), a.data(), sc.data(), tt.data(), ll.data(), hk, hv, dv, scale, h0on ? h0.data() : nullptr, o8.data(), f8.data());
+    }, seed);
+    // f64 reference with the kernels' roundings
+    std::vector<double> ro(tok * hv * dv, 0.0), rf(h0.size(), 0.0);
+    for (int n = 0; n < nseq; ++n) for (int h = 0; h < hv; ++h) {
+        const int kh = h / (hv / hk);
+        std::vector<double> S((size_t)DK * dv);
+        for (size_t i = 0; i < S.size(); ++i) S[i] = h0on ? h0[((size_t)n * hv + h) * DK * dv + i] : 0.0;
+        for (i64 c = seq_ch[n]; c < seq_ch[n + 1]; ++c) {
+            const int l = len[c]; const i64 cb = c * hv + h;
+            const float* G = &gam[cb * 64]; const double gl = G[l - 1];
+            auto K = [&](int i, int d) { return i < l ? (double)bf(k[((t0[c] + i) * hk + kh) * DK + d]) : 0.0; };
+            auto Q = [&](int i, int d) { return i < l ? (double)bf(q[((t0[c] + i) * hk + kh) * DK + d]) : 0.0; };
+            std::vector<double> Sb(S.size()); for (size_t i = 0; i < S.size(); ++i) Sb[i] = rbf(S[i]);
+            std::vector<double> D(64 * dv, 0.0);
+            for (int i = 0; i < 64; ++i) for (int x = 0; x < dv; ++x) {
+                double s = 0; for (int d = 0; d < DK; ++d) s += bf(w[(cb * 64 + i) * DK + d]) * Sb[d * dv + x];
+                D[i * dv + x] = u[(cb * 64 + i) * dv + x] - s;
+            }
+            for (int i = 0; i < l; ++i) for (int x = 0; x < dv; ++x) {
+                double s = 0;
+                for (int d = 0; d < DK; ++d) s += Q(i, d) * Sb[d * dv + x];
+                s *= std::exp((double)G[i]);
+                for (int j = 0; j <= i; ++j) s += bf(a[(cb * 64 + i) * 64 + j]) * rbf(D[j * dv + x]);
+                ro[((t0[c] + i) * hv + h) * dv + x] = scale * s;
+            }
+            std::vector<double> S1(S.size());
+            for (int d = 0; d < DK; ++d) for (int x = 0; x < dv; ++x) {
+                double acc = std::exp(gl) * S[d * dv + x];
+                for (int i = 0; i < l; ++i) acc += K(i, d) * rbf(std::exp(gl - G[i]) * D[i * dv + x]);
+                S1[d * dv + x] = acc;
+            }
+            S = S1;
+        }
+        for (size_t i = 0; i < S.size(); ++i) rf[((size_t)n * hv + h) * DK * dv + i] = S[i];
+    }
+    size_t off8 = 0;
+    for (size_t i = 0; i < ro.size(); ++i) off8 += o8[i] != f32_to_bf16((float)ro[i]);
+    // (the whole chain against the reference: a bf16 rounding flip propagates, so the final
+    // states get RMS and max bounds, as gdr_fwd10's)
+    double ef = 0, mf = 1e-30, sf = 0, nf = 1e-300;
+    for (size_t i = 0; i < rf.size(); ++i) {
+        const double d = std::isnan(f8[i]) ? 1e30 : f8[i] - rf[i];
+        ef = std::max(ef, std::fabs(d)); mf = std::max(mf, std::fabs(rf[i])); sf += d * d; nf += rf[i] * rf[i];
+    }
+    int bad_runs = 0;
+    const bool ok8 = (double)off8 / ro.size() < 0.02 && ef / mf < 1e-2 && std::sqrt(sf / nf) < 5e-4;
+    bad_runs += !ok8;
+    printf("fwd8 d%d w%d s%d hk%d hv%d dv%d: o not the f64 value rounded %.2f%%, final state max %.2e RMS %.2e: %s\n", DK, NW, NS,
+           hk, hv, dv, 100.0 * off8 / ro.size(), ef / mf, std::sqrt(sf / nf), ok8 ? "ok" : "FAIL");
+    for (int ord = 0; ord < orders; ++ord) {
+        std::vector<bf16_t> o9(o8.size(), 0x7fc0); std::vector<float> f9(h0.size(), NAN);
+        g_async = true; g_dyn = NS * P::STAGE + NW * P::XB + 16 * NS;
+        g_ns = NS; g_nw = NW; g_stage_bytes = P::STAGE; g_stage_base = 0;
+        const int f0 = g_fail;
+        g_check = [](unsigned base, int chunk) { check_stage9<DK, P::BV>(base, chunk); };
+        launch(nseq * hv * (dv / P::BV), 32 * (NW + PW), [&] {
+            gdr_fwd9<DK, NW, NS, PW>(q.data(), k.data(), gam.data(), w.data(), u.data(), a.data(), sc.data(), tt.data(), ll.data(), hk, hv, dv, scale, h0on ? h0.data() : nullptr, o9.data(), f9.data());
+        }, seed * 1000 + ord);
+        size_t diff_o = 0, diff_f = 0;
+        for (size_t i = 0; i < o8.size(); ++i) diff_o += o8[i] != o9[i];
+        for (size_t i = 0; i < f8.size(); ++i) diff_f += std::memcmp(&f8[i], &f9[i], 4) != 0;
+        const bool ok = diff_o == 0 && diff_f == 0 && g_fail == f0;
+        bad_runs += !ok;
+        printf("fwd9 d%d w%d s%d p%d hk%d hv%d dv%d lens", DK, NW, NS, PW, hk, hv, dv);
+        for (int L : lens) printf(" %d", L);
+        printf(" order %d: o differs from fwd8 in %zu, final state in %zu, protocol failures %d: %s\n", ord, diff_o, diff_f,
+               g_fail - f0, ok ? "ok" : "FAIL");
+    }
+    return bad_runs;
+}
+
 int main() {
     setvbuf(stdout, nullptr, _IONBF, 0);
     g_mutate = getenv("MUTATE") ? atoi(getenv("MUTATE")) : 0;
@@ -301,6 +424,10 @@ int main() {
     RUN((run<128, 8, 2, 4, true>(1, 1, 64, {260}, true, 4, 1)));          // producer warpgroup
     RUN((run<64, 4, 2, 1, true>(2, 4, 32, {70, 64, 1}, true, 5, 1)));     // GVA 2
     RUN((run<64, 8, 3, 4, false>(1, 2, 64, {330}, false, 7, 1)));
+    // the GPU-tested default forward (gdr_fwd9) against gdr_fwd8 and f64
+    RUN((run9<128, 4, 3, 1>(1, 2, 32, {300}, true, 11, 2)));
+    RUN((run9<128, 8, 2, 4>(1, 1, 64, {260}, true, 12, 1)));
+    RUN((run9<64, 2, 3, 1>(2, 4, 16, {0, 1, 129}, true, 13, 1)));
     printf("%s: %d failing runs\n", bad ? "FAIL" : "all ok", bad);
     return bad ? 1 : 0;
 }

@@ -1,5 +1,6 @@
-# Builds h/kern.h: the session-19 v10 backward scans (gdr_hrec10, gdr_bwd10) with the helpers
-# they use (v6 fragments, the tile stores, gdr_bwd8's dD step, gdr_fwd10's stage and loads), and
+# Builds h/kern.h: the backward's scans, the GPU-tested defaults (gdr_hrec6, gdr_bwd6, gdr_bwd8)
+# and session 19's v10 ones (gdr_hrec10, gdr_bwd10), with the helpers they use (v6 fragments,
+# the tile stores, gdr_fwd10's stage and loads), and
 # h/fwd10.h: session 18's gdr_fwd10 with the v8 / v9 forward pieces it uses, and h/prep.h: the
 # prep (gdr_prep7's template: prep8 / prep9 and their o / to / ow / tow variants), as host C++ (see main.cpp: one std::thread per CUDA thread, the warp
 # collectives from the PTX fragment maps, as the h-bwd8 / h-ld8 emulators do). The inline asm of
@@ -24,12 +25,16 @@ store = re.sub(r'asm volatile\("ld\.shared\.v4\.u32 \{%0,%1,%2,%3\}, \[%4\];"\s*
 store = re.sub(r'asm volatile\("st\.global\.v4\.b32 \[%0\], \{%1,%2,%3,%4\};"[^;]*;',
                'std::memcpy(d, &v, 16);', store)
 assert 'asm' not in store, store
-scale = cut('__device__ __forceinline__ unsigned scale_bf16x2', '// Grid: N * Hv * (dv / BV) CTAs of 32 NW threads; dynamic shared memory 2 * V6G')
-dd = cut('// The dD part of one step for warp half H', '// Grid: N * Hv * (dv / BV) CTAs of 32 NW threads (BV = 16 NW / 2)')
+# the GPU-tested default scans too: gdr_hrec6 (v6_chain_step), gdr_bwd6 (with V6G and the
+# row-masked scalings), gdr_bwd8 (its stage copies and v8g_dd)
+chain6 = cut('// One chunk step of the chain for this warp: D^T', '// Forward, scan and output fused')
+hrec6 = cut('// One stage of gdr_hrec6 (bytes', '// One stage of gdr_bwd6')
+bwd6 = cut('// One stage of gdr_bwd6', '// gdr_grad6 (v6 backward, opt-in')
+bwd8 = cut('// gdr_bwd8 (opt-in GDN_RULE_BWD_SCAN=v8)', '#define GDR_BWD8_ENTRY')
 v10s = cut('template <int DK, int NC>\nstruct V10S', '// gdr_fwd9 on V10S stages')
 v10b = cut('template <int DK, int NW>\nstruct V10R', '// gdr_hrec10{,b}_d{DK}_w{NW}')
 os.makedirs(os.path.join(here, 'h'), exist_ok=True)
-open(os.path.join(here, 'h/kern.h'), 'w').write(frags + store + scale + dd + v10s + v10b)
+open(os.path.join(here, 'h/kern.h'), 'w').write(frags + chain6 + store + hrec6 + bwd6 + bwd8 + v10s + v10b)
 # h/fwd10.h (fwd10.cpp): gdr_fwd10 with gdr_fwd8's chain pieces and output, gdr_fwd9's output
 # staging, its own stage and chain step (pair_bar comes from the harness)
 v8 = cut('// v8 forward (issue 13', '// Chain microbenchmark of v8')
