@@ -8,7 +8,8 @@
 //! the checks fire). So an edit that breaks these kernels' algebra, fragment mapping, exchanges,
 //! staging or mbarrier ring fails here, in CI, before a GPU runs them.
 //!
-//! Needs `python3` (the extraction) and a C++20 `g++` (std::barrier); both are on the CI
+//! Also GDN2's fused forward (`bench/notes/h-g2f-emu/`, its own harness). Needs `python3` (the
+//! extraction) and a C++20 `g++` (std::barrier); both are on the CI
 //! machine. Without them the tests fail (set `GDN_EMU_OPTIONAL=1` to skip them instead).
 
 use std::path::{Path, PathBuf};
@@ -16,8 +17,14 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+fn notes_dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../bench/notes")
+        .join(name)
+}
+
 fn emu_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/notes/emu")
+    notes_dir("emu")
 }
 
 fn optional() -> bool {
@@ -26,10 +33,14 @@ fn optional() -> bool {
 
 /// Runs a command in the emulators' folder to completion within `limit`, killing it after; the
 /// outcome: Ok(stdout) on exit status 0, else Err(a description with its output's tail).
-fn run(mut cmd: Command, limit: Duration) -> Result<String, String> {
+fn run(cmd: Command, limit: Duration) -> Result<String, String> {
+    run_in(&emu_dir(), cmd, limit)
+}
+
+fn run_in(dir: &Path, mut cmd: Command, limit: Duration) -> Result<String, String> {
     let what = format!("{cmd:?}");
     let mut child = cmd
-        .current_dir(emu_dir())
+        .current_dir(dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -145,4 +156,48 @@ fn fused_forward_emulated() {
 #[test]
 fn prep_variants_emulated() {
     emulate("prep");
+}
+
+/// GDN2's forward (g2c_prep8h and the fused scan + output g2f_fwd8, every width, Dk 64 / 128,
+/// GVA, packed sequences, initial states, three gate regimes) against an f64 token recurrence:
+/// the emulator `bench/notes/h-g2f-emu/` written with those kernels (session 8), run as it is.
+#[test]
+fn gdn2_fused_forward_emulated() {
+    let dir = notes_dir("h-g2f-emu");
+    let build = || -> Result<(), String> {
+        std::fs::create_dir_all(dir.join("h")).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut py = Command::new("python3");
+        py.arg("extract.py");
+        run_in(&dir, py, Duration::from_secs(60))?;
+        let mut cc = Command::new("g++");
+        cc.args([
+            "-std=c++20",
+            "-O2",
+            "-pthread",
+            "-w",
+            "main.cpp",
+            "-o",
+            "h/main",
+        ]);
+        run_in(&dir, cc, Duration::from_secs(300))?;
+        Ok(())
+    };
+    if let Err(e) = build() {
+        if optional() {
+            eprintln!("kernel emulators skipped (GDN_EMU_OPTIONAL=1): {e}");
+            return;
+        }
+        panic!("building the GDN2 forward emulator failed (python3 and a C++20 g++ are needed; GDN_EMU_OPTIONAL=1 skips): {e}");
+    }
+    match run_in(
+        &dir,
+        Command::new(dir.join("h/main")),
+        Duration::from_secs(600),
+    ) {
+        Ok(out) => {
+            print!("{out}");
+            assert!(out.trim_end().ends_with("ok"), "no final verdict in\n{out}");
+        }
+        Err(e) => panic!("{e}"),
+    }
 }
