@@ -98,6 +98,44 @@ struct Setup {
     double O(i64 c, int i, int h, int x) const { return i < len[c] ? bf(d_o[((t0[c] + i) * hv + h) * dv + x]) : 0.0; }
 };
 
+// The reverse scans' recurrence in f64 with their roundings, one chunk step at a time from the
+// state the kernel stored for it (dh[c]): fills rdh (the state entering each step), rdd (dD) and
+// rdh0. `wterm(c, cb, l, G, D)` gives the update's W product, DK x dv, added to
+// e^gl S + Q^T bf16(scale e^gam dO): the default scans' -W^T bf16(dD), gdr_bwd10's rebuilt one.
+template <int DK, class WT>
+void ref_reverse(const Setup& S, bool dhton, float scale, const std::vector<float>& dh, std::vector<double>& rdh,
+                 std::vector<double>& rdd, std::vector<double>& rdh0, WT wterm) {
+    const int hv = S.hv, hk = S.hk, dv = S.dv;
+    for (int n = 0; n < S.nseq; ++n) for (int hh = 0; hh < hv; ++hh) {
+        const int kh = hh / (hv / hk);
+        std::vector<double> St((size_t)DK * dv);
+        for (size_t i = 0; i < St.size(); ++i) St[i] = dhton ? S.st[((size_t)n * hv + hh) * DK * dv + i] : 0.0;
+        for (i64 c = S.seq_ch[n + 1] - 1; c >= S.seq_ch[n]; --c) {
+            const int l = S.len[c]; const i64 cb = c * hv + hh;
+            const float* G = &S.gam[cb * 64]; const double gl = G[l - 1];
+            for (size_t i = 0; i < St.size(); ++i) rdh[cb * DK * dv + i] = St[i];
+            for (size_t i = 0; i < St.size(); ++i) St[i] = dh[cb * DK * dv + i];
+            std::vector<double> D(64 * dv, 0.0);
+            for (int i = 0; i < 64; ++i) for (int x = 0; x < dv; ++x) {
+                double ks = 0;
+                if (i < l) for (int d = 0; d < DK; ++d) ks += rbf(St[d * dv + x]) * S.K(c, i, kh, d);
+                double ad = 0; for (int j = i; j < 64; ++j) ad += bf(S.a[(cb * 64 + j) * 64 + i]) * S.O(c, j, hh, x);
+                D[i * dv + x] = (i < l ? std::exp(gl - G[i]) * ks : 0.0) + scale * ad;
+                rdd[(cb * 64 + i) * dv + x] = D[i * dv + x];
+            }
+            const std::vector<double> Wt = wterm(c, cb, l, kh, G, D);
+            std::vector<double> S1(St.size());
+            for (int d = 0; d < DK; ++d) for (int x = 0; x < dv; ++x) {
+                double acc = std::exp(gl) * St[d * dv + x] + Wt[d * dv + x];
+                for (int i = 0; i < l; ++i) acc += S.Q(c, i, kh, d) * rbf(scale * std::exp((double)G[i]) * S.O(c, i, hh, x));
+                S1[d * dv + x] = acc;
+            }
+            St = S1;
+        }
+        for (size_t i = 0; i < St.size(); ++i) rdh0[((size_t)n * hv + hh) * DK * dv + i] = St[i];
+    }
+}
+
 template <int DK, int NW>
 int run_hrec(int hk, int hv, int dv, std::vector<int> lens, bool h0on, unsigned seed) {
     Setup S(DK, hk, hv, dv, lens, seed);
@@ -172,44 +210,19 @@ int run_bwd(int hk, int hv, int dv, std::vector<int> lens, bool dhton, unsigned 
     launch(grid, 32 * NW, [&] { gdr_bwd10<DK, NW, bf16_t>(S.q.data(), S.k.data(), S.d_o.data(), S.gam.data(), S.pt.data(), S.a.data(), S.seq_ch.data(), S.t0.data(), S.len.data(), hk, hv, dv, scale, dht, nullptr, dh16.data(), dd16.data(), dh02.data()); });
     size_t bad = bf_mismatch(dh16, dh) + bf_mismatch(dd16, dd);
     for (size_t i = 0; i < dh0.size(); ++i) bad += std::memcmp(&dh0[i], &dh02[i], 4) != 0;
-    // f64 reverse recurrence with the kernel's roundings
+    // f64 reverse recurrence with the kernel's roundings; the W product rebuilt as
+    // K^T bf16(e^gam Z), Z = PT^T bf16(-dD)
     std::vector<double> rdh(nh, 0.0), rdd(nd, 0.0), rdh0(S.st.size(), 0.0);
-    for (int n = 0; n < S.nseq; ++n) for (int hh = 0; hh < hv; ++hh) {
-        const int kh = hh / (hv / hk);
-        std::vector<double> St((size_t)DK * dv);
-        for (size_t i = 0; i < St.size(); ++i) St[i] = dhton ? S.st[((size_t)n * hv + hh) * DK * dv + i] : 0.0;
-        for (i64 c = S.seq_ch[n + 1] - 1; c >= S.seq_ch[n]; --c) {
-            const int l = S.len[c]; const i64 cb = c * hv + hh;
-            const float* G = &S.gam[cb * 64]; const double gl = G[l - 1];
-            // one step at a time from the kernel's stored dh[c] (as run_hrec)
-            for (size_t i = 0; i < St.size(); ++i) rdh[cb * DK * dv + i] = St[i];
-            for (size_t i = 0; i < St.size(); ++i) St[i] = dh[cb * DK * dv + i];
-            std::vector<double> D(64 * dv, 0.0);
-            for (int i = 0; i < 64; ++i) for (int x = 0; x < dv; ++x) {
-                double ks = 0;
-                if (i < l) for (int d = 0; d < DK; ++d) ks += rbf(St[d * dv + x]) * S.K(c, i, kh, d);
-                double ad = 0; for (int j = i; j < 64; ++j) ad += bf(S.a[(cb * 64 + j) * 64 + i]) * S.O(c, j, hh, x);
-                D[i * dv + x] = (i < l ? std::exp(gl - G[i]) * ks : 0.0) + scale * ad;
-                rdd[(cb * 64 + i) * dv + x] = D[i * dv + x];
-            }
-            std::vector<double> Z(64 * dv, 0.0);
-            for (int m = 0; m < l; ++m) for (int x = 0; x < dv; ++x) {
-                double z = 0; for (int i = m; i < 64; ++i) z += S.PT(cb, i, m) * rbf(-D[i * dv + x]);
-                Z[m * dv + x] = rbf(std::exp((double)G[m]) * (float)z);
-            }
-            std::vector<double> S1(St.size());
-            for (int d = 0; d < DK; ++d) for (int x = 0; x < dv; ++x) {
-                double acc = std::exp(gl) * St[d * dv + x];
-                for (int i = 0; i < l; ++i) {
-                    acc += S.Q(c, i, kh, d) * rbf(scale * std::exp((double)G[i]) * (double)bf(f32_to_bf16((float)S.O(c, i, hh, x))));
-                    acc += S.K(c, i, kh, d) * Z[i * dv + x];
-                }
-                S1[d * dv + x] = acc;
-            }
-            St = S1;
+    ref_reverse<DK>(S, dhton, scale, dh, rdh, rdd, rdh0, [&](i64 c, i64 cb, int l, int kh, const float* G, const std::vector<double>& D) {
+        std::vector<double> Z(64 * dv, 0.0), T((size_t)DK * dv, 0.0);
+        for (int m = 0; m < l; ++m) for (int x = 0; x < dv; ++x) {
+            double z = 0; for (int i = m; i < 64; ++i) z += S.PT(cb, i, m) * rbf(-D[i * dv + x]);
+            Z[m * dv + x] = rbf(std::exp((double)G[m]) * (float)z);
         }
-        for (size_t i = 0; i < St.size(); ++i) rdh0[((size_t)n * hv + hh) * DK * dv + i] = St[i];
-    }
+        for (int d = 0; d < DK; ++d) for (int x = 0; x < dv; ++x)
+            for (int i = 0; i < l; ++i) T[d * dv + x] += S.K(c, i, kh, d) * Z[i * dv + x];
+        return T;
+    });
     const double a1 = maxerr(dh, rdh), a2 = maxerr(dd, rdd), a3 = maxerr(dh0, rdh0);
     const double r1 = rmserr(dh, rdh), r2 = rmserr(dd, rdd), r3 = rmserr(dh0, rdh0);
     printf("bwd10 d%d w%d hk%d hv%d dv%d lens", DK, NW, hk, hv, dv);
@@ -291,34 +304,12 @@ int run_bwd8(int hk, int hv, int dv, std::vector<int> lens, bool dhton, unsigned
     size_t bad = bf_mismatch(dh16, dh) + bf_mismatch(dd16, dd);
     for (size_t i = 0; i < dh0.size(); ++i) bad += std::memcmp(&dh0[i], &dh02[i], 4) != 0;
     std::vector<double> rdh(nh, 0.0), rdd(nd, 0.0), rdh0(S.st.size(), 0.0);
-    for (int n = 0; n < S.nseq; ++n) for (int hh = 0; hh < hv; ++hh) {
-        const int kh = hh / (hv / hk);
-        std::vector<double> St((size_t)DK * dv);
-        for (size_t i = 0; i < St.size(); ++i) St[i] = dhton ? S.st[((size_t)n * hv + hh) * DK * dv + i] : 0.0;
-        for (i64 c = S.seq_ch[n + 1] - 1; c >= S.seq_ch[n]; --c) {
-            const int l = S.len[c]; const i64 cb = c * hv + hh;
-            const float* G = &S.gam[cb * 64]; const double gl = G[l - 1];
-            for (size_t i = 0; i < St.size(); ++i) rdh[cb * DK * dv + i] = St[i];
-            for (size_t i = 0; i < St.size(); ++i) St[i] = dh[cb * DK * dv + i];
-            std::vector<double> D(64 * dv, 0.0);
-            for (int i = 0; i < 64; ++i) for (int x = 0; x < dv; ++x) {
-                double ks = 0;
-                if (i < l) for (int d = 0; d < DK; ++d) ks += rbf(St[d * dv + x]) * S.K(c, i, kh, d);
-                double ad = 0; for (int j = i; j < 64; ++j) ad += bf(S.a[(cb * 64 + j) * 64 + i]) * S.O(c, j, hh, x);
-                D[i * dv + x] = (i < l ? std::exp(gl - G[i]) * ks : 0.0) + scale * ad;
-                rdd[(cb * 64 + i) * dv + x] = D[i * dv + x];
-            }
-            std::vector<double> S1(St.size());
-            for (int d = 0; d < DK; ++d) for (int x = 0; x < dv; ++x) {
-                double acc = std::exp(gl) * St[d * dv + x];
-                for (int i = 0; i < l; ++i) acc += S.Q(c, i, kh, d) * rbf(scale * std::exp((double)G[i]) * S.O(c, i, hh, x));
-                for (int i = 0; i < 64; ++i) acc -= S.W(cb, i, d) * rbf(D[i * dv + x]);
-                S1[d * dv + x] = acc;
-            }
-            St = S1;
-        }
-        for (size_t i = 0; i < St.size(); ++i) rdh0[((size_t)n * hv + hh) * DK * dv + i] = St[i];
-    }
+    ref_reverse<DK>(S, dhton, scale, dh, rdh, rdd, rdh0, [&](i64, i64 cb, int, int, const float*, const std::vector<double>& D) {
+        std::vector<double> T((size_t)DK * dv, 0.0);
+        for (int d = 0; d < DK; ++d) for (int x = 0; x < dv; ++x)
+            for (int i = 0; i < 64; ++i) T[d * dv + x] -= S.W(cb, i, d) * rbf(D[i * dv + x]);
+        return T;
+    });
     const double a1 = maxerr(dh, rdh), a2 = maxerr(dd, rdd), a3 = maxerr(dh0, rdh0);
     const double r1 = rmserr(dh, rdh), r2 = rmserr(dd, rdd), r3 = rmserr(dh0, rdh0);
     printf("%s d%d w%d hk%d hv%d dv%d lens", EIGHT ? "bwd8" : "bwd6", DK, NW, hk, hv, dv);

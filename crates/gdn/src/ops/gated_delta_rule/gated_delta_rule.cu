@@ -5276,7 +5276,7 @@ GDR_BWD8_ENTRY(128, 8)
 // the stage with chunk i (i >= NS), waits for empty parity (k - 1) & 1 (the release of chunk
 // i - NS). Neither barrier can run a phase ahead of its waiter (the producer cannot fill chunk
 // i + NS before chunk i's release; chunk i + NS's release needs chunk i + NS's fill), so one
-// parity bit names the phase (checked by bench/notes/h-ld8-emu's interleavings).
+// parity bit names the phase (checked by bench/notes/emu/fwd10.cpp's interleavings).
 // Registers: with PW = 1 the CTA has 32 (NW + 1) threads: the register file holds 255 per
 // thread at NW <= 4 (160 x 255 < 64 K), but at NW = 8 (288 threads) ptxas budgets whole
 // warpgroups (384 x 168) and spills. setmaxnreg
