@@ -2063,16 +2063,12 @@ fn backward_v6(
     // The v10 scans (opt-in, set_bwd10): PT from the prep instead of W and U.
     // v10: both scans (gdr_hrec10, gdr_bwd10; the prep writes PT only); h10: gdr_hrec10 at
     // least (alone: beside the default reverse scan, the prep writing PT and W).
-    let v10 = bwd10_on();
-    let h10 = v10 || hrec10_on();
-    if h10 && !(pieces.recompute && pieces.scan && pieces.grad7) {
-        return Err(GdnError::Invalid(
-            "gated delta rule: the v10 backward scans (GDN_RULE_BWD_SCAN=v10, GDN_RULE_HREC=v10) \
-             need the default backward's pieces (the recompute, the reverse scan and the grad7 / \
-             grad10 gradients), not the ones GDN_RULE_BWD selects"
-                .into(),
-        ));
-    }
+    // They need the default pieces (the recompute, the reverse scan, the grad7 / 8 / 10
+    // gradients, which read neither W nor U); elsewhere (other GDN_RULE_BWD pieces, head sizes
+    // without those gradient kernels) the default scans run, as with the other opt-in scans.
+    let v10_fits = pieces.recompute && pieces.scan && pieces.grad7;
+    let v10 = bwd10_on() && v10_fits;
+    let h10 = (v10 || hrec10_on()) && v10_fits;
     let td16 = pieces.grad7
         && pieces.recompute
         && pieces.scan
