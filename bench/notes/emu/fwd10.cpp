@@ -180,6 +180,45 @@ template <class F> void launch(int grid, int nt, F f, unsigned seed) {
 
 static double rbf(double x) { return (double)bf(f32_to_bf16((float)x)); }
 
+// The fused forwards' f64 recurrence with the kernels' roundings: S0 -> bf16 (the operands),
+// o = scale (diag(e^gam) (Q S0) + A bf16(D)), S1 = e^gl S + K^T bf16(e^(gl - g) D); `dfn(c, cb,
+// kh, h, l, G, Sb)` gives the chunk's D (64 x dv): gdr_fwd10's PT (V - e^gam K S0), gdr_fwd8's
+// U - W S0. Fills ro (o) and rf (the final states).
+template <int DK, class DF>
+void ref_forward(int nseq, int hk, int hv, int dv, const std::vector<i64>& seq_ch, const std::vector<i64>& t0,
+                 const std::vector<int>& len, const std::vector<bf16_t>& q, const std::vector<bf16_t>& k,
+                 const std::vector<bf16_t>& a, const std::vector<float>& gam, const std::vector<float>& h0, bool h0on,
+                 float scale, std::vector<double>& ro, std::vector<double>& rf, DF dfn) {
+    for (int n = 0; n < nseq; ++n) for (int h = 0; h < hv; ++h) {
+        const int kh = h / (hv / hk);
+        std::vector<double> S((size_t)DK * dv);
+        for (size_t i = 0; i < S.size(); ++i) S[i] = h0on ? h0[((size_t)n * hv + h) * DK * dv + i] : 0.0;
+        for (i64 c = seq_ch[n]; c < seq_ch[n + 1]; ++c) {
+            const int l = len[c]; const i64 cb = c * hv + h;
+            const float* G = &gam[cb * 64]; const double gl = G[l - 1];
+            auto K = [&](int i, int d) { return i < l ? (double)bf(k[((t0[c] + i) * hk + kh) * DK + d]) : 0.0; };
+            auto Q = [&](int i, int d) { return i < l ? (double)bf(q[((t0[c] + i) * hk + kh) * DK + d]) : 0.0; };
+            std::vector<double> Sb(S.size()); for (size_t i = 0; i < S.size(); ++i) Sb[i] = rbf(S[i]);
+            const std::vector<double> D = dfn(c, cb, kh, h, l, G, Sb);
+            for (int i = 0; i < l; ++i) for (int x = 0; x < dv; ++x) {
+                double s = 0;
+                for (int d = 0; d < DK; ++d) s += Q(i, d) * Sb[d * dv + x];
+                s *= std::exp((double)G[i]);
+                for (int j = 0; j <= i; ++j) s += bf(a[(cb * 64 + i) * 64 + j]) * rbf(D[j * dv + x]);
+                ro[((t0[c] + i) * hv + h) * dv + x] = scale * s;
+            }
+            std::vector<double> S1(S.size());
+            for (int d = 0; d < DK; ++d) for (int x = 0; x < dv; ++x) {
+                double acc = std::exp(gl) * S[d * dv + x];
+                for (int i = 0; i < l; ++i) acc += K(i, d) * rbf(std::exp(gl - G[i]) * D[i * dv + x]);
+                S1[d * dv + x] = acc;
+            }
+            S = S1;
+        }
+        for (size_t i = 0; i < S.size(); ++i) rf[((size_t)n * hv + h) * DK * dv + i] = S[i];
+    }
+}
+
 template <int DK, int NW, int NS, int PW, bool LO>
 int run(int hk, int hv, int dv, std::vector<int> lens, bool h0on, unsigned seed, int orders) {
     std::mt19937 rng(seed); std::normal_distribution<float> nd; std::uniform_real_distribution<float> ud(0.2f, 1.f);
@@ -219,42 +258,19 @@ int run(int hk, int hv, int dv, std::vector<int> lens, bool h0on, unsigned seed,
     // o = scale (diag(e^gam) (Q S0) + A D) with Q, S0 and D as bf16 operands (v8_output's).
     auto PTv = [&](i64 cb, int i, int j) { return (double)bf(pt[cb * 8192 + i * 64 + j]) + (LO ? bf(pt[cb * 8192 + 4096 + i * 64 + j]) : 0.0); };
     std::vector<double> ro(tok * hv * dv, 0.0), rf(h0.size(), 0.0);
-    for (int n = 0; n < nseq; ++n) for (int h = 0; h < hv; ++h) {
-        const int kh = h / (hv / hk);
-        std::vector<double> S((size_t)DK * dv);
-        for (size_t i = 0; i < S.size(); ++i) S[i] = h0on ? h0[((size_t)n * hv + h) * DK * dv + i] : 0.0;
-        for (i64 c = seq_ch[n]; c < seq_ch[n + 1]; ++c) {
-            const int l = len[c]; const i64 cb = c * hv + h;
-            const float* G = &gam[cb * 64]; const double gl = G[l - 1];
-            auto K = [&](int i, int d) { return i < l ? (double)bf(k[((t0[c] + i) * hk + kh) * DK + d]) : 0.0; };
-            auto Q = [&](int i, int d) { return i < l ? (double)bf(q[((t0[c] + i) * hk + kh) * DK + d]) : 0.0; };
-            std::vector<double> Sb(S.size()); for (size_t i = 0; i < S.size(); ++i) Sb[i] = rbf(S[i]);
-            std::vector<double> Y(64 * dv, 0.0), D(64 * dv, 0.0);
-            for (int i = 0; i < l; ++i) for (int x = 0; x < dv; ++x) {
-                double s = 0; for (int d = 0; d < DK; ++d) s += K(i, d) * Sb[d * dv + x];
-                Y[i * dv + x] = rbf((double)bf(v[((t0[c] + i) * hv + h) * dv + x]) - std::exp((double)G[i]) * s);
-            }
-            for (int i = 0; i < 64; ++i) for (int x = 0; x < dv; ++x) {
-                double s = 0; for (int m = 0; m <= i; ++m) s += PTv(cb, i, m) * Y[m * dv + x];
-                D[i * dv + x] = s;
-            }
-            for (int i = 0; i < l; ++i) for (int x = 0; x < dv; ++x) {
-                double s = 0;
-                for (int d = 0; d < DK; ++d) s += Q(i, d) * Sb[d * dv + x];
-                s *= std::exp((double)G[i]);
-                for (int j = 0; j <= i; ++j) s += bf(a[(cb * 64 + i) * 64 + j]) * rbf(D[j * dv + x]);
-                ro[((t0[c] + i) * hv + h) * dv + x] = scale * s;
-            }
-            std::vector<double> S1(S.size());
-            for (int d = 0; d < DK; ++d) for (int x = 0; x < dv; ++x) {
-                double acc = std::exp(gl) * S[d * dv + x];
-                for (int i = 0; i < l; ++i) acc += K(i, d) * rbf(std::exp(gl - G[i]) * D[i * dv + x]);
-                S1[d * dv + x] = acc;
-            }
-            S = S1;
+    ref_forward<DK>(nseq, hk, hv, dv, seq_ch, t0, len, q, k, a, gam, h0, h0on, scale, ro, rf,
+                    [&](i64 c, i64 cb, int kh, int h, int l, const float* G, const std::vector<double>& Sb) {
+        std::vector<double> Y(64 * dv, 0.0), D(64 * dv, 0.0);
+        for (int i = 0; i < l; ++i) for (int x = 0; x < dv; ++x) {
+            double s = 0; for (int d = 0; d < DK; ++d) s += (double)bf(k[((t0[c] + i) * hk + kh) * DK + d]) * Sb[d * dv + x];
+            Y[i * dv + x] = rbf((double)bf(v[((t0[c] + i) * hv + h) * dv + x]) - std::exp((double)G[i]) * s);
         }
-        for (size_t i = 0; i < S.size(); ++i) rf[((size_t)n * hv + h) * DK * dv + i] = S[i];
-    }
+        for (int i = 0; i < 64; ++i) for (int x = 0; x < dv; ++x) {
+            double s = 0; for (int m = 0; m <= i; ++m) s += PTv(cb, i, m) * Y[m * dv + x];
+            D[i * dv + x] = s;
+        }
+        return D;
+    });
     int bad_runs = 0;
     for (int ord = 0; ord < orders; ++ord) {
         std::vector<bf16_t> o(tok * hv * dv, 0x7fc0); std::vector<float> f(h0.size(), NAN);
@@ -344,38 +360,15 @@ int run9(int hk, int hv, int dv, std::vector<int> lens, bool h0on, unsigned seed
     }, seed);
     // f64 reference with the kernels' roundings
     std::vector<double> ro(tok * hv * dv, 0.0), rf(h0.size(), 0.0);
-    for (int n = 0; n < nseq; ++n) for (int h = 0; h < hv; ++h) {
-        const int kh = h / (hv / hk);
-        std::vector<double> S((size_t)DK * dv);
-        for (size_t i = 0; i < S.size(); ++i) S[i] = h0on ? h0[((size_t)n * hv + h) * DK * dv + i] : 0.0;
-        for (i64 c = seq_ch[n]; c < seq_ch[n + 1]; ++c) {
-            const int l = len[c]; const i64 cb = c * hv + h;
-            const float* G = &gam[cb * 64]; const double gl = G[l - 1];
-            auto K = [&](int i, int d) { return i < l ? (double)bf(k[((t0[c] + i) * hk + kh) * DK + d]) : 0.0; };
-            auto Q = [&](int i, int d) { return i < l ? (double)bf(q[((t0[c] + i) * hk + kh) * DK + d]) : 0.0; };
-            std::vector<double> Sb(S.size()); for (size_t i = 0; i < S.size(); ++i) Sb[i] = rbf(S[i]);
-            std::vector<double> D(64 * dv, 0.0);
-            for (int i = 0; i < 64; ++i) for (int x = 0; x < dv; ++x) {
-                double s = 0; for (int d = 0; d < DK; ++d) s += bf(w[(cb * 64 + i) * DK + d]) * Sb[d * dv + x];
-                D[i * dv + x] = u[(cb * 64 + i) * dv + x] - s;
-            }
-            for (int i = 0; i < l; ++i) for (int x = 0; x < dv; ++x) {
-                double s = 0;
-                for (int d = 0; d < DK; ++d) s += Q(i, d) * Sb[d * dv + x];
-                s *= std::exp((double)G[i]);
-                for (int j = 0; j <= i; ++j) s += bf(a[(cb * 64 + i) * 64 + j]) * rbf(D[j * dv + x]);
-                ro[((t0[c] + i) * hv + h) * dv + x] = scale * s;
-            }
-            std::vector<double> S1(S.size());
-            for (int d = 0; d < DK; ++d) for (int x = 0; x < dv; ++x) {
-                double acc = std::exp(gl) * S[d * dv + x];
-                for (int i = 0; i < l; ++i) acc += K(i, d) * rbf(std::exp(gl - G[i]) * D[i * dv + x]);
-                S1[d * dv + x] = acc;
-            }
-            S = S1;
+    ref_forward<DK>(nseq, hk, hv, dv, seq_ch, t0, len, q, k, a, gam, h0, h0on, scale, ro, rf,
+                    [&](i64, i64 cb, int, int, int, const float*, const std::vector<double>& Sb) {
+        std::vector<double> D(64 * dv, 0.0);
+        for (int i = 0; i < 64; ++i) for (int x = 0; x < dv; ++x) {
+            double s = 0; for (int d = 0; d < DK; ++d) s += bf(w[(cb * 64 + i) * DK + d]) * Sb[d * dv + x];
+            D[i * dv + x] = u[(cb * 64 + i) * dv + x] - s;
         }
-        for (size_t i = 0; i < S.size(); ++i) rf[((size_t)n * hv + h) * DK * dv + i] = S[i];
-    }
+        return D;
+    });
     size_t off8 = 0;
     for (size_t i = 0; i < ro.size(); ++i) off8 += o8[i] != f32_to_bf16((float)ro[i]);
     // (the whole chain against the reference: a bf16 rounding flip propagates, so the final
