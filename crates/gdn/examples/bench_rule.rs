@@ -72,8 +72,9 @@
 //!   default's (another rounding: the diff is the difference, not zero). Both solve for T here
 //!   (`backward_with`); the default table with `GDN_RULE_BWD_SCAN=v10` runs them after a
 //!   forward that keeps T, as the layer does (`gdr_prep9to`);
-//! - `hrec10`: the same with only the recompute on v10's operands (`GDN_RULE_HREC=v10`:
-//!   `gdr_hrec10` beside the default reverse scan, the prep writing T diag(beta) and W, no U).
+//! - `hrec10`: the same with only the recompute on v10's operands (`gdr_hrec10` beside the
+//!   default reverse scan, the prep writing T diag(beta) and W, no U; the default on sm_90 since
+//!   session 20) against gdr_hrec6 (the prep writing W and U).
 
 #[path = "common/bench.rs"]
 mod bench;
@@ -200,7 +201,7 @@ fn main() {
             return bwd_piece_variants(
                 &gpu,
                 "state recompute",
-                "the default recompute",
+                "gdr_hrec6 (the default before session 20)",
                 "gdr_hrec10",
                 set_hrec10,
             )

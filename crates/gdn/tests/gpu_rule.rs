@@ -1238,8 +1238,9 @@ fn v6_bitwise_and_fallback() {
     }
 }
 
-/// `cuda::forward` (what the layer calls) runs by default (`FwdKernel::Auto`) for bf16 v9 on
-/// sm_90 and newer at every shape (the same bits as v8), below sm_90 v8 where v6 would leave
+/// `cuda::forward` (what the layer calls) runs by default (`FwdKernel::Auto`) for bf16 v10 on
+/// sm_90 and newer at every shape (since session 20; v9, the same bits as v8, with a prep other
+/// than prep8 / prep9: checked in `v10_forward_matches_f64`), below sm_90 v8 where v6 would leave
 /// schedulers idle (`auto_picks_v8`: here 4 sequences x 4 heads) and v6 with the lean loads
 /// where its grid fills the GPU (the same bits as asking for `FwdKernel::V6Lean { warps: 0 }`,
 /// and as `FwdKernel::V6`), and v5 for f32 storage. Skipped when `GDN_RULE_FWD` or
@@ -1264,20 +1265,23 @@ fn default_forward_is_by_shape() {
     assert!(!gdn::ops::gated_delta_rule::cuda::auto_picks_v8(
         300, 4, 128, sms
     ));
-    // sm_90+: v9 everywhere (v8's bits); older: v6 lean (v6's bits) for the full grid
+    // sm_90+: v10 everywhere; older: v8 for few tiles, v6 lean (v6's bits) for the full grid
     let sm90 = !matches!(gpu.arch(), "sm_80" | "sm_86" | "sm_89");
-    let (full, full_too) = if sm90 {
-        (FwdKernel::V8 { warps: 0 }, FwdKernel::V9 { warps: 0 })
+    let (few, full, full_too) = if sm90 {
+        (
+            FwdKernel::V10 { warps: 0 },
+            FwdKernel::V10 { warps: 0 },
+            FwdKernel::V10 { warps: 0 },
+        )
     } else {
-        (FwdKernel::V6Lean { warps: 0 }, FwdKernel::V6 { warps: 0 })
+        (
+            FwdKernel::V8 { warps: 0 },
+            FwdKernel::V6Lean { warps: 0 },
+            FwdKernel::V6 { warps: 0 },
+        )
     };
     for (dt, bf, seqs, want) in [
-        (
-            DType::Bf16,
-            true,
-            Seqs::packed(&cu, 1003).unwrap(),
-            FwdKernel::V8 { warps: 0 },
-        ),
+        (DType::Bf16, true, Seqs::packed(&cu, 1003).unwrap(), few),
         (DType::Bf16, true, many.clone(), full),
         (DType::Bf16, true, many, full_too),
         (
@@ -1603,6 +1607,36 @@ fn v10_forward_matches_f64() {
         fails.push(format!(
             "v10 with prep7: expected an error naming prep8 / prep9, got {e:?}"
         ));
+    }
+    // the default forward with prep7 is v9 (v10 needs prep8 / prep9's T diag(beta)): v9's bits
+    let with7 = |kernel| {
+        let (o, fin) = forward_with_prep(
+            &gpu,
+            &up(&c.q),
+            &up(&c.k),
+            &up(&c.v),
+            &g,
+            &up(&c.beta),
+            &c.seqs,
+            c.shape,
+            c.opts,
+            None,
+            true,
+            kernel,
+            PrepKernel::V7,
+        )
+        .unwrap();
+        let mut x = o.download().unwrap();
+        x.extend(gpu.download(fin.as_ref().unwrap()).unwrap());
+        x.iter().map(|a| a.to_bits()).collect::<Vec<u32>>()
+    };
+    let (auto7, v9_7) = (with7(FwdKernel::Auto), with7(FwdKernel::V9 { warps: 0 }));
+    println!(
+        "gdr-check default forward with prep7 = v9: {}",
+        auto7 == v9_7
+    );
+    if auto7 != v9_7 {
+        fails.push("the default forward with prep7 is not v9's bits".into());
     }
     finish(fails);
 }
@@ -4131,6 +4165,49 @@ fn v10_backward_matches_f64() {
             fails.push(format!(
                 "v10 backward {m:?} with prep7: expected an error naming prep8 / prep9, got {e:?}"
             ));
+        }
+    }
+    // The default (nothing set on this thread; skipped when GDN_RULE_HREC names a recompute):
+    // gdr_hrec10 beside the default reverse scan on sm_90 and newer since session 20, the v6
+    // recompute below; with prep7 (no T diag(beta)) the v6 recompute instead of an error.
+    if std::env::var_os("GDN_RULE_HREC").is_none()
+        && std::env::var_os("GDN_RULE_BWD_SCAN").is_none()
+    {
+        set_hrec10(None);
+        set_bwd10(None);
+        let d = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
+        let sm90 = !matches!(gpu.arch(), "sm_80" | "sm_86" | "sm_89");
+        let want = if sm90 { V10Bwd::Hrec } else { V10Bwd::Off };
+        set_v10_bwd(want);
+        let w = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
+        println!(
+            "gdr-check v10-bwd the default is {want:?}: {}",
+            d.bits() == w.bits()
+        );
+        if d.bits() != w.bits() {
+            fails.push(format!("the default backward is not {want:?}'s bits"));
+        }
+        set_hrec10(None);
+        let with7 = |gpu: &Arc<Gpu>| {
+            backward_with_prep(
+                gpu,
+                &u.q,
+                &u.k,
+                &u.v,
+                &u.g,
+                &u.beta,
+                &c.seqs,
+                c.shape,
+                c.opts,
+                u.h0.as_ref(),
+                &u.d_o,
+                u.dht.as_ref(),
+                v7b(0),
+                PrepKernel::V7,
+            )
+        };
+        if let Err(e) = with7(&gpu) {
+            fails.push(format!("the default backward with prep7 failed: {e}"));
         }
     }
     // The forward's kept T read or solved again: the same bits.

@@ -552,9 +552,15 @@ fn forward_inner(
         FwdKernel::V10 { warps } | FwdKernel::V10Fast { warps } => Some((warps, V6Loads::Split)),
         FwdKernel::Auto => {
             let sms = gpu.sm_count().unwrap_or(132);
-            if gpu_has_bulk_copies(gpu) {
-                // v9 at every shape where the GPU has mbarrier-completed copies (session 13:
-                // 0.33 ms against v6 lean's 0.42 at B8 T4096 16/16, 0.81 against 1.45 at B1)
+            if gpu_has_bulk_copies(gpu) && prep_may_keep_t(prep_kind) {
+                // v10 at every shape where the GPU has mbarrier-completed copies and the prep
+                // writes T diag(beta) (prep8 / prep9; session 20 on the H200: forward 1.99 ->
+                // 1.86 ms at B1 T32768 16/32, 1.05 -> 0.97 at B8 T4096 16/16, the prep writing
+                // 32 KB less per chunk and value head)
+                Some((0, V6Loads::Ring10))
+            } else if gpu_has_bulk_copies(gpu) {
+                // v9 where the prep is another (session 13: 0.33 ms against v6 lean's 0.42 at
+                // B8 T4096 16/16, 0.81 against 1.45 at B1)
                 Some((0, V6Loads::Ring))
             } else if auto_picks_v8(seqs.count(), s.hv, s.dv, sms) {
                 Some((0, V6Loads::Split))
@@ -1040,24 +1046,27 @@ pub enum FwdKernel {
     /// as [`FwdKernel::V8`] at every width. sm_90 and newer; `V8` below. `warps` as `V8`'s
     /// (`GDN_RULE_V8_WARPS` from the environment).
     V9 { warps: usize },
-    /// v10 (opt-in, `GDN_RULE_FWD=v10`; written in session 18 without a device, not yet run on
-    /// one): v9 with D rebuilt in the scan as `T diag(beta) (V - diag(e^gam) K S0)` from the
+    /// v10 (`GDN_RULE_FWD=v10`; [`FwdKernel::Auto`]'s pick on sm_90 and newer since session
+    /// 20): v9 with D rebuilt in the scan as `T diag(beta) (V - diag(e^gam) K S0)` from the
     /// input V and the prep's `T diag(beta)` (bf16 hi + lo, `gdr_prep8o` / `gdr_prep9o`), so the
     /// prep writes neither W nor U (`gdr_fwd10*`). Not v9's bits (D from other roundings); held
-    /// to the f64 tests. sm_90 and newer (`V8` below); `warps` as `V8`'s; the prep must be
-    /// prep8 / prep9 (the default).
+    /// to the f64 tests (o within 2.8-3.9e-3 RMS of f64 on the H200, as v9). sm_90 and newer
+    /// (`V8` below); `warps` as `V8`'s; the prep must be prep8 / prep9 (the default's).
     V10 { warps: usize },
-    /// v10 with the hi part of `T diag(beta)` only (`GDN_RULE_FWD=v10f`, `gdr_fwd10f*`): one
-    /// product less on the scan's chain; D from a bf16-rounded `T diag(beta)`, as v9's `W S0`
-    /// takes a bf16 W. Not yet run on a device either.
+    /// v10 with the hi part of `T diag(beta)` only (opt-in, `GDN_RULE_FWD=v10f`,
+    /// `gdr_fwd10f*`): one product less on the scan's chain; D from a bf16-rounded
+    /// `T diag(beta)`, as v9's `W S0` takes a bf16 W. Measured on the H200 (session 20): 0.02-0.06
+    /// ms faster than v10 per forward, the same error against f64 in every test case; not the
+    /// default because rounding T's entries (not a product) is the less robust choice where
+    /// a chunk's keys are nearly dependent and T's entries are large.
     V10Fast { warps: usize },
-    /// The default: on sm_90 and newer [`FwdKernel::V9`] at every shape (since 2026-12-03,
-    /// session 13, when its full-chunk step and staged output stores made it the fastest
-    /// everywhere measured: B1 T32768 16/32 0.81 ms, B8 T4096 16/16 0.33 against v6 lean's
-    /// 0.42); below sm_90 [`FwdKernel::V8`] (the same bits) where v6's grid would leave
-    /// schedulers idle (at most two 16-column state tiles per SM, [`auto_picks_v8`]: few
-    /// sequences x value heads over long sequences), else [`FwdKernel::V6Lean`]; widths by
-    /// shape.
+    /// The default: on sm_90 and newer [`FwdKernel::V10`] at every shape when the prep is
+    /// prep8 / prep9 (since session 20: B1 T32768 16/32 1.99 -> 1.86 ms, B8 T4096 16/16 1.05
+    /// -> 0.97 with its prep, against v9), else [`FwdKernel::V9`] (session 13: B1 0.81 ms, B8
+    /// 0.33 against v6 lean's 0.42); below sm_90 [`FwdKernel::V8`] (v9's bits) where v6's
+    /// grid would leave schedulers idle (at most two 16-column state tiles per SM,
+    /// [`auto_picks_v8`]: few sequences x value heads over long sequences), else
+    /// [`FwdKernel::V6Lean`]; widths by shape.
     Auto,
 }
 
@@ -1098,7 +1107,8 @@ impl FwdKernel {
     /// everywhere, `v6b` picks the bulk-copy loads (`v6l` names the default);
     /// `GDN_RULE_V6_WARPS=1|2|4|8` forces the CTA width of v6.
     /// `GDN_RULE_FWD=v8` selects [`FwdKernel::V8`] (`GDN_RULE_V8_WARPS=2|4|8` its width), `v9`
-    /// [`FwdKernel::V9`] (the same width switch),
+    /// [`FwdKernel::V9`], `v10` / `v10f` [`FwdKernel::V10`] / [`FwdKernel::V10Fast`] (the same
+    /// width switch),
     /// `v6l` [`FwdKernel::V6Lean`] everywhere; unset (or `auto`), [`FwdKernel::Auto`].
     pub fn from_env() -> FwdKernel {
         let fwd = std::env::var("GDN_RULE_FWD").ok();
@@ -1838,17 +1848,33 @@ thread_local! {
 /// Tests and benchmarks: on the calling thread, `Some(true)` makes the v6 backward's recompute
 /// `gdr_hrec10` (see [`set_bwd10`]) beside the default reverse scan, which still reads W: the
 /// prep writes T diag(beta) and W but no U (`gdr_prep8tow` / `gdr_prep9tow`, or `gdr_prep8ow` /
-/// `9ow` when no T was kept), whatever [`set_hrec8`] says. [`set_bwd10`] implies it. `None`
-/// follows `GDN_RULE_HREC` (`v10` selects it).
+/// `9ow` when no T was kept), whatever [`set_hrec8`] says. [`set_bwd10`] implies it. `Some(false)`
+/// the v6 / v8 recompute ([`set_hrec8`]'s choice). `None` (the default): see `hrec10_on`
+/// (gdr_hrec10 on sm_90 and newer with prep8 / prep9, unless [`set_hrec8`] or
+/// `GDN_RULE_HREC=v6|v8` chose another).
 #[doc(hidden)]
 pub fn set_hrec10(on: Option<bool>) {
     HREC10.with(|c| c.set(on));
 }
 
-fn hrec10_on() -> bool {
-    HREC10
-        .with(|c| c.get())
-        .unwrap_or_else(|| std::env::var("GDN_RULE_HREC").as_deref() == Ok("v10"))
+/// Whether the backward's recompute is `gdr_hrec10`: [`set_hrec10`]'s choice; else not when
+/// [`set_hrec8`] chose between hrec6 and hrec8 on this thread; else `GDN_RULE_HREC` (`v10`
+/// selects it, `v6` / `v8` the others); unset (or `auto`), on GPUs with mbarrier-completed copies
+/// (sm_90 and newer) when the prep is prep8 / prep9 (the default since session 20: measured on
+/// the H200, backward prep9tow 0.63 ms against prep9t's 0.77 at B1 T32768 16/32 with hrec10b
+/// hidden beside the reverse scan, rule fwd+bwd 6.96 -> 6.87; B8 T4096 16/16 4.00 -> 3.91).
+fn hrec10_on(gpu: &Gpu, prep: PrepKernel) -> bool {
+    if let Some(on) = HREC10.with(|c| c.get()) {
+        return on;
+    }
+    if HREC8.with(|c| c.get()).is_some() {
+        return false;
+    }
+    match std::env::var("GDN_RULE_HREC").as_deref() {
+        Ok("v10") => true,
+        Ok("auto") | Err(_) => gpu_has_bulk_copies(gpu) && prep_keeps_t(prep),
+        Ok(_) => false,
+    }
 }
 
 fn bwd10_on() -> bool {
@@ -2067,8 +2093,10 @@ fn backward_v6(
     // gradients, which read neither W nor U); elsewhere (other GDN_RULE_BWD pieces, head sizes
     // without those gradient kernels) the default scans run, as with the other opt-in scans.
     let v10_fits = pieces.recompute && pieces.scan && pieces.grad7;
+    // The forward's chunk inverses, where this backward's prep reads them (prep8 / prep9).
+    let pk = resolve_prep(gpu, prep_kind, ch.count, s)?;
     let v10 = bwd10_on() && v10_fits;
-    let h10 = (v10 || hrec10_on()) && v10_fits;
+    let h10 = (v10 || hrec10_on(gpu, pk)) && v10_fits;
     let td16 = pieces.grad7
         && pieces.recompute
         && pieces.scan
@@ -2087,8 +2115,6 @@ fn backward_v6(
     // v5) and in bf16 (the v6 scans' mma operands), by the v6 pipeline's prep with the recompute
     // (which also gives gam, T, W, U and A), else by gdr_l2norm2 (its fp32 output has v5's
     // gdr_l2norm bits).
-    // The forward's chunk inverses, where this backward's prep reads them (prep8 / prep9).
-    let pk = resolve_prep(gpu, prep_kind, ch.count, s)?;
     let tsaved = match t_saved {
         Some(t) if prep_keeps_t(pk) => TSaved::In(t),
         _ => TSaved::No,
@@ -2813,6 +2839,12 @@ fn ptr_plus(a: Arg, bytes: usize) -> Arg {
 /// Whether the prep `kind` (resolved) writes and reads saved chunk inverses (prep8, prep9).
 fn prep_keeps_t(kind: PrepKernel) -> bool {
     matches!(kind, PrepKernel::V8 | PrepKernel::V9)
+}
+
+/// Whether the prep `kind` resolves to prep8 / prep9 (`Auto` always does): the preps that can
+/// write T diag(beta) for the v10 scans.
+fn prep_may_keep_t(kind: PrepKernel) -> bool {
+    matches!(kind, PrepKernel::Auto | PrepKernel::V8 | PrepKernel::V9)
 }
 
 /// What the v6 pipeline's prep writes for the scans besides A, gam and the normalized rows.
