@@ -15,9 +15,9 @@ use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gated_delta_rule::cuda::{
     backward as backward_cuda, backward_saved, backward_with, backward_with_prep, chain6, chain8,
     forward as forward_cuda, forward_saving, forward_with, forward_with_prep, prep_only,
-    prep_saved_t, set_backward_overlap, set_bwd10, set_bwd8, set_bwd9, set_g10_split0, set_grad10,
-    set_grad8, set_hrec10, set_hrec8, set_poison, set_v6_stages, set_v9_producer, set_ws16,
-    v6_supports, BwdKernel, ChainInputs, FwdKernel, PrepKernel, V6Prep, T_PACKED,
+    prep_saved_t, set_backward_overlap, set_bwd10, set_bwd8, set_bwd9, set_g10_k1, set_g10_split0,
+    set_grad10, set_grad8, set_hrec10, set_hrec8, set_poison, set_v6_stages, set_v9_producer,
+    set_ws16, v6_supports, BwdKernel, ChainInputs, FwdKernel, PrepKernel, V6Prep, T_PACKED,
 };
 use gdn::ops::gated_delta_rule::reference::{self, RefInputs};
 use gdn::ops::gated_delta_rule::{self as gdr, RuleOpts, RuleShape};
@@ -3763,6 +3763,97 @@ fn grad10_bf16_workspaces_bitwise() {
                 if !same {
                     fails.push(format!("{}: register split 0 changed the bits", c.name));
                 }
+            }
+        }
+    }
+    set_ws16(None);
+    set_grad10(None);
+    finish(fails);
+}
+
+/// gdr_grad10's two K buffers (the default since session 20: item it's K in buffer it % 2, so
+/// the next item's K and Q load while this item's last products run; Q with its own barriers;
+/// dT's scratch in the dP tile) against session 17's single buffer (`set_g10_k1`): the same
+/// products on the same operands, so every output bitwise equal, at Dk = Dv = 128 with GVA ratio
+/// 1, 2 and 4, several items per CTA (T 20000: 313 chunks; 3 x 4100 tokens over 8 heads),
+/// partial and empty chunks (packed), both norms, fp32 and bf16 D / dD; two runs identical.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn grad10_k_buffers_bitwise() {
+    let gpu = gpu();
+    let mut fails = Vec::new();
+    let cu = [0u64, 0, 1, 64, 128, 193, 193, 700];
+    let cases = [
+        (
+            "kb 2/2 T20000 norm",
+            Seqs::uniform(1, 20000),
+            sh(2, 2, 128, 128),
+            true,
+        ),
+        (
+            "kb 2/4 T20000 caller",
+            Seqs::uniform(1, 20000),
+            sh(2, 4, 128, 128),
+            false,
+        ),
+        (
+            "kb 1/4 T20000 norm",
+            Seqs::uniform(1, 20000),
+            sh(1, 4, 128, 128),
+            true,
+        ),
+        (
+            "kb 8/8 3x4100 caller",
+            Seqs::uniform(3, 4100),
+            sh(8, 8, 128, 128),
+            false,
+        ),
+        (
+            "kb 4/4 packed norm",
+            Seqs::packed(&cu, 703).unwrap(),
+            sh(4, 4, 128, 128),
+            true,
+        ),
+        (
+            "kb 2/8 packed caller",
+            Seqs::packed(&cu, 703).unwrap(),
+            sh(2, 8, 128, 128),
+            false,
+        ),
+    ];
+    set_grad10(Some(true));
+    for (n, (name, seqs, shape, norm)) in cases.into_iter().enumerate() {
+        let c = case(
+            name,
+            seqs,
+            shape,
+            norm,
+            true,
+            Decay::LogSigmoid,
+            1500 + n as u64,
+            true,
+        );
+        for ws16 in [false, true] {
+            set_ws16(Some(ws16));
+            set_g10_k1(true);
+            let one = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
+            set_g10_k1(false);
+            let two = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
+            let again = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
+            check_written(&c, &two, &mut fails);
+            let (same, rerun) = (one.bits() == two.bits(), two.bits() == again.bits());
+            println!(
+                "gdr-check grad10 K buffers {name:<24} ws16={ws16}: bitwise one buffer's={same}, two runs equal={rerun}"
+            );
+            if !same || !rerun {
+                fails.push(format!(
+                    "{name} ws16={ws16}: two K buffers {}",
+                    if same {
+                        "differ between runs"
+                    } else {
+                        "changed the bits"
+                    }
+                ));
             }
         }
     }

@@ -1946,14 +1946,20 @@ pub fn g8_bytes(dk: usize, dv: usize) -> usize {
     (3 * C * lv + hq + C * lk) * 2 + (23 * C + 32) * 4
 }
 
-/// Dynamic shared memory of `gdr_grad10` (`G10<DK, DV>::BYTES`): single-buffered SW128 bf16
-/// tiles (Q, K, dW: 64 x Dk; h, dh: Dk x Dv; V, dO, D, dD: 64 x Dv; T, G, dT, dP: 64 x 64), two
-/// sets of gate vectors (4 x 64 fp32) and of row partials (4 x 64 + 8), the 64 x 64 warpgroup's
-/// 8 x 64 fp32 scratch, 28 mbarriers and 1 KB to round the base up to 1024 bytes: 220,448
-/// bytes at Dk = Dv = 128 (one CTA per SM).
+/// Dynamic shared memory of `gdr_grad10` (`G10<DK, DV>::BYTES`, two K buffers): SW128 bf16
+/// tiles (Q, K twice, dW: 64 x Dk; h, dh: Dk x Dv; V, dO, D, dD: 64 x Dv; T, G, dP (also dT's
+/// scratch): 64 x 64), two sets of gate vectors (4 x 64 fp32) and of row partials (4 x 64 + 8),
+/// the 64 x 64 warpgroup's 8 x 64 fp32 scratch, 32 mbarriers and 1 KB to round the base up to
+/// 1024 bytes: 228,672 bytes at Dk = Dv = 128 (one CTA per SM).
 pub fn g10_bytes(dk: usize, dv: usize) -> usize {
-    let tiles = 3 * C * dk * 2 + 2 * dk * dv * 2 + 4 * C * dv * 2 + 4 * C * C * 2;
-    tiles + 2 * 4 * C * 4 + (2 * 4 * C + 16) * 4 + 8 * C * 4 + 28 * 8 + 1024
+    let tiles = 4 * C * dk * 2 + 2 * dk * dv * 2 + 4 * C * dv * 2 + 3 * C * C * 2;
+    tiles + 2 * 4 * C * 4 + (2 * 4 * C + 16) * 4 + 8 * C * 4 + 32 * 8 + 1024
+}
+
+/// `gdr_grad10_k1` / `gdr_grad10b_k1`'s (`G10<DK, DV, 1>::BYTES`, session 17's layout: one K
+/// buffer, dT's own scratch tile, 28 mbarriers): 220,448 bytes at Dk = Dv = 128.
+pub fn g10_k1_bytes(dk: usize, dv: usize) -> usize {
+    g10_bytes(dk, dv) - C * dk * 2 + C * C * 2 - 4 * 8
 }
 
 thread_local! {
@@ -1961,6 +1967,17 @@ thread_local! {
     static GRAD10: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     static WS16: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     static G10SPLIT0: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static G10K1: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Tests only: on the calling thread, `true` runs gdr_grad10 at Dk = Dv = 128 with one K buffer
+/// (`gdr_grad10_k1_*` / `gdr_grad10b_k1_*`, session 17's kernel: the next item's Q and K load
+/// only after the item's last product) instead of two (the default since session 20: item it's
+/// K in buffer it % 2, Q with its own barriers): the same products on the same operands, so the
+/// same bits.
+#[doc(hidden)]
+pub fn set_g10_k1(on: bool) {
+    G10K1.with(|c| c.set(on));
 }
 
 /// Tests only: on the calling thread, `true` runs the layer's gdr_grad10b variant (bf16 D / dD,
@@ -3301,8 +3318,12 @@ fn grad7(
         // td16: D, dD in bf16 (see the backward)
         let b16 = if td16 { "b" } else { "" };
         // (tests: the other register split, set_g10_split0)
-        let d128 = td16 && s.dk == 128 && s.dv == 128;
-        let var = if d128 && G10SPLIT0.with(|c| c.get()) {
+        // (tests: one K buffer, set_g10_k1)
+        let d128 = s.dk == 128 && s.dv == 128;
+        let k1 = d128 && G10K1.with(|c| c.get());
+        let var = if k1 {
+            "_k1"
+        } else if td16 && d128 && G10SPLIT0.with(|c| c.get()) {
             "_r0"
         } else {
             ""
@@ -3315,7 +3336,11 @@ fn grad7(
             &name,
             items.min(gpu.sm_count()?),
             512,
-            g10_bytes(s.dk, s.dv),
+            if k1 {
+                g10_k1_bytes(s.dk, s.dv)
+            } else {
+                g10_bytes(s.dk, s.dv)
+            },
             &args(Some(items), None),
         )?;
         return grad_tails(gpu, seqs, s, dq, dk, dv, dg, dbeta, dh0);
@@ -3499,7 +3524,8 @@ mod tests {
     /// the 227 KB a block may have, at every head size it is built for.
     #[test]
     fn grad10_fits_an_sm() {
-        assert_eq!(g10_bytes(128, 128), 220_448);
+        assert_eq!(g10_bytes(128, 128), 228_672);
+        assert_eq!(g10_k1_bytes(128, 128), 220_448);
         for dk in [64, 128] {
             for dv in [64, 128] {
                 assert!(g10_bytes(dk, dv) <= 227 * 1024, "Dk {dk} Dv {dv}");

@@ -6854,19 +6854,22 @@ __device__ __forceinline__ void sw_rows16(char* dst, int R, const bf16_t* src, i
 //   WG1 "k side" (dk accumulator likewise): dk += e^(gam_L - gam) D dS^T (row dot with k),
 //       <S0, dS>, dk += G^T Q, dk += beta e^gam T^T dW (row dot with k), dk += dP K; the l2 norm.
 //   WG2 "64 x 64 side": dA = scale dO D^T, A = Q K^T -> E (its row and column sums) and G (-> sG);
-//       dT = dD Vb^T + dW Kb^T (-> sX), T^T dT (-> sX),
+//       dT = dD Vb^T + dW Kb^T (-> sX: the dP tile since session 20), T^T dT (-> sX),
 //       dM = -(T^T dT) T^T, P = K K^T -> dbeta, dgam terms and dP (-> sP); then each row's dgam
 //       and dbeta, the reverse cumsum dg, the stores of dg and dbeta.
 //   WG3 producer (56 registers, G10Regs): every operand of the next value head into its single
 //       buffer as soon as the buffer's last reader releases it (bf16 tiles by cp.async, the fp32
 //       D, dD, T rounded to bf16 through registers), the gate vectors (double-buffered), Q and K
-//       once per (chunk, key head); prefetches one head ahead into L2. Each of its four warps
-//       loads its own buffers in its own order (see gdr_grad10).
+//       once per (chunk, key head): K into buffer it % 2 of two (item it), Q into its one buffer
+//       once the item before's last Q product (mid-head) released it, so both land while that
+//       item's last products run (session 20; before, one buffer for both, reloaded only after
+//       the item's last product, dP K); prefetches one head ahead into L2. Each of its four
+//       warps loads its own buffers in its own order (see gdr_grad10).
 // No CTA-wide barrier after the start: mbarriers order every hand-off (full: the loading
 // producer warp's 32 threads, or a warpgroup's 128 writers; empty: lane 0 of each reading warp after its wgmma
 // completed). Phase parity: a barrier used once per value head step s completes phase s, so
-// waiters use s & 1 (per (chunk, key head) item for Q / K; per s / 2 for the two vector and part
-// buffers). No barrier can complete a phase twice ahead of its waiter: every full barrier's
+// waiters use s & 1 (per (chunk, key head) item it for Q; per s / 2 for the two vector and part
+// buffers, per it / 2 for the two K buffers). No barrier can complete a phase twice ahead of its waiter: every full barrier's
 // next fill waits for its empty barrier, every empty barrier's next release waits for the fill.
 // Results: dq, dk summed over the group in registers in the same head order as gdr_grad7 (whose
 // fp32 global partials they replace), the products' sums in the tensor cores' order: dq, dk, dv,
@@ -6884,11 +6887,16 @@ struct G10Regs {
     static_assert(P + Q + K + A == 512, "the four warpgroups' registers fill the register file");
 };
 
-template <int DK, int DV>
+// KB: K's buffers (2 since session 20: item it's K in buffer it & 1, so the next item's K loads
+// while this item's last products read it; 1: session 17's layout, kept for the bitwise test).
+// With KB 2 the 64 x 64 side's dT scratch (X) is the dP tile (dP is written after X's last read).
+template <int DK, int DV, int KB = 2>
 struct G10 {
+    static_assert(KB == 1 || KB == 2, "one or two K buffers");
     static constexpr int Q_OFF = 0;                            // [64][DK], per item
-    static constexpr int K_OFF = Q_OFF + GDR_C * DK * 2;
-    static constexpr int H_OFF = K_OFF + GDR_C * DK * 2;       // S0 [DK][DV]
+    static constexpr int K_OFF = Q_OFF + GDR_C * DK * 2;       // KB x [64][DK], per item
+    static constexpr int K_BYTES = GDR_C * DK * 2;
+    static constexpr int H_OFF = K_OFF + KB * GDR_C * DK * 2;  // S0 [DK][DV]
     static constexpr int DH_OFF = H_OFF + DK * DV * 2;         // dS [DK][DV]
     static constexpr int V_OFF = DH_OFF + DK * DV * 2;         // [64][DV]
     static constexpr int O_OFF = V_OFF + GDR_C * DV * 2;
@@ -6898,14 +6906,14 @@ struct G10 {
     static constexpr int T_OFF = W_OFF + GDR_C * DK * 2;       // [64][64]
     static constexpr int G_OFF = T_OFF + GDR_C * GDR_C * 2;
     static constexpr int X_OFF = G_OFF + GDR_C * GDR_C * 2;
-    static constexpr int P_OFF = X_OFF + GDR_C * GDR_C * 2;
+    static constexpr int P_OFF = KB == 2 ? X_OFF : X_OFF + GDR_C * GDR_C * 2;
     static constexpr int VEC_OFF = P_OFF + GDR_C * GDR_C * 2;  // 2 x {gam, eg, ed, beta}[64]
     static constexpr int PART_OFF = VEC_OFF + 2 * 4 * GDR_C * 4;  // 2 x {pq, pk, pkb, pv}[64], 2 x 8 red
     // WG2 scratch: column partials [4 warps][64] (E's, then f's), rows [64]: rs(E), db, fr,
     // cs(E)
     static constexpr int S3_OFF = PART_OFF + (2 * 4 * GDR_C + 16) * 4;
     static constexpr int BAR_OFF = S3_OFF + 8 * GDR_C * 4;
-    static constexpr int NBAR = 28;
+    static constexpr int NBAR = KB == 2 ? 32 : 28;
     static constexpr int BYTES = BAR_OFF + NBAR * 8 + 1024;
 };
 
@@ -6914,7 +6922,10 @@ enum {
     G10_FQK = 0, G10_EQK, G10_FVEC0, G10_FVEC1, G10_EVEC0, G10_EVEC1,
     G10_FH, G10_EH, G10_FDH, G10_EDH, G10_FO, G10_EO, G10_FD, G10_ED, G10_FDD, G10_EDD,
     G10_FV, G10_EV, G10_FT, G10_ET, G10_FW, G10_EW, G10_FG, G10_EG, G10_FP, G10_EP,
-    G10_FPART0, G10_FPART1
+    G10_FPART0, G10_FPART1,
+    // KB 2: K buffer b's full / empty are G10_FK0 + 2 b / G10_EK0 + 2 b; G10_FQK / G10_EQK then
+    // guard Q alone
+    G10_FK0, G10_EK0, G10_FK1, G10_EK1
 };
 
 // d (64 x N fp32 fragments of this warpgroup, N = 2 R) = (acc ? d : 0) + A B over k < KD, from
@@ -7120,7 +7131,7 @@ __device__ __forceinline__ void g10_wgbar(int id) { asm volatile("bar.sync %0, 1
 // the gates, S0, dS; 1: D, dO, Q / K; 2: dD, V; 3: T and the L2 prefetch), so a buffer released
 // late holds up only its own warp's later copies (before 2026-12-04 its 128 threads loaded every
 // buffer in one order: the same bits, checked then by grad10_producer_is_bitwise).
-template <int DK, int DV, typename TD = float, int RS = 0>
+template <int DK, int DV, typename TD = float, int RS = 0, int KB = 2>
 __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __restrict__ k_raw,
                            const bf16_t* __restrict__ qb,
                            const bf16_t* __restrict__ kb, const bf16_t* __restrict__ v,
@@ -7134,7 +7145,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                            bf16_t* __restrict__ dk_out, bf16_t* __restrict__ dv_out, float* __restrict__ dg,
                            bf16_t* __restrict__ dbeta) {
 #if __CUDA_ARCH__ >= 900
-    typedef G10<DK, DV> L;
+    typedef G10<DK, DV, KB> L;
     constexpr int dk = DK, dv = DV;
     // A launch with too little shared memory writes nothing (tests see the poisoned outputs).
     if (dyn_smem_bytes() < (unsigned)L::BYTES) return;
@@ -7152,6 +7163,20 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
     float* s3 = reinterpret_cast<float*>(sm + L::S3_OFF);
     const unsigned bar0 = sb + L::BAR_OFF;
     auto B = [&](int i) { return bar0 + 8u * (unsigned)i; };
+    // Item it's K: its buffer (KB 2: it & 1), full-barrier wait, and its last reader's release
+    // (KB 1: Q and K share G10_FQK / G10_EQK, released once the item's last product is done).
+    auto kbuf = [&](int it) { return KB == 2 ? (it & 1) : 0; };
+    auto wait_k = [&](int it) {
+        if (KB == 2) acp_mbar_wait(B(G10_FK0 + 2 * kbuf(it)), (unsigned)(it >> 1) & 1u);
+        else acp_mbar_wait(B(G10_FQK), (unsigned)it & 1u);
+    };
+    auto release_k = [&](int it) {
+        if (KB == 2) g10_release(B(G10_EK0 + 2 * kbuf(it)));
+    };
+    // Q's last reader's release (KB 2 only; KB 1 releases G10_EQK after the item's last product)
+    auto release_q = [&]() {
+        if (KB == 2) g10_release(B(G10_EQK));
+    };
     const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, w = (tid >> 5) & 3;
     const int g = lane >> 2, t = lane & 3;
     const int ratio = hv_n / hk_n;
@@ -7187,6 +7212,12 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
         acp_mbar_init(B(G10_EG), 8);  // WG0, WG1
         acp_mbar_init(B(G10_FP), 128);  // WG2
         acp_mbar_init(B(G10_EP), 4);  // WG1
+        if (KB == 2) {
+            for (int b = 0; b < 2; ++b) {
+                acp_mbar_init(B(G10_FK0 + 2 * b), FN);
+                acp_mbar_init(B(G10_EK0 + 2 * b), 12);  // WG0 (G K), WG1 (dP K), WG2 (K K^T)
+            }
+        }
         acp_fence_mbar_init();
     }
     // The only CTA-wide barrier: the mbarriers are initialized before anyone uses them.
@@ -7230,10 +7261,21 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                     if (s >= 1) acp_mbar_wait(B(G10_EO), ph);
                     g10_cp16<32>(sm + L::O_OFF, GDR_C, d_o + t0 * vrow + (i64)hv * dv, vrow, dv, GDR_C, l, lane);
                     acp_cp_async_arrive_noinc(B(G10_FO));
-                    if (r == 0) {
+                    if (r == 0 && KB == 1) {
                         if (it >= 1) acp_mbar_wait(B(G10_EQK), (unsigned)(it - 1) & 1u);
                         g10_cp16<32>(sm + L::Q_OFF, GDR_C, qb + t0 * krow + (i64)kh * dk, krow, dk, GDR_C, l, lane);
                         g10_cp16<32>(sm + L::K_OFF, GDR_C, kb + t0 * krow + (i64)kh * dk, krow, dk, GDR_C, l, lane);
+                        acp_cp_async_arrive_noinc(B(G10_FQK));
+                    } else if (r == 0) {
+                        // K into its buffer (last read by item it - 2), then Q (its last reads are
+                        // mid-head: this lands while the previous item's last head finishes)
+                        const int b = kbuf(it);
+                        if (it >= 2) acp_mbar_wait(B(G10_EK0 + 2 * b), (unsigned)((it >> 1) - 1) & 1u);
+                        g10_cp16<32>(sm + L::K_OFF + b * L::K_BYTES, GDR_C, kb + t0 * krow + (i64)kh * dk, krow,
+                                     dk, GDR_C, l, lane);
+                        acp_cp_async_arrive_noinc(B(G10_FK0 + 2 * b));
+                        if (it >= 1) acp_mbar_wait(B(G10_EQK), (unsigned)(it - 1) & 1u);
+                        g10_cp16<32>(sm + L::Q_OFF, GDR_C, qb + t0 * krow + (i64)kh * dk, krow, dk, GDR_C, l, lane);
                         acp_cp_async_arrive_noinc(B(G10_FQK));
                     }
                 } else if (pw == 2) {
@@ -7324,13 +7366,16 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                     if (DK == 128) dq_half(g10_ic<1>());
                     g10_release(B(G10_EH));
                     g10_release(B(G10_EO));
+                    if (r == ratio - 1) release_q();
                     g10_rows_out(s0, s1, part + vb * 4 * GDR_C);
                 }
                 acp_mbar_wait(B(G10_FG), ph);
-                if (r == 0) acp_mbar_wait(B(G10_FQK), (unsigned)it & 1u);
+                if (r == 0) wait_k(it);
                 wg_fence_proxy();
-                g10_mma<DK / 2, false, false, GDR_C>(dq, uG, GDR_C, uK, GDR_C, true);  // dq += G K
+                g10_mma<DK / 2, false, false, GDR_C>(dq, uG, GDR_C, uK + kbuf(it) * L::K_BYTES, GDR_C,
+                                                     true);  // dq += G K
                 g10_release(B(G10_EG));
+                if (r == ratio - 1) release_k(it);
                 // dVb = T^T dD: dv = beta dVb, <dVb, v> (here, not in WG2, whose chain is the
                 // longest), by halves
                 acp_mbar_wait(B(G10_FT), ph);
@@ -7380,7 +7425,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                 g10_release(B(G10_EVEC0 + vb));
                 acp_mbar_arrive(B(G10_FPART0 + vb));
                 if (r == ratio - 1) {
-                    g10_release(B(G10_EQK));
+                    if (KB == 1) g10_release(B(G10_EQK));
                     g10_l2_store(dq, q_raw + t0 * krow + (i64)kh * dk, dq_out + t0 * krow + (i64)kh * dk, krow, l,
                                  l2norm);
                 }
@@ -7409,7 +7454,8 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                 acp_mbar_wait(B(G10_FDH), ph);
                 wg_fence_proxy();
                 // (the row dot reads the K tile)
-                if (r == 0) acp_mbar_wait(B(G10_FQK), (unsigned)it & 1u);
+                if (r == 0) wait_k(it);
+                const char* tK = sm + L::K_OFF + kbuf(it) * L::K_BYTES;
                 {
                     // dk += e^(gam_L - gam) D dS^T (its row dot with k), by halves
                     float s0 = 0.f, s1 = 0.f;
@@ -7418,7 +7464,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                         float a[32];
                         g10_mma<32, false, true, DV, N0>(a, uD, GDR_C, uDH, dk, false);
                         g10_each(a, [&](int i, int x, float& e) { e = vv[2 * GDR_C + i] * e; });
-                        g10_rowdot(a, sm + L::K_OFF, l, N0, s0, s1);
+                        g10_rowdot(a, tK, l, N0, s0, s1);
 #pragma unroll
                         for (int e = 0; e < 32; ++e) dkr[N0 / 2 + e] = r == 0 ? a[e] : dkr[N0 / 2 + e] + a[e];
                     };
@@ -7455,6 +7501,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                 wg_fence_proxy();
                 g10_mma<DK / 2, true, false, GDR_C>(dkr, uG, GDR_C, uQ, GDR_C, true);  // dk += G^T Q
                 g10_release(B(G10_EG));
+                if (r == ratio - 1) release_q();
                 acp_mbar_wait(B(G10_FW), ph);
                 acp_mbar_wait(B(G10_FT), ph);
                 wg_fence_proxy();
@@ -7465,7 +7512,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                         constexpr int N0 = decltype(hc)::value * 64;
                         float a[32];
                         g10_mma<32, true, false, GDR_C, N0>(a, uT, GDR_C, uW, GDR_C, false);
-                        g10_rowdot(a, sm + L::K_OFF, l, N0, s0, s1);
+                        g10_rowdot(a, tK, l, N0, s0, s1);
                         g10_each(a, [&](int i, int x, float& e) { e = (vv[3 * GDR_C + i] * vv[GDR_C + i]) * e; });
 #pragma unroll
                         for (int e = 0; e < 32; ++e) dkr[N0 / 2 + e] += a[e];
@@ -7480,10 +7527,12 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                 acp_mbar_arrive(B(G10_FPART0 + vb));
                 acp_mbar_wait(B(G10_FP), ph);
                 wg_fence_proxy();
-                g10_mma<DK / 2, false, false, GDR_C>(dkr, uP, GDR_C, uK, GDR_C, true);  // dk += dP K
+                g10_mma<DK / 2, false, false, GDR_C>(dkr, uP, GDR_C, uK + kbuf(it) * L::K_BYTES, GDR_C,
+                                                     true);  // dk += dP K
                 g10_release(B(G10_EP));
                 if (r == ratio - 1) {
-                    g10_release(B(G10_EQK));
+                    if (KB == 1) g10_release(B(G10_EQK));
+                    release_k(it);
                     g10_l2_store(dkr, k_raw + t0 * krow + (i64)kh * dk, dk_out + t0 * krow + (i64)kh * dk, krow, l,
                                  l2norm);
                 }
@@ -7525,9 +7574,11 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                 g10_release(B(G10_ED));
                 if (r == 0) {
                     acp_mbar_wait(B(G10_FQK), (unsigned)it & 1u);
+                    if (KB == 2) wait_k(it);
                     wg_fence_proxy();
                 }
-                g10_mma<32, false, true, DK>(qk, uQ, GDR_C, uK, GDR_C, false);
+                g10_mma<32, false, true, DK>(qk, uQ, GDR_C, uK + kbuf(it) * L::K_BYTES, GDR_C, false);
+                if (r == ratio - 1) release_q();
                 if (s >= 1) acp_mbar_wait(B(G10_EG), (unsigned)(s - 1) & 1u);
                 float rs0 = 0.f, rs1 = 0.f, cs[16];
 #pragma unroll
@@ -7574,7 +7625,7 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
             {
                 float a1[32], a2[32];
                 g10_mma<32, false, true, DV>(a1, uDD, GDR_C, uV, GDR_C, false);
-                g10_mma<32, false, true, DK>(a2, uW, GDR_C, uK, GDR_C, false);
+                g10_mma<32, false, true, DK>(a2, uW, GDR_C, uK + kbuf(it) * L::K_BYTES, GDR_C, false);
                 g10_release(B(G10_EW));
                 g10_release(B(G10_EDD));
                 g10_release(B(G10_EV));
@@ -7583,7 +7634,9 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
                     const int j = 8 * (e >> 2) + 2 * t + (e & 1);
                     a1[e] = s_beta[j] * a1[e] + (s_beta[j] * s_eg[j]) * a2[e];
                 }
-                // the previous head's reads of sX ended before its last WG barrier
+                // the previous head's reads of sX ended before its last WG barrier; with KB 2, sX is
+                // the dP tile, which WG1 reads last in its dP K
+                if (KB == 2 && s >= 1) acp_mbar_wait(B(G10_EP), (unsigned)(s - 1) & 1u);
                 g10_store_tile(sm + L::X_OFF, a1, 1.f);
                 wg_fence_proxy();
             }
@@ -7612,9 +7665,16 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
             // symmetrized.
             {
                 float pk[32];
-                g10_mma<32, false, true, DK>(pk, uK, GDR_C, uK, GDR_C, false);
-                if (r == ratio - 1) g10_release(B(G10_EQK));  // Q, K: no further reads here
-                if (s >= 1) acp_mbar_wait(B(G10_EP), (unsigned)(s - 1) & 1u);
+                const unsigned uKc = uK + kbuf(it) * L::K_BYTES;
+                g10_mma<32, false, true, DK>(pk, uKc, GDR_C, uKc, GDR_C, false);
+                if (r == ratio - 1) {
+                    // Q (KB 1), K: no further reads here
+                    if (KB == 1) g10_release(B(G10_EQK));
+                    release_k(it);
+                }
+                if (KB == 1 && s >= 1) acp_mbar_wait(B(G10_EP), (unsigned)(s - 1) & 1u);
+                // KB 2: every warp's reads of sX (dM's product) are done before dP overwrites it
+                if (KB == 2) g10_wgbar(1);
                 char* tP = sm + L::P_OFF;
                 float db0 = 0.f, db1 = 0.f, fr0 = 0.f, fr1 = 0.f, fc[16];
 #pragma unroll
@@ -7727,17 +7787,17 @@ __device__ void gdr_grad10(const bf16_t* __restrict__ q_raw, const bf16_t* __res
 // `l2norm` applies the l2 norm's backward to dq, dk at the end.
 // gdr_grad10b: D, dD in bf16 (RSB: its register split, G10Regs).
 #define GDR_GRAD10_ENTRY(DK, DV, RSB)                                                                   \
-    GDR_GRAD10_ENTRY_TD(DK, DV, float, gdr_grad10, 0)                                                   \
-    GDR_GRAD10_ENTRY_TD(DK, DV, bf16_t, gdr_grad10b, RSB)
-// RS: the register split (G10Regs)
-#define GDR_GRAD10_ENTRY_TD(DK, DV, TD, NAME, RS)                                                       \
+    GDR_GRAD10_ENTRY_TD(DK, DV, float, gdr_grad10, 0, 2)                                                \
+    GDR_GRAD10_ENTRY_TD(DK, DV, bf16_t, gdr_grad10b, RSB, 2)
+// RS: the register split (G10Regs); KB: K's buffers (G10)
+#define GDR_GRAD10_ENTRY_TD(DK, DV, TD, NAME, RS, KB)                                                   \
     extern "C" __global__ void __launch_bounds__(512, 1) NAME##_bf16_d##DK##_v##DV(                     \
         const bf16_t* q_raw, const bf16_t* k_raw, const bf16_t* qb, const bf16_t* kb, const bf16_t* v,  \
         const bf16_t* beta, const bf16_t* d_o, const float* gam_ws, const float* t_ws, const float* t_pk, \
         const bf16_t* h_ws, const bf16_t* dh_ws, const TD* d_ws, const TD* dd_ws, const i64* ch_t0,     \
         const int* ch_len, i64 n_items, int hk, int hv, float scale, int l2norm, bf16_t* dq_out,        \
         bf16_t* dk_out, bf16_t* dv_out, float* dg, bf16_t* dbeta) {                                     \
-        gdr_grad10<DK, DV, TD, RS>(q_raw, k_raw, qb, kb, v, beta, d_o, gam_ws, t_ws, t_pk, h_ws, dh_ws, \
+        gdr_grad10<DK, DV, TD, RS, KB>(q_raw, k_raw, qb, kb, v, beta, d_o, gam_ws, t_ws, t_pk, h_ws, dh_ws, \
                                    d_ws, dd_ws, ch_t0, ch_len, n_items, hk, hv, scale, l2norm, dq_out, \
                                    dk_out, dv_out, dg, dbeta);                                          \
     }
@@ -7747,7 +7807,10 @@ GDR_GRAD10_ENTRY(64, 128, 0)
 GDR_GRAD10_ENTRY(128, 64, 0)
 GDR_GRAD10_ENTRY(128, 128, 1)
 // gdr_grad10b_r0_bf16_d128_v128: the d128 / v128 kernel at RS 0 (tests: the same bits as RS 1)
-GDR_GRAD10_ENTRY_TD(128, 128, bf16_t, gdr_grad10b_r0, 0)
+GDR_GRAD10_ENTRY_TD(128, 128, bf16_t, gdr_grad10b_r0, 0, 2)
+// gdr_grad10{,b}_k1_bf16_d128_v128: session 17's single K buffer (tests: the same bits as KB 2)
+GDR_GRAD10_ENTRY_TD(128, 128, float, gdr_grad10_k1, 0, 1)
+GDR_GRAD10_ENTRY_TD(128, 128, bf16_t, gdr_grad10b_k1, 1, 1)
 
 // =============================================================================================
 // v10 backward scans (issue 13, opt-in GDN_RULE_BWD_SCAN=v10 / set_bwd10; written in session 19
