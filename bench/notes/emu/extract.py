@@ -8,6 +8,7 @@
 #   python3 extract.py && g++ -std=c++20 -O2 -pthread -w main.cpp -o h/main && h/main
 #   g++ -std=c++20 -O2 -pthread -w fwd10.cpp -o h/fwd10 && h/fwd10
 #   g++ -std=c++20 -O2 -pthread -w prep.cpp -o h/prep && h/prep
+#   g++ -std=c++20 -O2 -pthread -w grad10.cpp -o h/grad10 && h/grad10   (h/grad10.h: below)
 import os, re
 here = os.path.dirname(os.path.abspath(__file__))
 src = open(os.path.join(here, '../../../crates/gdn/src/ops/gated_delta_rule/gated_delta_rule.cu')).read()
@@ -52,3 +53,23 @@ prep = prep[:i] + prep[j:]  # stmatrix (not transposed): emulated in prep.cpp
 assert 'asm' not in prep
 open(os.path.join(here, 'h/prep.h'), 'w').write(geo + prep)
 open(os.path.join(here, 'h/fwd10.h'), 'w').write(v6 + frags + store + v8 + v9 + v10f)
+# h/grad10.h (grad10.cpp): gdr_grad10 (the wgmma gradient kernel, KB 1 / 2) with its row copies
+# (sw_rows16), common.cuh's warp_sum and wgmma.cuh's layout and descriptor functions (the
+# instruction wrappers, fence / commit / wait and the mma itself, are emulated in wgmma.h; the
+# acp_ mbarrier / cp.async helpers, g7_ld2 and the L2 prefetch in grad10.cpp); the named
+# barrier's bar.sync becomes named_bar_sync (grad10.cpp).
+wgsrc = open(os.path.join(here, '../../../crates/gdn/src/ops/common/wgmma.cuh')).read()
+cmsrc = open(os.path.join(here, '../../../crates/gdn/src/backend/kernels/common.cuh')).read()
+wi = wgsrc.index('// Byte offset of bf16 element (r, c), c < 64, in an SW128 panel.')
+wj = wgsrc.index('__device__ __forceinline__ void wg_fence()', wi)
+wgl = wgsrc[wi:wj]
+ci = cmsrc.index('__device__ __forceinline__ float warp_sum(float v)')
+cj = cmsrc.index('// Block-wide sum', ci)
+wsum = cmsrc[ci:cj]
+rows16 = cut('template <typename TI>\n__device__ __forceinline__ void sw_rows16(', '// grad10 (issue 13')
+g10 = cut('// grad10 (issue 13', '// gdr_grad10 (bf16 states). Persistent grid')
+g10, nb = re.subn(r'asm volatile\("bar\.sync %0, 128;" ::"r"\(id\) : "memory"\);', 'named_bar_sync(id, 128);', g10)
+assert nb == 1, nb
+g10out = wgl + wsum + rows16 + g10
+assert 'asm' not in g10out, [l for l in g10out.splitlines() if 'asm' in l]
+open(os.path.join(here, 'h/grad10.h'), 'w').write(g10out)

@@ -1,6 +1,7 @@
 //! The host emulators of `bench/notes/emu/` on the CPU (no GPU): the rule's scan kernels' own CUDA
 //! source (the v10 kernels gdr_fwd10, gdr_hrec10, gdr_bwd10 and the prep variants that feed them;
-//! the GPU-tested defaults gdr_fwd9 / gdr_fwd8, gdr_hrec6, gdr_bwd8 and gdr_bwd6), extracted from
+//! the GPU-tested defaults gdr_fwd9 / gdr_fwd8, gdr_hrec6, gdr_bwd8 and gdr_bwd6; the wgmma
+//! gradient kernel gdr_grad10, its wgmma from the PTX descriptor maps), extracted from
 //! `gated_delta_rule.cu` and compiled as host C++ with one thread per CUDA thread and the warp
 //! collectives (ldmatrix, stmatrix, mma.sync) emulated from their fragment maps. Each emulator
 //! checks its kernels against f64 references with the kernels' roundings, or bit for bit against
@@ -92,14 +93,14 @@ fn run_in(dir: &Path, mut cmd: Command, limit: Duration) -> Result<String, Strin
     }
 }
 
-/// The extraction and the three builds, once per test process.
+/// The extraction and the four builds, once per test process.
 fn built() -> &'static Result<(), String> {
     static B: OnceLock<Result<(), String>> = OnceLock::new();
     B.get_or_init(|| {
         let mut py = Command::new("python3");
         py.arg("extract.py");
         run(py, Duration::from_secs(60))?;
-        for name in ["main", "fwd10", "prep"] {
+        for name in ["main", "fwd10", "prep", "grad10"] {
             let mut cc = Command::new("g++");
             cc.args([
                 "-std=c++20",
@@ -156,6 +157,17 @@ fn fused_forward_emulated() {
 #[test]
 fn prep_variants_emulated() {
     emulate("prep");
+}
+
+/// gdr_grad10 (wgmma, persistent, warp-specialized) under the asynchronous model of cp.async and
+/// the mbarriers, with long random holds of readers, warps and producer warps: every output of the
+/// two-K-buffer kernel (KB 2, session 20) bit for bit against the single-buffer one (KB 1), also
+/// with bf16 D / dD and the packed T; KB 1 against an f64 evaluation of the per-chunk gradients
+/// (dq, dk, dv, dg, dbeta); the mbarrier protocol's checks (poisoned released buffers, reads of
+/// buffers not held, copies into held buffers, phase order, double or missing arrivals).
+#[test]
+fn wgmma_gradient_emulated() {
+    emulate("grad10");
 }
 
 /// GDN2's forward (g2c_prep8h and the fused scan + output g2f_fwd8, every width, Dk 64 / 128,
