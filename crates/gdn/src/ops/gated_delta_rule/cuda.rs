@@ -1995,10 +1995,11 @@ pub fn set_g10_split0(on: bool) {
 /// (gdr_hrec6b, gdr_bwd6b / gdr_bwd8b, gdr_grad10b): the same bits of every output, half the
 /// workspace bytes; `Some(false)` keeps them fp32 (gdr_grad10 rounds them to bf16 as it loads
 /// them). `None` (the default) follows `GDN_RULE_WS16` (`1` / `0`), else the shape: bf16 with
-/// at least 2 value heads per key head and at least 4 key heads, where gdr_grad10's producer is
-/// its bottleneck (measured 2026-12-03 at B1 T32768 / B4 T8192 / packed, 16 / 32 heads: the rule's
-/// fwd+bwd -0.3 to -0.4 ms; at 16 / 16 heads and at 2 / 8 it was 0.1 to 0.5 ms slower, the
-/// scans' bf16 stores costing more than the copy saves).
+/// at least 4 key heads, where gdr_grad10's producer is its bottleneck (measured 2026-12-03 at
+/// B1 T32768 / B4 T8192 / packed, 16 / 32 heads: the rule's fwd+bwd -0.3 to -0.4 ms; since
+/// session 20 also without GVA: `bench_rule g10ratio` at B8 T4096 16/16, backward 3.15 -> 2.69
+/// ms, grad10 1.83 -> 1.41, the bf16 scans no slower; at 2 / 8 heads it was 0.1 to 0.5 ms slower
+/// on 2026-12-03, before the scans' whole-sector bf16 stores, and has not been measured since).
 #[doc(hidden)]
 pub fn set_ws16(on: Option<bool>) {
     WS16.with(|c| c.set(on));
@@ -2009,7 +2010,7 @@ fn ws16_on(s: RuleShape) -> bool {
         .unwrap_or_else(|| match std::env::var("GDN_RULE_WS16").as_deref() {
             Ok("1") => true,
             Ok("0") => false,
-            _ => s.hv >= 2 * s.hk && s.hk >= 4,
+            _ => s.hk >= 4,
         })
 }
 
