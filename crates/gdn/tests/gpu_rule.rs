@@ -1585,32 +1585,8 @@ fn v10_forward_matches_f64() {
     // v10 takes its operand from prep8o / prep9o: another prep is an error, not a wrong result
     let up = |x: &[f32]| DBuf::upload(&gpu, x, DType::Bf16).unwrap();
     let g: GBuf<f32> = gpu.upload(&c.g).unwrap();
-    let e = forward_with_prep(
-        &gpu,
-        &up(&c.q),
-        &up(&c.k),
-        &up(&c.v),
-        &g,
-        &up(&c.beta),
-        &c.seqs,
-        c.shape,
-        c.opts,
-        None,
-        false,
-        FwdKernel::V10 { warps: 0 },
-        PrepKernel::V7,
-    )
-    .err()
-    .map(|e| e.to_string())
-    .unwrap_or_default();
-    if !e.contains("the prep8 / prep9 kernels") {
-        fails.push(format!(
-            "v10 with prep7: expected an error naming prep8 / prep9, got {e:?}"
-        ));
-    }
-    // the default forward with prep7 is v9 (v10 needs prep8 / prep9's T diag(beta)): v9's bits
     let with7 = |kernel| {
-        let (o, fin) = forward_with_prep(
+        forward_with_prep(
             &gpu,
             &up(&c.q),
             &up(&c.k),
@@ -1625,12 +1601,24 @@ fn v10_forward_matches_f64() {
             kernel,
             PrepKernel::V7,
         )
-        .unwrap();
+    };
+    let e = with7(FwdKernel::V10 { warps: 0 })
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    if !e.contains("the prep8 / prep9 kernels") {
+        fails.push(format!(
+            "v10 with prep7: expected an error naming prep8 / prep9, got {e:?}"
+        ));
+    }
+    // the default forward with prep7 is v9 (v10 needs prep8 / prep9's T diag(beta)): v9's bits
+    let bits7 = |kernel| {
+        let (o, fin) = with7(kernel).unwrap();
         let mut x = o.download().unwrap();
         x.extend(gpu.download(fin.as_ref().unwrap()).unwrap());
         x.iter().map(|a| a.to_bits()).collect::<Vec<u32>>()
     };
-    let (auto7, v9_7) = (with7(FwdKernel::Auto), with7(FwdKernel::V9 { warps: 0 }));
+    let (auto7, v9_7) = (bits7(FwdKernel::Auto), bits7(FwdKernel::V9 { warps: 0 }));
     println!(
         "gdr-check default forward with prep7 = v9: {}",
         auto7 == v9_7
@@ -4197,6 +4185,25 @@ fn v10_backward_matches_f64() {
     let b = base(&gpu, &c);
     let dflt = run_gpu_with(&gpu, &c, DType::Bf16, Some(v7b(0)));
     let u = upload_case(&gpu, &c, DType::Bf16);
+    // the backward with prep7, which writes no T diag(beta)
+    let with7 = || {
+        backward_with_prep(
+            &gpu,
+            &u.q,
+            &u.k,
+            &u.v,
+            &u.g,
+            &u.beta,
+            &c.seqs,
+            c.shape,
+            c.opts,
+            u.h0.as_ref(),
+            &u.d_o,
+            u.dht.as_ref(),
+            v7b(0),
+            PrepKernel::V7,
+        )
+    };
     for m in modes {
         set_v10_bwd(m);
         for warps in [0, 1, 2, 4, 8] {
@@ -4233,25 +4240,7 @@ fn v10_backward_matches_f64() {
                 "v10 backward {m:?} with the v5 reverse scan: not the default's bits"
             ));
         }
-        let e = backward_with_prep(
-            &gpu,
-            &u.q,
-            &u.k,
-            &u.v,
-            &u.g,
-            &u.beta,
-            &c.seqs,
-            c.shape,
-            c.opts,
-            u.h0.as_ref(),
-            &u.d_o,
-            u.dht.as_ref(),
-            v7b(0),
-            PrepKernel::V7,
-        )
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
+        let e = with7().err().map(|e| e.to_string()).unwrap_or_default();
         if !e.contains("the prep8 / prep9 kernels") {
             fails.push(format!(
                 "v10 backward {m:?} with prep7: expected an error naming prep8 / prep9, got {e:?}"
@@ -4279,25 +4268,7 @@ fn v10_backward_matches_f64() {
             fails.push(format!("the default backward is not {want:?}'s bits"));
         }
         set_hrec10(None);
-        let with7 = |gpu: &Arc<Gpu>| {
-            backward_with_prep(
-                gpu,
-                &u.q,
-                &u.k,
-                &u.v,
-                &u.g,
-                &u.beta,
-                &c.seqs,
-                c.shape,
-                c.opts,
-                u.h0.as_ref(),
-                &u.d_o,
-                u.dht.as_ref(),
-                v7b(0),
-                PrepKernel::V7,
-            )
-        };
-        if let Err(e) = with7(&gpu) {
+        if let Err(e) = with7() {
             fails.push(format!("the default backward with prep7 failed: {e}"));
         }
     }

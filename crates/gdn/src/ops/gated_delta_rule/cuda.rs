@@ -2862,7 +2862,7 @@ fn prep_keeps_t(kind: PrepKernel) -> bool {
 /// Whether the prep `kind` resolves to prep8 / prep9 (`Auto` always does): the preps that can
 /// write T diag(beta) for the v10 scans.
 fn prep_may_keep_t(kind: PrepKernel) -> bool {
-    matches!(kind, PrepKernel::Auto | PrepKernel::V8 | PrepKernel::V9)
+    kind == PrepKernel::Auto || prep_keeps_t(kind)
 }
 
 /// What the v6 pipeline's prep writes for the scans besides A, gam and the normalized rows.
