@@ -16,7 +16,10 @@ v2b = src[src.index('// g2b_mm_tc with the epilogue delivered'):src.index('#defi
 v2b = v2b.replace('asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));', 'r = std::exp2(x);')
 # Backward v3's gradient kernel (h-g2g3): g2b_grad3.
 v3 = src[src.index("// Backward v3's gradient kernel"):src.index('#define G2B_GRAD3(')]
-body = prep + scan + body + v2a + v2b + v3
+# Backward v4's gradient kernel (h-g2g4): g2b_grad4 on bf16 mma.sync / ldmatrix models (below).
+v4 = src[src.index("// Backward v4's gradient kernel"):src.index('#define G2B_GRAD4(')]
+v4 = v4[:v4.index('__device__ __forceinline__ void g4_ldsm4t')] + 'inline void g4_ldsm4t(unsigned (&r)[4], const void* p) { ldsm_any(r, p, true); }\n' + v4[v4.index('__device__ __forceinline__ float g4_bf'):]
+body = prep + scan + body + v2a + v2b + v3 + v4
 pre = r'''
 #include <barrier>
 #include <thread>
@@ -100,6 +103,84 @@ inline void mma_tf32(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsig
     }
     warp_bar[w]->arrive_and_wait();
 }
+
+// g2b_grad4 (h-g2g4): bf16 tiles, ldmatrix (plain and .trans) and mma.sync m16n8k16 bf16 as scalar
+// models of their fragment layouts (as h-g2f-emu's), __syncthreads_or, shfl_down / shfl.
+struct uint2 { unsigned x, y; };
+inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+typedef unsigned short bf16_t;
+inline bf16_t f32_to_bf16(float f) {
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16_t)(u >> 16);
+}
+inline float bf16_to_f32(bf16_t x) { return __uint_as_float(((unsigned)x) << 16); }
+inline float4 g2p8_ld4(const float* p, i64 i) { return float4{p[i], p[i + 1], p[i + 2], p[i + 3]}; }
+inline float4 g2p8_ld4(const bf16_t* p, i64 i) { return float4{bf16_to_f32(p[i]), bf16_to_f32(p[i + 1]), bf16_to_f32(p[i + 2]), bf16_to_f32(p[i + 3])}; }
+inline float4 g2p8_mul4(float4 a, float4 b) { return float4{a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w}; }
+inline unsigned g2f_pack(float lo, float hi) { return (unsigned)f32_to_bf16(lo) | ((unsigned)f32_to_bf16(hi) << 16); }
+inline unsigned g2f_saddr(const void* p) { return (unsigned)((const char*)p - (const char*)g2c_sm_store); }
+const void* ldsm_p[8][32];
+// ldmatrix.x4: lane 8m + r gives the address of row r of 8x8 matrix m; register m of lane
+// (g, t) receives row g, elements 2t, 2t + 1 (.trans: rows 2t, 2t + 1, element g).
+inline void ldsm_any(unsigned (&r)[4], const void* p, bool tr) {
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, g = l >> 2, t = l & 3;
+    ldsm_p[w][l] = p;
+    warp_bar[w]->arrive_and_wait();
+    for (int m = 0; m < 4; ++m) {
+        if (!tr) std::memcpy(&r[m], (const char*)ldsm_p[w][8 * m + g] + 4 * t, 4);
+        else {
+            bf16_t lo, hi;
+            std::memcpy(&lo, (const char*)ldsm_p[w][8 * m + 2 * t] + 2 * g, 2);
+            std::memcpy(&hi, (const char*)ldsm_p[w][8 * m + 2 * t + 1] + 2 * g, 2);
+            r[m] = (unsigned)lo | ((unsigned)hi << 16);
+        }
+    }
+    warp_bar[w]->arrive_and_wait();
+}
+inline void g2f_ldsm4(unsigned (&r)[4], const void* p) { ldsm_any(r, p, false); }
+unsigned mmb_a[8][32][4], mmb_b[8][32][2];
+inline float bfh(unsigned u, int hi) { return __uint_as_float(hi ? (u & 0xffff0000u) : (u << 16)); }
+inline void g2f_mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, g = l >> 2, t = l & 3;
+    for (int i = 0; i < 4; ++i) mmb_a[w][l][i] = a[i];
+    mmb_b[w][l][0] = b0; mmb_b[w][l][1] = b1;
+    warp_bar[w]->arrive_and_wait();
+    auto A = [&](int r, int k) { const int kk = k & 7; return bfh(mmb_a[w][(r & 7) * 4 + (kk >> 1)][(r >> 3) + 2 * (k >> 3)], kk & 1); };
+    auto B = [&](int k, int n) { const int kk = k & 7; return bfh(mmb_b[w][n * 4 + (kk >> 1)][k >> 3], kk & 1); };
+    for (int e = 0; e < 4; ++e) {
+        const int r = g + 8 * (e >> 1), n = 2 * t + (e & 1);
+        float s = c[e];
+        for (int k = 0; k < 16; ++k) s += A(r, k) * B(k, n);
+        c[e] = s;
+    }
+    warp_bar[w]->arrive_and_wait();
+}
+int sync_or_acc;
+inline int __syncthreads_or(int p) {
+    if (threadIdx.x == 0) sync_or_acc = 0;
+    g_bar->arrive_and_wait();
+    if (p) __atomic_store_n(&sync_or_acc, 1, __ATOMIC_SEQ_CST);
+    g_bar->arrive_and_wait();
+    const int r = __atomic_load_n(&sync_or_acc, __ATOMIC_SEQ_CST);
+    g_bar->arrive_and_wait();
+    return r;
+}
+inline float shfl_any(float v, int src) {
+    const int t = threadIdx.x, w = t >> 5, l = t & 31;
+    warp_buf[w][l] = v;
+    warp_bar[w]->arrive_and_wait();
+    const float r = warp_buf[w][src & 31];
+    warp_bar[w]->arrive_and_wait();
+    return r;
+}
+inline float __shfl_down_sync(unsigned, float v, int d) {
+    const int l = threadIdx.x & 31;
+    return shfl_any(v, l + d < 32 ? l + d : l);
+}
+inline float __shfl_sync(unsigned, float v, int s) { return shfl_any(v, s); }
 '''
 body = body.replace('extern __shared__ __align__(16) float g2c_sm[];', 'float* g2c_sm = g2c_sm_store;')
 os.makedirs(os.path.join(here, 'h'), exist_ok=True)

@@ -16,7 +16,11 @@
 //! backward v3 ([`Bwd::V3`], opt-in `GDN_RULE2_BWD=v3`: v2 with `g2b_grad3`, the Gram step on
 //! tensor cores) against v2, fwd + bwd (chunked forward; and both with prep8), its gradients
 //! against v2's and the fp32 chunked kernels' (RMS rel), and the per-kernel times of v3;
-//! `BENCH_RULE2_V3=1` runs only that part (well under a minute).
+//! `BENCH_RULE2_V3=1` runs only that part (well under a minute). Then (`bench-rule2-bwd-v4`)
+//! backward v4 ([`Bwd::V4`], opt-in `GDN_RULE2_BWD=v4`: v3 with `g2b_grad4`, bf16 tensor cores
+//! fed from shared memory) against v3, forward + backward for both, v4's gradients against v3's
+//! and the fp32 chunked kernels', and v4's per-kernel times; `BENCH_RULE2_V4=1` runs only that
+//! part.
 //! First (`bench-rule2-prep8`), the chunked forward and forward + chunked backward with the
 //! tensor-core chunk prep g2c_prep8 against g2c_prep, and its per-kernel times;
 //! `GDN_BENCH_RULE2=prep8` prints only those rows.
@@ -85,6 +89,7 @@ fn main() {
     );
     let v2_only = std::env::var_os("BENCH_RULE2_V2").is_some();
     let v3_only = std::env::var_os("BENCH_RULE2_V3").is_some();
+    let v4_only = std::env::var_os("BENCH_RULE2_V4").is_some();
     for &(b, t, hk, hv, fla_f, fla_fb) in CASES {
         let tokens = b * t;
         let seqs = Seqs::uniform(b, t);
@@ -120,6 +125,17 @@ fn main() {
         };
         let rel =
             |a: &DBuf, b: &DBuf| rms_rel_err(&a.download().unwrap(), &f64s(&b.download().unwrap()));
+        if v4_only {
+            bench_v4(
+                &gpu,
+                &format!("B{b} T{t} {hk}/{hv}"),
+                &run,
+                &bwd,
+                &rel,
+                fla_fb,
+            );
+            continue;
+        }
         if v3_only {
             bench_v3(&gpu, &format!("B{b} T{t} {hk}/{hv}"), &run, &bwd, &rel);
             continue;
@@ -300,7 +316,53 @@ fn main() {
             fla_fb,
         );
         bench_v3(&gpu, &format!("B{b} T{t} {hk}/{hv}"), &run, &bwd, &rel);
+        bench_v4(
+            &gpu,
+            &format!("B{b} T{t} {hk}/{hv}"),
+            &run,
+            &bwd,
+            &rel,
+            fla_fb,
+        );
     }
+}
+
+/// The `bench-rule2-bwd-v4*` rows: backward v4 (`g2b_grad4`, bf16 tensor cores) against v3 (the
+/// default), forward (the default) + backward for both, v4's gradients against v3's and the
+/// fp32 chunked kernels' (RMS rel), and the per-kernel times of v4.
+fn bench_v4(
+    gpu: &Arc<Gpu>,
+    case: &str,
+    run: &dyn Fn(Fwd) -> DBuf,
+    bwd: &dyn Fn(Bwd) -> cuda_rule2::Grads,
+    rel: &dyn Fn(&DBuf, &DBuf) -> f64,
+    fla_fb: f64,
+) {
+    let tb_4 = time_ms(gpu, 2, 5, || drop(bwd(Bwd::V4)));
+    let tb_3 = time_ms(gpu, 2, 5, || drop(bwd(Bwd::V3)));
+    let fwd = Fwd::from_env();
+    let tfb_4 = time_ms(gpu, 2, 5, || drop((run(fwd), bwd(Bwd::V4))));
+    let tfb_3 = time_ms(gpu, 2, 5, || drop((run(fwd), bwd(Bwd::V3))));
+    let (g4, g3, gc) = (bwd(Bwd::V4), bwd(Bwd::V3), bwd(Bwd::Chunked));
+    let dg_4 = gpu.download(&g4.dg).unwrap();
+    let dg_3 = f64s(&gpu.download(&g3.dg).unwrap());
+    let dg_c = f64s(&gpu.download(&gc.dg).unwrap());
+    println!(
+        "bench-rule2-bwd-v4 | {case} | v4 bwd {tb_4:.2} ms | v3 bwd {tb_3:.2} ms | fwd ({fwd:?}) + v4 bwd {tfb_4:.2} ms | fwd + v3 bwd {tfb_3:.2} ms | FLA fwd+bwd {fla_fb:.2} ms | RMS rel vs v3: dq {:.2e} dk {:.2e} dg {:.2e} dv {:.2e} dw {:.2e} db {:.2e} | vs fp32 chunked: dq {:.2e} dk {:.2e} dg {:.2e} db {:.2e}",
+        rel(&g4.dq, &g3.dq),
+        rel(&g4.dk, &g3.dk),
+        rms_rel_err(&dg_4, &dg_3),
+        rel(&g4.dv, &g3.dv),
+        rel(&g4.dw, &g3.dw),
+        rel(&g4.db, &g3.db),
+        rel(&g4.dq, &gc.dq),
+        rel(&g4.dk, &gc.dk),
+        rms_rel_err(&dg_4, &dg_c),
+        rel(&g4.db, &gc.db),
+    );
+    drop((g4, g3, gc));
+    let line = kernel_times(gpu, || drop(bwd(Bwd::V4)));
+    println!("bench-rule2-bwd-v4-kernels | {case} | {line}");
 }
 
 /// The `bench-rule2-bwd-v3*` rows: backward v3 (`g2b_grad3`) against v2.

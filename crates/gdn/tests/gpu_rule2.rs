@@ -12,7 +12,7 @@ use std::sync::Arc;
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gdn2_rule::cuda::{
     backward as backward_cuda, backward_with, chunked_supports, forward as forward_cuda,
-    forward_with, fwd8_supports, prep_outputs, set_poison, with_prep, Bwd, Fwd, Prep,
+    forward_with, fwd8_supports, prep_outputs, set_poison, v4_supports, with_prep, Bwd, Fwd, Prep,
 };
 use gdn::ops::gdn2_rule::reference::{self, RefInputs};
 use gdn::ops::gdn2_rule::{self as g2, RuleOpts, RuleShape};
@@ -1577,6 +1577,70 @@ fn gdn2_chunked_bwd_v3_matches_v2() {
             if bf && chunked_supports(c.shape) && c.seqs.used() > 1 && !any_diff {
                 fails.push(format!(
                     "{}: v3 bf16 equals v2's bits (g2b_grad3 did not run?)",
+                    c.name
+                ));
+            }
+            println!("{line}");
+        }
+    }
+    finish(fails);
+}
+
+/// Backward v4 (`GDN_RULE2_BWD=v4`: `g2b_grad4`, bf16 tensor cores fed from shared memory, the
+/// diagonal Gram blocks through the block's middle row where the decay allows it, else
+/// elementwise): the chunked backward's bf16 tolerances against f64 on [`v3_cases`] (the strong
+/// gates take the elementwise path, the others the tensor-core one), poisoned outputs, padding
+/// rows zero, the Dk 256 case on the fallback.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gdn2_chunked_bwd_v4_bf16_matches_f64() {
+    check_bwd_bf16_cases(Bwd::V4, "chunked-bwd-v4-bf16", &v3_cases(true));
+}
+
+/// Backward v4 against v3, every [`v3_cases`] case, both storage types: on f32 storage (and
+/// shapes [`v4_supports`] rejects) v4 is v3, bitwise every output; on bf16 dh0 (the same reverse
+/// scan) is bitwise v3's, and dq, dk, dv, dw, db, dg are within 1e-2 RMS of v3's (v4's bf16
+/// operands against v3's TF32 ones: ~2e-3 each) and not all bitwise (else v4 did not run).
+/// Every output finite, padding rows zero; two v4 runs bitwise.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gdn2_chunked_bwd_v4_matches_v3() {
+    let gpu = gpu();
+    let mut fails = Vec::new();
+    for bf in [false, true] {
+        let dt = if bf { DType::Bf16 } else { DType::F32 };
+        for c in &v3_cases(bf) {
+            let v4 = bwd_gpu(&gpu, c, dt, Bwd::V4);
+            let v4b = bwd_gpu(&gpu, c, dt, Bwd::V4);
+            let v3 = bwd_gpu(&gpu, c, dt, Bwd::V3);
+            check_bwd_written(c, &v4, "v4 bwd", &mut fails);
+            let runs = bf && v4_supports(c.shape);
+            let mut line = format!("gdn2-check chunked-bwd-v4-vs-v3 {dt:?} {:<29}", c.name);
+            let mut any_diff = false;
+            for (((name, x), (_, y)), (_, o)) in v4.iter().zip(&v4b).zip(&v3) {
+                let rerun = x.iter().zip(y).all(|(a, b)| a.to_bits() == b.to_bits());
+                let same = x.iter().zip(o).all(|(a, b)| a.to_bits() == b.to_bits());
+                any_diff |= !same;
+                let e = rms_rel(x, &o.iter().map(|&a| a as f64).collect::<Vec<f64>>());
+                line += &format!(" {name}: =v3 {same} vs-v3 {e:.1e}");
+                if !rerun {
+                    fails.push(format!("{}: v4 {dt:?} {name}: two runs differ", c.name));
+                }
+                let ok = match (runs, *name) {
+                    (false, _) | (true, "dh0") => same,
+                    // Where the exact value is all zero (dg at T = 1) the RMS is 0/0.
+                    (true, _) => same || e <= 1e-2,
+                };
+                if !ok {
+                    fails.push(format!(
+                        "{}: v4 {dt:?} {name}: bitwise v3 {same}, RMS vs v3 {e:.2e}",
+                        c.name
+                    ));
+                }
+            }
+            if runs && c.seqs.used() > 1 && !any_diff {
+                fails.push(format!(
+                    "{}: v4 bf16 equals v3's bits (g2b_grad4 did not run?)",
                     c.name
                 ));
             }

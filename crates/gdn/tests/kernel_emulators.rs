@@ -213,3 +213,64 @@ fn gdn2_fused_forward_emulated() {
         Err(e) => panic!("{e}"),
     }
 }
+
+/// GDN2's backward v4 gradient kernel (`g2b_grad4`: bf16 mma.sync / ldmatrix from shared
+/// memory, the diagonal Gram blocks through the block's middle row or elementwise) on the CPU:
+/// `bench/notes/h-g2b-emu/` (session 7's harness of the chunked GDN2 backward, its device code
+/// extracted from gdn2_rule.cu) against its float64 model of the backward, bf16 inputs, seven
+/// cases (T 1 .. 130, packed with empty and 1-token sequences, GVA, Dk 16 .. 128, Dv 16 .. 128,
+/// strong gates), then the elementwise diagonal forced (`-DG4_SAFE=-1.0`) on two of them. Every
+/// output must be written and within 1.5e-2 of the largest exact value (bf16 operands: ~4e-3
+/// seen; the 9 mutants of `mutate_v4.py` give 0.28 to 3e6). The model needs numpy: python3 with
+/// numpy (`.ci/run` installs it into `.ci/py`, on `PYTHONPATH`).
+#[test]
+fn gdn2_backward_v4_emulated() {
+    let dir = notes_dir("h-g2b-emu");
+    let gxx = |defs: &[&str], out: &str| {
+        let mut cc = Command::new("g++");
+        cc.args(["-std=c++20", "-O2", "-pthread", "-w"])
+            .args(defs)
+            .args(["main.cpp", "-o", out]);
+        cc
+    };
+    let build = || -> Result<(), String> {
+        std::fs::create_dir_all(dir.join("h")).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut py = Command::new("python3");
+        py.arg("extract.py");
+        run_in(&dir, py, Duration::from_secs(60))?;
+        run_in(&dir, gxx(&[], "h/main"), Duration::from_secs(300))?;
+        run_in(
+            &dir,
+            gxx(&["-DG4_SAFE=-1.0"], "h/main_fb"),
+            Duration::from_secs(300),
+        )?;
+        let mut np = Command::new("python3");
+        np.args(["-c", "import numpy"]);
+        run_in(&dir, np, Duration::from_secs(60)).map_err(|e| format!("numpy: {e}"))?;
+        Ok(())
+    };
+    if let Err(e) = build() {
+        if optional() {
+            eprintln!("kernel emulators skipped (GDN_EMU_OPTIONAL=1): {e}");
+            return;
+        }
+        panic!("building the GDN2 backward emulator failed (python3 with numpy and a C++20 g++ are needed; GDN_EMU_OPTIONAL=1 skips): {e}");
+    }
+    for (bin, cases) in [("./h/main", ""), ("./h/main_fb", "0,6")] {
+        let mut py = Command::new("python3");
+        py.arg("drive.py")
+            .env("EMU_BIN", bin)
+            .env("EMU_CASES", cases)
+            .env("EMU_MAXERR", "1.5e-2")
+            .env("EMU_BF16_INPUTS", "1")
+            .env("EMU_V2", "1")
+            .env("EMU_V4", "1");
+        match run_in(&dir, py, Duration::from_secs(900)) {
+            Ok(out) => {
+                print!("{out}");
+                assert!(out.trim_end().ends_with("ok"), "no final verdict in\n{out}");
+            }
+            Err(e) => panic!("{bin}: {e}"),
+        }
+    }
+}

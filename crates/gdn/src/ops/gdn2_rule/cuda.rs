@@ -955,7 +955,25 @@ pub enum Bwd {
     /// default ([`DEFAULT_BWD`]); `GDN_RULE2_GRAD=v3` with `GDN_RULE2_BWD=v2` picks it too; f32
     /// storage is exactly [`Bwd::V2`].
     V3,
+    /// [`Bwd::V3`] with, for bf16 storage and Dk, Dv multiples of 16 ([`v4_supports`]),
+    /// `g2b_grad4_*` (bench/notes/h-g2g4.md): the same math rebuilt on bf16 `mma.sync` tensor
+    /// cores fed by `ldmatrix` from operands staged once in shared memory as bf16 (FLA's
+    /// operand precision: ~2e-3 RMS against f64 where v3's TF32 products give ~3e-4), the
+    /// diagonal 16-row blocks of the Gram step on tensor cores through the block's middle row
+    /// wherever every block's decay is at most 2^64 (else v3's elementwise sums), dg's reverse
+    /// sum in registers. Opt-in: `GDN_RULE2_BWD=v4`; other shapes and f32 storage run [`Bwd::V3`].
+    V4,
 }
+
+/// Whether `g2b_grad4` ([`Bwd::V4`]) takes the shape: Dk and Dv multiples of 16 (its bf16
+/// tiles are read 16 columns at a time) within the chunked kernels' limits.
+pub fn v4_supports(s: RuleShape) -> bool {
+    chunked_supports(s) && s.dk.is_multiple_of(16) && s.dv.is_multiple_of(16)
+}
+
+/// Shared memory (bytes) of `g2b_grad4_*`: `G4_SMEM` in gdn2_rule.cu (its fixed layout for
+/// Dk, Dv <= 128: the persistent tiles, then the region phase A and phase C share).
+const G4_SMEM: usize = 218_368;
 
 /// The backward [`Bwd::from_env`] picks when `GDN_RULE2_BWD` is unset: [`Bwd::V3`] (since
 /// 2026-12-02, session 10: its GPU tests passed on the H200; B1 T32768 16/32 backward 55.3 ms
@@ -967,13 +985,15 @@ pub const DEFAULT_BWD: Bwd = Bwd::V3;
 impl Bwd {
     /// `GDN_RULE2_BWD=chunked` or `=recurrent` picks the kernels; unset (or anything else),
     /// [`DEFAULT_BWD`]. A chunked choice becomes [`Bwd::ChunkedTc`] with `GDN_RULE2_GRAD=tc`;
-    /// `GDN_RULE2_BWD=v3`, or v2 with `GDN_RULE2_GRAD=v3`, is [`Bwd::V3`].
+    /// `GDN_RULE2_BWD=v3`, or v2 with `GDN_RULE2_GRAD=v3`, is [`Bwd::V3`]; `GDN_RULE2_BWD=v4`
+    /// is [`Bwd::V4`].
     pub fn from_env() -> Bwd {
         let bwd = match std::env::var("GDN_RULE2_BWD").as_deref() {
             Ok("chunked") => Bwd::Chunked,
             Ok("recurrent") => Bwd::Recurrent,
             Ok("v2") => Bwd::V2,
             Ok("v3") => Bwd::V3,
+            Ok("v4") => Bwd::V4,
             _ => DEFAULT_BWD,
         };
         match (bwd, std::env::var("GDN_RULE2_GRAD").as_deref()) {
@@ -1236,13 +1256,15 @@ fn chunked_backward(
     bwd: Bwd,
 ) -> Result<Grads> {
     let bf = dt == DType::Bf16;
-    // v2 and v3 share the pipelined reverse scan.
-    let v2 = matches!(bwd, Bwd::V2 | Bwd::V3);
+    // v2, v3 and v4 share the pipelined reverse scan.
+    let v2 = matches!(bwd, Bwd::V2 | Bwd::V3 | Bwd::V4);
+    let v4 = bwd == Bwd::V4 && bf && v4_supports(s);
     // (module, name prefix) of g2b_grad.
     let grad = match (bwd, bf) {
+        _ if v4 => (TC_MODULE, "g2b_grad4_"),
         (Bwd::ChunkedTc, true) => (TC_MODULE, "g2b_grad_tc_"),
         (Bwd::V2, true) => (TC_MODULE, "g2b_grad2_"),
-        (Bwd::V3, true) => (TC_MODULE, "g2b_grad3_"),
+        (Bwd::V3 | Bwd::V4, true) => (TC_MODULE, "g2b_grad3_"),
         _ => (MODULE, "g2b_grad_"),
     };
     let tc = grad.0 == TC_MODULE;
@@ -1353,7 +1375,8 @@ fn chunked_backward(
         ],
     )?;
     drop((ws_wm, ws_qg, ws_kd, ws_a, ws_egl));
-    let ws_g = out_f32(gpu, ch * 4 * CK * s.dk)?;
+    // g2b_grad4 keeps two of the four scratch tiles (dKd, dQg).
+    let ws_g = out_f32(gpu, ch * if v4 { 2 } else { 4 } * CK * s.dk)?;
     let part = tokens * s.hv * s.dk;
     let dqs = out_exact(gpu, part)?;
     let dks = out_exact(gpu, part)?;
@@ -1366,7 +1389,7 @@ fn chunked_backward(
         grad.0,
         &format!("{}{}", grad.1, rule_sfx(dt, opts)),
         ch,
-        grad_smem(s, tc),
+        if v4 { G4_SMEM } else { grad_smem(s, tc) },
         &[
             dptr(x.qq, st),
             dptr(x.kk, st),

@@ -3310,4 +3310,583 @@ __device__ void g2b_grad3(const TQ* __restrict__ q, const TQ* __restrict__ k, co
 
 G2B_GRAD3(bf16_t, bf16_t, bf16)
 G2B_GRAD3(float, bf16_t, bf16n)
+// =============================================================================================
+// Backward v4's gradient kernel (opt-in GDN_RULE2_BWD=v4; module gdn2_rule_tc only;
+// bench/notes/h-g2g4.md). v3's math (the same workspaces, the same per-16-row-block Gam and
+// constants, the same epilogue formulas) rebuilt around bf16 tensor cores fed from shared memory:
+//
+//   - every block product is mma.sync m16n8k16 bf16 (fp32 accumulation) with ldmatrix operands
+//     from bf16 tiles (row stride 136 / 72 elements: conflict-free), instead of g2b_mm_tc's
+//     per-element staging of fp32 operands read from global memory through lambdas;
+//   - the operands are staged once, vectorized: phase A (D, dD, dO, W*V, S0, dS1 as bf16, and
+//     <S0_c, dS1_c> from the same fp32 loads), then phase C (Q, K, B, Gam) in the same region;
+//   - the diagonal 16x16 blocks of the Gram step on tensor cores too, through the block's middle
+//     row m = 16 I + 7 (e^(Gam_i - Gam_j) = 2^(Gr_i - Gr_m) 2^(Gr_m - Gr_j)), where every
+//     block's decay is at most 2^64 per channel (|Gr_{16I+15}| <= 64, every factor in
+//     [2^-64, 2^64]: no overflow, no underflow); otherwise (strong gates) v3's elementwise sums;
+//   - dA and dM stored with their upper triangle and diagonal zeroed (the Gram step's masks come
+//     free), dA_ii kept apart in fp32;
+//   - dg's reverse cumulative sum in registers (shuffles over the warp's rows), no scratch.
+//
+// Numerics: the operands of every product are bf16 (FLA's chunk kernels' choice), accumulation
+// fp32; Gam (f64 sums, f32 in base 2), the exponentials and the epilogue fp32. Fixed orders, no
+// atomics: bitwise reproducible. Dk, Dv multiples of 16 (else v3).
+//
+// Warp tiling of the block products: warp w owns the 16-row tile (w & 3) and the 16-column pairs
+// (w >> 2), (w >> 2) + 2, ... of the output. Gram step and epilogue: warp w owns the 8-channel
+// tiles nt = w, w + 8, ... (all 64 rows), as v3.
+
+// The largest decay (base 2) of one 16-row block for the diagonal blocks on tensor cores.
+#ifndef G4_SAFE
+#define G4_SAFE 64.0
+#endif
+#define G4_LD 136  // bf16 row stride of the [*][dk] and [*][dv] tiles (272 B)
+#define G4_LS 72   // bf16 row stride of the [64][64] tiles (144 B)
+#define G4_LG 136  // fp32 row stride of Gr and dKbg
+// Shared memory (bytes): persistent part, then a region used by phase A, then by phase C.
+#define G4_T 0
+#define G4_DA (G4_T + 64 * G4_LS * 2)
+#define G4_DM (G4_DA + 64 * G4_LS * 2)
+#define G4_X (G4_DM + 64 * G4_LS * 2)
+#define G4_WM (G4_X + 64 * G4_LS * 2)
+#define G4_DAD (G4_WM + 64 * G4_LD * 2)
+#define G4_SD (G4_DAD + 64 * 4)
+#define G4_CO (G4_SD + 128 * 4)
+#define G4_R (G4_CO + 15 * 128 * 4)
+#define G4_TILE (64 * G4_LD * 2)  // 17408
+#define G4_STILE (128 * G4_LD * 2)  // 34816
+#define G4_SMEM (G4_R + 4 * G4_TILE + 2 * G4_STILE + 128 * 32 * 4)
+
+__device__ __forceinline__ void g4_ldsm4t(unsigned (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(g2f_saddr(p)));
+}
+__device__ __forceinline__ float g4_bf(const bf16_t* p) { return bf16_to_f32(*p); }
+__device__ __forceinline__ void g4_st2(bf16_t* p, float a, float b) { *reinterpret_cast<unsigned*>(p) = g2f_pack(a, b); }
+
+// A fragment (16 x 16) of A[m0.., k0..]: ATR = stored as [k][m] (lda: stored row stride).
+template <bool ATR>
+__device__ __forceinline__ void g4_fa(unsigned (&a)[4], const bf16_t* A, int lda, int m0, int k0) {
+    const int lane = threadIdx.x & 31, q = lane >> 3;
+    if (ATR)
+        g4_ldsm4t(a, A + (k0 + (lane & 7) + ((q >> 1) << 3)) * lda + m0 + ((q & 1) << 3));
+    else
+        g2f_ldsm4(a, A + (m0 + (lane & 15)) * lda + k0 + ((lane >> 4) << 3));
+}
+// B fragments of two 8-column tiles (b[0], b[1] for columns n0.., b[2], b[3] for n0 + 8..) of
+// B[k0.., n0..]: BTR = stored as [k][n], else as [n][k].
+template <bool BTR>
+__device__ __forceinline__ void g4_fb(unsigned (&b)[4], const bf16_t* B, int ldb, int k0, int n0) {
+    const int lane = threadIdx.x & 31, q = lane >> 3;
+    if (BTR)
+        g4_ldsm4t(b, B + (k0 + (lane & 7) + ((q & 1) << 3)) * ldb + n0 + ((q >> 1) << 3));
+    else
+        g2f_ldsm4(b, B + (n0 + (lane & 7) + ((q >> 1) << 3)) * ldb + k0 + ((q & 1) << 3));
+}
+// acc[pp][h] += A[16 (w & 3).., :K] B[:K, 16 p + 8 h..] for the warp's column pairs
+// p = (w >> 2) + 2 pp < np (MP of them at most).
+template <int MP, bool ATR, bool BTR>
+__device__ __forceinline__ void g4_mm(float (&acc)[MP][2][4], const bf16_t* A, int lda, const bf16_t* B, int ldb,
+                                      int np, int K) {
+    const int warp = threadIdx.x >> 5, m0 = 16 * (warp & 3), pb = warp >> 2;
+    for (int k0 = 0; k0 < K; k0 += 16) {
+        unsigned a[4];
+        g4_fa<ATR>(a, A, lda, m0, k0);
+#pragma unroll
+        for (int pp = 0; pp < MP; ++pp) {
+            const int p = pb + 2 * pp;
+            if (p < np) {
+                unsigned b[4];
+                g4_fb<BTR>(b, B, ldb, k0, 16 * p);
+                g2f_mma(acc[pp][0], a, b[0], b[1]);
+                g2f_mma(acc[pp][1], a, b[2], b[3]);
+            }
+        }
+    }
+}
+template <int MP>
+__device__ __forceinline__ void g4_zero(float (&acc)[MP][2][4]) {
+#pragma unroll
+    for (int pp = 0; pp < MP; ++pp)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[pp][h][e] = 0.f;
+}
+// Calls f(i, c, v0, v1) for the warp's accumulator pairs: row i, columns c, c + 1.
+template <int MP, class F>
+__device__ __forceinline__ void g4_each(const float (&acc)[MP][2][4], int np, F f) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = 16 * (warp & 3) + (lane >> 2), c0 = 2 * (lane & 3), pb = warp >> 2;
+#pragma unroll
+    for (int pp = 0; pp < MP; ++pp) {
+        const int p = pb + 2 * pp;
+        if (p < np) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr)
+                    f(r0 + 8 * hr, 16 * p + 8 * h + c0, acc[pp][h][2 * hr], acc[pp][h][2 * hr + 1]);
+        }
+    }
+}
+// 4 consecutive elements as float4 (fp32 or bf16 storage; i a multiple of 4).
+__device__ __forceinline__ float4 g4_ld4(const float* p, i64 i) { return *reinterpret_cast<const float4*>(p + i); }
+__device__ __forceinline__ float4 g4_ld4(const bf16_t* p, i64 i) { return g2p8_ld4(p, i); }
+__device__ __forceinline__ void g4_st4(bf16_t* p, float4 v) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(g2f_pack(v.x, v.y), g2f_pack(v.z, v.w));
+}
+// B fragment (16 x 8) built from per-element values: b0 = (k 2t, 2t + 1), b1 = (k 2t + 8, 2t + 9)
+// of column g; f(k) gives B[k][g].
+// Split in two (hi = the bf16 rounding, lo = the bf16 rounding of the rest: ~2^-17 relative
+// together): {hi b0, hi b1, lo b0, lo b1}.
+template <class F>
+__device__ __forceinline__ void g4_fb_elem(unsigned (&b)[4], F f) {
+    const int t = threadIdx.x & 3;
+    float x[4] = {f(2 * t), f(2 * t + 1), f(2 * t + 8), f(2 * t + 9)}, r[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) r[u] = x[u] - bf16_to_f32(f32_to_bf16(x[u]));
+    b[0] = g2f_pack(x[0], x[1]);
+    b[1] = g2f_pack(x[2], x[3]);
+    b[2] = g2f_pack(r[0], r[1]);
+    b[3] = g2f_pack(r[2], r[3]);
+}
+// c += a (b_hi + b_lo): the small part first.
+__device__ __forceinline__ void g4_mma2(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[4]) {
+    g2f_mma(c, a, b[2], b[3]);
+    g2f_mma(c, a, b[0], b[1]);
+}
+
+template <typename TQ, typename T>
+__device__ void g2b_grad4(const TQ* __restrict__ q, const TQ* __restrict__ k, const T* __restrict__ v,
+                          const float* __restrict__ g, const T* __restrict__ b, const T* __restrict__ w,
+                          const T* __restrict__ d_o, const i64* __restrict__ ch_t0, const int* __restrict__ ch_len,
+                          int hk_n, int hv_n, int dk, int dv, float scale, const float* __restrict__ ws_h,
+                          const float* __restrict__ ws_d, const float* __restrict__ ws_dh,
+                          const float* __restrict__ ws_dd, const float* __restrict__ ws_t, float* ws_g,
+                          float* __restrict__ dq_s, float* __restrict__ dk_s, T* __restrict__ dv_out,
+                          T* __restrict__ dw_out, float* __restrict__ dg_out, T* __restrict__ db_out) {
+    extern __shared__ __align__(16) float g2c_sm[];
+    unsigned char* sm = reinterpret_cast<unsigned char*>(g2c_sm);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g8 = lane >> 2, t4 = lane & 3;
+    const i64 cj = blockIdx.x;
+    const i64 c = cj / hv_n;
+    const int j = (int)(cj % hv_n);
+    const int kh = j / (hv_n / hk_n);
+    const i64 t0 = ch_t0[c];
+    const int l = ch_len[c];
+    bf16_t* sT = reinterpret_cast<bf16_t*>(sm + G4_T);
+    bf16_t* sDA = reinterpret_cast<bf16_t*>(sm + G4_DA);
+    bf16_t* sDM = reinterpret_cast<bf16_t*>(sm + G4_DM);
+    bf16_t* sX = reinterpret_cast<bf16_t*>(sm + G4_X);
+    bf16_t* sWm = reinterpret_cast<bf16_t*>(sm + G4_WM);
+    float* sDAd = reinterpret_cast<float*>(sm + G4_DAD);
+    float* sSD = reinterpret_cast<float*>(sm + G4_SD);
+    float* sP = reinterpret_cast<float*>(sm + G4_CO);  // [4][128] P_I (base 2)
+    float* sDl = sP + 4 * 128;                          // [4][128] Gam_63 - P_I (base 2)
+    float* sCc = sDl + 4 * 128;                         // [6][128] c_IJ, pair I (I - 1) / 2 + J
+    float* sEl = sCc + 6 * 128;                         // [128] e^Gam_63
+    unsigned char* R = sm + G4_R;
+    // Phase A tiles.
+    bf16_t* sD = reinterpret_cast<bf16_t*>(R);
+    bf16_t* sDD = reinterpret_cast<bf16_t*>(R + G4_TILE);
+    bf16_t* sO = reinterpret_cast<bf16_t*>(R + 2 * G4_TILE);
+    bf16_t* sWv = reinterpret_cast<bf16_t*>(R + 3 * G4_TILE);
+    bf16_t* sS0 = reinterpret_cast<bf16_t*>(R + 4 * G4_TILE);
+    bf16_t* sS1 = reinterpret_cast<bf16_t*>(R + 4 * G4_TILE + G4_STILE);
+    float* sSDp = reinterpret_cast<float*>(R + 4 * G4_TILE + 2 * G4_STILE);
+    // Phase C tiles (the same region).
+    bf16_t* sQ = reinterpret_cast<bf16_t*>(R);
+    bf16_t* sK = reinterpret_cast<bf16_t*>(R + G4_TILE);
+    bf16_t* sB = reinterpret_cast<bf16_t*>(R + 2 * G4_TILE);
+    bf16_t* sKbg = reinterpret_cast<bf16_t*>(R + 3 * G4_TILE);
+    float* sG = reinterpret_cast<float*>(R + 4 * G4_TILE);                 // Gr [64][G4_LG]
+    float* sKBG = reinterpret_cast<float*>(R + 4 * G4_TILE + G4_STILE);    // dKbg [64][G4_LG]
+    const int ck = G2C_C * dk;
+    float* gKd = ws_g + cj * 2 * (i64)ck;
+    float* gQg = gKd + ck;
+    const i64 sn = (i64)dk * dv;
+    const float* S0 = ws_h + cj * sn;
+    const float* dS1 = ws_dh + cj * sn;
+    const float* Dm = ws_d + cj * G2C_C * (i64)dv;
+    const float* dDm = ws_dd + cj * G2C_C * (i64)dv;
+    const i64 vrow = (t0 * hv_n + j) * (i64)dv;
+    const i64 vstride = (i64)hv_n * dv;
+    const int v4 = dv / 4;
+
+    // ---- Phase A staging: D, dD, dO, W * V, T, S0, dS1 as bf16; <S0_c, dS1_c> partials.
+    for (int e = tid; e < G2C_C * v4; e += G2C_NT) {
+        const int i = e / v4, y = 4 * (e - i * v4);
+        g4_st4(sD + i * G4_LD + y, g4_ld4(Dm, (i64)i * dv + y));
+        g4_st4(sDD + i * G4_LD + y, g4_ld4(dDm, (i64)i * dv + y));
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f), wv = o;
+        if (i < l) {
+            const i64 off = vrow + i * vstride + y;
+            o = g4_ld4(d_o, off);
+            wv = g2p8_mul4(g4_ld4(w, off), g4_ld4(v, off));
+        }
+        g4_st4(sO + i * G4_LD + y, o);
+        g4_st4(sWv + i * G4_LD + y, wv);
+    }
+    for (int e = tid; e < dk * v4; e += G2C_NT) {
+        const int x = e / v4, y = 4 * (e - x * v4);
+        const float4 s0 = g4_ld4(S0, (i64)x * dv + y), s1 = g4_ld4(dS1, (i64)x * dv + y);
+        g4_st4(sS0 + x * G4_LD + y, s0);
+        g4_st4(sS1 + x * G4_LD + y, s1);
+        sSDp[e] = s0.x * s1.x + s0.y * s1.y + s0.z * s1.z + s0.w * s1.w;
+    }
+    {
+        const float* tg = ws_t + cj * G2C_C * G2C_C;
+        for (int e = tid; e < G2C_C * G2C_C / 4; e += G2C_NT) {
+            const int i = e >> 4, r = 4 * (e & 15);
+            g4_st4(sT + i * G4_LS + r, g4_ld4(tg, (i64)4 * e));
+        }
+    }
+    __syncthreads();
+
+    // ---- Phase A products (K = dv), and dWv = T^T dD.
+    const int npk = dk / 16, npv = dv / 16;
+    float accT[2][2][4];  // dT = dD (W V)^T, then += dWm Kbg^T (phase B)
+    {
+        float acc[4][2][4];
+        // dQg = scale dO S0^T -> global scratch.
+        g4_zero(acc);
+        g4_mm<4, false, false>(acc, sO, G4_LD, sS0, G4_LD, npk, dv);
+        g4_each(acc, npk, [&](int i, int x, float a0, float a1) {
+            g2g3_st2(gQg + i * dk + x, scale * a0, scale * a1);
+        });
+        // dWm = -dD S0^T -> bf16 tile.
+        g4_zero(acc);
+        g4_mm<4, false, false>(acc, sDD, G4_LD, sS0, G4_LD, npk, dv);
+        g4_each(acc, npk, [&](int i, int x, float a0, float a1) { g4_st2(sWm + i * G4_LD + x, -a0, -a1); });
+        // dKd = D dS1^T -> global scratch.
+        g4_zero(acc);
+        g4_mm<4, false, false>(acc, sD, G4_LD, sS1, G4_LD, npk, dv);
+        g4_each(acc, npk, [&](int i, int x, float a0, float a1) { g2g3_st2(gKd + i * dk + x, a0, a1); });
+        // dWv = T^T dD: dw = dWv * v, dv = dWv * w (valid rows).
+        g4_zero(acc);
+        g4_mm<4, true, true>(acc, sT, G4_LS, sDD, G4_LD, npv, G2C_C);
+        g4_each(acc, npv, [&](int i, int y, float a0, float a1) {
+            if (i < l) {
+                const i64 o = vrow + i * vstride + y;
+                st(dw_out, o, a0 * ld(v, o));
+                st(dw_out, o + 1, a1 * ld(v, o + 1));
+                st(dv_out, o, a0 * ld(w, o));
+                st(dv_out, o + 1, a1 * ld(w, o + 1));
+            }
+        });
+    }
+    {
+        // dA = scale dO D^T: strictly lower part as bf16, the diagonal fp32.
+        float acc[2][2][4];
+        g4_zero(acc);
+        g4_mm<2, false, false>(acc, sO, G4_LD, sD, G4_LD, 4, dv);
+        g4_each(acc, 4, [&](int i, int jj, float a0, float a1) {
+            a0 *= scale;
+            a1 *= scale;
+            if (jj == i) sDAd[i] = a0;
+            if (jj + 1 == i) sDAd[i] = a1;
+            g4_st2(sDA + i * G4_LS + jj, jj < i ? a0 : 0.f, jj + 1 < i ? a1 : 0.f);
+        });
+        g4_zero(accT);
+        g4_mm<2, false, false>(accT, sDD, G4_LD, sWv, G4_LD, 4, dv);
+    }
+    if (tid < dk) {
+        float sd = 0.f;
+        for (int y = 0; y < v4; ++y) sd += sSDp[tid * v4 + y];
+        sSD[tid] = sd;
+    }
+    __syncthreads();  // the region is free
+
+    // ---- Phase C staging: Q, K, B as bf16, g (fp32) into sG; Gam per 16-row block in place.
+    {
+        const int k4 = dk / 4;
+        for (int e = tid; e < G2C_C * k4; e += G2C_NT) {
+            const int i = e / k4, x = 4 * (e - i * k4);
+            float4 qv = make_float4(0.f, 0.f, 0.f, 0.f), kv = qv, bv = qv, gv = qv;
+            if (i < l) {
+                const i64 t = t0 + i;
+                const i64 kr = (t * hk_n + kh) * dk + x, vr = (t * hv_n + j) * dk + x;
+                qv = g4_ld4(q, kr);
+                kv = g4_ld4(k, kr);
+                bv = g4_ld4(b, vr);
+                gv = g4_ld4(g, vr);
+            }
+            g4_st4(sQ + i * G4_LD + x, qv);
+            g4_st4(sK + i * G4_LD + x, kv);
+            g4_st4(sB + i * G4_LD + x, bv);
+            *reinterpret_cast<float4*>(sG + i * G4_LG + x) = gv;
+        }
+    }
+    __syncthreads();
+    int ok = 1;
+    if (tid < dk) {
+        const int x = tid;
+        double P[5];
+        P[0] = 0.0;
+#pragma unroll
+        for (int I = 0; I < 4; ++I) {
+            double acc = 0.0;
+            for (int il = 0; il < 16; ++il) {
+                const int i = 16 * I + il;
+                acc += (double)sG[i * G4_LG + x];  // rows >= l hold 0
+                sG[i * G4_LG + x] = (float)(acc * G2G3_L2E);
+            }
+            P[I + 1] = P[I] + acc;
+            if (!(acc * G2G3_L2E >= -G4_SAFE)) ok = 0;
+        }
+#pragma unroll
+        for (int I = 0; I < 4; ++I) {
+            sP[I * 128 + x] = (float)(P[I] * G2G3_L2E);
+            sDl[I * 128 + x] = (float)((P[4] - P[I]) * G2G3_L2E);
+        }
+#pragma unroll
+        for (int I = 1; I < 4; ++I)
+#pragma unroll
+            for (int J = 0; J < I; ++J)
+                sCc[(I * (I - 1) / 2 + J) * 128 + x] =
+                    (J == I - 1) ? 1.f : exp2f((float)((P[I] - P[J + 1]) * G2G3_L2E));
+        sEl[x] = exp2f((float)(P[4] * G2G3_L2E));
+    }
+    const bool safe = !__syncthreads_or(!ok);
+    // Kbg = B K e^Gam (bf16), the B operand of dT += dWm Kbg^T.
+    for (int e = tid; e < ck; e += G2C_NT) {
+        const int i = e / dk, x = e - i * dk;
+        sKbg[i * G4_LD + x] = f32_to_bf16(g4_bf(sB + i * G4_LD + x) * g4_bf(sK + i * G4_LD + x) *
+                                          exp2f(sP[(i >> 4) * 128 + x] + sG[i * G4_LG + x]));
+    }
+    __syncthreads();
+
+    // ---- Phase B: dT += dWm Kbg^T -> sX; dKbg = T^T dWm -> sKBG; X = T^T dT; dM = -X T^T.
+    g4_mm<2, false, false>(accT, sWm, G4_LD, sKbg, G4_LD, 4, dk);
+    g4_each(accT, 4, [&](int i, int jj, float a0, float a1) { g4_st2(sX + i * G4_LS + jj, a0, a1); });
+    {
+        float acc[4][2][4];
+        g4_zero(acc);
+        g4_mm<4, true, true>(acc, sT, G4_LS, sWm, G4_LD, npk, G2C_C);
+        g4_each(acc, npk, [&](int i, int x, float a0, float a1) {
+            *reinterpret_cast<float2*>(sKBG + i * G4_LG + x) = make_float2(a0, a1);
+        });
+    }
+    __syncthreads();
+    {
+        float acc[2][2][4];
+        g4_zero(acc);
+        g4_mm<2, true, true>(acc, sT, G4_LS, sX, G4_LS, 4, G2C_C);
+        __syncthreads();  // every read of dT is done
+        g4_each(acc, 4, [&](int i, int jj, float a0, float a1) { g4_st2(sX + i * G4_LS + jj, a0, a1); });
+        __syncthreads();
+        g4_zero(acc);
+        g4_mm<2, false, false>(acc, sX, G4_LS, sT, G4_LS, 4, G2C_C);
+        g4_each(acc, 4, [&](int i, int jj, float a0, float a1) {
+            g4_st2(sDM + i * G4_LS + jj, jj < i ? -a0 : 0.f, jj + 1 < i ? -a1 : 0.f);
+        });
+    }
+    __syncthreads();
+
+    // ---- Phase C: the Gram step by 16-row blocks and the epilogue, per 8-channel tile.
+    for (int nt = warp; nt < dk / 8; nt += G2C_NT / 32) {
+        const int xn = 8 * nt + g8;      // this lane's B-fragment channel
+        const int xa = 8 * nt + 2 * t4;  // this lane's C-fragment channels xa, xa + 1
+        auto G = [&](int r, int x) { return sG[r * G4_LG + x]; };
+        auto Kf = [&](int r, int x) { return g4_bf(sK + r * G4_LD + x); };
+        auto Qf = [&](int r, int x) { return g4_bf(sQ + r * G4_LD + x); };
+        auto Kbf = [&](int r, int x) { return g4_bf(sB + r * G4_LD + x) * g4_bf(sK + r * G4_LD + x); };
+        float aq[3][4], am[3][4], ag[3][4];
+#pragma unroll
+        for (int u = 0; u < 3; ++u)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) aq[u][e] = am[u][e] = ag[u][e] = 0.f;
+        // (a) dQa_I, dKbm_I below the diagonal blocks: B = Kdn_J.
+#pragma unroll
+        for (int J = 0; J < 3; ++J) {
+            const float gend = G(16 * J + 15, xn);
+            unsigned bk[4];
+            g4_fb_elem(bk, [&](int kk) {
+                const int r = 16 * J + kk;
+                return Kf(r, xn) * g2b_ex2(gend - G(r, xn));
+            });
+#pragma unroll
+            for (int I = J + 1; I < 4; ++I) {
+                float tq[4] = {0.f, 0.f, 0.f, 0.f}, tm[4] = {0.f, 0.f, 0.f, 0.f};
+                unsigned a[4];
+                g4_fa<false>(a, sDA, G4_LS, 16 * I, 16 * J);
+                g4_mma2(tq, a, bk);
+                g4_fa<false>(a, sDM, G4_LS, 16 * I, 16 * J);
+                g4_mma2(tm, a, bk);
+                const float c0 = sCc[(I * (I - 1) / 2 + J) * 128 + xa], c1 = sCc[(I * (I - 1) / 2 + J) * 128 + xa + 1];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float ce = (e & 1) ? c1 : c0;
+                    aq[I - 1][e] = fmaf(ce, tq[e], aq[I - 1][e]);
+                    am[I - 1][e] = fmaf(ce, tm[e], am[I - 1][e]);
+                }
+            }
+        }
+        // (b) dKg_J: B = Qup_I, Kbup_I; A = dA_IJ^T, dM_IJ^T.
+#pragma unroll
+        for (int I = 1; I < 4; ++I) {
+            unsigned qb[4], kb[4];
+            g4_fb_elem(qb, [&](int kk) { return Qf(16 * I + kk, xn) * g2b_ex2(G(16 * I + kk, xn)); });
+            g4_fb_elem(kb, [&](int kk) { return Kbf(16 * I + kk, xn) * g2b_ex2(G(16 * I + kk, xn)); });
+#pragma unroll
+            for (int J = 0; J < I; ++J) {
+                float tg[4] = {0.f, 0.f, 0.f, 0.f};
+                unsigned a[4];
+                g4_fa<true>(a, sDA, G4_LS, 16 * J, 16 * I);
+                g4_mma2(tg, a, qb);
+                g4_fa<true>(a, sDM, G4_LS, 16 * J, 16 * I);
+                g4_mma2(tg, a, kb);
+                const float c0 = sCc[(I * (I - 1) / 2 + J) * 128 + xa], c1 = sCc[(I * (I - 1) / 2 + J) * 128 + xa + 1];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) ag[J][e] = fmaf((e & 1) ? c1 : c0, tg[e], ag[J][e]);
+            }
+        }
+        // (c) per block I: the diagonal block's sums, the combination, the epilogue.
+        float dgam[8][2], exv[2] = {0.f, 0.f};
+#pragma unroll
+        for (int I = 0; I < 4; ++I) {
+            float gi[2][2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) gi[h][e] = G(16 * I + g8 + 8 * h, xa + e);
+            float dqa[2][2], dkbm[2][2], dkg[2][2];
+            if (safe) {
+                // Through the middle row m: Kdn' = K 2^(Gr_m - Gr), Qup' = Q 2^(Gr - Gr_m).
+                const int m = 16 * I + 7;
+                const float gmn = G(m, xn);
+                unsigned kd[4], qu[4], ku[4];
+                g4_fb_elem(kd, [&](int kk) { return Kf(16 * I + kk, xn) * g2b_ex2(gmn - G(16 * I + kk, xn)); });
+                g4_fb_elem(qu, [&](int kk) { return Qf(16 * I + kk, xn) * g2b_ex2(G(16 * I + kk, xn) - gmn); });
+                g4_fb_elem(ku, [&](int kk) { return Kbf(16 * I + kk, xn) * g2b_ex2(G(16 * I + kk, xn) - gmn); });
+                float tq[4] = {0.f, 0.f, 0.f, 0.f}, tm[4] = {0.f, 0.f, 0.f, 0.f}, tg[4] = {0.f, 0.f, 0.f, 0.f};
+                unsigned a[4];
+                g4_fa<false>(a, sDA, G4_LS, 16 * I, 16 * I);
+                g4_mma2(tq, a, kd);
+                g4_fa<false>(a, sDM, G4_LS, 16 * I, 16 * I);
+                g4_mma2(tm, a, kd);
+                g4_fa<true>(a, sDA, G4_LS, 16 * I, 16 * I);
+                g4_mma2(tg, a, qu);
+                g4_fa<true>(a, sDM, G4_LS, 16 * I, 16 * I);
+                g4_mma2(tg, a, ku);
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float gm = G(m, xa + e);
+                        const float eu = g2b_ex2(gi[h][e] - gm), ed = g2b_ex2(gm - gi[h][e]);
+                        dqa[h][e] = eu * tq[2 * h + e];
+                        dkbm[h][e] = eu * tm[2 * h + e];
+                        dkg[h][e] = ed * tg[2 * h + e];
+                    }
+            } else {
+                // v3's elementwise sums (every exponent <= 0).
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) dqa[h][e] = dkbm[h][e] = dkg[h][e] = 0.f;
+                for (int jl = 0; jl < 16; ++jl) {
+                    const int r = 16 * I + jl;
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int il = g8 + 8 * h, i = 16 * I + il;
+                        const bool below = jl < il, above = jl > il;
+                        const float da_ij = g4_bf(sDA + i * G4_LS + r), dm_ij = g4_bf(sDM + i * G4_LS + r);
+                        const float da_ri = g4_bf(sDA + r * G4_LS + i), dm_ri = g4_bf(sDM + r * G4_LS + i);
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const float grv = G(r, xa + e);
+                            const float ex = g2b_ex2(below ? gi[h][e] - grv : grv - gi[h][e]);
+                            const float ek = below ? ex * Kf(r, xa + e) : 0.f;
+                            const float eq = above ? ex : 0.f;
+                            dqa[h][e] = fmaf(da_ij, ek, dqa[h][e]);
+                            dkbm[h][e] = fmaf(dm_ij, ek, dkbm[h][e]);
+                            dkg[h][e] = fmaf(eq, da_ri * Qf(r, xa + e) + dm_ri * Kbf(r, xa + e), dkg[h][e]);
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int i = 16 * I + g8 + 8 * h;
+                if (i >= l) {
+                    dgam[2 * I + h][0] = dgam[2 * I + h][1] = 0.f;
+                    continue;
+                }
+                const float2 kd2 = g2g3_ld2(gKd + i * dk + xa), qg2 = g2g3_ld2(gQg + i * dk + xa);
+                const float2 kbg2 = g2g3_ld2(sKBG + i * G4_LG + xa);
+                const float daii = sDAd[i];
+                const i64 orow = ((t0 + i) * hv_n + j) * (i64)dk + xa;
+                float dqo[2], dko[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int x = xa + e;
+                    const float gie = gi[h][e];
+                    const float qi = Qf(i, x), ki = Kf(i, x), bi = g4_bf(sB + i * G4_LD + x), kbi = bi * ki;
+                    const float ge = G(16 * I + 15, x), pe = sP[I * 128 + x], de = sDl[I * 128 + x];
+                    const float dkd = e ? kd2.y : kd2.x, dqg = e ? qg2.y : qg2.x, dkbg = e ? kbg2.y : kbg2.x;
+                    float sq = dqa[h][e], smm = dkbm[h][e], sg = dkg[h][e];
+                    if (I > 0) {
+                        const float eu = g2b_ex2(gie);
+                        sq = fmaf(eu, aq[I > 0 ? I - 1 : 0][2 * h + e], sq);
+                        smm = fmaf(eu, am[I > 0 ? I - 1 : 0][2 * h + e], smm);
+                    }
+                    if (I < 3) sg = fmaf(g2b_ex2(ge - gie), ag[I < 3 ? I : 0][2 * h + e], sg);
+                    const float eg = exp2f(pe + gie);
+                    const float ed = exp2f(de - gie);
+                    const float kd = ki * ed;
+                    dgam[2 * I + h][e] =
+                        dqg * (qi * eg) + dkbg * (kbi * eg) + qi * sq + kbi * smm - ki * sg - dkd * kd;
+                    exv[e] += dkd * kd;
+                    const float dkb = eg * dkbg + smm;
+                    dqo[e] = eg * dqg + sq + daii * ki;
+                    dko[e] = ed * dkd + sg + daii * qi + dkb * bi;
+                    st(db_out, orow + e, dkb * ki);
+                }
+                g2g3_st2(dq_s + orow, dqo[0], dqo[1]);
+                g2g3_st2(dk_s + orow, dko[0], dko[1]);
+            }
+        }
+        // dg = e^Gam_63 <S0_c, dS1_c> + sum_i dKd_i Kd_i + (reverse cumulative sum of dGam),
+        // rows 8 s + g8 (s = 2 I + h) of channels xa, xa + 1, in registers.
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            float ex = exv[e];
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1) ex += __shfl_xor_sync(0xffffffffu, ex, o);
+            const float cst = sEl[xa + e] * sSD[xa + e] + ex;
+            float suf = 0.f;
+#pragma unroll
+            for (int s = 7; s >= 0; --s) {
+                float x = dgam[s][e];
+#pragma unroll
+                for (int o = 1; o < 8; o <<= 1) {
+                    const float y = __shfl_down_sync(0xffffffffu, x, 4 * o);
+                    if (g8 + o < 8) x += y;
+                }
+                const float tot = __shfl_sync(0xffffffffu, x, t4);
+                const int i = 8 * s + g8;
+                if (i < l) dg_out[((t0 + i) * hv_n + j) * (i64)dk + xa + e] = x + suf + cst;
+                suf += tot;
+            }
+        }
+    }
+}
+
+#define G2B_GRAD4(TQ, T, S)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(G2C_NT, 1)                                                   \
+        g2b_grad4_##S(const TQ* q, const TQ* k, const T* v, const float* g, const T* b, const T* w,           \
+                      const T* d_o, const i64* ch_t0, const int* ch_len, int hk, int hv, int dk, int dv,      \
+                      float scale, const float* ws_h, const float* ws_d, const float* ws_dh,                  \
+                      const float* ws_dd, const float* ws_t, float* ws_g, float* dq_s, float* dk_s,           \
+                      T* dv_out, T* dw_out, float* dg_out, T* db_out) {                                       \
+        g2b_grad4<TQ, T>(q, k, v, g, b, w, d_o, ch_t0, ch_len, hk, hv, dk, dv, scale, ws_h, ws_d, ws_dh,      \
+                         ws_dd, ws_t, ws_g, dq_s, dk_s, dv_out, dw_out, dg_out, db_out);                      \
+    }
+
+G2B_GRAD4(bf16_t, bf16_t, bf16)
+G2B_GRAD4(float, bf16_t, bf16n)
+
 #endif  // G2B_TC_MODULE (backward v3's gradient kernel)

@@ -1,0 +1,37 @@
+"""Mutation check of the g2b_grad4 emulation (h-g2g4): each mutant (one edit of gdn2_rule.cu's
+g2b_grad4 section) is extracted, built and run on three cases (tensor-core diagonal, ragged
+GVA, strong gates); every mutant must FAIL (EMU_MAXERR=1.5e-2) or crash. Run from this folder
+with numpy available: python3 mutate_v4.py"""
+import os, subprocess, sys
+here = os.path.dirname(os.path.abspath(__file__))
+cu = os.path.join(here, '../../../crates/gdn/src/ops/gdn2_rule/gdn2_rule.cu')
+orig = open(cu).read()
+MUT = [
+    ("g4_fa<false>(a, sDA, G4_LS, 16 * I, 16 * J);", "g4_fa<false>(a, sDA, G4_LS, 16 * J, 16 * I);"),
+    ("g4_fa<true>(a, sDA, G4_LS, 16 * J, 16 * I);", "g4_fa<false>(a, sDA, G4_LS, 16 * J, 16 * I);"),
+    ("if (g8 + o < 8) x += y;", "if (g8 + o < 7) x += y;"),
+    ("g4_mm<4, true, true>(acc, sT, G4_LS, sDD, G4_LD, npv, G2C_C);", "g4_mm<4, false, true>(acc, sT, G4_LS, sDD, G4_LD, npv, G2C_C);"),
+    ("for (int o = 4; o < 32; o <<= 1) ex +=", "for (int o = 8; o < 32; o <<= 1) ex +="),
+    ("g4_ldsm4t(b, B + (k0 + (lane & 7) + ((q & 1) << 3)) * ldb", "g4_ldsm4t(b, B + (k0 + (lane & 7) + ((q >> 1) << 3)) * ldb"),
+    ("g4_st2(sDM + i * G4_LS + jj, jj < i ? -a0 : 0.f,", "g4_st2(sDM + i * G4_LS + jj, jj <= i ? -a0 : 0.f,"),
+    ("const float eu = g2b_ex2(gi[h][e] - gm), ed = g2b_ex2(gm - gi[h][e]);", "const float eu = g2b_ex2(gi[h][e] - gm), ed = g2b_ex2(gi[h][e] - gm);"),
+    ("dgam[2 * I + h][e] =\n                        dqg * (qi * eg)", "dgam[2 * I + h][e] =\n                        dqg * (qi * ed)"),
+]
+bad = []
+for n, (a, b) in enumerate(MUT):
+    if b is None or orig.count(a) != 1:
+        if b is not None: bad.append(f"mutant {n}: pattern found {orig.count(a)} times")
+        continue
+    open(cu, 'w').write(orig.replace(a, b))
+    try:
+        subprocess.run(['python3', 'extract.py'], cwd=here, check=True)
+        subprocess.run(['g++', '-std=c++20', '-O2', '-pthread', '-w', 'main.cpp', '-o', 'h/main_mut'], cwd=here, check=True)
+    finally:
+        open(cu, 'w').write(orig)
+    env = dict(os.environ, EMU_BIN='./h/main_mut', EMU_CASES='0,3,6', EMU_MAXERR='1.5e-2', EMU_BF16_INPUTS='1', EMU_V2='1', EMU_V4='1')
+    r = subprocess.run([sys.executable, 'drive.py'], cwd=here, env=env, capture_output=True, text=True)
+    caught = r.returncode != 0
+    print(f"mutant {n}: {'caught' if caught else 'NOT CAUGHT'} ({r.stdout.strip().splitlines()[-2] if r.stdout.strip() else r.stderr[-200:]})")
+    if not caught: bad.append(f"mutant {n} not caught")
+subprocess.run(['python3', 'extract.py'], cwd=here, check=True)
+print("ok" if not bad else "FAIL " + "; ".join(bad))
