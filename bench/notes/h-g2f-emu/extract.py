@@ -17,6 +17,9 @@ f8 = f8[:f8.index('__device__ __forceinline__ unsigned g2f_pack')] + f8[f8.index
 pre = open(os.path.join(here, '../h-g2b-emu/extract.py')).read()
 pre = pre[pre.index("pre = r'''") + len("pre = r'''"):pre.index("'''\nbody = body.replace")]
 pre = pre.replace('float g2c_sm_store[70000]', 'float g2c_sm_store[60000]')
+# h-g2b-emu's own bf16 / ldmatrix / mma shims (for g2b_grad4) duplicate the ones below: cut them.
+if '// g2b_grad4 (h-g2g4)' in pre:
+    pre = pre[:pre.index('// g2b_grad4 (h-g2g4)')]
 pre += r'''
 struct float2 { float x, y; };
 struct uint2 { unsigned x, y; };
