@@ -135,6 +135,11 @@ cases = [
     lambda: run([0, 0, 1, 64, 130], 1, 2, 16, 32, 3, True, tokens=133),
     lambda: run([0, 65], 2, 2, 48, 32, 4, True),
     lambda: run([0, 0, 1, 100, 130], 1, 2, 32, 32, 7, True, tokens=131, strong=True),
+    # Dk 64 / 128 (backward v5's shapes, EMU_V5=1): packed with padding, T = 1, strong gates, GVA.
+    lambda: run([0, 0, 1, 64, 130], 1, 2, 64, 32, 8, True, tokens=133),
+    lambda: run([0, 1], 1, 1, 64, 16, 9, False),
+    lambda: run([0, 0, 1, 100, 130], 1, 2, 64, 64, 10, True, tokens=131, strong=True),
+    lambda: run([0, 200], 2, 4, 128, 64, 11, True),
 ]
 pick = [int(x) for x in os.environ['EMU_CASES'].split(',')] if os.environ.get('EMU_CASES') else range(len(cases))
 res = [cases[i]() for i in pick]

@@ -19,7 +19,14 @@ v3 = src[src.index("// Backward v3's gradient kernel"):src.index('#define G2B_GR
 # Backward v4's gradient kernel (h-g2g4): g2b_grad4 on bf16 mma.sync / ldmatrix models (below).
 v4 = src[src.index("// Backward v4's gradient kernel"):src.index('#define G2B_GRAD4(')]
 v4 = v4[:v4.index('__device__ __forceinline__ void g4_ldsm4t')] + 'inline void g4_ldsm4t(unsigned (&r)[4], const void* p) { ldsm_any(r, p, true); }\n' + v4[v4.index('__device__ __forceinline__ float g4_bf'):]
-body = prep + scan + body + v2a + v2b + v3 + v4
+# Backward v5 (h-g2g4): g2c_prep8 (T and the bf16 workspaces), g2f_fwd8 with HREC (h, D), g2b_dscan8.
+p8 = src[src.index('// g2c_prep8 (issue 17'):src.index('#define G2C8_ENTRIES(')]
+p8 = p8[:p8.index('// Stores of prep8')] + p8[p8.index('// A fragment (16 x 8, row-major at p'):]
+f8 = src[src.index('// g2f_fwd8 (issue 17'):src.index('// g2f_fwd8_d{DK}_w{NW}: two stages')]
+f8 = f8[:f8.index('__device__ __forceinline__ unsigned g2f_pack')] + f8[f8.index('// One pipeline stage of g2f_fwd8'):]
+d8 = src[src.index('// Backward v5 (opt-in'):src.index('// g2b_dscan8{,s3}_d{DK}_w{NW}.')]
+d8 = d8[:d8.index('__device__ __forceinline__ void g2d8_cp16z')] + d8[d8.index('// One chunk\'s operands into a stage (all NT threads'):]
+body = prep + scan + body + v2a + v2b + v3 + p8 + v4 + f8 + d8
 pre = r'''
 #include <barrier>
 #include <thread>
@@ -117,9 +124,6 @@ inline bf16_t f32_to_bf16(float f) {
     return (bf16_t)(u >> 16);
 }
 inline float bf16_to_f32(bf16_t x) { return __uint_as_float(((unsigned)x) << 16); }
-inline float4 g2p8_ld4(const float* p, i64 i) { return float4{p[i], p[i + 1], p[i + 2], p[i + 3]}; }
-inline float4 g2p8_ld4(const bf16_t* p, i64 i) { return float4{bf16_to_f32(p[i]), bf16_to_f32(p[i + 1]), bf16_to_f32(p[i + 2]), bf16_to_f32(p[i + 3])}; }
-inline float4 g2p8_mul4(float4 a, float4 b) { return float4{a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w}; }
 inline unsigned g2f_pack(float lo, float hi) { return (unsigned)f32_to_bf16(lo) | ((unsigned)f32_to_bf16(hi) << 16); }
 inline unsigned g2f_saddr(const void* p) { return (unsigned)((const char*)p - (const char*)g2c_sm_store); }
 const void* ldsm_p[8][32];
@@ -181,6 +185,28 @@ inline float __shfl_down_sync(unsigned, float v, int d) {
     return shfl_any(v, l + d < 32 ? l + d : l);
 }
 inline float __shfl_sync(unsigned, float v, int s) { return shfl_any(v, s); }
+// Backward v5 (h-g2g4): g2c_prep8's and g2f_fwd8's primitives (as h-g2f-emu's), g2b_dscan8's
+// zero-filling copy.
+struct uint4 { unsigned x, y, z, w; };
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+inline unsigned tf32u(float x) { return __float_as_uint(to_tf32(x)); }
+inline void st(bf16_t* p, i64 i, float v) { p[i] = f32_to_bf16(v); }
+inline float ld(const bf16_t* p, i64 i) { return bf16_to_f32(p[i]); }
+inline void g2p8_st4(float* p, i64 i, float4 v) { p[i] = v.x; p[i + 1] = v.y; p[i + 2] = v.z; p[i + 3] = v.w; }
+inline void g2p8_st4(bf16_t* p, i64 i, float4 v) { st(p, i, v.x); st(p, i + 1, v.y); st(p, i + 2, v.z); st(p, i + 3, v.w); }
+inline void g2p8_st2(float* p, i64 i, float a, float b) { p[i] = a; p[i + 1] = b; }
+inline void g2p8_st2(bf16_t* p, i64 i, float a, float b) { st(p, i, a); st(p, i + 1, b); }
+inline void g2f_cp16(unsigned dst, const void* src) { std::memcpy((char*)g2c_sm_store + dst, src, 16); }
+inline void g2d8_cp16z(unsigned dst, const void* src, bool valid) {
+    if (valid) std::memcpy((char*)g2c_sm_store + dst, src, 16);
+    else std::memset((char*)g2c_sm_store + dst, 0, 16);
+}
+inline void g2f_commit() {}
+template <int N> inline void g2f_wait() {}
+inline unsigned g2f_dyn_smem() { return sizeof(g2c_sm_store); }
+std::barrier<>* nbar[3];
+inline void g2f_bar_arrive(int id, int) { (void)nbar[id]->arrive(); }
+inline void g2f_bar_sync(int id, int) { nbar[id]->arrive_and_wait(); }
 '''
 body = body.replace('extern __shared__ __align__(16) float g2c_sm[];', 'float* g2c_sm = g2c_sm_store;')
 os.makedirs(os.path.join(here, 'h'), exist_ok=True)

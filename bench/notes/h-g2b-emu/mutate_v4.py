@@ -1,7 +1,8 @@
-"""Mutation check of the g2b_grad4 emulation (h-g2g4): each mutant (one edit of gdn2_rule.cu's
-g2b_grad4 section) is extracted, built and run on three cases (tensor-core diagonal, ragged
-GVA, strong gates); every mutant must FAIL (EMU_MAXERR=1.5e-2) or crash. Run from this folder
-with numpy available: python3 mutate_v4.py"""
+"""Mutation check of the backward v4 / v5 emulation (h-g2g4): each mutant (one edit of
+gdn2_rule.cu's g2b_grad4, g2f_fwd8 HREC or g2b_dscan8 code) is extracted, built and run on three
+cases (g2b_grad4's: tensor-core diagonal, ragged GVA, strong gates; v5's: Dk 128, packed Dk 64
+with padding, Dk 128 GVA over 4 chunks); every mutant must FAIL (EMU_MAXERR=1.5e-2) or crash.
+Run from this folder with numpy available: python3 mutate_v4.py"""
 import os, subprocess, sys
 here = os.path.dirname(os.path.abspath(__file__))
 cu = os.path.join(here, '../../../crates/gdn/src/ops/gdn2_rule/gdn2_rule.cu')
@@ -16,7 +17,16 @@ MUT = [
     ("g4_st2(sDM + i * G4_LS + jj, jj < i ? -a0 : 0.f,", "g4_st2(sDM + i * G4_LS + jj, jj <= i ? -a0 : 0.f,"),
     ("const float eu = g2b_ex2(gi[h][e] - gm), ed = g2b_ex2(gm - gi[h][e]);", "const float eu = g2b_ex2(gi[h][e] - gm), ed = g2b_ex2(gi[h][e] - gm);"),
     ("dgam[2 * I + h][e] =\n                        dqg * (qi * eg)", "dgam[2 * I + h][e] =\n                        dqg * (qi * ed)"),
+    # backward v5: g2b_dscan8, g2f_fwd8's HREC stores
+    ("for (int kk = jp; kk < 4; ++kk) {\n                unsigned ba[4];", "for (int kk = jp + 1; kk < 4; ++kk) {\n                unsigned ba[4];"),
+    ("ds[2 * np + h][e] += scale * tq[h][e] - tw[h][e];", "ds[2 * np + h][e] += scale * tq[h][e] + tw[h][e];"),
+    ("g4_fa<true>(oa[kk], sO, L::LO, wc0, 16 * kk);", "g4_fa<false>(oa[kk], sO, L::LO, wc0, 16 * kk);"),
+    ("const bool ok = r < l;", "const bool ok = r <= l;"),
+    ("st(dc, (i64)(i0 + 1) * dv, d1);", "st(dc, (i64)(i0 + 1) * dv, d0);"),
+    ("for (int cc = 0; cc < 4; ++cc) st(hc, (i64)(8 * nt + 2 * t + (cc & 1)) * dv + 8 * (cc >> 1), s[nt][cc]);", "for (int cc = 0; cc < 4; ++cc) st(hc, (i64)(8 * nt + 2 * t + (cc & 1)) * dv + 8 * (cc & 1), s[nt][cc]);"),
+    ("            ds[nt][0] *= e.x;\n            ds[nt][1] *= e.y;", "            ds[nt][0] *= e.y;\n            ds[nt][1] *= e.y;"),
 ]
+V5_FROM = 9  # mutants from here on run backward v5's chain
 bad = []
 for n, (a, b) in enumerate(MUT):
     if b is None or orig.count(a) != 1:
@@ -29,6 +39,8 @@ for n, (a, b) in enumerate(MUT):
     finally:
         open(cu, 'w').write(orig)
     env = dict(os.environ, EMU_BIN='./h/main_mut', EMU_CASES='0,3,6', EMU_MAXERR='1.5e-2', EMU_BF16_INPUTS='1', EMU_V2='1', EMU_V4='1')
+    if n >= V5_FROM:
+        env.update(EMU_V5='1', EMU_CASES='0,7,10')
     r = subprocess.run([sys.executable, 'drive.py'], cwd=here, env=env, capture_output=True, text=True)
     caught = r.returncode != 0
     print(f"mutant {n}: {'caught' if caught else 'NOT CAUGHT'} ({r.stdout.strip().splitlines()[-2] if r.stdout.strip() else r.stderr[-200:]})")

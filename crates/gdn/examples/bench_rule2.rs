@@ -19,8 +19,9 @@
 //! `BENCH_RULE2_V3=1` runs only that part (well under a minute). Then (`bench-rule2-bwd-v4`)
 //! backward v4 ([`Bwd::V4`], opt-in `GDN_RULE2_BWD=v4`: v3 with `g2b_grad4`, bf16 tensor cores
 //! fed from shared memory) against v3, forward + backward for both, v4's gradients against v3's
-//! and the fp32 chunked kernels', and v4's per-kernel times; `BENCH_RULE2_V4=1` runs only that
-//! part.
+//! and the fp32 chunked kernels', and v4's per-kernel times; then the same for backward v5
+//! ([`Bwd::V5`], `GDN_RULE2_BWD=v5`: the recompute, reverse scan and gradient kernel all on bf16
+//! tensor cores); `BENCH_RULE2_V4=1` runs only those parts.
 //! First (`bench-rule2-prep8`), the chunked forward and forward + chunked backward with the
 //! tensor-core chunk prep g2c_prep8 against g2c_prep, and its per-kernel times;
 //! `GDN_BENCH_RULE2=prep8` prints only those rows.
@@ -327,9 +328,10 @@ fn main() {
     }
 }
 
-/// The `bench-rule2-bwd-v4*` rows: backward v4 (`g2b_grad4`, bf16 tensor cores) against v3 (the
-/// default), forward (the default) + backward for both, v4's gradients against v3's and the
-/// fp32 chunked kernels' (RMS rel), and the per-kernel times of v4.
+/// The `bench-rule2-bwd-v4*` and `-v5*` rows: backward v4 (`g2b_grad4`, bf16 tensor cores) and
+/// v5 (everything on bf16 tensor cores) against v3 (the default), forward (the default) +
+/// backward, their gradients against v3's (and v4's against the fp32 chunked kernels'), RMS
+/// rel, and their per-kernel times.
 fn bench_v4(
     gpu: &Arc<Gpu>,
     case: &str,
@@ -360,9 +362,26 @@ fn bench_v4(
         rms_rel_err(&dg_4, &dg_c),
         rel(&g4.db, &gc.db),
     );
-    drop((g4, g3, gc));
+    drop((g4, gc));
     let line = kernel_times(gpu, || drop(bwd(Bwd::V4)));
     println!("bench-rule2-bwd-v4-kernels | {case} | {line}");
+    // Backward v5 (every piece on bf16 tensor cores, bf16 workspaces).
+    let tb_5 = time_ms(gpu, 2, 5, || drop(bwd(Bwd::V5)));
+    let tfb_5 = time_ms(gpu, 2, 5, || drop((run(fwd), bwd(Bwd::V5))));
+    let g5 = bwd(Bwd::V5);
+    let dg_5 = gpu.download(&g5.dg).unwrap();
+    println!(
+        "bench-rule2-bwd-v5 | {case} | v5 bwd {tb_5:.2} ms | fwd ({fwd:?}) + v5 bwd {tfb_5:.2} ms | FLA fwd+bwd {fla_fb:.2} ms | RMS rel vs v3: dq {:.2e} dk {:.2e} dg {:.2e} dv {:.2e} dw {:.2e} db {:.2e}",
+        rel(&g5.dq, &g3.dq),
+        rel(&g5.dk, &g3.dk),
+        rms_rel_err(&dg_5, &dg_3),
+        rel(&g5.dv, &g3.dv),
+        rel(&g5.dw, &g3.dw),
+        rel(&g5.db, &g3.db),
+    );
+    drop((g5, g3));
+    let line = kernel_times(gpu, || drop(bwd(Bwd::V5)));
+    println!("bench-rule2-bwd-v5-kernels | {case} | {line}");
 }
 
 /// The `bench-rule2-bwd-v3*` rows: backward v3 (`g2b_grad3`) against v2.

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use gdn::device::cuda::{self, DBuf, DType, GBuf, Gpu};
 use gdn::ops::gdn2_rule::cuda::{
     backward as backward_cuda, backward_with, chunked_supports, forward as forward_cuda,
-    forward_with, fwd8_supports, prep_outputs, set_poison, v4_supports, with_prep, Bwd, Fwd, Prep,
+    forward_with, fwd8_supports, prep_outputs, set_poison, v4_supports, v5_supports, with_prep,
+    Bwd, Fwd, Prep,
 };
 use gdn::ops::gdn2_rule::reference::{self, RefInputs};
 use gdn::ops::gdn2_rule::{self as g2, RuleOpts, RuleShape};
@@ -1605,42 +1606,85 @@ fn gdn2_chunked_bwd_v4_bf16_matches_f64() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gdn2_chunked_bwd_v4_matches_v3() {
+    check_bwd_against(
+        Bwd::V4,
+        Bwd::V3,
+        "v4",
+        "v3",
+        |dt, s| dt == DType::Bf16 && v4_supports(s),
+        &["dh0"],
+    );
+}
+
+/// Backward v5 (`GDN_RULE2_BWD=v5`: the recompute, the reverse scan and the gradient kernel all
+/// on bf16 tensor cores with bf16 workspaces) against the f64 reference with the chunked
+/// backward's bf16 tolerances on [`v3_cases`] (Dk 64 / 128 run v5, the others v4), poisoned
+/// outputs, padding rows zero.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gdn2_chunked_bwd_v5_bf16_matches_f64() {
+    check_bwd_bf16_cases(Bwd::V5, "chunked-bwd-v5-bf16", &v3_cases(true));
+}
+
+/// Backward v5 against v4, every [`v3_cases`] case, both storage types: where [`v5_supports`]
+/// says no, v5 is v4 bitwise; where it runs, every output (dh0 too: its own reverse scan) within
+/// 1e-2 RMS of v4's and not all bitwise. Every output finite, padding rows zero; two v5 runs
+/// bitwise.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gdn2_chunked_bwd_v5_matches_v4() {
+    check_bwd_against(Bwd::V5, Bwd::V4, "v5", "v4", v5_supports, &[]);
+}
+
+/// `new` against `old` on every [`v3_cases`] case, both storage types: where `runs(dt, shape)`
+/// is false the two are the same kernels (bitwise every output); where it is true the outputs in
+/// `same` are bitwise `old`'s, the others within 1e-2 RMS of them, and not all bitwise. Every
+/// output finite, padding rows zero, two runs of `new` bitwise.
+fn check_bwd_against(
+    new: Bwd,
+    old: Bwd,
+    nn: &str,
+    on: &str,
+    runs: fn(DType, RuleShape) -> bool,
+    same_fields: &[&str],
+) {
     let gpu = gpu();
     let mut fails = Vec::new();
     for bf in [false, true] {
         let dt = if bf { DType::Bf16 } else { DType::F32 };
         for c in &v3_cases(bf) {
-            let v4 = bwd_gpu(&gpu, c, dt, Bwd::V4);
-            let v4b = bwd_gpu(&gpu, c, dt, Bwd::V4);
-            let v3 = bwd_gpu(&gpu, c, dt, Bwd::V3);
-            check_bwd_written(c, &v4, "v4 bwd", &mut fails);
-            let runs = bf && v4_supports(c.shape);
-            let mut line = format!("gdn2-check chunked-bwd-v4-vs-v3 {dt:?} {:<29}", c.name);
+            let x1 = bwd_gpu(&gpu, c, dt, new);
+            let x2 = bwd_gpu(&gpu, c, dt, new);
+            let r = bwd_gpu(&gpu, c, dt, old);
+            check_bwd_written(c, &x1, &format!("{nn} bwd"), &mut fails);
+            let run = runs(dt, c.shape);
+            let mut line = format!("gdn2-check chunked-bwd-{nn}-vs-{on} {dt:?} {:<29}", c.name);
             let mut any_diff = false;
-            for (((name, x), (_, y)), (_, o)) in v4.iter().zip(&v4b).zip(&v3) {
+            for (((name, x), (_, y)), (_, o)) in x1.iter().zip(&x2).zip(&r) {
                 let rerun = x.iter().zip(y).all(|(a, b)| a.to_bits() == b.to_bits());
                 let same = x.iter().zip(o).all(|(a, b)| a.to_bits() == b.to_bits());
                 any_diff |= !same;
                 let e = rms_rel(x, &o.iter().map(|&a| a as f64).collect::<Vec<f64>>());
-                line += &format!(" {name}: =v3 {same} vs-v3 {e:.1e}");
+                line += &format!(" {name}: ={on} {same} vs-{on} {e:.1e}");
                 if !rerun {
-                    fails.push(format!("{}: v4 {dt:?} {name}: two runs differ", c.name));
+                    fails.push(format!("{}: {nn} {dt:?} {name}: two runs differ", c.name));
                 }
-                let ok = match (runs, *name) {
-                    (false, _) | (true, "dh0") => same,
+                let ok = if !run || same_fields.contains(name) {
+                    same
+                } else {
                     // Where the exact value is all zero (dg at T = 1) the RMS is 0/0.
-                    (true, _) => same || e <= 1e-2,
+                    same || e <= 1e-2
                 };
                 if !ok {
                     fails.push(format!(
-                        "{}: v4 {dt:?} {name}: bitwise v3 {same}, RMS vs v3 {e:.2e}",
+                        "{}: {nn} {dt:?} {name}: bitwise {on} {same}, RMS vs {on} {e:.2e}",
                         c.name
                     ));
                 }
             }
-            if runs && c.seqs.used() > 1 && !any_diff {
+            if run && c.seqs.used() > 1 && !any_diff {
                 fails.push(format!(
-                    "{}: v4 bf16 equals v3's bits (g2b_grad4 did not run?)",
+                    "{}: {nn} equals {on}'s bits (did {nn} run?)",
                     c.name
                 ));
             }

@@ -214,17 +214,19 @@ fn gdn2_fused_forward_emulated() {
     }
 }
 
-/// GDN2's backward v4 gradient kernel (`g2b_grad4`: bf16 mma.sync / ldmatrix from shared
-/// memory, the diagonal Gram blocks through the block's middle row or elementwise) on the CPU:
-/// `bench/notes/h-g2b-emu/` (session 7's harness of the chunked GDN2 backward, its device code
-/// extracted from gdn2_rule.cu) against its float64 model of the backward, bf16 inputs, seven
-/// cases (T 1 .. 130, packed with empty and 1-token sequences, GVA, Dk 16 .. 128, Dv 16 .. 128,
-/// strong gates), then the elementwise diagonal forced (`-DG4_SAFE=-1.0`) on two of them. Every
-/// output must be written and within 1.5e-2 of the largest exact value (bf16 operands: ~4e-3
-/// seen; the 9 mutants of `mutate_v4.py` give 0.28 to 3e6). The model needs numpy: python3 with
-/// numpy (`.ci/run` installs it into `.ci/py`, on `PYTHONPATH`).
+/// GDN2's backward v4 and v5 on the CPU: `bench/notes/h-g2b-emu/` (session 7's harness of the
+/// chunked GDN2 backward, its device code extracted from gdn2_rule.cu) against its float64 model
+/// of the backward, bf16 inputs, eleven cases (T 1 .. 200, packed with empty and 1-token
+/// sequences and padding rows, GVA, Dk 16 .. 128, Dv 16 .. 128, strong gates): v4's gradient
+/// kernel `g2b_grad4` (bf16 mma.sync / ldmatrix from shared memory, the diagonal Gram blocks
+/// through the block's middle row or elementwise) on the model's workspaces, and where Dk is 64
+/// or 128 v5's whole chain (`g2c_prep8ht`, `g2f_hrec8`, `g2b_dscan8`, `g2b_grad4w`); then the
+/// elementwise diagonal forced (`-DG4_SAFE=-1.0`) on two cases. Every output must be written and
+/// within 1.5e-2 of the largest exact value (bf16 operands: ~4e-3 seen; the 16 mutants of
+/// `mutate_v4.py` give 0.22 to inf). The model needs numpy: python3 with numpy (`.ci/run`
+/// installs it into `.ci/py`, on `PYTHONPATH`).
 #[test]
-fn gdn2_backward_v4_emulated() {
+fn gdn2_backward_v4_v5_emulated() {
     let dir = notes_dir("h-g2b-emu");
     let gxx = |defs: &[&str], out: &str| {
         let mut cc = Command::new("g++");
@@ -264,7 +266,8 @@ fn gdn2_backward_v4_emulated() {
             .env("EMU_MAXERR", "1.5e-2")
             .env("EMU_BF16_INPUTS", "1")
             .env("EMU_V2", "1")
-            .env("EMU_V4", "1");
+            .env("EMU_V4", "1")
+            .env("EMU_V5", "1");
         match run_in(&dir, py, Duration::from_secs(900)) {
             Ok(out) => {
                 print!("{out}");

@@ -963,12 +963,32 @@ pub enum Bwd {
     /// wherever every block's decay is at most 2^64 (else v3's elementwise sums), dg's reverse
     /// sum in registers. Opt-in: `GDN_RULE2_BWD=v4`; other shapes and f32 storage run [`Bwd::V3`].
     V4,
+    /// Backward v5 (bench/notes/h-g2g4.md): every piece on bf16 tensor cores, every workspace
+    /// bf16: the recompute as the fused forward's prep and scan (`g2c_prep8ht_*`, which also
+    /// writes T, and `g2f_hrec8_*`, storing h and D instead of the output), the reverse scan
+    /// `g2b_dscan8_*` (g2f_fwd8's design run backwards: dS^T in registers), then `g2b_grad4w_*`
+    /// (`g2b_grad4` reading bf16 h, D, dh, dD). Where [`v5_supports`] says no, [`Bwd::V4`].
+    /// Opt-in: `GDN_RULE2_BWD=v5`.
+    V5,
 }
 
 /// Whether `g2b_grad4` ([`Bwd::V4`]) takes the shape: Dk and Dv multiples of 16 (its bf16
 /// tiles are read 16 columns at a time) within the chunked kernels' limits.
 pub fn v4_supports(s: RuleShape) -> bool {
     chunked_supports(s) && s.dk.is_multiple_of(16) && s.dv.is_multiple_of(16)
+}
+
+/// Whether backward v5 ([`Bwd::V5`]) takes the storage type and shape: [`fwd8_supports`]
+/// (bf16, Dk 64 or 128, Dv a multiple of 16) and [`v4_supports`].
+pub fn v5_supports(dt: DType, s: RuleShape) -> bool {
+    fwd8_supports(dt, s) && v4_supports(s)
+}
+
+/// Bytes of one pipeline stage of `g2b_dscan8` (the .cu file's `G2D8<DK, NW>::STAGE`): Kd^T
+/// (Dk rows of 72 bf16), A (64 rows of 72 bf16), Qg, Wm (64 rows of Dk + 8 bf16), the dO tile
+/// (64 rows of 16 warps + 8 bf16), e^Gam_L (Dk fp32).
+pub fn dscan8_stage_bytes(dk: usize, warps: usize) -> usize {
+    2 * (dk * (CK + 8) + CK * (CK + 8) + 2 * CK * (dk + 8) + CK * (16 * warps + 8)) + 4 * dk
 }
 
 /// Shared memory (bytes) of `g2b_grad4_*`: `G4_SMEM` in gdn2_rule.cu (its fixed layout for
@@ -986,7 +1006,7 @@ impl Bwd {
     /// `GDN_RULE2_BWD=chunked` or `=recurrent` picks the kernels; unset (or anything else),
     /// [`DEFAULT_BWD`]. A chunked choice becomes [`Bwd::ChunkedTc`] with `GDN_RULE2_GRAD=tc`;
     /// `GDN_RULE2_BWD=v3`, or v2 with `GDN_RULE2_GRAD=v3`, is [`Bwd::V3`]; `GDN_RULE2_BWD=v4`
-    /// is [`Bwd::V4`].
+    /// and `=v5` are [`Bwd::V4`] and [`Bwd::V5`].
     pub fn from_env() -> Bwd {
         let bwd = match std::env::var("GDN_RULE2_BWD").as_deref() {
             Ok("chunked") => Bwd::Chunked,
@@ -994,6 +1014,7 @@ impl Bwd {
             Ok("v2") => Bwd::V2,
             Ok("v3") => Bwd::V3,
             Ok("v4") => Bwd::V4,
+            Ok("v5") => Bwd::V5,
             _ => DEFAULT_BWD,
         };
         match (bwd, std::env::var("GDN_RULE2_GRAD").as_deref()) {
@@ -1084,6 +1105,9 @@ pub fn backward_with(
             d_o,
             dht: d_final_state,
         };
+        if bwd == Bwd::V5 && v5_supports(dt, s) {
+            return chunked_backward_v5(gpu, &x, seqs, s, opts, dt);
+        }
         return chunked_backward(gpu, &x, seqs, s, opts, dt, bwd);
     }
     let (cu, chf, chunks) = tables(gpu, seqs)?;
@@ -1256,20 +1280,20 @@ fn chunked_backward(
     bwd: Bwd,
 ) -> Result<Grads> {
     let bf = dt == DType::Bf16;
-    // v2, v3 and v4 share the pipelined reverse scan.
-    let v2 = matches!(bwd, Bwd::V2 | Bwd::V3 | Bwd::V4);
-    let v4 = bwd == Bwd::V4 && bf && v4_supports(s);
+    // v2, v3 and v4 (and v5 where it falls back to v4) share the pipelined reverse scan.
+    let v2 = matches!(bwd, Bwd::V2 | Bwd::V3 | Bwd::V4 | Bwd::V5);
+    let v4 = matches!(bwd, Bwd::V4 | Bwd::V5) && bf && v4_supports(s);
     // (module, name prefix) of g2b_grad.
     let grad = match (bwd, bf) {
         _ if v4 => (TC_MODULE, "g2b_grad4_"),
         (Bwd::ChunkedTc, true) => (TC_MODULE, "g2b_grad_tc_"),
         (Bwd::V2, true) => (TC_MODULE, "g2b_grad2_"),
-        (Bwd::V3 | Bwd::V4, true) => (TC_MODULE, "g2b_grad3_"),
+        (Bwd::V3 | Bwd::V4 | Bwd::V5, true) => (TC_MODULE, "g2b_grad3_"),
         _ => (MODULE, "g2b_grad_"),
     };
     let tc = grad.0 == TC_MODULE;
     let st = gpu.stream();
-    let (tokens, n_seq, used) = (seqs.tokens(), seqs.count(), seqs.used());
+    let n_seq = seqs.count();
     let ChunkTables {
         t0: ch_t0,
         len: ch_len,
@@ -1377,6 +1401,197 @@ fn chunked_backward(
     drop((ws_wm, ws_qg, ws_kd, ws_a, ws_egl));
     // g2b_grad4 keeps two of the four scratch tiles (dKd, dQg).
     let ws_g = out_f32(gpu, ch * if v4 { 2 } else { 4 } * CK * s.dk)?;
+    grad_and_finish(
+        gpu,
+        x,
+        seqs,
+        s,
+        opts,
+        dt,
+        &format!("{}{}", grad.1, rule_sfx(dt, opts)),
+        grad.0,
+        if v4 { G4_SMEM } else { grad_smem(s, tc) },
+        [&ws_h, &ws_d, &ws_dh, &ws_dd],
+        &ws_t,
+        &ws_g,
+        (&ch_t0, &ch_len),
+        dh0,
+    )
+}
+
+/// Backward v5 ([`Bwd::V5`], kernels' header comment in `gdn2_rule.cu`, "Backward v5"):
+/// `g2c_prep8ht`, `g2f_hrec8` (h, D), `g2b_dscan8` (dh, dD, dh0), then [`grad_and_finish`]
+/// with `g2b_grad4w`. Callers checked [`v5_supports`].
+fn chunked_backward_v5(
+    gpu: &Arc<Gpu>,
+    x: &BwdIo,
+    seqs: &Seqs,
+    s: RuleShape,
+    opts: RuleOpts,
+    dt: DType,
+) -> Result<Grads> {
+    let st = gpu.stream();
+    let n_seq = seqs.count();
+    let ChunkTables {
+        t0: ch_t0,
+        len: ch_len,
+        chf,
+        chunks,
+    } = chunk_tables(gpu, seqs)?;
+    let ch = chunks * s.hv;
+    let sfx = rule_sfx(dt, opts);
+    let ws_u = out_f32(gpu, ch * CK * s.dv)?;
+    let ws_wm = ws_bf16(gpu, ch * CK * s.dk)?;
+    let ws_qg = ws_bf16(gpu, ch * CK * s.dk)?;
+    let ws_kt = ws_bf16(gpu, ch * CK * s.dk)?;
+    let ws_a = ws_bf16(gpu, ch * CK * CK)?;
+    let ws_egl = out_f32(gpu, ch * s.dk)?;
+    let ws_t = out_f32(gpu, ch * CK * CK)?;
+    launch_in(
+        gpu,
+        TC_MODULE,
+        &format!("g2c_prep8ht_{sfx}"),
+        ch,
+        PREP8_SMEM,
+        &[
+            dptr(x.qq, st),
+            dptr(x.kk, st),
+            dptr(x.v, st),
+            ptr(x.g, st),
+            dptr(x.b, st),
+            dptr(x.w, st),
+            ptr(&ch_t0, st),
+            ptr(&ch_len, st),
+            i32_arg(s.hk),
+            i32_arg(s.hv),
+            i32_arg(s.dk),
+            i32_arg(s.dv),
+            ptr(&ws_u, st),
+            ptr(&ws_wm, st),
+            ptr(&ws_qg, st),
+            ptr(&ws_kt, st),
+            ptr(&ws_a, st),
+            ptr(&ws_egl, st),
+            ptr(&ws_t, st),
+        ],
+    )?;
+    // The recompute: g2f_fwd8's width and stages.
+    let nw = fwd8_warps(gpu, n_seq, s, 0, false);
+    let s3 = if s.dk == 128 && nw <= 2 { "s3" } else { "" };
+    let ws_h = ws_bf16(gpu, ch * s.dk * s.dv)?;
+    let ws_d = ws_bf16(gpu, ch * CK * s.dv)?;
+    launch_in_threads(
+        gpu,
+        TC_MODULE,
+        &format!("g2f_hrec8{s3}_d{}_w{nw}", s.dk),
+        n_seq * s.hv * (s.dv / (16 * nw)),
+        (32 * nw) as u32,
+        if s3.is_empty() { 2 } else { 3 } * fwd8_stage_bytes(s.dk, nw),
+        &[
+            ptr(&ws_wm, st),
+            ptr(&ws_qg, st),
+            ptr(&ws_kt, st),
+            ptr(&ws_a, st),
+            ptr(&ws_u, st),
+            ptr(&ws_egl, st),
+            ptr(&chf, st),
+            ptr(&ch_t0, st),
+            ptr(&ch_len, st),
+            i32_arg(s.hv),
+            i32_arg(s.dv),
+            optr(x.h0, st),
+            ptr(&ws_h, st),
+            ptr(&ws_d, st),
+        ],
+    )?;
+    drop(ws_u);
+    // The reverse scan: the same width model with its own stage size.
+    let nwd = fused_scan_warps(
+        gpu.sm_count().unwrap_or(132),
+        n_seq,
+        s,
+        CK,
+        0,
+        |w| s.dv.is_multiple_of(16 * w),
+        |w| dscan8_stage_bytes(s.dk, w),
+    );
+    let s3d = if s.dk == 128 && nwd <= 2 { "s3" } else { "" };
+    let ws_dh = ws_bf16(gpu, ch * s.dk * s.dv)?;
+    let ws_dd = ws_bf16(gpu, ch * CK * s.dv)?;
+    let dh0 = match x.h0 {
+        Some(_) => Some(out_f32(gpu, n_seq * s.hv * s.dk * s.dv)?),
+        None => None,
+    };
+    launch_in_threads(
+        gpu,
+        TC_MODULE,
+        &format!("g2b_dscan8{s3d}_d{}_w{nwd}", s.dk),
+        n_seq * s.hv * (s.dv / (16 * nwd)),
+        (32 * nwd) as u32,
+        if s3d.is_empty() { 2 } else { 3 } * dscan8_stage_bytes(s.dk, nwd),
+        &[
+            ptr(&ws_kt, st),
+            ptr(&ws_a, st),
+            ptr(&ws_qg, st),
+            ptr(&ws_wm, st),
+            ptr(&ws_egl, st),
+            dptr(x.d_o, st),
+            ptr(&chf, st),
+            ptr(&ch_t0, st),
+            ptr(&ch_len, st),
+            i32_arg(s.hv),
+            i32_arg(s.dv),
+            Arg::F32(opts.scale),
+            optr(x.dht, st),
+            ptr(&ws_dh, st),
+            ptr(&ws_dd, st),
+            optr(dh0.as_ref(), st),
+        ],
+    )?;
+    drop((ws_wm, ws_qg, ws_kt, ws_a, ws_egl));
+    let ws_g = out_f32(gpu, ch * 2 * CK * s.dk)?;
+    grad_and_finish(
+        gpu,
+        x,
+        seqs,
+        s,
+        opts,
+        dt,
+        &format!("g2b_grad4w_{sfx}"),
+        TC_MODULE,
+        G4_SMEM,
+        [&ws_h, &ws_d, &ws_dh, &ws_dd],
+        &ws_t,
+        &ws_g,
+        (&ch_t0, &ch_len),
+        dh0,
+    )
+}
+
+/// The chunked backward's last steps: the per-chunk gradient kernel `name` (module `module`,
+/// `smem` bytes; its workspaces h, D, dh, dD in `hd` (fp32 or bf16, as the kernel reads them),
+/// T, scratch), then the GVA sum and the l2 norm's backward (`gdr_reduce_qk`) and the padding
+/// rows zeroed.
+#[allow(clippy::too_many_arguments)]
+fn grad_and_finish<W: DeviceRepr>(
+    gpu: &Arc<Gpu>,
+    x: &BwdIo,
+    seqs: &Seqs,
+    s: RuleShape,
+    opts: RuleOpts,
+    dt: DType,
+    name: &str,
+    module: &'static str,
+    smem: usize,
+    hd: [&GBuf<W>; 4],
+    ws_t: &GBuf<f32>,
+    ws_g: &GBuf<f32>,
+    (ch_t0, ch_len): (&GBuf<i64>, &GBuf<i32>),
+    dh0: Option<GBuf<f32>>,
+) -> Result<Grads> {
+    let st = gpu.stream();
+    let (tokens, used) = (seqs.tokens(), seqs.used());
+    let ch = ws_t.len() / (CK * CK);
     let part = tokens * s.hv * s.dk;
     let dqs = out_exact(gpu, part)?;
     let dks = out_exact(gpu, part)?;
@@ -1386,10 +1601,10 @@ fn chunked_backward(
     let mut db = out_d(gpu, part, dt)?;
     launch_in(
         gpu,
-        grad.0,
-        &format!("{}{}", grad.1, rule_sfx(dt, opts)),
+        module,
+        name,
         ch,
-        if v4 { G4_SMEM } else { grad_smem(s, tc) },
+        smem,
         &[
             dptr(x.qq, st),
             dptr(x.kk, st),
@@ -1398,19 +1613,19 @@ fn chunked_backward(
             dptr(x.b, st),
             dptr(x.w, st),
             dptr(x.d_o, st),
-            ptr(&ch_t0, st),
-            ptr(&ch_len, st),
+            ptr(ch_t0, st),
+            ptr(ch_len, st),
             i32_arg(s.hk),
             i32_arg(s.hv),
             i32_arg(s.dk),
             i32_arg(s.dv),
             Arg::F32(opts.scale),
-            ptr(&ws_h, st),
-            ptr(&ws_d, st),
-            ptr(&ws_dh, st),
-            ptr(&ws_dd, st),
-            ptr(&ws_t, st),
-            ptr(&ws_g, st),
+            ptr(hd[0], st),
+            ptr(hd[1], st),
+            ptr(hd[2], st),
+            ptr(hd[3], st),
+            ptr(ws_t, st),
+            ptr(ws_g, st),
             ptr(&dqs, st),
             ptr(&dks, st),
             dptr(&dv, st),
@@ -1419,7 +1634,6 @@ fn chunked_backward(
             dptr(&db, st),
         ],
     )?;
-    drop((ws_h, ws_d, ws_dh, ws_dd, ws_t, ws_g));
     let dq = out_d(gpu, tokens * s.hk * s.dk, dt)?;
     let dk = out_d(gpu, tokens * s.hk * s.dk, dt)?;
     launch(

@@ -1132,11 +1132,24 @@ __device__ void g2c_prep8(const TQ* __restrict__ q, const TQ* __restrict__ k, co
                                  ws_a, ws_egl, nullptr);                                                      \
     }
 
+// g2c_prep8ht_*: g2c_prep8h writing T too (fp32), for backward v5.
+#define G2C8HT_ENTRIES(TQ, T, S)                                                                              \
+    extern "C" __global__ void __launch_bounds__(G2C_NT, 2)                                                   \
+        g2c_prep8ht_##S(const TQ* q, const TQ* k, const T* v, const float* g, const T* b, const T* w,         \
+                        const i64* ch_t0, const int* ch_len, int hk, int hv, int dk, int dv, float* ws_u,     \
+                        bf16_t* ws_wm, bf16_t* ws_qg, bf16_t* ws_kd, bf16_t* ws_a, float* ws_egl,             \
+                        float* ws_t) {                                                                        \
+        g2c_prep8<TQ, T, bf16_t>(q, k, v, g, b, w, ch_t0, ch_len, hk, hv, dk, dv, ws_u, ws_wm, ws_qg, ws_kd,  \
+                                 ws_a, ws_egl, ws_t);                                                         \
+    }
+
 G2C8_ENTRIES(float, float, f32)
 G2C8_ENTRIES(bf16_t, bf16_t, bf16)
 G2C8_ENTRIES(float, bf16_t, bf16n)
 G2C8H_ENTRIES(bf16_t, bf16_t, bf16)
 G2C8H_ENTRIES(float, bf16_t, bf16n)
+G2C8HT_ENTRIES(bf16_t, bf16_t, bf16)
+G2C8HT_ENTRIES(float, bf16_t, bf16n)
 
 // ---------------------------------------------------------------------------------------------
 // g2f_fwd8 (issue 17, opt-in: GDN_RULE2_FWD=v8): the chunked forward's scan and output fused on
@@ -1289,13 +1302,17 @@ __device__ __forceinline__ void g2f_load_stage(int tid, char* st, const bf16_t* 
 // computes. The output warps also issue every cp.async of the stages. The chain's step shrinks
 // from 212 to 128 mma and has no load to issue. Same products in the same order: the same bits
 // as without SPLIT.
-template <int DK, int NW, int NS, bool SPLIT>
+// HREC (g2f_hrec8_*, backward v5's recompute): no output; the chunk-start states h[c] = S0
+// (bf16, [cb][DK][dv]) and D (bf16, [cb][64][dv]) stored for the backward instead (fin unused).
+template <int DK, int NW, int NS, bool SPLIT, bool HREC = false>
 __device__ void g2f_fwd8(const bf16_t* __restrict__ wm_ws, const bf16_t* __restrict__ qg_ws,
                          const bf16_t* __restrict__ kt_ws, const bf16_t* __restrict__ a_ws,
                          const float* __restrict__ u_ws, const float* __restrict__ egl_ws,
                          const i64* __restrict__ seq_ch, const i64* __restrict__ ch_t0,
                          const int* __restrict__ ch_len, int hv_n, int dv, float scale,
-                         const float* __restrict__ h0, bf16_t* __restrict__ o, float* __restrict__ fin) {
+                         const float* __restrict__ h0, bf16_t* __restrict__ o, float* __restrict__ fin,
+                         bf16_t* __restrict__ h_ws = nullptr, bf16_t* __restrict__ d_ws = nullptr) {
+    static_assert(!(HREC && SPLIT), "the recompute runs unsplit");
     typedef G2F8<DK, NW> L;
     static_assert(NS == 2 || NS == 3, "2 or 3 stages");
     constexpr int NTH = SPLIT ? 2 * L::NT : L::NT;  // the CTA's threads
@@ -1366,6 +1383,14 @@ __device__ void g2f_fwd8(const bf16_t* __restrict__ wm_ws, const bf16_t* __restr
         const int l = ch_len[c];
         const i64 t0 = ch_t0[c];
 
+        if constexpr (HREC) {
+            // h[c] = S0 (bf16): s[nt][cc] is S[8 nt + 2t + (cc & 1)][col0 + wc0 + g + 8 (cc >> 1)].
+            bf16_t* hc = h_ws + (c * hv_n + hv) * (i64)DK * dv + col0 + wc0 + g;
+#pragma unroll
+            for (int nt = 0; nt < DK / 8; ++nt)
+#pragma unroll
+                for (int cc = 0; cc < 4; ++cc) st(hc, (i64)(8 * nt + 2 * t + (cc & 1)) * dv + 8 * (cc >> 1), s[nt][cc]);
+        }
         // S0^T as bf16 A fragments.
         unsigned sa[DK / 16][4];
         if (chain) {
@@ -1410,7 +1435,7 @@ __device__ void g2f_fwd8(const bf16_t* __restrict__ wm_ws, const bf16_t* __restr
                     g2f_mma(x[2 * jp], sa[ks], bw[0], bw[1]);
                     g2f_mma(x[2 * jp + 1], sa[ks], bw[2], bw[3]);
                 }
-                if (!SPLIT || !chain) {
+                if (!HREC && (!SPLIT || !chain)) {
                     unsigned bq[4];
                     g2f_ldsm4(bq, sQ + off);
                     g2f_mma(oacc[2 * jp], sa[ks], bq[0], bq[1]);
@@ -1432,6 +1457,11 @@ __device__ void g2f_fwd8(const bf16_t* __restrict__ wm_ws, const bf16_t* __restr
                         const float d0 = sU[i0 * L::LU + v] - x[j][2 * rr];
                         const float d1 = sU[(i0 + 1) * L::LU + v] - x[j][2 * rr + 1];
                         da[kk][rr + 2 * h] = g2f_pack(d0, d1);
+                        if constexpr (HREC) {
+                            bf16_t* dc = d_ws + (c * hv_n + hv) * (i64)G2C_C * dv + col0 + wc0 + v;
+                            st(dc, (i64)i0 * dv, d0);
+                            st(dc, (i64)(i0 + 1) * dv, d1);
+                        }
                     }
                 }
             if (SPLIT) {
@@ -1469,7 +1499,7 @@ __device__ void g2f_fwd8(const bf16_t* __restrict__ wm_ws, const bf16_t* __restr
                 da[kk][3] = v4.w;
             }
         }
-        if (!SPLIT || !chain) {
+        if (!HREC && (!SPLIT || !chain)) {
             // O^T = scale (P + D^T A^T): A lower triangular, only the 16 x 16 blocks on or below
             // the diagonal.
 #pragma unroll
@@ -1491,7 +1521,7 @@ __device__ void g2f_fwd8(const bf16_t* __restrict__ wm_ws, const bf16_t* __restr
                 }
         }
     }
-    if (fin && chain) {
+    if (!HREC && fin && chain) {
 #pragma unroll
         for (int nt = 0; nt < DK / 8; ++nt)
 #pragma unroll
@@ -1529,6 +1559,27 @@ G2F8_ENTRY(g2f_fwd8x, 2, 128, 2, 1)
 G2F8_ENTRY(g2f_fwd8x, 2, 128, 4, 1)
 G2F8_ENTRY(g2f_fwd8xs3, 3, 128, 1, 1)
 G2F8_ENTRY(g2f_fwd8xs3, 3, 128, 2, 1)
+
+// g2f_hrec8{,s3}_d{DK}_w{NW}: g2f_fwd8 with HREC (backward v5's recompute of h and D).
+#define G2H8_ENTRY(NAME, NS, DK, NW)                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * NW, 1) NAME##_d##DK##_w##NW(                            \
+        const bf16_t* wm, const bf16_t* qg, const bf16_t* kt, const bf16_t* a, const float* u,                \
+        const float* egl, const i64* seq_ch, const i64* ch_t0, const int* ch_len, int hv, int dv,             \
+        const float* h0, bf16_t* h_ws, bf16_t* d_ws) {                                                        \
+        g2f_fwd8<DK, NW, NS, false, true>(wm, qg, kt, a, u, egl, seq_ch, ch_t0, ch_len, hv, dv, 1.f, h0,      \
+                                          nullptr, nullptr, h_ws, d_ws);                                      \
+    }
+
+G2H8_ENTRY(g2f_hrec8, 2, 64, 1)
+G2H8_ENTRY(g2f_hrec8, 2, 64, 2)
+G2H8_ENTRY(g2f_hrec8, 2, 64, 4)
+G2H8_ENTRY(g2f_hrec8, 2, 64, 8)
+G2H8_ENTRY(g2f_hrec8, 2, 128, 1)
+G2H8_ENTRY(g2f_hrec8, 2, 128, 2)
+G2H8_ENTRY(g2f_hrec8, 2, 128, 4)
+G2H8_ENTRY(g2f_hrec8, 2, 128, 8)
+G2H8_ENTRY(g2f_hrec8s3, 3, 128, 1)
+G2H8_ENTRY(g2f_hrec8s3, 3, 128, 2)
 #endif  // G2B_TC_MODULE
 
 // Issues the cp.async copies of chunk `cj`'s scan operands into B: Wm [64][dk], Kd^T [dk][64],
@@ -3458,13 +3509,15 @@ __device__ __forceinline__ void g4_mma2(float (&c)[4], const unsigned (&a)[4], c
     g2f_mma(c, a, b[0], b[1]);
 }
 
-template <typename TQ, typename T>
+// WS: the storage of h, D, dh, dD (fp32: g2b_grad4_*, after g2c_scan / g2b_dscan*p; bf16:
+// g2b_grad4w_*, backward v5's g2f_hrec8 / g2b_dscan8).
+template <typename TQ, typename T, typename WS>
 __device__ void g2b_grad4(const TQ* __restrict__ q, const TQ* __restrict__ k, const T* __restrict__ v,
                           const float* __restrict__ g, const T* __restrict__ b, const T* __restrict__ w,
                           const T* __restrict__ d_o, const i64* __restrict__ ch_t0, const int* __restrict__ ch_len,
-                          int hk_n, int hv_n, int dk, int dv, float scale, const float* __restrict__ ws_h,
-                          const float* __restrict__ ws_d, const float* __restrict__ ws_dh,
-                          const float* __restrict__ ws_dd, const float* __restrict__ ws_t, float* ws_g,
+                          int hk_n, int hv_n, int dk, int dv, float scale, const WS* __restrict__ ws_h,
+                          const WS* __restrict__ ws_d, const WS* __restrict__ ws_dh,
+                          const WS* __restrict__ ws_dd, const float* __restrict__ ws_t, float* ws_g,
                           float* __restrict__ dq_s, float* __restrict__ dk_s, T* __restrict__ dv_out,
                           T* __restrict__ dw_out, float* __restrict__ dg_out, T* __restrict__ db_out) {
     extern __shared__ __align__(16) float g2c_sm[];
@@ -3507,10 +3560,10 @@ __device__ void g2b_grad4(const TQ* __restrict__ q, const TQ* __restrict__ k, co
     float* gKd = ws_g + cj * 2 * (i64)ck;
     float* gQg = gKd + ck;
     const i64 sn = (i64)dk * dv;
-    const float* S0 = ws_h + cj * sn;
-    const float* dS1 = ws_dh + cj * sn;
-    const float* Dm = ws_d + cj * G2C_C * (i64)dv;
-    const float* dDm = ws_dd + cj * G2C_C * (i64)dv;
+    const WS* S0 = ws_h + cj * sn;
+    const WS* dS1 = ws_dh + cj * sn;
+    const WS* Dm = ws_d + cj * G2C_C * (i64)dv;
+    const WS* dDm = ws_dd + cj * G2C_C * (i64)dv;
     const i64 vrow = (t0 * hv_n + j) * (i64)dv;
     const i64 vstride = (i64)hv_n * dv;
     const int v4 = dv / 4;
@@ -3875,18 +3928,279 @@ __device__ void g2b_grad4(const TQ* __restrict__ q, const TQ* __restrict__ k, co
     }
 }
 
-#define G2B_GRAD4(TQ, T, S)                                                                                   \
+#define G2B_GRAD4(NAME, TQ, T, WS, S)                                                                         \
     extern "C" __global__ void __launch_bounds__(G2C_NT, 1)                                                   \
-        g2b_grad4_##S(const TQ* q, const TQ* k, const T* v, const float* g, const T* b, const T* w,           \
-                      const T* d_o, const i64* ch_t0, const int* ch_len, int hk, int hv, int dk, int dv,      \
-                      float scale, const float* ws_h, const float* ws_d, const float* ws_dh,                  \
-                      const float* ws_dd, const float* ws_t, float* ws_g, float* dq_s, float* dk_s,           \
-                      T* dv_out, T* dw_out, float* dg_out, T* db_out) {                                       \
-        g2b_grad4<TQ, T>(q, k, v, g, b, w, d_o, ch_t0, ch_len, hk, hv, dk, dv, scale, ws_h, ws_d, ws_dh,      \
-                         ws_dd, ws_t, ws_g, dq_s, dk_s, dv_out, dw_out, dg_out, db_out);                      \
+        NAME##_##S(const TQ* q, const TQ* k, const T* v, const float* g, const T* b, const T* w,              \
+                   const T* d_o, const i64* ch_t0, const int* ch_len, int hk, int hv, int dk, int dv,         \
+                   float scale, const WS* ws_h, const WS* ws_d, const WS* ws_dh, const WS* ws_dd,             \
+                   const float* ws_t, float* ws_g, float* dq_s, float* dk_s, T* dv_out, T* dw_out,            \
+                   float* dg_out, T* db_out) {                                                                \
+        g2b_grad4<TQ, T, WS>(q, k, v, g, b, w, d_o, ch_t0, ch_len, hk, hv, dk, dv, scale, ws_h, ws_d, ws_dh,  \
+                             ws_dd, ws_t, ws_g, dq_s, dk_s, dv_out, dw_out, dg_out, db_out);                  \
     }
 
-G2B_GRAD4(bf16_t, bf16_t, bf16)
-G2B_GRAD4(float, bf16_t, bf16n)
+G2B_GRAD4(g2b_grad4, bf16_t, bf16_t, float, bf16)
+G2B_GRAD4(g2b_grad4, float, bf16_t, float, bf16n)
+G2B_GRAD4(g2b_grad4w, bf16_t, bf16_t, bf16_t, bf16)
+G2B_GRAD4(g2b_grad4w, float, bf16_t, bf16_t, bf16n)
+
+// =============================================================================================
+// Backward v5 (opt-in GDN_RULE2_BWD=v5; bench/notes/h-g2g4.md): the recompute and the reverse
+// scan on bf16 tensor cores too, every workspace the gradient kernel reads in bf16:
+//   g2c_prep8ht  g2c_prep8h (Wm, Qg, Kd^T, A bf16; U, e^Gam_L fp32) writing T (fp32)
+//   g2f_hrec8    g2f_fwd8 with HREC: h[c] = S0 and D stored (bf16), no output
+//   g2b_dscan8   below: dh[c] = dS1 and dD stored (bf16), dh0 (fp32)
+//   g2b_grad4w   g2b_grad4 reading h, D, dh, dD in bf16 (its tiles were bf16 already)
+//
+// g2b_dscan8: g2f_fwd8's design run backwards. Per (sequence, value head, V tile of BV = 16 NW
+// state columns), NW warps; warp w keeps dS^T for the tile's columns 16 w .. 16 w + 15 (16 x DK,
+// fp32) in registers as m16n8 accumulator fragments (ds[nt][c] = dS[8 nt + 2t + (c & 1)][column
+// g + 8 (c >> 1)]). Chunks in reverse; per chunk (operands in shared memory, the chunk NS - 1
+// steps later in flight by cp.async; the dO tile's rows >= l zero-filled):
+//   dh[c] = dS1                                   (stored, bf16)
+//   dD^T  = dS1^T Kd^T + scale dO^T A   (16 x 64) (stored, bf16; then bf16 A fragments)
+//   dS^T <- dS1^T diag(e^Gam_L) + scale dO^T Qg - dD^T Wm
+// A fragments of dS1^T from the accumulators (as g2f_fwd8's S0^T), of dO^T by ldmatrix.trans of
+// the dO tile; B operands by ldmatrix.trans of Kd^T, A, Qg, Wm (stored [k][n]); A's 16 x 16
+// blocks above the diagonal skipped. Rows >= l of Kd, A, Qg, Wm are zero (prep), so dD's are.
+// Numerics: state fp32; operands bf16; fixed orders, no atomics.
+template <int DK, int NW>
+struct G2D8 {
+    static constexpr int BV = 16 * NW;
+    static constexpr int NT = 32 * NW;
+    static constexpr int LK = DK + 8;     // bf16 row stride of Qg, Wm
+    static constexpr int LT = G2C_C + 8;  // bf16 row stride of Kd^T and A
+    static constexpr int LO = BV + 8;     // bf16 row stride of the dO tile
+    static constexpr int KT_OFF = 0;
+    static constexpr int A_OFF = KT_OFF + DK * LT * 2;
+    static constexpr int QG_OFF = A_OFF + G2C_C * LT * 2;
+    static constexpr int WM_OFF = QG_OFF + G2C_C * LK * 2;
+    static constexpr int O_OFF = WM_OFF + G2C_C * LK * 2;
+    static constexpr int E_OFF = O_OFF + G2C_C * LO * 2;
+    static constexpr int STAGE = E_OFF + DK * 4;
+};
+
+// cp.async of 16 bytes, zero-filled (nothing read) where !valid.
+__device__ __forceinline__ void g2d8_cp16z(unsigned dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+
+// One chunk's operands into a stage (all NT threads, one cp.async group): Kd^T [DK][64], A
+// [64][64], Qg, Wm [64][DK] (bf16, contiguous per chunk-head), the dO tile [64][BV] (bf16, row
+// stride ostride from orow0; rows >= l zero) and e^Gam_L [DK] (fp32).
+template <int DK, int NW>
+__device__ __forceinline__ void g2d8_load(char* st, const bf16_t* kt, const bf16_t* a, const bf16_t* qg,
+                                          const bf16_t* wm, const float* egl, const bf16_t* d_o, i64 orow0,
+                                          i64 ostride, int l) {
+    typedef G2D8<DK, NW> L;
+    const int tid = threadIdx.x;
+    const unsigned sb = g2f_saddr(st);
+    for (int e = tid; e < DK * 8; e += L::NT) {
+        const int r = e >> 3, x = (e & 7) * 8;
+        g2f_cp16(sb + L::KT_OFF + (unsigned)((r * L::LT + x) * 2), kt + r * G2C_C + x);
+    }
+    for (int e = tid; e < G2C_C * 8; e += L::NT) {
+        const int r = e >> 3, x = (e & 7) * 8;
+        g2f_cp16(sb + L::A_OFF + (unsigned)((r * L::LT + x) * 2), a + r * G2C_C + x);
+    }
+    constexpr int PK = DK / 8;
+    for (int e = tid; e < G2C_C * PK; e += L::NT) {
+        const int r = e / PK, x = (e % PK) * 8;
+        g2f_cp16(sb + L::QG_OFF + (unsigned)((r * L::LK + x) * 2), qg + r * DK + x);
+        g2f_cp16(sb + L::WM_OFF + (unsigned)((r * L::LK + x) * 2), wm + r * DK + x);
+    }
+    constexpr int PO = L::BV / 8;
+    for (int e = tid; e < G2C_C * PO; e += L::NT) {
+        const int r = e / PO, x = (e % PO) * 8;
+        const bool ok = r < l;
+        g2d8_cp16z(sb + L::O_OFF + (unsigned)((r * L::LO + x) * 2), d_o + orow0 + (ok ? r : 0) * ostride + x, ok);
+    }
+    if (tid < DK / 4) g2f_cp16(sb + L::E_OFF + tid * 16, egl + tid * 4);
+    g2f_commit();
+}
+
+// Grid: N * Hv * (dv / BV) CTAs of 32 NW threads; dynamic shared memory NS * G2D8<DK, NW>::STAGE
+// (a launch with less writes nothing). Workspaces from g2c_prep8ht (chunk-head cb = chunk * Hv +
+// value head); d_o [tokens][Hv][dv] bf16; dht, dh0 [N][Hv][DK][dv] fp32; dh_ws [cb][DK][dv],
+// dd_ws [cb][64][dv] bf16.
+template <int DK, int NW, int NS>
+__device__ void g2b_dscan8(const bf16_t* __restrict__ kt_ws, const bf16_t* __restrict__ a_ws,
+                           const bf16_t* __restrict__ qg_ws, const bf16_t* __restrict__ wm_ws,
+                           const float* __restrict__ egl_ws, const bf16_t* __restrict__ d_o,
+                           const i64* __restrict__ seq_ch, const i64* __restrict__ ch_t0,
+                           const int* __restrict__ ch_len, int hv_n, int dv, float scale,
+                           const float* __restrict__ dht, bf16_t* __restrict__ dh_ws, bf16_t* __restrict__ dd_ws,
+                           float* __restrict__ dh0) {
+    typedef G2D8<DK, NW> L;
+    static_assert(NS == 2 || NS == 3, "2 or 3 stages");
+    if (g2f_dyn_smem() < (unsigned)(NS * L::STAGE)) return;
+    extern __shared__ __align__(16) float g2c_sm[];
+    char* sm = reinterpret_cast<char*>(g2c_sm);
+    const int nvt = dv / L::BV;
+    const i64 b = blockIdx.x;
+    const int vt = (int)(b % nvt);
+    const int hv = (int)((b / nvt) % hv_n);
+    const i64 n = b / ((i64)nvt * hv_n);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const i64 col0 = (i64)vt * L::BV;
+    const int wc0 = 16 * warp;
+    const i64 st_base = (n * hv_n + hv) * (i64)DK * dv;
+    const i64 vrow = (i64)hv_n * dv;
+
+    float ds[DK / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < DK / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            ds[nt][c] = dht ? dht[st_base + (i64)(8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)] : 0.f;
+
+    const i64 c_beg = seq_ch[n], c_end = seq_ch[n + 1], nch = c_end - c_beg;
+    auto issue = [&](i64 c, int stage) {
+        const i64 cb = c * hv_n + hv;
+        g2d8_load<DK, NW>(sm + stage * L::STAGE, kt_ws + cb * DK * G2C_C, a_ws + cb * G2C_C * G2C_C,
+                          qg_ws + cb * G2C_C * DK, wm_ws + cb * G2C_C * DK, egl_ws + cb * DK, d_o,
+                          ch_t0[c] * vrow + (i64)hv * dv + col0, vrow, ch_len[c]);
+    };
+    // Step u handles chunk c_end - 1 - u.
+#pragma unroll
+    for (int p = 0; p < NS - 1; ++p) {
+        if (p < nch) issue(c_end - 1 - p, p);
+        else g2f_commit();
+    }
+    for (i64 u = 0; u < nch; ++u) {
+        const i64 c = c_end - 1 - u;
+        const int stg = (int)(u % NS);
+        g2f_wait<NS - 2>();
+        __syncthreads();  // stage stg is complete for all; every warp is done with step u - 1's
+        if (u + NS - 1 < nch) issue(c - (NS - 1), (int)((u + NS - 1) % NS));
+        else g2f_commit();
+        const char* sp = sm + stg * L::STAGE;
+        const bf16_t* sKt = reinterpret_cast<const bf16_t*>(sp + L::KT_OFF);
+        const bf16_t* sA = reinterpret_cast<const bf16_t*>(sp + L::A_OFF);
+        const bf16_t* sQ = reinterpret_cast<const bf16_t*>(sp + L::QG_OFF);
+        const bf16_t* sW = reinterpret_cast<const bf16_t*>(sp + L::WM_OFF);
+        const bf16_t* sO = reinterpret_cast<const bf16_t*>(sp + L::O_OFF);
+        const float* sE = reinterpret_cast<const float*>(sp + L::E_OFF);
+        const i64 cb = c * hv_n + hv;
+
+        // dh[c] = dS1 (bf16), and dS1^T as bf16 A fragments.
+        {
+            bf16_t* dh = dh_ws + cb * (i64)DK * dv + col0 + wc0 + g;
+#pragma unroll
+            for (int nt = 0; nt < DK / 8; ++nt)
+#pragma unroll
+                for (int cc = 0; cc < 4; ++cc) st(dh, (i64)(8 * nt + 2 * t + (cc & 1)) * dv + 8 * (cc >> 1), ds[nt][cc]);
+        }
+        unsigned sa[DK / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < DK / 16; ++ks) {
+            sa[ks][0] = g2f_pack(ds[2 * ks][0], ds[2 * ks][1]);
+            sa[ks][1] = g2f_pack(ds[2 * ks][2], ds[2 * ks][3]);
+            sa[ks][2] = g2f_pack(ds[2 * ks + 1][0], ds[2 * ks + 1][1]);
+            sa[ks][3] = g2f_pack(ds[2 * ks + 1][2], ds[2 * ks + 1][3]);
+        }
+        // dO^T as A fragments (k = chunk rows).
+        unsigned oa[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) g4_fa<true>(oa[kk], sO, L::LO, wc0, 16 * kk);
+        // dD^T = dS1^T Kd^T + scale dO^T A by 16 chunk rows: stored, and as A fragments.
+        unsigned da[4][4];
+        bf16_t* dd = dd_ws + cb * (i64)G2C_C * dv + col0 + wc0 + g;
+#pragma unroll
+        for (int jp = 0; jp < 4; ++jp) {
+            float t1[2][4], t2[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) t1[h][e] = t2[h][e] = 0.f;
+#pragma unroll
+            for (int ks = 0; ks < DK / 16; ++ks) {
+                unsigned bk[4];
+                g4_fb<true>(bk, sKt, L::LT, 16 * ks, 16 * jp);
+                g2f_mma(t1[0], sa[ks], bk[0], bk[1]);
+                g2f_mma(t1[1], sa[ks], bk[2], bk[3]);
+            }
+#pragma unroll
+            for (int kk = jp; kk < 4; ++kk) {
+                unsigned ba[4];
+                g4_fb<true>(ba, sA, L::LT, 16 * kk, 16 * jp);
+                g2f_mma(t2[0], oa[kk], ba[0], ba[1]);
+                g2f_mma(t2[1], oa[kk], ba[2], ba[3]);
+            }
+            float d[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    d[h][e] = t1[h][e] + scale * t2[h][e];
+                    // (state column g + 8 (e >> 1), chunk row 16 jp + 8 h + 2t + (e & 1))
+                    st(dd, (i64)(16 * jp + 8 * h + 2 * t + (e & 1)) * dv + 8 * (e >> 1), d[h][e]);
+                }
+            da[jp][0] = g2f_pack(d[0][0], d[0][1]);
+            da[jp][1] = g2f_pack(d[0][2], d[0][3]);
+            da[jp][2] = g2f_pack(d[1][0], d[1][1]);
+            da[jp][3] = g2f_pack(d[1][2], d[1][3]);
+        }
+        // dS^T <- dS1^T diag(e^Gam_L) + scale dO^T Qg - dD^T Wm.
+#pragma unroll
+        for (int nt = 0; nt < DK / 8; ++nt) {
+            const float2 e = *reinterpret_cast<const float2*>(sE + 8 * nt + 2 * t);
+            ds[nt][0] *= e.x;
+            ds[nt][1] *= e.y;
+            ds[nt][2] *= e.x;
+            ds[nt][3] *= e.y;
+        }
+#pragma unroll
+        for (int np = 0; np < DK / 16; ++np) {
+            float tq[2][4], tw[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) tq[h][e] = tw[h][e] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                unsigned bq[4], bw[4];
+                g4_fb<true>(bq, sQ, L::LK, 16 * kk, 16 * np);
+                g2f_mma(tq[0], oa[kk], bq[0], bq[1]);
+                g2f_mma(tq[1], oa[kk], bq[2], bq[3]);
+                g4_fb<true>(bw, sW, L::LK, 16 * kk, 16 * np);
+                g2f_mma(tw[0], da[kk], bw[0], bw[1]);
+                g2f_mma(tw[1], da[kk], bw[2], bw[3]);
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) ds[2 * np + h][e] += scale * tq[h][e] - tw[h][e];
+        }
+    }
+    if (dh0) {
+#pragma unroll
+        for (int nt = 0; nt < DK / 8; ++nt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                dh0[st_base + (i64)(8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)] = ds[nt][c];
+    }
+}
+
+// g2b_dscan8{,s3}_d{DK}_w{NW}.
+#define G2D8_ENTRY(NAME, NS, DK, NW)                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * NW, 1) NAME##_d##DK##_w##NW(                            \
+        const bf16_t* kt, const bf16_t* a, const bf16_t* qg, const bf16_t* wm, const float* egl,              \
+        const bf16_t* d_o, const i64* seq_ch, const i64* ch_t0, const int* ch_len, int hv, int dv,            \
+        float scale, const float* dht, bf16_t* dh_ws, bf16_t* dd_ws, float* dh0) {                            \
+        g2b_dscan8<DK, NW, NS>(kt, a, qg, wm, egl, d_o, seq_ch, ch_t0, ch_len, hv, dv, scale, dht, dh_ws,     \
+                               dd_ws, dh0);                                                                   \
+    }
+
+G2D8_ENTRY(g2b_dscan8, 2, 64, 1)
+G2D8_ENTRY(g2b_dscan8, 2, 64, 2)
+G2D8_ENTRY(g2b_dscan8, 2, 64, 4)
+G2D8_ENTRY(g2b_dscan8, 2, 64, 8)
+G2D8_ENTRY(g2b_dscan8, 2, 128, 1)
+G2D8_ENTRY(g2b_dscan8, 2, 128, 2)
+G2D8_ENTRY(g2b_dscan8, 2, 128, 4)
+G2D8_ENTRY(g2b_dscan8, 2, 128, 8)
+G2D8_ENTRY(g2b_dscan8s3, 3, 128, 1)
+G2D8_ENTRY(g2b_dscan8s3, 3, 128, 2)
 
 #endif  // G2B_TC_MODULE (backward v3's gradient kernel)
