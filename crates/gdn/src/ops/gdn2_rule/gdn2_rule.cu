@@ -3568,26 +3568,57 @@ __device__ void g2b_grad4(const TQ* __restrict__ q, const TQ* __restrict__ k, co
     const i64 vstride = (i64)hv_n * dv;
     const int v4 = dv / 4;
 
-    // ---- Phase A staging: D, dD, dO, W * V, T, S0, dS1 as bf16; <S0_c, dS1_c> partials.
-    for (int e = tid; e < G2C_C * v4; e += G2C_NT) {
-        const int i = e / v4, y = 4 * (e - i * v4);
-        g4_st4(sD + i * G4_LD + y, g4_ld4(Dm, (i64)i * dv + y));
-        g4_st4(sDD + i * G4_LD + y, g4_ld4(dDm, (i64)i * dv + y));
-        float4 o = make_float4(0.f, 0.f, 0.f, 0.f), wv = o;
-        if (i < l) {
-            const i64 off = vrow + i * vstride + y;
-            o = g4_ld4(d_o, off);
-            wv = g2p8_mul4(g4_ld4(w, off), g4_ld4(v, off));
+    // ---- Phase A staging: D, dD, dO, W * V, T, S0, dS1 as bf16; <S0_c, dS1_c> partials. In
+    // batches of 4 elements per thread, every load of a batch issued before its first store.
+    const float4 z4 = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int e0 = tid; e0 < G2C_C * v4; e0 += 4 * G2C_NT) {
+        float4 rd[4], rdd[4], ro[4], rw[4], rv[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int e = e0 + u * G2C_NT, i = e / v4, y = 4 * (e - i * v4);
+            rd[u] = rdd[u] = ro[u] = rw[u] = rv[u] = z4;
+            if (e < G2C_C * v4) {
+                rd[u] = g4_ld4(Dm, (i64)i * dv + y);
+                rdd[u] = g4_ld4(dDm, (i64)i * dv + y);
+                if (i < l) {
+                    const i64 off = vrow + i * vstride + y;
+                    ro[u] = g4_ld4(d_o, off);
+                    rw[u] = g4_ld4(w, off);
+                    rv[u] = g4_ld4(v, off);
+                }
+            }
         }
-        g4_st4(sO + i * G4_LD + y, o);
-        g4_st4(sWv + i * G4_LD + y, wv);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int e = e0 + u * G2C_NT, i = e / v4, y = 4 * (e - i * v4);
+            if (e < G2C_C * v4) {
+                g4_st4(sD + i * G4_LD + y, rd[u]);
+                g4_st4(sDD + i * G4_LD + y, rdd[u]);
+                g4_st4(sO + i * G4_LD + y, ro[u]);
+                g4_st4(sWv + i * G4_LD + y, g2p8_mul4(rw[u], rv[u]));
+            }
+        }
     }
-    for (int e = tid; e < dk * v4; e += G2C_NT) {
-        const int x = e / v4, y = 4 * (e - x * v4);
-        const float4 s0 = g4_ld4(S0, (i64)x * dv + y), s1 = g4_ld4(dS1, (i64)x * dv + y);
-        g4_st4(sS0 + x * G4_LD + y, s0);
-        g4_st4(sS1 + x * G4_LD + y, s1);
-        sSDp[e] = s0.x * s1.x + s0.y * s1.y + s0.z * s1.z + s0.w * s1.w;
+    for (int e0 = tid; e0 < dk * v4; e0 += 4 * G2C_NT) {
+        float4 r0[4], r1[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int e = e0 + u * G2C_NT, x = e / v4, y = 4 * (e - x * v4);
+            r0[u] = r1[u] = z4;
+            if (e < dk * v4) {
+                r0[u] = g4_ld4(S0, (i64)x * dv + y);
+                r1[u] = g4_ld4(dS1, (i64)x * dv + y);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int e = e0 + u * G2C_NT, x = e / v4, y = 4 * (e - x * v4);
+            if (e < dk * v4) {
+                g4_st4(sS0 + x * G4_LD + y, r0[u]);
+                g4_st4(sS1 + x * G4_LD + y, r1[u]);
+                sSDp[e] = r0[u].x * r1[u].x + r0[u].y * r1[u].y + r0[u].z * r1[u].z + r0[u].w * r1[u].w;
+            }
+        }
     }
     {
         const float* tg = ws_t + cj * G2C_C * G2C_C;
@@ -3655,21 +3686,31 @@ __device__ void g2b_grad4(const TQ* __restrict__ q, const TQ* __restrict__ k, co
     // ---- Phase C staging: Q, K, B as bf16, g (fp32) into sG; Gam per 16-row block in place.
     {
         const int k4 = dk / 4;
-        for (int e = tid; e < G2C_C * k4; e += G2C_NT) {
-            const int i = e / k4, x = 4 * (e - i * k4);
-            float4 qv = make_float4(0.f, 0.f, 0.f, 0.f), kv = qv, bv = qv, gv = qv;
-            if (i < l) {
-                const i64 t = t0 + i;
-                const i64 kr = (t * hk_n + kh) * dk + x, vr = (t * hv_n + j) * dk + x;
-                qv = g4_ld4(q, kr);
-                kv = g4_ld4(k, kr);
-                bv = g4_ld4(b, vr);
-                gv = g4_ld4(g, vr);
+        for (int e0 = tid; e0 < G2C_C * k4; e0 += 4 * G2C_NT) {
+            float4 qv[4], kv[4], bv[4], gv[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int e = e0 + u * G2C_NT, i = e / k4, x = 4 * (e - i * k4);
+                qv[u] = kv[u] = bv[u] = gv[u] = z4;
+                if (e < G2C_C * k4 && i < l) {
+                    const i64 t = t0 + i;
+                    const i64 kr = (t * hk_n + kh) * dk + x, vr = (t * hv_n + j) * dk + x;
+                    qv[u] = g4_ld4(q, kr);
+                    kv[u] = g4_ld4(k, kr);
+                    bv[u] = g4_ld4(b, vr);
+                    gv[u] = g4_ld4(g, vr);
+                }
             }
-            g4_st4(sQ + i * G4_LD + x, qv);
-            g4_st4(sK + i * G4_LD + x, kv);
-            g4_st4(sB + i * G4_LD + x, bv);
-            *reinterpret_cast<float4*>(sG + i * G4_LG + x) = gv;
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int e = e0 + u * G2C_NT, i = e / k4, x = 4 * (e - i * k4);
+                if (e < G2C_C * k4) {
+                    g4_st4(sQ + i * G4_LD + x, qv[u]);
+                    g4_st4(sK + i * G4_LD + x, kv[u]);
+                    g4_st4(sB + i * G4_LD + x, bv[u]);
+                    *reinterpret_cast<float4*>(sG + i * G4_LG + x) = gv[u];
+                }
+            }
         }
     }
     __syncthreads();
