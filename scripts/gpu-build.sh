@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=${1:-.gpu}
 mkdir -p "$dest"
-rm -f "$dest"/test-* "$dest"/gdn "$dest"/bench_*
+rm -f "$dest"/test-* "$dest"/gdn "$dest"/bench_* "$dest"/gdn2_rule_io
 json=$(cargo test --release -p gdn --no-run --message-format=json 2>/dev/null)
 for f in crates/gdn/tests/gpu_*.rs; do
     t=$(basename "$f" .rs)
@@ -24,7 +24,11 @@ if ls crates/gdn/examples/bench_*.rs >/dev/null 2>&1; then
         cp "target/release/examples/$n" "$dest/$n"
     done
 fi
-strip "$dest"/test-* "$dest"/gdn "$dest"/bench_* 2>/dev/null || true
+# The GDN2 rule on safetensors inputs (bench/gdn2_accuracy.py, FLA's accuracy beside ours).
+cargo build --release -p gdn --example gdn2_rule_io
+cp target/release/examples/gdn2_rule_io "$dest/gdn2_rule_io"
+cp bench/gdn2_accuracy.py "$dest"/
+strip "$dest"/test-* "$dest"/gdn "$dest"/bench_* "$dest"/gdn2_rule_io 2>/dev/null || true
 # Every kernel compiled here for the H200 (sm_90a) with NVRTC from .ci/cuda (as .ci/run installs
 # it), PTX and CUBIN, packed as kcache.tgz: scripts/device-steps.sh unpacks it into the kernel cache there, so no
 # device time goes to NVRTC (the cache key holds the source, options and NVRTC's version).
