@@ -1242,7 +1242,8 @@ struct G2F8 {
 // tid / (pieces per row) + (rows per pass) m: shared offsets are immediates from one base. NTH
 // threads 0 .. NTH - 1 (`tid`) share the copies: the whole CTA of 32 NW threads, or with SPLIT
 // the 32 NW threads of the output warps.
-template <int DK, int NW, int NTH>
+// !LOADQ (g2f_hrec8): Qg is not copied (the recompute has no output product).
+template <int DK, int NW, int NTH, bool LOADQ = true>
 __device__ __forceinline__ void g2f_load_stage(int tid, char* st, const bf16_t* wm, const bf16_t* qg,
                                                const bf16_t* kt, const bf16_t* a, const float* u, i64 urow,
                                                const float* egl) {
@@ -1258,7 +1259,7 @@ __device__ __forceinline__ void g2f_load_stage(int tid, char* st, const bf16_t* 
         for (int m = 0; m < G2C_C / RPP; ++m) {
             const unsigned sr = so + (unsigned)(RPP * m * L::LK * 2);
             g2f_cp16(sr + L::WM_OFF, wm + go + RPP * m * DK);
-            g2f_cp16(sr + L::QG_OFF, qg + go + RPP * m * DK);
+            if (LOADQ) g2f_cp16(sr + L::QG_OFF, qg + go + RPP * m * DK);
         }
     }
     {
@@ -1354,7 +1355,7 @@ __device__ void g2f_fwd8(const bf16_t* __restrict__ wm_ws, const bf16_t* __restr
     auto issue = [&](i64 c, int stage) {
         if (SPLIT && chain) return;
         const i64 cb = c * hv_n + hv;
-        g2f_load_stage<DK, NW, L::NT>(SPLIT ? (int)threadIdx.x - L::NT : (int)threadIdx.x, sm + stage * L::STAGE,
+        g2f_load_stage<DK, NW, L::NT, !HREC>(SPLIT ? (int)threadIdx.x - L::NT : (int)threadIdx.x, sm + stage * L::STAGE,
                                       wm_ws + cb * G2C_C * DK, qg_ws + cb * G2C_C * DK, kt_ws + cb * DK * G2C_C,
                                       a_ws + cb * G2C_C * G2C_C, u_ws + cb * G2C_C * dv + col0, (i64)dv,
                                       egl_ws + cb * DK);
