@@ -93,7 +93,10 @@ int main() {
         std::vector<bf16_t> wm_(ch * 64 * dk, BN), qg_(ch * 64 * dk, BN), kt_(ch * 64 * dk, BN), a_(ch * 64 * 64, BN);
         launch(ch, [&] { g2c_prep8<float, float, bf16_t>(q.data(), k.data(), v.data(), g.data(), b.data(), w.data(), t0.data(), len.data(), hk, hv, dk, dv, u.data(), wm_.data(), qg_.data(), kt_.data(), a_.data(), egl_.data(), t_.data()); });
         int nw = dv % 32 == 0 ? 2 : 1;
-        if (const char* e = std::getenv("EMU_NW")) if (dv % (16 * std::atoi(e)) == 0) nw = std::atoi(e);
+        if (const char* e = std::getenv("EMU_NW")) {
+            const int f = std::atoi(e);
+            if ((f == 1 || f == 2 || f == 4 || f == 8) && dv % (16 * f) == 0) nw = f;
+        }
         std::vector<bf16_t> h_(ch * dk * dv, BN), d_(ch * 64 * dv, BN), dh_(ch * dk * dv, BN), dd_(ch * 64 * dv, BN), dob(d_o.size());
         for (size_t i = 0; i < d_o.size(); ++i) dob[i] = f32_to_bf16(d_o[i]);
         std::vector<float> dh0(nseq * hv * dk * dv, NaN);
@@ -102,9 +105,10 @@ int main() {
         const float* dhtp = has_dht ? dht.data() : nullptr;
         auto go = [&](auto dkc, auto nwc) { v5_scans<decltype(dkc)::value, decltype(nwc)::value>(grid, wm_.data(), qg_.data(), kt_.data(), a_.data(), u.data(), egl_.data(), dob.data(), chf.data(), t0.data(), len.data(), hv, dv, scale, h0p, dhtp, h_.data(), d_.data(), dh_.data(), dd_.data(), dh0.data()); };
         using I64 = std::integral_constant<int, 64>; using I128 = std::integral_constant<int, 128>;
-        using W1 = std::integral_constant<int, 1>; using W2 = std::integral_constant<int, 2>; using W4 = std::integral_constant<int, 4>;
-        if (dk == 64) { if (nw == 1) go(I64{}, W1{}); else if (nw == 2) go(I64{}, W2{}); else go(I64{}, W4{}); }
-        else { if (nw == 1) go(I128{}, W1{}); else if (nw == 2) go(I128{}, W2{}); else go(I128{}, W4{}); }
+        using W1 = std::integral_constant<int, 1>; using W2 = std::integral_constant<int, 2>;
+        using W4 = std::integral_constant<int, 4>; using W8 = std::integral_constant<int, 8>;
+        if (dk == 64) { if (nw == 1) go(I64{}, W1{}); else if (nw == 2) go(I64{}, W2{}); else if (nw == 4) go(I64{}, W4{}); else go(I64{}, W8{}); }
+        else { if (nw == 1) go(I128{}, W1{}); else if (nw == 2) go(I128{}, W2{}); else if (nw == 4) go(I128{}, W4{}); else go(I128{}, W8{}); }
         std::vector<float> ws_g(ch * 4 * 64 * dk, NaN), dqs(tokens * hv * dk, NaN), dks(tokens * hv * dk, NaN), dvo(tokens * hv * dv, NaN), dwo(tokens * hv * dv, NaN), dg(tokens * hv * dk, NaN), db(tokens * hv * dk, NaN);
         launch(ch, [&] { g2b_grad4<float, float, bf16_t>(q.data(), k.data(), v.data(), g.data(), b.data(), w.data(), d_o.data(), t0.data(), len.data(), hk, hv, dk, dv, scale, h_.data(), d_.data(), dh_.data(), dd_.data(), t_.data(), ws_g.data(), dqs.data(), dks.data(), dvo.data(), dwo.data(), dg.data(), db.data()); });
         auto f32v = [](const std::vector<bf16_t>& x) { std::vector<float> y(x.size()); for (size_t i = 0; i < x.size(); ++i) y[i] = bf16_to_f32(x[i]); return y; };

@@ -13,7 +13,10 @@
 use std::path::Path;
 
 use gdn::device::cuda::{self, DBuf, DType, GBuf};
-use gdn::io::{read_any, write_tensors, AnyTensor};
+#[path = "common/io.rs"]
+mod io;
+
+use gdn::io::write_tensors;
 use gdn::ops::gdn2_rule::cuda::{backward_with, forward, Bwd};
 use gdn::ops::gdn2_rule::{RuleOpts, RuleShape};
 use gdn::{Seqs, Tensor};
@@ -23,16 +26,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if args.len() < 3 {
         return Err("usage: gdn2_rule_io IN OUT [v3|v4|v5|chunked|recurrent ...]".into());
     }
-    let mut f = std::collections::HashMap::new();
-    let mut cu = None;
-    for (n, t) in read_any(Path::new(&args[1]))? {
-        match t {
-            AnyTensor::Float(t) => {
-                f.insert(n, t);
-            }
-            AnyTensor::Int(i) => cu = Some(i.to_u64_1d(&n, Path::new(&args[1]))?),
-        }
-    }
+    let (f, cu) = io::read_inputs(&args[1])?;
     let get = |n: &str| f.get(n).ok_or_else(|| format!("missing {n}"));
     let (q, k, v, g, b, w, d_o, opts) = (
         get("q")?,
@@ -60,9 +54,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let up = |t: &Tensor| DBuf::upload(&gpu, t.data(), DType::Bf16);
     let (qd, kd, vd, bd, wd, od) = (up(q)?, up(k)?, up(v)?, up(b)?, up(w)?, up(d_o)?);
     let gd: GBuf<f32> = gpu.upload(g.data())?;
-    let (out, _) = forward(
-        &gpu, &qd, &kd, &vd, &gd, &bd, &wd, &seqs, s, o, None, false,
-    )?;
+    let (out, _) = forward(&gpu, &qd, &kd, &vd, &gd, &bd, &wd, &seqs, s, o, None, false)?;
     let mut outs = vec![("o".to_string(), Tensor::from_vec(vs, out.download()?)?)];
     let names: Vec<String> = if args.len() > 3 {
         args[3..].to_vec()

@@ -9,7 +9,10 @@
 
 use std::path::Path;
 
-use gdn::io::{read_any, write_tensors, AnyTensor};
+#[path = "common/io.rs"]
+mod io;
+
+use gdn::io::write_tensors;
 use gdn::ops::gated_delta_rule::{cpu, RuleOpts, RuleShape};
 use gdn::{Seqs, Tensor};
 
@@ -18,16 +21,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if args.len() != 3 {
         return Err("usage: rule_io IN OUT".into());
     }
-    let mut f = std::collections::HashMap::new();
-    let mut cu = None;
-    for (n, t) in read_any(Path::new(&args[1]))? {
-        match t {
-            AnyTensor::Float(t) => {
-                f.insert(n, t);
-            }
-            AnyTensor::Int(i) => cu = Some(i.to_u64_1d(&n, Path::new(&args[1]))?),
-        }
-    }
+    let (f, cu) = io::read_inputs(&args[1])?;
     let get = |n: &str| f.get(n).ok_or_else(|| format!("missing {n}"));
     let (q, k, v, g, b, d_o, opts) = (
         get("q")?,

@@ -838,6 +838,75 @@ fn ws_bf16(gpu: &Arc<Gpu>, n: usize) -> Result<GBuf<u16>> {
     Ok(b)
 }
 
+/// The workspaces of `g2c_prep8h_*` / `g2c_prep8ht_*`: U, e^Gam_L fp32; Wm, Qg, Kd^T, A bf16;
+/// T (fp32) from `g2c_prep8ht_*` only.
+struct P8h {
+    u: GBuf<f32>,
+    wm: GBuf<u16>,
+    qg: GBuf<u16>,
+    kt: GBuf<u16>,
+    a: GBuf<u16>,
+    egl: GBuf<f32>,
+    t: Option<GBuf<f32>>,
+}
+
+/// Runs the chunk prep with bf16 outputs on `ch` (chunk, value head) blocks: `g2c_prep8h_{sfx}`,
+/// or with `with_t` `g2c_prep8ht_{sfx}` (also T). `qkvbw` = q, k (normalized where the norm is
+/// in the kernel), v, b, w.
+#[allow(clippy::too_many_arguments)]
+fn prep8h(
+    gpu: &Arc<Gpu>,
+    qkvbw: [&DBuf; 5],
+    g: &GBuf<f32>,
+    (ch_t0, ch_len): (&GBuf<i64>, &GBuf<i32>),
+    ch: usize,
+    s: RuleShape,
+    sfx: &str,
+    with_t: bool,
+) -> Result<P8h> {
+    let st = gpu.stream();
+    let [q, k, v, b, w] = qkvbw;
+    let o = P8h {
+        u: out_f32(gpu, ch * CK * s.dv)?,
+        wm: ws_bf16(gpu, ch * CK * s.dk)?,
+        qg: ws_bf16(gpu, ch * CK * s.dk)?,
+        kt: ws_bf16(gpu, ch * CK * s.dk)?,
+        a: ws_bf16(gpu, ch * CK * CK)?,
+        egl: out_f32(gpu, ch * s.dk)?,
+        t: if with_t {
+            Some(out_f32(gpu, ch * CK * CK)?)
+        } else {
+            None
+        },
+    };
+    let mut args = vec![
+        dptr(q, st),
+        dptr(k, st),
+        dptr(v, st),
+        ptr(g, st),
+        dptr(b, st),
+        dptr(w, st),
+        ptr(ch_t0, st),
+        ptr(ch_len, st),
+        i32_arg(s.hk),
+        i32_arg(s.hv),
+        i32_arg(s.dk),
+        i32_arg(s.dv),
+        ptr(&o.u, st),
+        ptr(&o.wm, st),
+        ptr(&o.qg, st),
+        ptr(&o.kt, st),
+        ptr(&o.a, st),
+        ptr(&o.egl, st),
+    ];
+    if let Some(t) = &o.t {
+        args.push(ptr(t, st));
+    }
+    let name = format!("g2c_prep8h{}_{sfx}", if with_t { "t" } else { "" });
+    launch_in(gpu, TC_MODULE, &name, ch, PREP8_SMEM, &args)?;
+    Ok(o)
+}
+
 /// [`Fwd::V8`]: `g2c_prep8h_*` (U, e^Gam_L fp32; Wm, Qg, Kd^T, A bf16), then `g2f_fwd8_*` (the
 /// scan and the output fused, kernels' header comment; `split`: `g2f_fwd8x_*`). Callers checked
 /// [`fwd8_supports`].
@@ -859,39 +928,23 @@ fn fused_forward8(
         chf,
         chunks,
     } = chunk_tables(gpu, seqs)?;
-    let ch = chunks * s.hv;
-    let ws_u = out_f32(gpu, ch * CK * s.dv)?;
-    let ws_wm = ws_bf16(gpu, ch * CK * s.dk)?;
-    let ws_qg = ws_bf16(gpu, ch * CK * s.dk)?;
-    let ws_kt = ws_bf16(gpu, ch * CK * s.dk)?;
-    let ws_a = ws_bf16(gpu, ch * CK * CK)?;
-    let ws_egl = out_f32(gpu, ch * s.dk)?;
-    launch_in(
+    let P8h {
+        u: ws_u,
+        wm: ws_wm,
+        qg: ws_qg,
+        kt: ws_kt,
+        a: ws_a,
+        egl: ws_egl,
+        ..
+    } = prep8h(
         gpu,
-        TC_MODULE,
-        &format!("g2c_prep8h_{}", rule_sfx(dt, opts)),
-        ch,
-        PREP8_SMEM,
-        &[
-            dptr(x.q, st),
-            dptr(x.k, st),
-            dptr(x.v, st),
-            ptr(x.g, st),
-            dptr(x.b, st),
-            dptr(x.w, st),
-            ptr(&ch_t0, st),
-            ptr(&ch_len, st),
-            i32_arg(s.hk),
-            i32_arg(s.hv),
-            i32_arg(s.dk),
-            i32_arg(s.dv),
-            ptr(&ws_u, st),
-            ptr(&ws_wm, st),
-            ptr(&ws_qg, st),
-            ptr(&ws_kt, st),
-            ptr(&ws_a, st),
-            ptr(&ws_egl, st),
-        ],
+        [x.q, x.k, x.v, x.b, x.w],
+        x.g,
+        (&ch_t0, &ch_len),
+        chunks * s.hv,
+        s,
+        &rule_sfx(dt, opts),
+        false,
     )?;
     let nw = fwd8_warps(gpu, seqs.count(), s, warps, split);
     // Three pipeline stages where they fit in shared memory (Dk 128, 1 or 2 warps), else two;
@@ -1440,41 +1493,25 @@ fn chunked_backward_v5(
     } = chunk_tables(gpu, seqs)?;
     let ch = chunks * s.hv;
     let sfx = rule_sfx(dt, opts);
-    let ws_u = out_f32(gpu, ch * CK * s.dv)?;
-    let ws_wm = ws_bf16(gpu, ch * CK * s.dk)?;
-    let ws_qg = ws_bf16(gpu, ch * CK * s.dk)?;
-    let ws_kt = ws_bf16(gpu, ch * CK * s.dk)?;
-    let ws_a = ws_bf16(gpu, ch * CK * CK)?;
-    let ws_egl = out_f32(gpu, ch * s.dk)?;
-    let ws_t = out_f32(gpu, ch * CK * CK)?;
-    launch_in(
+    let P8h {
+        u: ws_u,
+        wm: ws_wm,
+        qg: ws_qg,
+        kt: ws_kt,
+        a: ws_a,
+        egl: ws_egl,
+        t: ws_t,
+    } = prep8h(
         gpu,
-        TC_MODULE,
-        &format!("g2c_prep8ht_{sfx}"),
+        [x.qq, x.kk, x.v, x.b, x.w],
+        x.g,
+        (&ch_t0, &ch_len),
         ch,
-        PREP8_SMEM,
-        &[
-            dptr(x.qq, st),
-            dptr(x.kk, st),
-            dptr(x.v, st),
-            ptr(x.g, st),
-            dptr(x.b, st),
-            dptr(x.w, st),
-            ptr(&ch_t0, st),
-            ptr(&ch_len, st),
-            i32_arg(s.hk),
-            i32_arg(s.hv),
-            i32_arg(s.dk),
-            i32_arg(s.dv),
-            ptr(&ws_u, st),
-            ptr(&ws_wm, st),
-            ptr(&ws_qg, st),
-            ptr(&ws_kt, st),
-            ptr(&ws_a, st),
-            ptr(&ws_egl, st),
-            ptr(&ws_t, st),
-        ],
+        s,
+        &sfx,
+        true,
     )?;
+    let ws_t = ws_t.ok_or_else(|| GdnError::Device("gdn2 rule: prep8ht wrote no T".into()))?;
     // The recompute: g2f_fwd8's width and stages.
     let nw = fwd8_warps(gpu, n_seq, s, 0, false);
     let s3 = if s.dk == 128 && nw <= 2 { "s3" } else { "" };
