@@ -943,7 +943,7 @@ fn fused_forward8(
         (&ch_t0, &ch_len),
         chunks * s.hv,
         s,
-        &rule_sfx(dt, opts),
+        rule_sfx(dt, opts),
         false,
     )?;
     let nw = fwd8_warps(gpu, seqs.count(), s, warps, split);
@@ -1508,7 +1508,7 @@ fn chunked_backward_v5(
         (&ch_t0, &ch_len),
         ch,
         s,
-        &sfx,
+        sfx,
         true,
     )?;
     let ws_t = ws_t.ok_or_else(|| GdnError::Device("gdn2 rule: prep8ht wrote no T".into()))?;
