@@ -7,10 +7,11 @@ use std::path::Path;
 use gdn::io::{read_any, AnyTensor};
 use gdn::Tensor;
 
+/// A file's float tensors by name and its integer tensor (1-D, as u64) if it has one.
+pub type Inputs = (HashMap<String, Tensor>, Option<Vec<u64>>);
+
 /// The float tensors of `path` by name, and its integer tensor (1-D, as u64) if it has one.
-pub fn read_inputs(
-    path: &str,
-) -> Result<(HashMap<String, Tensor>, Option<Vec<u64>>), Box<dyn std::error::Error>> {
+pub fn read_inputs(path: &str) -> Result<Inputs, Box<dyn std::error::Error>> {
     let mut f = HashMap::new();
     let mut cu = None;
     for (n, t) in read_any(Path::new(path))? {
