@@ -1044,6 +1044,16 @@ pub fn dscan8_stage_bytes(dk: usize, warps: usize) -> usize {
     2 * (dk * (CK + 8) + CK * (CK + 8) + 2 * CK * (dk + 8) + CK * (16 * warps + 8)) + 4 * dk
 }
 
+/// Pipeline stages of backward v5's scans (`g2f_hrec8`, `g2b_dscan8`) at `warps` warps per CTA:
+/// three where they fit (Dk 128, 1 or 2 warps; the kernels' `s3` entries), else two.
+fn scan8_stages(dk: usize, warps: usize) -> usize {
+    if dk == 128 && warps <= 2 {
+        3
+    } else {
+        2
+    }
+}
+
 /// Shared memory (bytes) of `g2b_grad4_*`: `G4_SMEM` in gdn2_rule.cu (its fixed layout for
 /// Dk, Dv <= 128: the persistent tiles, then the region phase A and phase C share).
 const G4_SMEM: usize = 218_368;
@@ -1514,7 +1524,11 @@ fn chunked_backward_v5(
     let ws_t = ws_t.ok_or_else(|| GdnError::Device("gdn2 rule: prep8ht wrote no T".into()))?;
     // The recompute: g2f_fwd8's width and stages.
     let nw = fwd8_warps(gpu, n_seq, s, 0, false);
-    let s3 = if s.dk == 128 && nw <= 2 { "s3" } else { "" };
+    let s3 = if scan8_stages(s.dk, nw) == 3 {
+        "s3"
+    } else {
+        ""
+    };
     let ws_h = ws_bf16(gpu, ch * s.dk * s.dv)?;
     let ws_d = ws_bf16(gpu, ch * CK * s.dv)?;
     launch_in_threads(
@@ -1523,7 +1537,7 @@ fn chunked_backward_v5(
         &format!("g2f_hrec8{s3}_d{}_w{nw}", s.dk),
         n_seq * s.hv * (s.dv / (16 * nw)),
         (32 * nw) as u32,
-        if s3.is_empty() { 2 } else { 3 } * fwd8_stage_bytes(s.dk, nw),
+        scan8_stages(s.dk, nw) * fwd8_stage_bytes(s.dk, nw),
         &[
             ptr(&ws_wm, st),
             ptr(&ws_qg, st),
@@ -1552,7 +1566,11 @@ fn chunked_backward_v5(
         |w| s.dv.is_multiple_of(16 * w),
         |w| dscan8_stage_bytes(s.dk, w),
     );
-    let s3d = if s.dk == 128 && nwd <= 2 { "s3" } else { "" };
+    let s3d = if scan8_stages(s.dk, nwd) == 3 {
+        "s3"
+    } else {
+        ""
+    };
     let ws_dh = ws_bf16(gpu, ch * s.dk * s.dv)?;
     let ws_dd = ws_bf16(gpu, ch * CK * s.dv)?;
     let dh0 = match x.h0 {
@@ -1565,7 +1583,7 @@ fn chunked_backward_v5(
         &format!("g2b_dscan8{s3d}_d{}_w{nwd}", s.dk),
         n_seq * s.hv * (s.dv / (16 * nwd)),
         (32 * nwd) as u32,
-        if s3d.is_empty() { 2 } else { 3 } * dscan8_stage_bytes(s.dk, nwd),
+        scan8_stages(s.dk, nwd) * dscan8_stage_bytes(s.dk, nwd),
         &[
             ptr(&ws_kt, st),
             ptr(&ws_a, st),
@@ -1711,4 +1729,81 @@ fn grad_and_finish<W: DeviceRepr>(
         dw,
         dh0,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The most dynamic shared memory a CTA may ask for on sm_90 (227 KiB).
+    const SMEM_MAX: usize = 232_448;
+
+    /// Backward v4 / v5's launches: every (Dk, width) the width model can pick for `g2f_hrec8`
+    /// and `g2b_dscan8` fits in shared memory with the stages `scan8_stages` gives and names an
+    /// entry gdn2_rule.cu defines (a missing one fails only on a GPU otherwise); the stage sizes
+    /// are the .cu structs' (`G2F8`, `G2D8`: hand-computed at Dk 128, 2 warps); `G4_SMEM` is
+    /// g2b_grad4's layout (`G4_SMEM` in the .cu: four [64][72] and one [64][136] bf16 tiles, dA_ii,
+    /// <S0, dS1>, 15 x 128 constants, then the region: four [64][136] and two [128][136] bf16
+    /// tiles and the [128][32] partials) and fits; the prep and gradient entries exist.
+    #[test]
+    fn v5_launches_fit_and_name_existing_entries() {
+        let cu = include_str!("gdn2_rule.cu");
+        assert_eq!(
+            fwd8_stage_bytes(128, 2),
+            2 * 64 * 136 * 2 + 128 * 72 * 2 + 64 * 72 * 2 + 64 * 36 * 4 + 512
+        );
+        assert_eq!(dscan8_stage_bytes(128, 2), 68_096);
+        for dk in [64, 128] {
+            for w in [1, 2, 4, 8] {
+                let ns = scan8_stages(dk, w);
+                let s3 = if ns == 3 { "s3" } else { "" };
+                assert!(ns * fwd8_stage_bytes(dk, w) <= SMEM_MAX, "hrec8 d{dk} w{w}");
+                assert!(
+                    ns * dscan8_stage_bytes(dk, w) <= SMEM_MAX,
+                    "dscan8 d{dk} w{w}"
+                );
+                for entry in [
+                    format!("G2H8_ENTRY(g2f_hrec8{s3}, {ns}, {dk}, {w})"),
+                    format!("G2D8_ENTRY(g2b_dscan8{s3}, {ns}, {dk}, {w})"),
+                ] {
+                    assert!(cu.contains(&entry), "gdn2_rule.cu has no {entry}");
+                }
+            }
+        }
+        let g4 = 4 * 64 * 72 * 2
+            + 64 * 136 * 2
+            + 64 * 4
+            + 128 * 4
+            + 15 * 128 * 4
+            + 4 * 64 * 136 * 2
+            + 2 * 128 * 136 * 2
+            + 128 * 32 * 4;
+        assert_eq!(G4_SMEM, g4);
+        assert!(G4_SMEM <= SMEM_MAX);
+        for entry in [
+            "G2C8HT_ENTRIES(bf16_t, bf16_t, bf16)",
+            "G2C8HT_ENTRIES(float, bf16_t, bf16n)",
+            "G2B_GRAD4(g2b_grad4, bf16_t, bf16_t, float, bf16)",
+            "G2B_GRAD4(g2b_grad4, float, bf16_t, float, bf16n)",
+            "G2B_GRAD4(g2b_grad4w, bf16_t, bf16_t, bf16_t, bf16)",
+            "G2B_GRAD4(g2b_grad4w, float, bf16_t, bf16_t, bf16n)",
+        ] {
+            assert!(cu.contains(entry), "gdn2_rule.cu has no {entry}");
+        }
+        // Who takes what: v5 needs bf16, Dk 64 / 128 and Dv a multiple of 16; v4 any Dk, Dv <=
+        // 128 that are multiples of 16.
+        let sh = |dk, dv| RuleShape {
+            hk: 2,
+            hv: 4,
+            dk,
+            dv,
+        };
+        assert!(v5_supports(DType::Bf16, sh(128, 128)));
+        assert!(v5_supports(DType::Bf16, sh(64, 48)));
+        assert!(!v5_supports(DType::F32, sh(128, 128)));
+        assert!(!v5_supports(DType::Bf16, sh(96, 128)));
+        assert!(v4_supports(sh(96, 80)));
+        assert!(!v4_supports(sh(72, 64)));
+        assert!(!v4_supports(sh(256, 64)));
+    }
 }
