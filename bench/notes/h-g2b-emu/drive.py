@@ -1,7 +1,14 @@
 """Float64 model of the chunked GDN2 backward (the formulas of gdn2_rule.cu's g2b_* kernels, checked
 against finite differences of the token recurrence separately) against the emulated kernels
 (h/main, built from main.cpp and extract.py): prep, T, scan, dscan, grad; "c_*" = the whole chain
-on emulated workspaces. Prints the max relative error per output; NaN = an unwritten element."""
+on emulated workspaces. Prints the max relative error per output (of the largest exact value;
+"/rms" the RMS relative error for the gradients); NaN = an unwritten element.
+Environment: EMU_V2 / EMU_V3 / EMU_V4 pick the reverse scan and gradient kernel (v2's pipelined
+scan; g2b_grad3 or g2b_grad4), EMU_V5 also runs backward v5's chain (g2c_prep8ht, g2f_hrec8,
+g2b_dscan8, g2b_grad4w) where Dk is 64 or 128 (its outputs replace "c_*", its h and D "p_ws_h",
+"p_ws_d"), EMU_NW its scans' warps per CTA (1, 2, 4, 8), EMU_BF16_INPUTS rounds q, k, v, b, w, dO
+to bf16 (the GPU's storage), EMU_CASES / EMU_MAXERR / EMU_BIN as at the end of this file.
+kernel_emulators::gdn2_backward_v4_v5_emulated runs it; mutate_v4.py checks that it fails."""
 import numpy as np, os, subprocess, sys
 C = 64
 def run(cu, hk, hv, dk, dv, seed, with_states, tokens=None, strong=False):
