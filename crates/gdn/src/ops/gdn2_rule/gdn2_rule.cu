@@ -3510,6 +3510,26 @@ __device__ __forceinline__ void g4_mma2(float (&c)[4], const unsigned (&a)[4], c
     g2f_mma(c, a, b[0], b[1]);
 }
 
+// N float4 values one thread stages for one element group.
+template <int N>
+struct G4R4 {
+    float4 v[N];
+};
+// Staging in batches of 4 element groups per thread (e = tid + 256 m < n), every load of a batch
+// (ld(e) -> G4R4) issued before its first store (st(e, r)): one memory latency per batch.
+template <class L, class S>
+__device__ __forceinline__ void g4_stage(int n, L ld, S st) {
+    for (int e0 = threadIdx.x; e0 < n; e0 += 4 * G2C_NT) {
+        decltype(ld(0)) r[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+            if (e0 + u * G2C_NT < n) r[u] = ld(e0 + u * G2C_NT);
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+            if (e0 + u * G2C_NT < n) st(e0 + u * G2C_NT, r[u]);
+    }
+}
+
 // WS: the storage of h, D, dh, dD (fp32: g2b_grad4_*, after g2c_scan / g2b_dscan*p; bf16:
 // g2b_grad4w_*, backward v5's g2f_hrec8 / g2b_dscan8).
 template <typename TQ, typename T, typename WS>
@@ -3569,58 +3589,47 @@ __device__ void g2b_grad4(const TQ* __restrict__ q, const TQ* __restrict__ k, co
     const i64 vstride = (i64)hv_n * dv;
     const int v4 = dv / 4;
 
-    // ---- Phase A staging: D, dD, dO, W * V, T, S0, dS1 as bf16; <S0_c, dS1_c> partials. In
-    // batches of 4 elements per thread, every load of a batch issued before its first store.
+    // ---- Phase A staging: D, dD, dO, W * V, T, S0, dS1 as bf16; <S0_c, dS1_c> partials.
     const float4 z4 = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int e0 = tid; e0 < G2C_C * v4; e0 += 4 * G2C_NT) {
-        float4 rd[4], rdd[4], ro[4], rw[4], rv[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int e = e0 + u * G2C_NT, i = e / v4, y = 4 * (e - i * v4);
-            rd[u] = rdd[u] = ro[u] = rw[u] = rv[u] = z4;
-            if (e < G2C_C * v4) {
-                rd[u] = g4_ld4(Dm, (i64)i * dv + y);
-                rdd[u] = g4_ld4(dDm, (i64)i * dv + y);
-                if (i < l) {
-                    const i64 off = vrow + i * vstride + y;
-                    ro[u] = g4_ld4(d_o, off);
-                    rw[u] = g4_ld4(w, off);
-                    rv[u] = g4_ld4(v, off);
-                }
+    g4_stage(
+        G2C_C * v4,
+        [&](int e) {
+            const int i = e / v4, y = 4 * (e - i * v4);
+            G4R4<5> r;
+            r.v[0] = g4_ld4(Dm, (i64)i * dv + y);
+            r.v[1] = g4_ld4(dDm, (i64)i * dv + y);
+            r.v[2] = r.v[3] = r.v[4] = z4;
+            if (i < l) {
+                const i64 off = vrow + i * vstride + y;
+                r.v[2] = g4_ld4(d_o, off);
+                r.v[3] = g4_ld4(w, off);
+                r.v[4] = g4_ld4(v, off);
             }
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int e = e0 + u * G2C_NT, i = e / v4, y = 4 * (e - i * v4);
-            if (e < G2C_C * v4) {
-                g4_st4(sD + i * G4_LD + y, rd[u]);
-                g4_st4(sDD + i * G4_LD + y, rdd[u]);
-                g4_st4(sO + i * G4_LD + y, ro[u]);
-                g4_st4(sWv + i * G4_LD + y, g2p8_mul4(rw[u], rv[u]));
-            }
-        }
-    }
-    for (int e0 = tid; e0 < dk * v4; e0 += 4 * G2C_NT) {
-        float4 r0[4], r1[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int e = e0 + u * G2C_NT, x = e / v4, y = 4 * (e - x * v4);
-            r0[u] = r1[u] = z4;
-            if (e < dk * v4) {
-                r0[u] = g4_ld4(S0, (i64)x * dv + y);
-                r1[u] = g4_ld4(dS1, (i64)x * dv + y);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int e = e0 + u * G2C_NT, x = e / v4, y = 4 * (e - x * v4);
-            if (e < dk * v4) {
-                g4_st4(sS0 + x * G4_LD + y, r0[u]);
-                g4_st4(sS1 + x * G4_LD + y, r1[u]);
-                sSDp[e] = r0[u].x * r1[u].x + r0[u].y * r1[u].y + r0[u].z * r1[u].z + r0[u].w * r1[u].w;
-            }
-        }
-    }
+            return r;
+        },
+        [&](int e, const G4R4<5>& r) {
+            const int i = e / v4, y = 4 * (e - i * v4);
+            g4_st4(sD + i * G4_LD + y, r.v[0]);
+            g4_st4(sDD + i * G4_LD + y, r.v[1]);
+            g4_st4(sO + i * G4_LD + y, r.v[2]);
+            g4_st4(sWv + i * G4_LD + y, g2p8_mul4(r.v[3], r.v[4]));
+        });
+    g4_stage(
+        dk * v4,
+        [&](int e) {
+            const int x = e / v4, y = 4 * (e - x * v4);
+            G4R4<2> r;
+            r.v[0] = g4_ld4(S0, (i64)x * dv + y);
+            r.v[1] = g4_ld4(dS1, (i64)x * dv + y);
+            return r;
+        },
+        [&](int e, const G4R4<2>& r) {
+            const int x = e / v4, y = 4 * (e - x * v4);
+            const float4 a = r.v[0], c = r.v[1];
+            g4_st4(sS0 + x * G4_LD + y, a);
+            g4_st4(sS1 + x * G4_LD + y, c);
+            sSDp[e] = a.x * c.x + a.y * c.y + a.z * c.z + a.w * c.w;
+        });
     {
         const float* tg = ws_t + cj * G2C_C * G2C_C;
         for (int e = tid; e < G2C_C * G2C_C / 4; e += G2C_NT) {
@@ -3687,32 +3696,29 @@ __device__ void g2b_grad4(const TQ* __restrict__ q, const TQ* __restrict__ k, co
     // ---- Phase C staging: Q, K, B as bf16, g (fp32) into sG; Gam per 16-row block in place.
     {
         const int k4 = dk / 4;
-        for (int e0 = tid; e0 < G2C_C * k4; e0 += 4 * G2C_NT) {
-            float4 qv[4], kv[4], bv[4], gv[4];
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int e = e0 + u * G2C_NT, i = e / k4, x = 4 * (e - i * k4);
-                qv[u] = kv[u] = bv[u] = gv[u] = z4;
-                if (e < G2C_C * k4 && i < l) {
+        g4_stage(
+            G2C_C * k4,
+            [&](int e) {
+                const int i = e / k4, x = 4 * (e - i * k4);
+                G4R4<4> r;
+                r.v[0] = r.v[1] = r.v[2] = r.v[3] = z4;
+                if (i < l) {
                     const i64 t = t0 + i;
                     const i64 kr = (t * hk_n + kh) * dk + x, vr = (t * hv_n + j) * dk + x;
-                    qv[u] = g4_ld4(q, kr);
-                    kv[u] = g4_ld4(k, kr);
-                    bv[u] = g4_ld4(b, vr);
-                    gv[u] = g4_ld4(g, vr);
+                    r.v[0] = g4_ld4(q, kr);
+                    r.v[1] = g4_ld4(k, kr);
+                    r.v[2] = g4_ld4(b, vr);
+                    r.v[3] = g4_ld4(g, vr);
                 }
-            }
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int e = e0 + u * G2C_NT, i = e / k4, x = 4 * (e - i * k4);
-                if (e < G2C_C * k4) {
-                    g4_st4(sQ + i * G4_LD + x, qv[u]);
-                    g4_st4(sK + i * G4_LD + x, kv[u]);
-                    g4_st4(sB + i * G4_LD + x, bv[u]);
-                    *reinterpret_cast<float4*>(sG + i * G4_LG + x) = gv[u];
-                }
-            }
-        }
+                return r;
+            },
+            [&](int e, const G4R4<4>& r) {
+                const int i = e / k4, x = 4 * (e - i * k4);
+                g4_st4(sQ + i * G4_LD + x, r.v[0]);
+                g4_st4(sK + i * G4_LD + x, r.v[1]);
+                g4_st4(sB + i * G4_LD + x, r.v[2]);
+                *reinterpret_cast<float4*>(sG + i * G4_LG + x) = r.v[3];
+            });
     }
     __syncthreads();
     int ok = 1;
