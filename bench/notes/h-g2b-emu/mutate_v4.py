@@ -19,7 +19,7 @@ MUT = [
     ("dgam[2 * I + h][e] =\n                        dqg * (qi * eg)", "dgam[2 * I + h][e] =\n                        dqg * (qi * ed)"),
     # backward v5: g2b_dscan8, g2f_fwd8's HREC stores
     ("for (int kk = jp; kk < 4; ++kk) {\n                unsigned ba[4];", "for (int kk = jp + 1; kk < 4; ++kk) {\n                unsigned ba[4];"),
-    ("ds[2 * np + h][e] += scale * tq[h][e] - tw[h][e];", "ds[2 * np + h][e] += scale * tq[h][e] + tw[h][e];"),
+    ("ds[2 * np + h][e] += scale * pr[0][h][e] - pr[1][h][e];", "ds[2 * np + h][e] += scale * pr[0][h][e] + pr[1][h][e];"),
     ("g4_fa<true>(oa[kk], sO, L::LO, wc0, 16 * kk);", "g4_fa<false>(oa[kk], sO, L::LO, wc0, 16 * kk);"),
     ("const bool ok = r < l;", "const bool ok = r <= l;"),
     ("st(dc, (i64)(i0 + 1) * dv, d1);", "st(dc, (i64)(i0 + 1) * dv, d0);"),

@@ -4156,31 +4156,28 @@ __device__ void g2b_dscan8(const bf16_t* __restrict__ kt_ws, const bf16_t* __res
         bf16_t* dd = dd_ws + cb * (i64)G2C_C * dv + col0 + wc0 + g;
 #pragma unroll
         for (int jp = 0; jp < 4; ++jp) {
-            float t1[2][4], t2[2][4];
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) t1[h][e] = t2[h][e] = 0.f;
+            float pr[2][2][4];  // dS1^T Kd^T, dO^T A (two n-tiles each)
+            g4_zero(pr);
 #pragma unroll
             for (int ks = 0; ks < DK / 16; ++ks) {
                 unsigned bk[4];
                 g4_fb<true>(bk, sKt, L::LT, 16 * ks, 16 * jp);
-                g2f_mma(t1[0], sa[ks], bk[0], bk[1]);
-                g2f_mma(t1[1], sa[ks], bk[2], bk[3]);
+                g2f_mma(pr[0][0], sa[ks], bk[0], bk[1]);
+                g2f_mma(pr[0][1], sa[ks], bk[2], bk[3]);
             }
 #pragma unroll
             for (int kk = jp; kk < 4; ++kk) {
                 unsigned ba[4];
                 g4_fb<true>(ba, sA, L::LT, 16 * kk, 16 * jp);
-                g2f_mma(t2[0], oa[kk], ba[0], ba[1]);
-                g2f_mma(t2[1], oa[kk], ba[2], ba[3]);
+                g2f_mma(pr[1][0], oa[kk], ba[0], ba[1]);
+                g2f_mma(pr[1][1], oa[kk], ba[2], ba[3]);
             }
             float d[2][4];
 #pragma unroll
             for (int h = 0; h < 2; ++h)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    d[h][e] = t1[h][e] + scale * t2[h][e];
+                    d[h][e] = pr[0][h][e] + scale * pr[1][h][e];
                     // (state column g + 8 (e >> 1), chunk row 16 jp + 8 h + 2t + (e & 1))
                     st(dd, (i64)(16 * jp + 8 * h + 2 * t + (e & 1)) * dv + 8 * (e >> 1), d[h][e]);
                 }
@@ -4200,25 +4197,22 @@ __device__ void g2b_dscan8(const bf16_t* __restrict__ kt_ws, const bf16_t* __res
         }
 #pragma unroll
         for (int np = 0; np < DK / 16; ++np) {
-            float tq[2][4], tw[2][4];
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) tq[h][e] = tw[h][e] = 0.f;
+            float pr[2][2][4];  // dO^T Qg, dD^T Wm (two n-tiles each)
+            g4_zero(pr);
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
                 unsigned bq[4], bw[4];
                 g4_fb<true>(bq, sQ, L::LK, 16 * kk, 16 * np);
-                g2f_mma(tq[0], oa[kk], bq[0], bq[1]);
-                g2f_mma(tq[1], oa[kk], bq[2], bq[3]);
+                g2f_mma(pr[0][0], oa[kk], bq[0], bq[1]);
+                g2f_mma(pr[0][1], oa[kk], bq[2], bq[3]);
                 g4_fb<true>(bw, sW, L::LK, 16 * kk, 16 * np);
-                g2f_mma(tw[0], da[kk], bw[0], bw[1]);
-                g2f_mma(tw[1], da[kk], bw[2], bw[3]);
+                g2f_mma(pr[1][0], da[kk], bw[0], bw[1]);
+                g2f_mma(pr[1][1], da[kk], bw[2], bw[3]);
             }
 #pragma unroll
             for (int h = 0; h < 2; ++h)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) ds[2 * np + h][e] += scale * tq[h][e] - tw[h][e];
+                for (int e = 0; e < 4; ++e) ds[2 * np + h][e] += scale * pr[0][h][e] - pr[1][h][e];
         }
     }
     if (dh0) {
