@@ -90,7 +90,10 @@ int main() {
         const float NaN = std::nanf("");
         std::vector<float> u(std::max(1, ch * 64 * dv), NaN), egl(std::max(1, ch * dk), NaN);
         std::vector<bf16_t> wm(std::max(1, ch * 64 * dk), 0xffff), qg(wm), kt(wm), a(std::max(1, ch * 64 * 64), 0xffff);
-        if (ch) launch(ch, 256, [&] { g2c_prep8<float, float, bf16_t>(q.data(), k.data(), v.data(), g.data(), b.data(), w.data(), t0.data(), len.data(), hk, hv, dk, dv, u.data(), wm.data(), qg.data(), kt.data(), a.data(), egl.data(), nullptr); });
+        // EMU_PREP_F1=1: the prep's products as one TF32 product (g2c_prep8hf, opt-in GDN_RULE2_PREP8=f1).
+        static const bool f1 = std::getenv("EMU_PREP_F1") != nullptr;
+        if (ch && f1) launch(ch, 256, [&] { g2c_prep8<float, float, bf16_t, true>(q.data(), k.data(), v.data(), g.data(), b.data(), w.data(), t0.data(), len.data(), hk, hv, dk, dv, u.data(), wm.data(), qg.data(), kt.data(), a.data(), egl.data(), nullptr); });
+        else if (ch) launch(ch, 256, [&] { g2c_prep8<float, float, bf16_t>(q.data(), k.data(), v.data(), g.data(), b.data(), w.data(), t0.data(), len.data(), hk, hv, dk, dv, u.data(), wm.data(), qg.data(), kt.data(), a.data(), egl.data(), nullptr); });
         long nf = 0;
         for (auto* x : {&u, &egl}) for (float z : *x) nf += !std::isfinite(z);
         for (auto* x : {&wm, &qg, &kt, &a}) for (bf16_t z : *x) nf += !std::isfinite(bf16_to_f32(z));

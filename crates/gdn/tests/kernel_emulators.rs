@@ -171,7 +171,8 @@ fn wgmma_gradient_emulated() {
 }
 
 /// GDN2's forward (g2c_prep8h and the fused scan + output g2f_fwd8, every width, Dk 64 / 128,
-/// GVA, packed sequences, initial states, three gate regimes) against an f64 token recurrence:
+/// GVA, packed sequences, initial states, three gate regimes; then two cases with the prep's
+/// one-TF32-product variant g2c_prep8hf) against an f64 token recurrence:
 /// the emulator `bench/notes/h-g2f-emu/` written with those kernels (session 8), run as it is.
 #[test]
 fn gdn2_fused_forward_emulated() {
@@ -201,16 +202,20 @@ fn gdn2_fused_forward_emulated() {
         }
         panic!("building the GDN2 forward emulator failed (python3 and a C++20 g++ are needed; GDN_EMU_OPTIONAL=1 skips): {e}");
     }
-    match run_in(
-        &dir,
-        Command::new(dir.join("h/main")),
-        Duration::from_secs(600),
-    ) {
-        Ok(out) => {
-            print!("{out}");
-            assert!(out.trim_end().ends_with("ok"), "no final verdict in\n{out}");
+    // Then the first two cases again with the prep's one-TF32-product variant (g2c_prep8hf,
+    // opt-in GDN_RULE2_PREP8=f1).
+    for f1 in [false, true] {
+        let mut cmd = Command::new(dir.join("h/main"));
+        if f1 {
+            cmd.env("EMU_PREP_F1", "1").env("EMU_CASES", "2");
         }
-        Err(e) => panic!("{e}"),
+        match run_in(&dir, cmd, Duration::from_secs(600)) {
+            Ok(out) => {
+                print!("{out}");
+                assert!(out.trim_end().ends_with("ok"), "no final verdict in\n{out}");
+            }
+            Err(e) => panic!("{e}"),
+        }
     }
 }
 

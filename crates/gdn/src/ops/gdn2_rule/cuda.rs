@@ -850,9 +850,16 @@ struct P8h {
     t: Option<GBuf<f32>>,
 }
 
+/// Whether the bf16-output chunk prep runs its products as one TF32 product instead of 3xTF32
+/// (`g2c_prep8hf_*` / `g2c_prep8htf_*`; opt-in `GDN_RULE2_PREP8=f1`, not yet measured: the
+/// outputs are bf16, so 3xTF32's accuracy is mostly rounded away).
+pub fn prep8_f1() -> bool {
+    std::env::var("GDN_RULE2_PREP8").as_deref() == Ok("f1")
+}
+
 /// Runs the chunk prep with bf16 outputs on `ch` (chunk, value head) blocks: `g2c_prep8h_{sfx}`,
-/// or with `with_t` `g2c_prep8ht_{sfx}` (also T). `qkvbw` = q, k (normalized where the norm is
-/// in the kernel), v, b, w.
+/// or with `with_t` `g2c_prep8ht_{sfx}` (also T); with [`prep8_f1`] their one-TF32-product
+/// twins. `qkvbw` = q, k (normalized where the norm is in the kernel), v, b, w.
 #[allow(clippy::too_many_arguments)]
 fn prep8h(
     gpu: &Arc<Gpu>,
@@ -902,7 +909,11 @@ fn prep8h(
     if let Some(t) = &o.t {
         args.push(ptr(t, st));
     }
-    let name = format!("g2c_prep8h{}_{sfx}", if with_t { "t" } else { "" });
+    let name = format!(
+        "g2c_prep8h{}{}_{sfx}",
+        if with_t { "t" } else { "" },
+        if prep8_f1() { "f" } else { "" }
+    );
     launch_in(gpu, TC_MODULE, &name, ch, PREP8_SMEM, &args)?;
     Ok(o)
 }
@@ -1784,6 +1795,8 @@ mod tests {
         for entry in [
             "G2C8HT_ENTRIES(bf16_t, bf16_t, bf16)",
             "G2C8HT_ENTRIES(float, bf16_t, bf16n)",
+            "G2C8F_ENTRIES(bf16_t, bf16_t, bf16)",
+            "G2C8F_ENTRIES(float, bf16_t, bf16n)",
             "G2B_GRAD4(g2b_grad4, bf16_t, bf16_t, float, bf16)",
             "G2B_GRAD4(g2b_grad4, float, bf16_t, float, bf16n)",
             "G2B_GRAD4(g2b_grad4w, bf16_t, bf16_t, bf16_t, bf16)",

@@ -744,7 +744,9 @@ __device__ __forceinline__ void g2p8_st2(bf16_t* p, i64 i, float a, float b) {
     *reinterpret_cast<unsigned*>(p + i) = u;
 }
 
-// A fragment (16 x 8, row-major at p, row stride ld), each column k scaled by sc[k] if sc.
+// A fragment (16 x 8, row-major at p, row stride ld), each column k scaled by sc[k] if sc. F1:
+// the TF32 hi part only (g2c_prep8 with one TF32 product, F1 below).
+template <bool F1 = false>
 __device__ __forceinline__ void g2p8_fa(G2P8A& f, const float* p, int ld, const float* sc) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     float v[4] = {p[g * ld + t], p[(g + 8) * ld + t], p[g * ld + t + 4], p[(g + 8) * ld + t + 4]};
@@ -756,11 +758,19 @@ __device__ __forceinline__ void g2p8_fa(G2P8A& f, const float* p, int ld, const 
         v[3] *= s1;
     }
 #pragma unroll
-    for (int r = 0; r < 4; ++r) g2p8_split(v[r], f.h[r], f.l[r]);
+    for (int r = 0; r < 4; ++r) {
+        if (F1) f.h[r] = tf32u(v[r]);
+        else g2p8_split(v[r], f.h[r], f.l[r]);
+    }
 }
 
-// c += a b in 3xTF32: small terms first.
+// c += a b in 3xTF32: small terms first. F1: one TF32 product (a's and b's hi parts).
+template <bool F1 = false>
 __device__ __forceinline__ void g2p8_mma3(float (&c)[4], const G2P8A& a, float b0, float b1) {
+    if (F1) {
+        mma_tf32(c, a.h[0], a.h[1], a.h[2], a.h[3], tf32u(b0), tf32u(b1));
+        return;
+    }
     unsigned bh0, bl0, bh1, bl1;
     g2p8_split(b0, bh0, bl0);
     g2p8_split(b1, bh1, bl1);
@@ -770,8 +780,10 @@ __device__ __forceinline__ void g2p8_mma3(float (&c)[4], const G2P8A& a, float b
 }
 
 // TO: the storage of Wm, Qg, Kd^T and A (float: g2c_prep8_*; bf16_t: g2c_prep8h_*, the fused
-// forward's operands; U, e^Gam_L and T stay fp32).
-template <typename TQ, typename T, typename TO>
+// forward's operands; U, e^Gam_L and T stay fp32). F1 (g2c_prep8hf_* / g2c_prep8htf_*, opt-in
+// GDN_RULE2_PREP8=f1, bf16 outputs only): the strips and U / Wm as one TF32 product instead of
+// 3xTF32 (~2^-11 relative per product against ~2^-21; the outputs are rounded to bf16, 2^-9).
+template <typename TQ, typename T, typename TO, bool F1 = false>
 __device__ void g2c_prep8(const TQ* __restrict__ q, const TQ* __restrict__ k, const T* __restrict__ v,
                           const float* __restrict__ g, const T* __restrict__ b, const T* __restrict__ w,
                           const i64* __restrict__ ch_t0, const int* __restrict__ ch_len, int hk_n, int hv_n,
@@ -959,8 +971,8 @@ __device__ void g2c_prep8(const TQ* __restrict__ q, const TQ* __restrict__ k, co
             const float* cc = (J == I - 1) ? nullptr : sCc + (I * (I - 1) / 2 + J) * 64;
             for (int k0 = 0; k0 < hw; k0 += 8) {
                 G2P8A fa;
-                g2p8_fa(fa, pa + k0, G2P8_L68, cc ? cc + k0 : nullptr);
-                g2p8_mma3(sacc[s], fa, pb[k0], pb[k0 + 4]);
+                g2p8_fa<F1>(fa, pa + k0, G2P8_L68, cc ? cc + k0 : nullptr);
+                g2p8_mma3<F1>(sacc[s], fa, pb[k0], pb[k0 + 4]);
             }
         }
     }
@@ -1089,11 +1101,11 @@ __device__ void g2c_prep8(const TQ* __restrict__ q, const TQ* __restrict__ k, co
             for (int nt = 0; nt < 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
             for (int k0 = 0; k0 < 16 * (rb + 1); k0 += 8) {
                 G2P8A fa;
-                g2p8_fa(fa, sT + 16 * rb * G2P8_L68 + k0, G2P8_L68, nullptr);
+                g2p8_fa<F1>(fa, sT + 16 * rb * G2P8_L68 + k0, G2P8_L68, nullptr);
                 const float* pb = Bb + (k0 + t4) * G2P8_L72 + g8;
 #pragma unroll
                 for (int nt = 0; nt < 8; ++nt) {
-                    if (nt < ntl) g2p8_mma3(acc[nt], fa, pb[8 * nt], pb[4 * G2P8_L72 + 8 * nt]);
+                    if (nt < ntl) g2p8_mma3<F1>(acc[nt], fa, pb[8 * nt], pb[4 * G2P8_L72 + 8 * nt]);
                 }
             }
 #pragma unroll
@@ -1143,6 +1155,24 @@ __device__ void g2c_prep8(const TQ* __restrict__ q, const TQ* __restrict__ k, co
                                  ws_a, ws_egl, ws_t);                                                         \
     }
 
+// g2c_prep8hf_* / g2c_prep8htf_*: g2c_prep8h / g2c_prep8ht with one TF32 product (F1).
+#define G2C8F_ENTRIES(TQ, T, S)                                                                               \
+    extern "C" __global__ void __launch_bounds__(G2C_NT, 2)                                                   \
+        g2c_prep8hf_##S(const TQ* q, const TQ* k, const T* v, const float* g, const T* b, const T* w,         \
+                        const i64* ch_t0, const int* ch_len, int hk, int hv, int dk, int dv, float* ws_u,     \
+                        bf16_t* ws_wm, bf16_t* ws_qg, bf16_t* ws_kd, bf16_t* ws_a, float* ws_egl) {           \
+        g2c_prep8<TQ, T, bf16_t, true>(q, k, v, g, b, w, ch_t0, ch_len, hk, hv, dk, dv, ws_u, ws_wm, ws_qg,   \
+                                       ws_kd, ws_a, ws_egl, nullptr);                                         \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(G2C_NT, 2)                                                   \
+        g2c_prep8htf_##S(const TQ* q, const TQ* k, const T* v, const float* g, const T* b, const T* w,        \
+                         const i64* ch_t0, const int* ch_len, int hk, int hv, int dk, int dv, float* ws_u,    \
+                         bf16_t* ws_wm, bf16_t* ws_qg, bf16_t* ws_kd, bf16_t* ws_a, float* ws_egl,            \
+                         float* ws_t) {                                                                       \
+        g2c_prep8<TQ, T, bf16_t, true>(q, k, v, g, b, w, ch_t0, ch_len, hk, hv, dk, dv, ws_u, ws_wm, ws_qg,   \
+                                       ws_kd, ws_a, ws_egl, ws_t);                                            \
+    }
+
 G2C8_ENTRIES(float, float, f32)
 G2C8_ENTRIES(bf16_t, bf16_t, bf16)
 G2C8_ENTRIES(float, bf16_t, bf16n)
@@ -1150,6 +1180,8 @@ G2C8H_ENTRIES(bf16_t, bf16_t, bf16)
 G2C8H_ENTRIES(float, bf16_t, bf16n)
 G2C8HT_ENTRIES(bf16_t, bf16_t, bf16)
 G2C8HT_ENTRIES(float, bf16_t, bf16n)
+G2C8F_ENTRIES(bf16_t, bf16_t, bf16)
+G2C8F_ENTRIES(float, bf16_t, bf16n)
 
 // ---------------------------------------------------------------------------------------------
 // g2f_fwd8 (issue 17, opt-in: GDN_RULE2_FWD=v8): the chunked forward's scan and output fused on
