@@ -23,7 +23,7 @@ MUT = [
     ("g4_fa<true>(oa[kk], sO, L::LO, wc0, 16 * kk);", "g4_fa<false>(oa[kk], sO, L::LO, wc0, 16 * kk);"),
     ("const bool ok = r < l;", "const bool ok = r <= l;"),
     ("st(dc, (i64)(i0 + 1) * dv, d1);", "st(dc, (i64)(i0 + 1) * dv, d0);"),
-    ("for (int cc = 0; cc < 4; ++cc) st(hc, (i64)(8 * nt + 2 * t + (cc & 1)) * dv + 8 * (cc >> 1), s[nt][cc]);", "for (int cc = 0; cc < 4; ++cc) st(hc, (i64)(8 * nt + 2 * t + (cc & 1)) * dv + 8 * (cc & 1), s[nt][cc]);"),
+    ("return (i64)(8 * nt + 2 * (lane & 3) + (c & 1)) * dv + (lane >> 2) + 8 * (c >> 1);", "return (i64)(8 * nt + 2 * (lane & 3) + (c & 1)) * dv + (lane >> 2) + 8 * (c & 1);"),
     ("            ds[nt][0] *= e.x;\n            ds[nt][1] *= e.y;", "            ds[nt][0] *= e.y;\n            ds[nt][1] *= e.y;"),
 ]
 V5_FROM = 9  # mutants from here on run backward v5's chain

@@ -1268,6 +1268,32 @@ struct G2F8 {
     static constexpr int STAGE = E_OFF + DK * 4;
 };
 
+// S^T's accumulator fragments (g2f_fwd8's state, g2b_dscan8's state gradient: a warp's 16
+// columns x NT8 * 8 rows) against a row-major [rows][dv] state at p (the warp's first column):
+// element (nt, c) of lane (g, t) is row 8 nt + 2t + (c & 1), column g + 8 (c >> 1). (g2f_fwd8's
+// own h0 / fin loops spell the same map out: this helper changes their PTX, and that kernel is
+// a GPU-measured default.)
+__device__ __forceinline__ i64 g2f_frag_off(int nt, int c, int dv) {
+    const int lane = threadIdx.x & 31;
+    return (i64)(8 * nt + 2 * (lane & 3) + (c & 1)) * dv + (lane >> 2) + 8 * (c >> 1);
+}
+// The fragments from p (fp32), or zeros where p is null.
+template <int NT8>
+__device__ __forceinline__ void g2f_frags_ld(float (&f)[NT8][4], const float* p, int dv) {
+#pragma unroll
+    for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) f[nt][c] = p ? p[g2f_frag_off(nt, c, dv)] : 0.f;
+}
+// The fragments to p (fp32, or bf16 rounded to nearest even).
+template <int NT8, typename T>
+__device__ __forceinline__ void g2f_frags_st(T* p, const float (&f)[NT8][4], int dv) {
+#pragma unroll
+    for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) st(p, g2f_frag_off(nt, c, dv), f[nt][c]);
+}
+
 // One chunk's operands into a stage (all threads, one cp.async group): Wm, Qg [64][DK], Kd^T
 // [DK][64], A [64][64] (bf16, contiguous per chunk-head), the CTA's U tile [64][BV] (fp32, row
 // stride dv) and e^Gam_L [DK]. Thread tid always copies the same 16-byte column piece of rows
@@ -1417,12 +1443,8 @@ __device__ void g2f_fwd8(const bf16_t* __restrict__ wm_ws, const bf16_t* __restr
         const i64 t0 = ch_t0[c];
 
         if constexpr (HREC) {
-            // h[c] = S0 (bf16): s[nt][cc] is S[8 nt + 2t + (cc & 1)][col0 + wc0 + g + 8 (cc >> 1)].
-            bf16_t* hc = h_ws + (c * hv_n + hv) * (i64)DK * dv + col0 + wc0 + g;
-#pragma unroll
-            for (int nt = 0; nt < DK / 8; ++nt)
-#pragma unroll
-                for (int cc = 0; cc < 4; ++cc) st(hc, (i64)(8 * nt + 2 * t + (cc & 1)) * dv + 8 * (cc >> 1), s[nt][cc]);
+            // h[c] = S0 (bf16)
+            g2f_frags_st(h_ws + (c * hv_n + hv) * (i64)DK * dv + col0 + wc0, s, dv);
         }
         // S0^T as bf16 A fragments.
         unsigned sa[DK / 16][4];
@@ -4128,11 +4150,7 @@ __device__ void g2b_dscan8(const bf16_t* __restrict__ kt_ws, const bf16_t* __res
     const i64 vrow = (i64)hv_n * dv;
 
     float ds[DK / 8][4];
-#pragma unroll
-    for (int nt = 0; nt < DK / 8; ++nt)
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-            ds[nt][c] = dht ? dht[st_base + (i64)(8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)] : 0.f;
+    g2f_frags_ld(ds, dht ? dht + st_base + col0 + wc0 : nullptr, dv);
 
     const i64 c_beg = seq_ch[n], c_end = seq_ch[n + 1], nch = c_end - c_beg;
     auto issue = [&](i64 c, int stage) {
@@ -4164,13 +4182,7 @@ __device__ void g2b_dscan8(const bf16_t* __restrict__ kt_ws, const bf16_t* __res
         const i64 cb = c * hv_n + hv;
 
         // dh[c] = dS1 (bf16), and dS1^T as bf16 A fragments.
-        {
-            bf16_t* dh = dh_ws + cb * (i64)DK * dv + col0 + wc0 + g;
-#pragma unroll
-            for (int nt = 0; nt < DK / 8; ++nt)
-#pragma unroll
-                for (int cc = 0; cc < 4; ++cc) st(dh, (i64)(8 * nt + 2 * t + (cc & 1)) * dv + 8 * (cc >> 1), ds[nt][cc]);
-        }
+        g2f_frags_st(dh_ws + cb * (i64)DK * dv + col0 + wc0, ds, dv);
         unsigned sa[DK / 16][4];
 #pragma unroll
         for (int ks = 0; ks < DK / 16; ++ks) {
@@ -4247,13 +4259,7 @@ __device__ void g2b_dscan8(const bf16_t* __restrict__ kt_ws, const bf16_t* __res
                 for (int e = 0; e < 4; ++e) ds[2 * np + h][e] += scale * pr[0][h][e] - pr[1][h][e];
         }
     }
-    if (dh0) {
-#pragma unroll
-        for (int nt = 0; nt < DK / 8; ++nt)
-#pragma unroll
-            for (int c = 0; c < 4; ++c)
-                dh0[st_base + (i64)(8 * nt + 2 * t + (c & 1)) * dv + col0 + wc0 + g + 8 * (c >> 1)] = ds[nt][c];
-    }
+    if (dh0) g2f_frags_st(dh0 + st_base + col0 + wc0, ds, dv);
 }
 
 // g2b_dscan8{,s3}_d{DK}_w{NW}.
