@@ -838,8 +838,7 @@ fn ws_bf16(gpu: &Arc<Gpu>, n: usize) -> Result<GBuf<u16>> {
     Ok(b)
 }
 
-/// The workspaces of `g2c_prep8h_*` / `g2c_prep8ht_*`: U, e^Gam_L fp32; Wm, Qg, Kd^T, A bf16;
-/// T (fp32) from `g2c_prep8ht_*` only.
+/// The workspaces of `g2c_prep8h_*` / `g2c_prep8ht_*`: U, e^Gam_L fp32; Wm, Qg, Kd^T, A bf16.
 struct P8h {
     u: GBuf<f32>,
     wm: GBuf<u16>,
@@ -847,7 +846,6 @@ struct P8h {
     kt: GBuf<u16>,
     a: GBuf<u16>,
     egl: GBuf<f32>,
-    t: Option<GBuf<f32>>,
 }
 
 /// Whether the bf16-output chunk prep runs its products as one TF32 product instead of 3xTF32
@@ -858,8 +856,9 @@ pub fn prep8_f1() -> bool {
 }
 
 /// Runs the chunk prep with bf16 outputs on `ch` (chunk, value head) blocks: `g2c_prep8h_{sfx}`,
-/// or with `with_t` `g2c_prep8ht_{sfx}` (also T); with [`prep8_f1`] their one-TF32-product
-/// twins. `qkvbw` = q, k (normalized where the norm is in the kernel), v, b, w.
+/// or with `t` (`[ch][64][64]` fp32) `g2c_prep8ht_{sfx}`, which writes T there too; with
+/// [`prep8_f1`] their one-TF32-product twins. `qkvbw` = q, k (normalized where the norm is in
+/// the kernel), v, b, w.
 #[allow(clippy::too_many_arguments)]
 fn prep8h(
     gpu: &Arc<Gpu>,
@@ -869,7 +868,7 @@ fn prep8h(
     ch: usize,
     s: RuleShape,
     sfx: &str,
-    with_t: bool,
+    t: Option<&GBuf<f32>>,
 ) -> Result<P8h> {
     let st = gpu.stream();
     let [q, k, v, b, w] = qkvbw;
@@ -880,11 +879,6 @@ fn prep8h(
         kt: ws_bf16(gpu, ch * CK * s.dk)?,
         a: ws_bf16(gpu, ch * CK * CK)?,
         egl: out_f32(gpu, ch * s.dk)?,
-        t: if with_t {
-            Some(out_f32(gpu, ch * CK * CK)?)
-        } else {
-            None
-        },
     };
     let mut args = vec![
         dptr(q, st),
@@ -906,12 +900,12 @@ fn prep8h(
         ptr(&o.a, st),
         ptr(&o.egl, st),
     ];
-    if let Some(t) = &o.t {
+    if let Some(t) = t {
         args.push(ptr(t, st));
     }
     let name = format!(
         "g2c_prep8h{}{}_{sfx}",
-        if with_t { "t" } else { "" },
+        if t.is_some() { "t" } else { "" },
         if prep8_f1() { "f" } else { "" }
     );
     launch_in(gpu, TC_MODULE, &name, ch, PREP8_SMEM, &args)?;
@@ -946,7 +940,6 @@ fn fused_forward8(
         kt: ws_kt,
         a: ws_a,
         egl: ws_egl,
-        ..
     } = prep8h(
         gpu,
         [x.q, x.k, x.v, x.b, x.w],
@@ -955,12 +948,11 @@ fn fused_forward8(
         chunks * s.hv,
         s,
         rule_sfx(dt, opts),
-        false,
+        None,
     )?;
     let nw = fwd8_warps(gpu, seqs.count(), s, warps, split);
-    // Three pipeline stages where they fit in shared memory (Dk 128, 1 or 2 warps), else two;
-    // split: the exchanged fragments (S0^T 4 KiB, D^T 2 KiB per chain warp) after the stages.
-    let stages = if s.dk == 128 && nw <= 2 { 3 } else { 2 };
+    // Split: the exchanged fragments (S0^T 4 KiB, D^T 2 KiB per chain warp) after the stages.
+    let stages = fused_scan_stages(s.dk, nw);
     let name = format!(
         "g2f_fwd8{}{}_d{}_w{nw}",
         if split { "x" } else { "" },
@@ -1055,9 +1047,10 @@ pub fn dscan8_stage_bytes(dk: usize, warps: usize) -> usize {
     2 * (dk * (CK + 8) + CK * (CK + 8) + 2 * CK * (dk + 8) + CK * (16 * warps + 8)) + 4 * dk
 }
 
-/// Pipeline stages of backward v5's scans (`g2f_hrec8`, `g2b_dscan8`) at `warps` warps per CTA:
-/// three where they fit (Dk 128, 1 or 2 warps; the kernels' `s3` entries), else two.
-fn scan8_stages(dk: usize, warps: usize) -> usize {
+/// Pipeline stages of the fused scans (`g2f_fwd8`, backward v5's `g2f_hrec8` and `g2b_dscan8`)
+/// at `warps` warps per CTA: three where they fit in shared memory (Dk 128, 1 or 2 warps; the
+/// kernels' `s3` entries), else two.
+fn fused_scan_stages(dk: usize, warps: usize) -> usize {
     if dk == 128 && warps <= 2 {
         3
     } else {
@@ -1516,6 +1509,7 @@ fn chunked_backward_v5(
     } = chunk_tables(gpu, seqs)?;
     let ch = chunks * s.hv;
     let sfx = rule_sfx(dt, opts);
+    let ws_t = out_f32(gpu, ch * CK * CK)?;
     let P8h {
         u: ws_u,
         wm: ws_wm,
@@ -1523,7 +1517,6 @@ fn chunked_backward_v5(
         kt: ws_kt,
         a: ws_a,
         egl: ws_egl,
-        t: ws_t,
     } = prep8h(
         gpu,
         [x.qq, x.kk, x.v, x.b, x.w],
@@ -1532,16 +1525,12 @@ fn chunked_backward_v5(
         ch,
         s,
         sfx,
-        true,
+        Some(&ws_t),
     )?;
-    let ws_t = ws_t.ok_or_else(|| GdnError::Device("gdn2 rule: prep8ht wrote no T".into()))?;
     // The recompute: g2f_fwd8's width and stages.
     let nw = fwd8_warps(gpu, n_seq, s, 0, false);
-    let s3 = if scan8_stages(s.dk, nw) == 3 {
-        "s3"
-    } else {
-        ""
-    };
+    let ns = fused_scan_stages(s.dk, nw);
+    let s3 = if ns == 3 { "s3" } else { "" };
     let ws_h = ws_bf16(gpu, ch * s.dk * s.dv)?;
     let ws_d = ws_bf16(gpu, ch * CK * s.dv)?;
     launch_in_threads(
@@ -1550,7 +1539,7 @@ fn chunked_backward_v5(
         &format!("g2f_hrec8{s3}_d{}_w{nw}", s.dk),
         n_seq * s.hv * (s.dv / (16 * nw)),
         (32 * nw) as u32,
-        scan8_stages(s.dk, nw) * fwd8_stage_bytes(s.dk, nw),
+        ns * fwd8_stage_bytes(s.dk, nw),
         &[
             ptr(&ws_wm, st),
             ptr(&ws_qg, st),
@@ -1579,11 +1568,8 @@ fn chunked_backward_v5(
         |w| s.dv.is_multiple_of(16 * w),
         |w| dscan8_stage_bytes(s.dk, w),
     );
-    let s3d = if scan8_stages(s.dk, nwd) == 3 {
-        "s3"
-    } else {
-        ""
-    };
+    let nsd = fused_scan_stages(s.dk, nwd);
+    let s3d = if nsd == 3 { "s3" } else { "" };
     let ws_dh = ws_bf16(gpu, ch * s.dk * s.dv)?;
     let ws_dd = ws_bf16(gpu, ch * CK * s.dv)?;
     let dh0 = match x.h0 {
@@ -1596,7 +1582,7 @@ fn chunked_backward_v5(
         &format!("g2b_dscan8{s3d}_d{}_w{nwd}", s.dk),
         n_seq * s.hv * (s.dv / (16 * nwd)),
         (32 * nwd) as u32,
-        scan8_stages(s.dk, nwd) * dscan8_stage_bytes(s.dk, nwd),
+        nsd * dscan8_stage_bytes(s.dk, nwd),
         &[
             ptr(&ws_kt, st),
             ptr(&ws_a, st),
@@ -1752,7 +1738,7 @@ mod tests {
     const SMEM_MAX: usize = 232_448;
 
     /// Backward v4 / v5's launches: every (Dk, width) the width model can pick for `g2f_hrec8`
-    /// and `g2b_dscan8` fits in shared memory with the stages `scan8_stages` gives and names an
+    /// and `g2b_dscan8` fits in shared memory with the stages `fused_scan_stages` gives and names an
     /// entry gdn2_rule.cu defines (a missing one fails only on a GPU otherwise); the stage sizes
     /// are the .cu structs' (`G2F8`, `G2D8`: hand-computed at Dk 128, 2 warps); `G4_SMEM` is
     /// g2b_grad4's layout (`G4_SMEM` in the .cu: four [64][72] and one [64][136] bf16 tiles, dA_ii,
@@ -1768,7 +1754,7 @@ mod tests {
         assert_eq!(dscan8_stage_bytes(128, 2), 68_096);
         for dk in [64, 128] {
             for w in [1, 2, 4, 8] {
-                let ns = scan8_stages(dk, w);
+                let ns = fused_scan_stages(dk, w);
                 let s3 = if ns == 3 { "s3" } else { "" };
                 assert!(ns * fwd8_stage_bytes(dk, w) <= SMEM_MAX, "hrec8 d{dk} w{w}");
                 assert!(
