@@ -14,7 +14,7 @@ MUT = [
     ("g4_mm<4, true, true>(acc, sT, G4_LS, sDD, G4_LD, npv, G2C_C);", "g4_mm<4, false, true>(acc, sT, G4_LS, sDD, G4_LD, npv, G2C_C);"),
     ("for (int o = 4; o < 32; o <<= 1) ex +=", "for (int o = 8; o < 32; o <<= 1) ex +="),
     ("g4_ldsm4t(b, B + (k0 + (lane & 7) + ((q & 1) << 3)) * ldb", "g4_ldsm4t(b, B + (k0 + (lane & 7) + ((q >> 1) << 3)) * ldb"),
-    ("g4_st2(sDM + i * G4_LS + jj, jj < i ? -a0 : 0.f,", "g4_st2(sDM + i * G4_LS + jj, jj <= i ? -a0 : 0.f,"),
+    ("g2p8_st2(sDM, i * G4_LS + jj, jj < i ? -a0 : 0.f,", "g2p8_st2(sDM, i * G4_LS + jj, jj <= i ? -a0 : 0.f,"),
     ("const float eu = g2b_ex2(gi[h][e] - gm), ed = g2b_ex2(gm - gi[h][e]);", "const float eu = g2b_ex2(gi[h][e] - gm), ed = g2b_ex2(gi[h][e] - gm);"),
     ("dgam[2 * I + h][e] =\n                        dqg * (qi * eg)", "dgam[2 * I + h][e] =\n                        dqg * (qi * ed)"),
     # backward v5: g2b_dscan8, g2f_fwd8's HREC stores

@@ -3469,7 +3469,6 @@ __device__ __forceinline__ void g4_ldsm4t(unsigned (&r)[4], const void* p) {
                  : "r"(g2f_saddr(p)));
 }
 __device__ __forceinline__ float g4_bf(const bf16_t* p) { return bf16_to_f32(*p); }
-__device__ __forceinline__ void g4_st2(bf16_t* p, float a, float b) { *reinterpret_cast<unsigned*>(p) = g2f_pack(a, b); }
 
 // A fragment (16 x 16) of A[m0.., k0..]: ATR = stored as [k][m] (lda: stored row stride).
 template <bool ATR>
@@ -3536,12 +3535,6 @@ __device__ __forceinline__ void g4_each(const float (&acc)[MP][2][4], int np, F 
                     f(r0 + 8 * hr, 16 * p + 8 * h + c0, acc[pp][h][2 * hr], acc[pp][h][2 * hr + 1]);
         }
     }
-}
-// 4 consecutive elements as float4 (fp32 or bf16 storage; i a multiple of 4).
-__device__ __forceinline__ float4 g4_ld4(const float* p, i64 i) { return *reinterpret_cast<const float4*>(p + i); }
-__device__ __forceinline__ float4 g4_ld4(const bf16_t* p, i64 i) { return g2p8_ld4(p, i); }
-__device__ __forceinline__ void g4_st4(bf16_t* p, float4 v) {
-    *reinterpret_cast<uint2*>(p) = make_uint2(g2f_pack(v.x, v.y), g2f_pack(v.z, v.w));
 }
 // B fragment (16 x 8) built from per-element values: b0 = (k 2t, 2t + 1), b1 = (k 2t + 8, 2t + 9)
 // of column g; f(k) gives B[k][g].
@@ -3650,45 +3643,45 @@ __device__ void g2b_grad4(const TQ* __restrict__ q, const TQ* __restrict__ k, co
         [&](int e) {
             const int i = e / v4, y = 4 * (e - i * v4);
             G4R4<5> r;
-            r.v[0] = g4_ld4(Dm, (i64)i * dv + y);
-            r.v[1] = g4_ld4(dDm, (i64)i * dv + y);
+            r.v[0] = g2p8_ld4(Dm, (i64)i * dv + y);
+            r.v[1] = g2p8_ld4(dDm, (i64)i * dv + y);
             r.v[2] = r.v[3] = r.v[4] = z4;
             if (i < l) {
                 const i64 off = vrow + i * vstride + y;
-                r.v[2] = g4_ld4(d_o, off);
-                r.v[3] = g4_ld4(w, off);
-                r.v[4] = g4_ld4(v, off);
+                r.v[2] = g2p8_ld4(d_o, off);
+                r.v[3] = g2p8_ld4(w, off);
+                r.v[4] = g2p8_ld4(v, off);
             }
             return r;
         },
         [&](int e, const G4R4<5>& r) {
             const int i = e / v4, y = 4 * (e - i * v4);
-            g4_st4(sD + i * G4_LD + y, r.v[0]);
-            g4_st4(sDD + i * G4_LD + y, r.v[1]);
-            g4_st4(sO + i * G4_LD + y, r.v[2]);
-            g4_st4(sWv + i * G4_LD + y, g2p8_mul4(r.v[3], r.v[4]));
+            g2p8_st4(sD, i * G4_LD + y, r.v[0]);
+            g2p8_st4(sDD, i * G4_LD + y, r.v[1]);
+            g2p8_st4(sO, i * G4_LD + y, r.v[2]);
+            g2p8_st4(sWv, i * G4_LD + y, g2p8_mul4(r.v[3], r.v[4]));
         });
     g4_stage(
         dk * v4,
         [&](int e) {
             const int x = e / v4, y = 4 * (e - x * v4);
             G4R4<2> r;
-            r.v[0] = g4_ld4(S0, (i64)x * dv + y);
-            r.v[1] = g4_ld4(dS1, (i64)x * dv + y);
+            r.v[0] = g2p8_ld4(S0, (i64)x * dv + y);
+            r.v[1] = g2p8_ld4(dS1, (i64)x * dv + y);
             return r;
         },
         [&](int e, const G4R4<2>& r) {
             const int x = e / v4, y = 4 * (e - x * v4);
             const float4 a = r.v[0], c = r.v[1];
-            g4_st4(sS0 + x * G4_LD + y, a);
-            g4_st4(sS1 + x * G4_LD + y, c);
+            g2p8_st4(sS0, x * G4_LD + y, a);
+            g2p8_st4(sS1, x * G4_LD + y, c);
             sSDp[e] = a.x * c.x + a.y * c.y + a.z * c.z + a.w * c.w;
         });
     {
         const float* tg = ws_t + cj * G2C_C * G2C_C;
         for (int e = tid; e < G2C_C * G2C_C / 4; e += G2C_NT) {
             const int i = e >> 4, r = 4 * (e & 15);
-            g4_st4(sT + i * G4_LS + r, g4_ld4(tg, (i64)4 * e));
+            g2p8_st4(sT, i * G4_LS + r, g2p8_ld4(tg, (i64)4 * e));
         }
     }
     __syncthreads();
@@ -3707,7 +3700,7 @@ __device__ void g2b_grad4(const TQ* __restrict__ q, const TQ* __restrict__ k, co
         // dWm = -dD S0^T -> bf16 tile.
         g4_zero(acc);
         g4_mm<4, false, false>(acc, sDD, G4_LD, sS0, G4_LD, npk, dv);
-        g4_each(acc, npk, [&](int i, int x, float a0, float a1) { g4_st2(sWm + i * G4_LD + x, -a0, -a1); });
+        g4_each(acc, npk, [&](int i, int x, float a0, float a1) { g2p8_st2(sWm, i * G4_LD + x, -a0, -a1); });
         // dKd = D dS1^T -> global scratch.
         g4_zero(acc);
         g4_mm<4, false, false>(acc, sD, G4_LD, sS1, G4_LD, npk, dv);
@@ -3735,7 +3728,7 @@ __device__ void g2b_grad4(const TQ* __restrict__ q, const TQ* __restrict__ k, co
             a1 *= scale;
             if (jj == i) sDAd[i] = a0;
             if (jj + 1 == i) sDAd[i] = a1;
-            g4_st2(sDA + i * G4_LS + jj, jj < i ? a0 : 0.f, jj + 1 < i ? a1 : 0.f);
+            g2p8_st2(sDA, i * G4_LS + jj, jj < i ? a0 : 0.f, jj + 1 < i ? a1 : 0.f);
         });
         g4_zero(accT);
         g4_mm<2, false, false>(accT, sDD, G4_LD, sWv, G4_LD, 4, dv);
@@ -3759,18 +3752,18 @@ __device__ void g2b_grad4(const TQ* __restrict__ q, const TQ* __restrict__ k, co
                 if (i < l) {
                     const i64 t = t0 + i;
                     const i64 kr = (t * hk_n + kh) * dk + x, vr = (t * hv_n + j) * dk + x;
-                    r.v[0] = g4_ld4(q, kr);
-                    r.v[1] = g4_ld4(k, kr);
-                    r.v[2] = g4_ld4(b, vr);
-                    r.v[3] = g4_ld4(g, vr);
+                    r.v[0] = g2p8_ld4(q, kr);
+                    r.v[1] = g2p8_ld4(k, kr);
+                    r.v[2] = g2p8_ld4(b, vr);
+                    r.v[3] = g2p8_ld4(g, vr);
                 }
                 return r;
             },
             [&](int e, const G4R4<4>& r) {
                 const int i = e / k4, x = 4 * (e - i * k4);
-                g4_st4(sQ + i * G4_LD + x, r.v[0]);
-                g4_st4(sK + i * G4_LD + x, r.v[1]);
-                g4_st4(sB + i * G4_LD + x, r.v[2]);
+                g2p8_st4(sQ, i * G4_LD + x, r.v[0]);
+                g2p8_st4(sK, i * G4_LD + x, r.v[1]);
+                g2p8_st4(sB, i * G4_LD + x, r.v[2]);
                 *reinterpret_cast<float4*>(sG + i * G4_LG + x) = r.v[3];
             });
     }
@@ -3815,7 +3808,7 @@ __device__ void g2b_grad4(const TQ* __restrict__ q, const TQ* __restrict__ k, co
 
     // ---- Phase B: dT += dWm Kbg^T -> sX; dKbg = T^T dWm -> sKBG; X = T^T dT; dM = -X T^T.
     g4_mm<2, false, false>(accT, sWm, G4_LD, sKbg, G4_LD, 4, dk);
-    g4_each(accT, 4, [&](int i, int jj, float a0, float a1) { g4_st2(sX + i * G4_LS + jj, a0, a1); });
+    g4_each(accT, 4, [&](int i, int jj, float a0, float a1) { g2p8_st2(sX, i * G4_LS + jj, a0, a1); });
     {
         float acc[4][2][4];
         g4_zero(acc);
@@ -3830,12 +3823,12 @@ __device__ void g2b_grad4(const TQ* __restrict__ q, const TQ* __restrict__ k, co
         g4_zero(acc);
         g4_mm<2, true, true>(acc, sT, G4_LS, sX, G4_LS, 4, G2C_C);
         __syncthreads();  // every read of dT is done
-        g4_each(acc, 4, [&](int i, int jj, float a0, float a1) { g4_st2(sX + i * G4_LS + jj, a0, a1); });
+        g4_each(acc, 4, [&](int i, int jj, float a0, float a1) { g2p8_st2(sX, i * G4_LS + jj, a0, a1); });
         __syncthreads();
         g4_zero(acc);
         g4_mm<2, false, false>(acc, sX, G4_LS, sT, G4_LS, 4, G2C_C);
         g4_each(acc, 4, [&](int i, int jj, float a0, float a1) {
-            g4_st2(sDM + i * G4_LS + jj, jj < i ? -a0 : 0.f, jj + 1 < i ? -a1 : 0.f);
+            g2p8_st2(sDM, i * G4_LS + jj, jj < i ? -a0 : 0.f, jj + 1 < i ? -a1 : 0.f);
         });
     }
     __syncthreads();
