@@ -330,8 +330,8 @@ fn main() {
 
 /// The `bench-rule2-bwd-v4*` and `-v5*` rows: backward v4 (`g2b_grad4`, bf16 tensor cores) and
 /// v5 (everything on bf16 tensor cores) against v3 (the default), forward (the default) +
-/// backward, their gradients against v3's (and v4's against the fp32 chunked kernels'), RMS
-/// rel, and their per-kernel times.
+/// backward, their gradients against v3's and the fp32 chunked kernels' (RMS rel), and their
+/// per-kernel times.
 fn bench_v4(
     gpu: &Arc<Gpu>,
     case: &str,
@@ -340,48 +340,44 @@ fn bench_v4(
     rel: &dyn Fn(&DBuf, &DBuf) -> f64,
     fla_fb: f64,
 ) {
-    let tb_4 = time_ms(gpu, 2, 5, || drop(bwd(Bwd::V4)));
     let tb_3 = time_ms(gpu, 2, 5, || drop(bwd(Bwd::V3)));
     let fwd = Fwd::from_env();
-    let tfb_4 = time_ms(gpu, 2, 5, || drop((run(fwd), bwd(Bwd::V4))));
     let tfb_3 = time_ms(gpu, 2, 5, || drop((run(fwd), bwd(Bwd::V3))));
-    let (g4, g3, gc) = (bwd(Bwd::V4), bwd(Bwd::V3), bwd(Bwd::Chunked));
-    let dg_4 = gpu.download(&g4.dg).unwrap();
-    let dg_3 = f64s(&gpu.download(&g3.dg).unwrap());
-    let dg_c = f64s(&gpu.download(&gc.dg).unwrap());
-    println!(
-        "bench-rule2-bwd-v4 | {case} | v4 bwd {tb_4:.2} ms | v3 bwd {tb_3:.2} ms | fwd ({fwd:?}) + v4 bwd {tfb_4:.2} ms | fwd + v3 bwd {tfb_3:.2} ms | FLA fwd+bwd {fla_fb:.2} ms | RMS rel vs v3: dq {:.2e} dk {:.2e} dg {:.2e} dv {:.2e} dw {:.2e} db {:.2e} | vs fp32 chunked: dq {:.2e} dk {:.2e} dg {:.2e} db {:.2e}",
-        rel(&g4.dq, &g3.dq),
-        rel(&g4.dk, &g3.dk),
-        rms_rel_err(&dg_4, &dg_3),
-        rel(&g4.dv, &g3.dv),
-        rel(&g4.dw, &g3.dw),
-        rel(&g4.db, &g3.db),
-        rel(&g4.dq, &gc.dq),
-        rel(&g4.dk, &gc.dk),
-        rms_rel_err(&dg_4, &dg_c),
-        rel(&g4.db, &gc.db),
-    );
-    drop((g4, gc));
-    let line = kernel_times(gpu, || drop(bwd(Bwd::V4)));
-    println!("bench-rule2-bwd-v4-kernels | {case} | {line}");
-    // Backward v5 (every piece on bf16 tensor cores, bf16 workspaces).
-    let tb_5 = time_ms(gpu, 2, 5, || drop(bwd(Bwd::V5)));
-    let tfb_5 = time_ms(gpu, 2, 5, || drop((run(fwd), bwd(Bwd::V5))));
-    let g5 = bwd(Bwd::V5);
-    let dg_5 = gpu.download(&g5.dg).unwrap();
-    println!(
-        "bench-rule2-bwd-v5 | {case} | v5 bwd {tb_5:.2} ms | fwd ({fwd:?}) + v5 bwd {tfb_5:.2} ms | FLA fwd+bwd {fla_fb:.2} ms | RMS rel vs v3: dq {:.2e} dk {:.2e} dg {:.2e} dv {:.2e} dw {:.2e} db {:.2e}",
-        rel(&g5.dq, &g3.dq),
-        rel(&g5.dk, &g3.dk),
-        rms_rel_err(&dg_5, &dg_3),
-        rel(&g5.dv, &g3.dv),
-        rel(&g5.dw, &g3.dw),
-        rel(&g5.db, &g3.db),
-    );
-    drop((g5, g3));
-    let line = kernel_times(gpu, || drop(bwd(Bwd::V5)));
-    println!("bench-rule2-bwd-v5-kernels | {case} | {line}");
+    let (g3, gc) = (bwd(Bwd::V3), bwd(Bwd::Chunked));
+    for (which, name) in [(Bwd::V4, "v4"), (Bwd::V5, "v5")] {
+        let tb = time_ms(gpu, 2, 5, || drop(bwd(which)));
+        let tfb = time_ms(gpu, 2, 5, || drop((run(fwd), bwd(which))));
+        let gn = bwd(which);
+        println!(
+            "bench-rule2-bwd-{name} | {case} | {name} bwd {tb:.2} ms | v3 bwd {tb_3:.2} ms | fwd ({fwd:?}) + {name} bwd {tfb:.2} ms | fwd + v3 bwd {tfb_3:.2} ms | FLA fwd+bwd {fla_fb:.2} ms | RMS rel vs v3: {} | vs fp32 chunked: {}",
+            grads_rel(gpu, rel, &gn, &g3),
+            grads_rel(gpu, rel, &gn, &gc),
+        );
+        drop(gn);
+        let line = kernel_times(gpu, || drop(bwd(which)));
+        println!("bench-rule2-bwd-{name}-kernels | {case} | {line}");
+    }
+}
+
+/// `dq .. dk .. dg .. dv .. dw .. db ..`: the RMS relative difference of each gradient of `a`
+/// from `b`'s.
+fn grads_rel(
+    gpu: &Arc<Gpu>,
+    rel: &dyn Fn(&DBuf, &DBuf) -> f64,
+    a: &cuda_rule2::Grads,
+    b: &cuda_rule2::Grads,
+) -> String {
+    let dg_a = gpu.download(&a.dg).unwrap();
+    let dg_b = f64s(&gpu.download(&b.dg).unwrap());
+    format!(
+        "dq {:.2e} dk {:.2e} dg {:.2e} dv {:.2e} dw {:.2e} db {:.2e}",
+        rel(&a.dq, &b.dq),
+        rel(&a.dk, &b.dk),
+        rms_rel_err(&dg_a, &dg_b),
+        rel(&a.dv, &b.dv),
+        rel(&a.dw, &b.dw),
+        rel(&a.db, &b.db),
+    )
 }
 
 /// The `bench-rule2-bwd-v3*` rows: backward v3 (`g2b_grad3`) against v2.
@@ -403,16 +399,10 @@ fn bench_v3(
     });
     let (g3, g2, gc) = (bwd(Bwd::V3), bwd(Bwd::V2), bwd(Bwd::Chunked));
     let dg_3 = gpu.download(&g3.dg).unwrap();
-    let dg_2 = f64s(&gpu.download(&g2.dg).unwrap());
     let dg_c = f64s(&gpu.download(&gc.dg).unwrap());
     println!(
-        "bench-rule2-bwd-v3 | {case} | v3 bwd {tb_3:.2} ms | v2 bwd {tb_2:.2} ms | chunked fwd + v3 bwd {tfb_3:.2} ms | with prep8: fwd + v3 bwd {tfb_3p:.2} ms, fwd + v2 bwd {tfb_2p:.2} ms | RMS rel vs v2: dq {:.2e} dk {:.2e} dg {:.2e} dv {:.2e} dw {:.2e} db {:.2e} | vs fp32 chunked: dq {:.2e} dk {:.2e} dg {:.2e} db {:.2e}",
-        rel(&g3.dq, &g2.dq),
-        rel(&g3.dk, &g2.dk),
-        rms_rel_err(&dg_3, &dg_2),
-        rel(&g3.dv, &g2.dv),
-        rel(&g3.dw, &g2.dw),
-        rel(&g3.db, &g2.db),
+        "bench-rule2-bwd-v3 | {case} | v3 bwd {tb_3:.2} ms | v2 bwd {tb_2:.2} ms | chunked fwd + v3 bwd {tfb_3:.2} ms | with prep8: fwd + v3 bwd {tfb_3p:.2} ms, fwd + v2 bwd {tfb_2p:.2} ms | RMS rel vs v2: {} | vs fp32 chunked: dq {:.2e} dk {:.2e} dg {:.2e} db {:.2e}",
+        grads_rel(gpu, rel, &g3, &g2),
         rel(&g3.dq, &gc.dq),
         rel(&g3.dk, &gc.dk),
         rms_rel_err(&dg_3, &dg_c),
